@@ -1,0 +1,41 @@
+# pact-book: `make book` builds the whole book on the built-in testbed; `make test` runs the tests.
+# Each target does its own setup and skips what is already up to date.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.pact-setup
+PARAMS  ?= default
+export PACT_CACHE ?= $(CURDIR)/.cache
+
+.PHONY: help setup sources test book data zoo bench clean
+
+help:
+	@echo "make book   - set up, prepare data, build the model zoo, execute every notebook, render _build/html"
+	@echo "make test   - set up, then run the test suite (includes the smoke book)"
+	@echo "make bench  - engine benchmarks (bench/)"
+
+$(STAMP): requirements.txt requirements.lock requirements-nodeps.txt pyproject.toml
+	@command -v python3 >/dev/null || { echo "error: python3 (3.11) is needed to create $(VENV)" >&2; exit 1; }
+	@test -x $(PY) || python3 -m venv $(VENV) || { echo "error: could not create $(VENV) (apt-get install python3-venv?)" >&2; exit 1; }
+	@echo ">> installing pinned Python packages into $(VENV) (first time: a few minutes, ~6 GB)"
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements.txt -c requirements.lock || { echo "error: pip could not install the pinned set in requirements.txt" >&2; exit 1; }
+	$(PIP) install --quiet --no-deps -r requirements-nodeps.txt || { echo "error: pip could not install requirements-nodeps.txt" >&2; exit 1; }
+	$(PIP) install --quiet --no-deps --no-build-isolation -e . || { echo "error: could not install pactlib" >&2; exit 1; }
+	@touch $@
+
+setup: $(STAMP) sources
+
+sources: $(STAMP)
+	@bash scripts/setup_sources.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/bench_filter.py
+
+clean:
+	rm -rf _build book/_executed .pytest_cache

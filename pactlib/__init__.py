@@ -1,0 +1,17 @@
+"""pactlib: PACT (Preserving Anchored Cores in Task-vectors) for model merging.
+
+Task vectors, matrix views, LBW subspaces, shields, the PACT filter, merges (Task Arithmetic,
+TIES, TSV-M, Iso-C, Iso-CTS), randomized SVD, Fisher/enrichment, evaluation, models and data.
+Specification: ``method.md`` (equations P1–P7, M1–M5, S1–S2). Book: ``_build/html``.
+"""
+from . import merges
+from .api import merge, merged_update, task_vectors_from
+from .checks import CheckpointError
+from .io import load_state_dict, save_state_dict
+from .matrix import MatrixRule
+from .pact import PactOptions, PactReport, pact_filter
+from .taskvector import TaskVector
+
+__version__ = "0.1.0"
+__all__ = ["CheckpointError", "MatrixRule", "PactOptions", "PactReport", "TaskVector", "load_state_dict",
+           "merge", "merged_update", "merges", "pact_filter", "save_state_dict", "task_vectors_from"]

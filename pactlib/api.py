@@ -1,0 +1,117 @@
+"""Public entry points: ``merged_update`` (D once, for α sweeps) and ``merge`` (a new state dict).
+
+θ = θ0 + α·D with D from a registered method (M1–M5), optionally after the PACT or S-PACT filter
+(P4–P6). Book: chapter 5.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from . import merges
+from .checks import check_task_set
+from .matrix import DEFAULT_RULE, MatrixRule
+from .pact import MODES, PactOptions, PactReport, pact_filter
+from .taskvector import TaskVector
+
+log = logging.getLogger(__name__)
+
+
+def split_kwargs(method: str, kw: Mapping) -> tuple[dict, dict]:
+    """Split ``kw`` into (method parameters, PACT options) by name.
+
+    Raises:
+        TypeError: a name that is neither (listing the valid ones for this method).
+    """
+    m = merges.get(method)
+    mparams, popts = {}, {}
+    for k, v in kw.items():
+        if k in m.params:
+            mparams[k] = v
+        elif k in PactOptions.field_names():
+            popts[k] = v
+        else:
+            valid = sorted(set(m.params) | PactOptions.field_names())
+            raise TypeError(f"unknown parameter {k!r} for method {method!r}; valid: {', '.join(valid)}")
+    return mparams, popts
+
+
+def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
+                      names: Sequence[str] | None = None, dtype: torch.dtype = torch.float32) -> list[TaskVector]:
+    """Δt = θt − θ0 for every fine-tuned checkpoint, after checking them all (keys, shapes,
+    NaN/Inf, named by task). Warns on an all-zero task vector and on identical task vectors."""
+    names = check_task_set(pretrained, finetuned, names)
+    tvs = [TaskVector.from_checkpoints(pretrained, ft, name=nm, dtype=dtype) for ft, nm in zip(finetuned, names)]
+    for tv in tvs:
+        if tv.norm() == 0:
+            warnings.warn(f"task vector of {tv.name!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
+    for i in range(len(tvs)):
+        for j in range(i + 1, len(tvs)):
+            if all(torch.equal(tvs[i][k], tvs[j][k]) for k in tvs[i]):
+                warnings.warn(f"task vectors of {tvs[i].name!r} and {tvs[j].name!r} are identical", stacklevel=3)
+    return tvs
+
+
+def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVector], *,
+                  pact: str | None = None, options: PactOptions | None = None, rule: MatrixRule = DEFAULT_RULE,
+                  **method_params) -> tuple[TaskVector, PactReport | None]:
+    """The merged update D of ``method`` over (optionally PACT-filtered) task vectors.
+
+    Compute it once and apply it with several α (``D.apply_to(pretrained, alpha)``).
+
+    Raises:
+        UnknownMethodError: unknown ``method`` (lists the known names).
+        ValueError: unknown ``pact`` mode.
+        TypeError: unknown method parameter.
+    """
+    m = merges.get(method)
+    report = None
+    if pact is not None:
+        if pact not in MODES:
+            raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
+        task_vectors, report = pact_filter(dict(pretrained), task_vectors, mode=pact,
+                                           options=options or PactOptions(), rule=rule)
+        log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
+    return m(task_vectors, rule=rule, **method_params), report
+
+
+def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
+          alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
+          names: Sequence[str] | None = None, **kw) -> dict[str, Tensor]:
+    """Merge fine-tuned checkpoints: θ = θ0 + α·D (method.md §4), D from ``method`` after the
+    optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
+
+    Args:
+        method: a registered name (``task_arithmetic``, ``ties``, ``tsv_m``, ``iso_c``,
+            ``iso_cts``; see :func:`pactlib.merges.names`).
+        pretrained: θ0, a state dict; never modified.
+        finetuned: T state dicts with θ0's keys and shapes; never modified.
+        alpha: scaling coefficient α.
+        pact: ``None`` (plain method), ``"pact"`` or ``"s-pact"``.
+        rule: the matrix-view rule.
+        names: task names for messages.
+        **kw: method parameters (e.g. ``k=20`` for TIES) and PACT options (e.g. ``core_frac=0.1``,
+            ``svd="rsvd"``), routed by name.
+
+    Returns:
+        A new state dict in θ0's dtypes (fp16/bf16 in, computed in float32, returned as given);
+        non-floating buffers copied from θ0.
+
+    Raises:
+        CheckpointError: key/shape mismatch or NaN/Inf in any input (named, before any SVD).
+        UnknownMethodError, TypeError, ValueError: as :func:`merged_update`.
+    """
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise TypeError(f"alpha must be a number, got {type(alpha).__name__}")
+    mparams, popts = split_kwargs(method, kw)
+    if popts and pact is None:
+        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None")
+    options = PactOptions().replace(**popts) if popts else None
+    dtype = torch.float64 if any(v.dtype == torch.float64 for v in pretrained.values()) else torch.float32
+    tvs = task_vectors_from(pretrained, finetuned, names=names, dtype=dtype)
+    D, _ = merged_update(method, pretrained, tvs, pact=pact, options=options, rule=rule, **mparams)
+    return D.apply_to(pretrained, alpha)

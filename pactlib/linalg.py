@@ -1,0 +1,132 @@
+"""Small linear-algebra kernels: top-r singular subspaces (exact and randomized, P7),
+rank-revealing orthonormal bases, polar factors and projector distances.
+
+All functions take plain tensors and explicit scalars, compute in the input's floating dtype
+(float32/float64; half precision is promoted to float32), never modify their inputs and never
+form an n x n projector. Book: chapters 1 and 8.
+"""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+SvdMethod = Literal["exact", "rsvd"]
+
+
+class Triplets(NamedTuple):
+    """Top singular triplets of an (m, n) matrix: U (m, r), S (r,), V (n, r); W ≈ U diag(S) Vᵀ."""
+
+    U: Tensor
+    S: Tensor
+    V: Tensor
+
+
+def _as_compute(W: Tensor) -> Tensor:
+    if W.ndim != 2:
+        raise ValueError(f"expected a 2-d (m, n) matrix, got shape {tuple(W.shape)}")
+    if not torch.is_floating_point(W):
+        raise TypeError(f"expected a floating matrix, got dtype {W.dtype}")
+    return W if W.dtype in (torch.float32, torch.float64) else W.float()
+
+
+def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: int = 10,
+                 n_iter: int = 2, seed: int = 0) -> Triplets:
+    """Top-``r`` singular triplets of W (m, n), exact or randomized (P7).
+
+    ``method="rsvd"`` uses the randomized range finder with ``oversample`` extra columns and
+    ``n_iter`` power iterations (Halko, Martinsson & Tropp 2011, Alg. 4.4, as implemented by
+    ``torch.svd_lowrank``), seeded by ``seed`` inside a forked RNG so the caller's random stream is
+    not disturbed. When ``r + oversample >= min(m, n)`` the randomized method brings no saving
+    and the exact SVD is used (clamping). ``r`` is clamped to ``min(m, n)``.
+
+    Returns:
+        :class:`Triplets` U (m, r'), S (r',), V (n, r') with r' = min(r, m, n), S descending.
+
+    Raises:
+        ValueError: W not 2-d, negative ``r``/``oversample``/``n_iter``, unknown ``method``.
+    """
+    W = _as_compute(W)
+    m, n = W.shape
+    if r < 0 or oversample < 0 or n_iter < 0:
+        raise ValueError(f"r, oversample and n_iter must be >= 0, got {r}, {oversample}, {n_iter}")
+    if method not in ("exact", "rsvd"):
+        raise ValueError(f"unknown SVD method {method!r}; use 'exact' or 'rsvd'")
+    r = min(r, m, n)
+    if r == 0:
+        return Triplets(W.new_zeros(m, 0), W.new_zeros(0), W.new_zeros(n, 0))
+    if method == "rsvd" and r + oversample < min(m, n):
+        devices = [W.device] if W.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            U, S, V = torch.svd_lowrank(W, q=r + oversample, niter=n_iter)
+        return Triplets(U[:, :r], S[:r], V[:, :r])
+    U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+    return Triplets(U[:, :r], S[:r], Vh[:r].mT)
+
+
+def top_right_singular_vectors(W: Tensor, r: int, **kw) -> Tensor:
+    """Orthonormal basis (n, r') of the top-``r`` right singular subspace of W (m, n). See :func:`top_singular`."""
+    return top_singular(W, r, **kw).V
+
+
+def orth(A: Tensor, *, tol: float) -> tuple[Tensor, Tensor]:
+    """Rank-revealing orthonormal basis of the column space of A (n, c) (P3, P4).
+
+    Thin SVD A = Q Σ Rᵀ; keep the columns of Q whose singular value is >= ``tol`` (absolute).
+    Unlike plain QR, a column that is almost zero is dropped rather than renormalised into noise.
+
+    Returns:
+        (Q_kept (n, s), sigma (min(n, c),)) -- all singular values, descending.
+
+    Raises:
+        ValueError: A not 2-d, or ``tol`` negative.
+    """
+    A = _as_compute(A)
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    if A.shape[1] == 0:
+        return A.new_zeros(A.shape[0], 0), A.new_zeros(0)
+    Q, S, _ = torch.linalg.svd(A, full_matrices=False)
+    return Q[:, S >= tol], S
+
+
+def polar(X: Tensor) -> Tensor:
+    """Orthogonal polar factor P Qᵀ of X (m, c) from its thin SVD X = P Σ Qᵀ (M3, M5).
+
+    The nearest matrix with orthonormal columns (rows, if c > m) in Frobenius norm.
+    """
+    X = _as_compute(X)
+    P, _, Qh = torch.linalg.svd(X, full_matrices=False)
+    return P @ Qh
+
+
+def project_out(X: Tensor, S: Tensor) -> Tensor:
+    """X − (X S) Sᵀ for X (m, n) and an orthonormal basis S (n, s), without the n x n projector (P5)."""
+    if S.shape[1] == 0:
+        return X.clone()
+    return X - (X @ S) @ S.mT
+
+
+def projector_distance(V1: Tensor, V2: Tensor, *, norm: Literal["fro", "spectral"] = "spectral") -> float:
+    """‖V1 V1ᵀ − V2 V2ᵀ‖ for orthonormal bases V1 (n, a) and V2 (n, b), without forming n x n.
+
+    Sign- and rotation-invariant: compares subspaces, not vectors. The spectral distance is the
+    sine of the largest principal angle when a = b (1.0 when a != b and both are non-empty).
+    The Frobenius one is sqrt(a + b − 2‖V1ᵀV2‖²_F).
+    """
+    if V1.shape[0] != V2.shape[0]:
+        raise ValueError(f"bases live in different spaces: {tuple(V1.shape)} vs {tuple(V2.shape)}")
+    C = V1.mT.double() @ V2.double()
+    if norm == "fro":
+        a, b = V1.shape[1], V2.shape[1]
+        return float(torch.sqrt(torch.clamp(a + b - 2 * (C ** 2).sum(), min=0)))
+    if norm != "spectral":
+        raise ValueError(f"unknown norm {norm!r}; use 'fro' or 'spectral'")
+    if V1.shape[1] == 0 and V2.shape[1] == 0:
+        return 0.0
+    if V1.shape[1] != V2.shape[1]:
+        return 1.0
+    cos = torch.linalg.svdvals(C).clamp(max=1.0)
+    return float(torch.sqrt(1 - cos.min() ** 2))

@@ -1,0 +1,113 @@
+"""The matrix view: which checkpoint entries are linear maps, and how to see them as (out, in).
+
+PACT and the SVD-based merges act on linear maps W: R^n -> R^m stored as (m, n). This module
+holds the one explicit rule (method.md §0) that decides, key by key, whether an entry is a
+
+- ``"matrix"`` layer: ``nn.Linear.weight`` (m, n) -- including open_clip's fused
+  ``attn.in_proj_weight`` (3d, d) and Hugging Face CLIP's separate q/k/v/out/fc1/fc2 --, a 1x1
+  convolution (m, n, 1, 1) seen as (m, n), or open_clip's ``visual.proj``, stored (in, out)
+  because it is used as ``x @ proj``: its view is the **transpose**;
+- ``"other"`` floating entry, merged by the base method's own rule and never by an SVD:
+  biases, norms, 0-d scalars (``logit_scale``), class tokens, positional / token embedding
+  tables (a table is not a map), k x k convolutions with k > 1 (depthwise included), anything
+  with more than two dims that is not a 1x1 conv, and the text tower of a CLIP model (its task
+  vectors are zero);
+- ``"buffer"``: a non-floating entry (e.g. BatchNorm's ``num_batches_tracked``), copied from
+  the pre-trained checkpoint and never differenced.
+
+The right singular vectors of a view live in the input space R^n; every subspace in pactlib is
+a subspace of R^n. Book: chapter 1 ("The method").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Kind = Literal["matrix", "other", "buffer"]
+
+#: Keys that are tables or belong to a frozen / zero-delta text tower: never matrix layers.
+DEFAULT_NOT_MATRIX: tuple[str, ...] = (
+    r"positional_embedding",  # open_clip (tokens, d) table
+    r"class_embedding",  # open_clip class token
+    r"(^|\.)embeddings?\.",  # HF CLIP embeddings.* (patch, position) and similar tables
+    r"token_embedding",  # open_clip text token table
+    r"(^|\.)text_model\.",  # HF CLIP text tower
+    r"(^|\.)text_projection",  # open_clip / HF text projection
+    r"^(model\.)?transformer\.",  # open_clip text tower (the visual one is visual.transformer.*)
+    r"^(model\.)?ln_final\.",  # open_clip text tower final norm
+    r"logit_scale",
+)
+#: Keys stored (in, out) because the model computes ``x @ W``: their matrix view is W.T.
+DEFAULT_TRANSPOSED: tuple[str, ...] = (r"(^|\.)visual\.proj$",)
+
+
+@dataclass(frozen=True)
+class MatrixRule:
+    """The explicit rule deciding which keys are matrix layers (method.md §0).
+
+    Args:
+        not_matrix: regular expressions (``re.search``); a key matching any is never a matrix.
+        transposed: regular expressions of 2-d keys stored (in, out); their view is the transpose.
+        kxk_conv: if True, k x k convolutions (m, c, k, k) with k > 1 become (m, c*k*k)
+            matrices. Default False (method.md §0).
+    """
+
+    not_matrix: tuple[str, ...] = DEFAULT_NOT_MATRIX
+    transposed: tuple[str, ...] = DEFAULT_TRANSPOSED
+    kxk_conv: bool = False
+
+    def kind(self, key: str, tensor: Tensor) -> Kind:
+        """Classify one entry. Returns ``"matrix"``, ``"other"`` or ``"buffer"``."""
+        if not torch.is_floating_point(tensor):
+            return "buffer"
+        if tensor.ndim < 2 or any(re.search(p, key) for p in self.not_matrix):
+            return "other"
+        if tensor.ndim == 2:
+            return "matrix"
+        if tensor.ndim == 4:
+            kh, kw = tensor.shape[-2:]
+            if (kh, kw) == (1, 1) or self.kxk_conv:
+                return "matrix"
+        return "other"
+
+    def is_transposed(self, key: str) -> bool:
+        return any(re.search(p, key) for p in self.transposed)
+
+    def view(self, key: str, tensor: Tensor, *, stacked: bool = False) -> Tensor:
+        """The (m, n) = (out, in) matrix view of a matrix layer (a view, no copy, where possible).
+
+        Args:
+            key: the checkpoint key (decides transposition).
+            tensor: the stored tensor, or with ``stacked=True`` a stack (T, *stored shape).
+
+        Returns:
+            (m, n), or (T, m, n) when ``stacked``.
+
+        Raises:
+            ValueError: the key is not a matrix layer under this rule.
+        """
+        one = tensor[0] if stacked else tensor
+        if self.kind(key, one) != "matrix":
+            raise ValueError(f"key {key!r} with shape {tuple(one.shape)} is not a matrix layer")
+        lead = tensor.shape[:1] if stacked else ()
+        mat = tensor.reshape(*lead, one.shape[0], -1)  # (…, m, n·k·k); a 1x1 conv -> (…, m, n)
+        if self.is_transposed(key):
+            mat = mat.transpose(-2, -1)  # stored (in, out) -> view (out, in)
+        return mat
+
+    def unview(self, key: str, mat: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
+        """Inverse of :meth:`view` for one (m, n) matrix: back to the stored ``shape``."""
+        if self.is_transposed(key):
+            mat = mat.transpose(-2, -1)
+        return mat.reshape(shape)
+
+    def matrix_keys(self, state_dict) -> list[str]:
+        """Keys of ``state_dict`` that are matrix layers, in the dict's order."""
+        return [k for k, v in state_dict.items() if self.kind(k, v) == "matrix"]
+
+
+DEFAULT_RULE = MatrixRule()

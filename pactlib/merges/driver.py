@@ -1,0 +1,47 @@
+"""One driver mapping per-layer kernels over a set of task vectors, with one matrix-view rule.
+
+Merge kernels take stacked tensors and explicit scalars: ``matrix_fn(deltas (T, m, n)) -> (m, n)``
+for matrix layers and ``other_fn(deltas (T, *shape)) -> (*shape)`` for every other floating key.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..matrix import MatrixRule
+from ..taskvector import TaskVector
+
+
+def map_layers(task_vectors: Sequence[TaskVector], rule: MatrixRule,
+               matrix_fn: Callable[[Tensor], Tensor], other_fn: Callable[[Tensor], Tensor]) -> TaskVector:
+    """Apply ``matrix_fn`` to the (T, m, n) stack of every matrix layer and ``other_fn`` to the
+    (T, *shape) stack of every other key; return the merged update D.
+
+    A matrix layer whose updates are all zero (e.g. a frozen CLIP text tower) merges to zero
+    without an SVD.
+
+    Raises:
+        ValueError: no task vectors.
+    """
+    if not task_vectors:
+        raise ValueError("no task vectors to merge")
+    first = task_vectors[0]
+    out = {}
+    for key, ref in first.items():
+        stack = torch.stack([tv[key] for tv in task_vectors])  # (T, *shape)
+        if rule.kind(key, ref) == "matrix":
+            if not bool(stack.any()):
+                out[key] = torch.zeros_like(ref)
+                continue
+            mats = rule.view(key, stack, stacked=True)  # (T, m, n)
+            out[key] = rule.unview(key, matrix_fn(mats), ref.shape)
+        else:
+            out[key] = other_fn(stack)
+    return TaskVector._wrap(out)
+
+
+def mean_of(stack: Tensor) -> Tensor:
+    """Mean over tasks: the rule for non-matrix keys of TSV-M, Iso-C and Iso-CTS."""
+    return stack.mean(0)

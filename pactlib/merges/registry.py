@@ -1,0 +1,85 @@
+"""A plain registry of merge methods, filled by a decorator (style.md §3).
+
+A merge method maps T task vectors to one merged update D (a :class:`TaskVector`); the merged
+model is θ0 + α·D. Every method has a name, a pretty name, its paper reference, its α grid
+(method.md §5) and its tunable parameters with defaults. PACT wraps any of them
+(:mod:`pactlib.pact`). Adding a method: see ``book/adding-a-merge-method.md``.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..matrix import MatrixRule
+from ..taskvector import TaskVector
+
+MergeFn = Callable[..., TaskVector]
+
+
+def alpha_grid(lo: float, hi: float, step: float) -> tuple[float, ...]:
+    """Inclusive grid lo, lo+step, …, hi rounded to 4 decimals."""
+    n = int(round((hi - lo) / step)) + 1
+    return tuple(round(float(x), 4) for x in np.linspace(lo, hi, n))
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered merge method. ``fn(task_vectors, *, rule, **params) -> TaskVector``."""
+
+    name: str
+    pretty: str
+    reference: str
+    fn: MergeFn
+    alphas: tuple[float, ...]
+    params: dict = field(default_factory=dict)
+
+    def __call__(self, task_vectors: Sequence[TaskVector], *, rule: MatrixRule, **params) -> TaskVector:
+        unknown = set(params) - set(self.params)
+        if unknown:
+            known = ", ".join(sorted(self.params)) or "none"
+            raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {known}")
+        return self.fn(list(task_vectors), rule=rule, **params)
+
+
+_REGISTRY: dict[str, MergeMethod] = {}
+
+
+class UnknownMethodError(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0])
+
+
+def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...]):
+    """Decorator registering ``fn`` under ``name``; its keyword-only parameters with defaults
+    (other than ``rule``) become the method's tunable parameters."""
+
+    def deco(fn: MergeFn) -> MergeFn:
+        if name in _REGISTRY:
+            raise ValueError(f"merge method {name!r} is already registered")
+        sig = inspect.signature(fn)
+        params = {p.name: p.default for p in sig.parameters.values()
+                  if p.kind is p.KEYWORD_ONLY and p.name != "rule"}
+        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params)
+        return fn
+
+    return deco
+
+
+def get(name: str) -> MergeMethod:
+    """The method registered as ``name``.
+
+    Raises:
+        UnknownMethodError: ``name`` is not registered; the message lists the known names.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(f"unknown merge method {name!r}; known: {', '.join(names())}") from None
+
+
+def names() -> list[str]:
+    """Registered method names, in registration order."""
+    return list(_REGISTRY)

@@ -1,0 +1,221 @@
+"""PACT (P4–P5, dynamic mutual protection) and S-PACT (P6, static), as a filter applied to task
+vectors before **any** registered merge method.
+
+For every matrix layer selected for filtering: compute the pre-trained core V0,K (P1, once per
+layer), each task's active subspace Vt,k (P2) and LBW subspace (P3); build each task's shield from
+the *other* tasks' LBW subspaces (P4, capped); filter Δ̃t = Δt − (Δt St) Stᵀ (P5). S-PACT uses the
+same shield S = V0,K for every task. Non-matrix keys pass through unfiltered. Book: chapters 1,
+5, 6, 7 and 11.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor
+
+from .checks import CheckpointError
+from .linalg import SvdMethod
+from .matrix import DEFAULT_RULE, MatrixRule
+from .shield import build_shield, filter_update, shield_cap
+from .subspaces import LBW, active_subspace, choose_rank, lbw_subspace, pretrained_core
+from .taskvector import TaskVector
+
+Mode = Literal["pact", "s-pact"]
+MODES = ("pact", "s-pact")
+
+
+@dataclass(frozen=True)
+class PactOptions:
+    """PACT's own choices (method.md §1–2, §6). Defaults are justified in book chapter 11.
+
+    Ranks: ``core_frac``/``core_energy`` choose K (exactly one set), ``active_frac``/
+    ``active_energy`` choose k. ``lbw_tol`` is τ (P3). ``shield_tol`` is the rank-revealing
+    tolerance of the union (P4), ``max_shield_frac`` its cap. ``svd``/``oversample``/``n_iter``/
+    ``seed`` select exact or randomized SVD (P7). ``layers``: regular expressions selecting the
+    matrix layers to filter (None = all).
+    """
+
+    core_frac: float | None = 0.1
+    core_energy: float | None = None
+    active_frac: float | None = 0.1
+    active_energy: float | None = None
+    lbw_tol: float = 0.5
+    shield_tol: float = 1e-4
+    max_shield_frac: float = 0.5
+    svd: SvdMethod = "exact"
+    oversample: int = 10
+    n_iter: int = 2
+    seed: int = 0
+    layers: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        for a, b in (("core_frac", "core_energy"), ("active_frac", "active_energy")):
+            va, vb = getattr(self, a), getattr(self, b)
+            if (va is None) == (vb is None):
+                raise ValueError(f"PactOptions: set exactly one of {a} / {b} (got {va!r}, {vb!r})")
+            v = va if va is not None else vb
+            if not (0 < v <= 1):
+                raise ValueError(f"PactOptions: {a if va is not None else b} must be in (0, 1], got {v}")
+        if not (0 <= self.lbw_tol <= 1):
+            raise ValueError(f"PactOptions: lbw_tol must be in [0, 1], got {self.lbw_tol}")
+        if not (0 < self.max_shield_frac <= 1):
+            raise ValueError(f"PactOptions: max_shield_frac must be in (0, 1], got {self.max_shield_frac}")
+        if self.svd not in ("exact", "rsvd"):
+            raise ValueError(f"PactOptions: svd must be 'exact' or 'rsvd', got {self.svd!r}")
+        if isinstance(self.layers, str):
+            object.__setattr__(self, "layers", (self.layers,))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def replace(self, **kw) -> "PactOptions":
+        """A copy with some fields changed (validated). Unknown names raise TypeError listing the known ones."""
+        unknown = set(kw) - self.field_names()
+        if unknown:
+            raise TypeError(f"unknown PACT option(s) {sorted(unknown)}; known: {', '.join(sorted(self.field_names()))}")
+        # Setting one of a frac/energy pair clears the other.
+        for a, b in (("core_frac", "core_energy"), ("active_frac", "active_energy")):
+            if kw.get(a) is not None and b not in kw:
+                kw[b] = None
+            if kw.get(b) is not None and a not in kw:
+                kw[a] = None
+        return PactOptions(**{**asdict(self), **kw})
+
+    @property
+    def svd_kw(self) -> dict:
+        return dict(method=self.svd, oversample=self.oversample, n_iter=self.n_iter, seed=self.seed)
+
+    def selects(self, key: str) -> bool:
+        return self.layers is None or any(re.search(p, key) for p in self.layers)
+
+
+@dataclass
+class LayerReport:
+    """What PACT did to one matrix layer. Lists are per task, in task order."""
+
+    key: str
+    m: int
+    n: int
+    core_rank: int
+    shield_cap: int
+    active_rank: list[int] = field(default_factory=list)
+    lbw_rank: list[int] = field(default_factory=list)
+    shield_rank: list[int] = field(default_factory=list)
+    union_rank: list[int] = field(default_factory=list)
+    capped: list[bool] = field(default_factory=list)
+    removed_energy: list[float] = field(default_factory=list)  # ‖Δt St‖²_F / ‖Δt‖²_F
+
+
+@dataclass
+class PactReport:
+    """Per-layer reports of one filtering run, plus the options and mode used."""
+
+    mode: str
+    options: PactOptions
+    layers: list[LayerReport] = field(default_factory=list)
+
+    def cap_binding_rate(self) -> float:
+        """Share of (layer, task) shields where the cap bound (0 when nothing was filtered)."""
+        flags = [c for lr in self.layers for c in lr.capped]
+        return sum(flags) / len(flags) if flags else 0.0
+
+    def to_records(self) -> list[dict]:
+        """One JSON-serialisable dict per (layer, task)."""
+        out = []
+        for lr in self.layers:
+            for t in range(len(lr.active_rank)):
+                out.append(dict(key=lr.key, m=lr.m, n=lr.n, task=t, core_rank=lr.core_rank,
+                                shield_cap=lr.shield_cap, active_rank=lr.active_rank[t],
+                                lbw_rank=lr.lbw_rank[t], shield_rank=lr.shield_rank[t],
+                                union_rank=lr.union_rank[t], capped=lr.capped[t],
+                                removed_energy=lr.removed_energy[t]))
+        return out
+
+
+@dataclass
+class LayerSubspaces:
+    """Subspaces of one matrix layer: core V0,K (n, K), actives Vt,k and LBW subspaces per task."""
+
+    core: Tensor
+    active: list[Tensor]
+    lbw: list[LBW]
+
+
+def layer_subspaces(W0: Tensor, deltas: Sequence[Tensor], options: PactOptions = PactOptions()) -> LayerSubspaces:
+    """P1–P3 for one layer: W0 (m, n), deltas T x (m, n), all as matrix views.
+
+    The core is computed once per layer and shared by all tasks.
+    """
+    K = choose_rank(W0, frac=options.core_frac, energy=options.core_energy)
+    core = pretrained_core(W0, K, **options.svd_kw)
+    actives, lbws = [], []
+    for d in deltas:
+        k = choose_rank(d, frac=options.active_frac, energy=options.active_energy)
+        act = active_subspace(d, k, **options.svd_kw) if k else d.new_zeros(d.shape[1], 0)
+        actives.append(act)
+        lbws.append(lbw_subspace(core, act.to(core.dtype), tol=options.lbw_tol))
+    return LayerSubspaces(core, actives, lbws)
+
+
+def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector], *, mode: Mode = "pact",
+                options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE
+                ) -> tuple[list[TaskVector], PactReport]:
+    """Filter task vectors with PACT (P4, P5) or S-PACT (P6); return new task vectors and a report.
+
+    Args:
+        pretrained: θ0 state dict (its matrix layers give the core V0,K).
+        task_vectors: T task vectors over θ0's floating keys (not modified).
+        mode: ``"pact"`` (shield of task t = union of the other tasks' LBW subspaces) or
+            ``"s-pact"`` (shield = V0,K for every task).
+        options: :class:`PactOptions`.
+        rule: the matrix-view rule.
+
+    Returns:
+        (filtered task vectors in the input order, :class:`PactReport`).
+
+    Raises:
+        ValueError: unknown mode, or no task vectors.
+        CheckpointError: a key or shape mismatch between θ0 and a task vector.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown PACT mode {mode!r}; use one of {MODES}")
+    tvs = list(task_vectors)
+    if not tvs:
+        raise ValueError("pact_filter: no task vectors")
+    report = PactReport(mode, options)
+    out = [dict(tv.items()) for tv in tvs]  # shallow: filtered layers get new tensors below
+    for key, ref in tvs[0].items():
+        if rule.kind(key, ref) != "matrix" or not options.selects(key):
+            continue
+        if key not in pretrained or pretrained[key].shape != ref.shape:
+            raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
+        W0 = rule.view(key, pretrained[key].to(ref.dtype))  # (m, n)
+        deltas = [rule.view(key, tv[key]) for tv in tvs]  # T x (m, n)
+        if not any(bool(d.any()) for d in deltas):
+            continue  # e.g. a frozen text tower: nothing to protect against
+        m, n = W0.shape
+        subs = layer_subspaces(W0, deltas, options)
+        lr = LayerReport(key, m, n, subs.core.shape[1], shield_cap(n, options.max_shield_frac))
+        for t, d in enumerate(deltas):
+            if mode == "pact":
+                sh = build_shield([subs.lbw[j].basis for j in range(len(deltas)) if j != t], n,
+                                  max_frac=options.max_shield_frac, tol=options.shield_tol)
+            else:
+                sh = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
+            filtered = filter_update(d, sh.basis)
+            e0 = float((d ** 2).sum())
+            removed = e0 - float((filtered ** 2).sum())
+            lr.active_rank.append(subs.active[t].shape[1])
+            lr.lbw_rank.append(subs.lbw[t].basis.shape[1])
+            lr.shield_rank.append(sh.basis.shape[1])
+            lr.union_rank.append(sh.union_rank)
+            lr.capped.append(sh.capped)
+            lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
+            out[t][key] = rule.unview(key, filtered, ref.shape)
+        report.layers.append(lr)
+    return [TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], report
