@@ -2,7 +2,7 @@
 
 Registered: ``task_arithmetic``, ``ties``, ``tsv_m``, ``iso_c``, ``iso_cts``.
 """
-from . import iso, task_arithmetic, ties, tsv_m  # noqa: F401  (registration side effects)
+from . import task_arithmetic, ties, tsv_m, iso  # noqa: F401  (registration side effects)
 from .registry import MergeMethod, UnknownMethodError, alpha_grid, get, names, register
 
 __all__ = ["MergeMethod", "UnknownMethodError", "alpha_grid", "get", "names", "register"]

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny synthetic checkpoints shaped like a small network with every kind of key."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def planted(m: int, n: int, rank: int, *, gen: torch.Generator, decay: float = 0.7, noise: float = 0.0) -> torch.Tensor:
+    """An (m, n) matrix of planted rank with geometrically decaying singular values (+ optional noise)."""
+    U, _ = torch.linalg.qr(torch.randn(m, rank, generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(n, rank, generator=gen, dtype=torch.float64))
+    S = decay ** torch.arange(rank, dtype=torch.float64) * 10
+    W = (U * S) @ V.T
+    if noise:
+        W = W + noise * torch.randn(m, n, generator=gen, dtype=torch.float64)
+    return W
+
+
+def make_checkpoints(T: int = 3, seed: int = 0, dtype=torch.float32):
+    """θ0 and T fine-tuned state dicts with linear, 1x1-conv, kxk-conv, bias, norm, scalar and int keys."""
+    g = torch.Generator().manual_seed(seed)
+    pre = {
+        "lin.weight": planted(12, 10, 10, gen=g, decay=0.8).float(),
+        "lin.bias": torch.randn(12, generator=g),
+        "pw.weight": torch.randn(9, 12, 1, 1, generator=g),
+        "dw.weight": torch.randn(9, 1, 3, 3, generator=g),
+        "bn.weight": torch.ones(9),
+        "bn.running_mean": torch.zeros(9),
+        "bn.num_batches_tracked": torch.tensor(7),
+        "head.weight": torch.randn(4, 9, generator=g),
+        "logit_scale": torch.tensor(2.0),
+    }
+    fts = []
+    for _ in range(T):
+        ft = {}
+        for k, v in pre.items():
+            if not v.is_floating_point():
+                ft[k] = v.clone()
+            elif v.ndim >= 2:  # low-rank-plus-noise update
+                m = v.shape[0]
+                n = v[0].numel()
+                upd = planted(m, n, 2, gen=g, decay=0.5).float() * 0.02 + 0.002 * torch.randn(m, n, generator=g)
+                ft[k] = v + upd.reshape(v.shape)
+            else:
+                ft[k] = v + 0.01 * torch.randn(v.shape, generator=g)
+        fts.append(ft)
+    cast = lambda sd: {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in sd.items()}
+    return cast(pre), [cast(f) for f in fts]
+
+
+@pytest.fixture
+def ckpts():
+    return make_checkpoints()
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)

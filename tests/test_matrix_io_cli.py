@@ -1,0 +1,108 @@
+"""The matrix-view rule, checkpoint I/O and the `pact` CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pactlib
+from pactlib.cli import main, parse_set
+from pactlib.io import load_state_dict, save_state_dict
+from pactlib.matrix import MatrixRule
+
+
+def test_open_clip_visual_proj_is_viewed_transposed():
+    rule = MatrixRule()
+    proj = torch.arange(12.0).reshape(4, 3)  # stored (in=4, out=3): used as x @ proj
+    v = rule.view("visual.proj", proj)
+    assert v.shape == (3, 4)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(x @ proj, x @ v.T)  # the view acts like nn.Linear's (out, in)
+    torch.testing.assert_close(rule.unview("visual.proj", v, proj.shape), proj)
+    assert rule.view("model.visual.proj", proj).shape == (3, 4)
+
+
+def test_clip_keys_classified():
+    rule = MatrixRule()
+    d = 8
+    assert rule.kind("visual.transformer.resblocks.0.attn.in_proj_weight", torch.zeros(3 * d, d)) == "matrix"
+    assert rule.kind("visual.transformer.resblocks.0.mlp.c_fc.weight", torch.zeros(4 * d, d)) == "matrix"
+    assert rule.kind("visual.positional_embedding", torch.zeros(50, d)) == "other"
+    assert rule.kind("visual.class_embedding", torch.zeros(d)) == "other"
+    assert rule.kind("visual.conv1.weight", torch.zeros(d, 3, 4, 4)) == "other"
+    assert rule.kind("transformer.resblocks.0.attn.in_proj_weight", torch.zeros(3 * d, d)) == "other"
+    assert rule.kind("token_embedding.weight", torch.zeros(100, d)) == "other"
+    assert rule.kind("text_projection", torch.zeros(d, d)) == "other"
+    assert rule.kind("vision_model.encoder.layers.0.self_attn.q_proj.weight", torch.zeros(d, d)) == "matrix"
+    assert rule.kind("vision_model.embeddings.position_embedding.weight", torch.zeros(50, d)) == "other"
+    assert rule.kind("text_model.encoder.layers.0.mlp.fc1.weight", torch.zeros(4 * d, d)) == "other"
+    assert rule.kind("_blocks.3._project_conv.weight", torch.zeros(40, 144, 1, 1)) == "matrix"
+
+
+@pytest.mark.parametrize("ext", [".safetensors", ".pt"])
+def test_save_load_roundtrip_atomic(tmp_path, ckpts, ext):
+    pre, _ = ckpts
+    p = save_state_dict(pre, tmp_path / f"m{ext}")
+    back = load_state_dict(p)
+    assert back.keys() == pre.keys()
+    for k in pre:
+        assert torch.equal(back[k], pre[k])
+    assert [f.name for f in tmp_path.iterdir()] == [f"m{ext}"]  # no temp file left
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        load_state_dict(tmp_path / "nope.pt")
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(pactlib.CheckpointError, match="unknown checkpoint extension"):
+        load_state_dict(tmp_path / "x.txt")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(pactlib.CheckpointError, match="bad.safetensors: cannot read"):
+        load_state_dict(tmp_path / "bad.safetensors")
+    torch.save({"a": 1}, tmp_path / "notensor.pt")
+    with pytest.raises(pactlib.CheckpointError, match="key 'a' holds a int"):
+        load_state_dict(tmp_path / "notensor.pt")
+
+
+def test_parse_set():
+    assert parse_set(["k=20", "svd=rsvd", "core_frac=0.05", "layers=[a, b]"]) == \
+        {"k": 20, "svd": "rsvd", "core_frac": 0.05, "layers": ["a", "b"]}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_set(["k20"])
+
+
+def test_cli_merge_matches_python_api(tmp_path, ckpts, capsys):
+    pre, fts = ckpts
+    save_state_dict(pre, tmp_path / "pre.safetensors")
+    paths = []
+    for i, f in enumerate(fts):
+        paths.append(str(save_state_dict(f, tmp_path / f"ft{i}.pt")))
+    out = tmp_path / "merged.safetensors"
+    rc = main(["merge", "--method", "iso_c", "--pact", "pact", "--alpha", "0.8", "--pretrained",
+               str(tmp_path / "pre.safetensors"), "--finetuned", *paths, "--out", str(out),
+               "--set", "core_frac=0.2", "svd=exact"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["tasks"] == 3
+    want = pactlib.merge("iso_c", pre, fts, alpha=0.8, pact="pact", core_frac=0.2)
+    got = load_state_dict(out)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
+def test_cli_errors_are_clear(tmp_path, ckpts, capsys):
+    pre, fts = ckpts
+    save_state_dict(pre, tmp_path / "pre.pt")
+    save_state_dict(fts[0], tmp_path / "a.pt")
+    rc = main(["merge", "--method", "nope", "--alpha", "1", "--pretrained", str(tmp_path / "pre.pt"),
+               "--finetuned", str(tmp_path / "a.pt"), "--out", str(tmp_path / "o.pt")])
+    assert rc == 2 and "known: task_arithmetic" in capsys.readouterr().err
+    rc = main(["merge", "--method", "ties", "--alpha", "1", "--pretrained", str(tmp_path / "pre.pt"),
+               "--finetuned", str(tmp_path / "a.pt"), "--out", str(tmp_path / "o.pt"), "--set", "kk=1"])
+    assert rc == 2 and "unknown parameter 'kk'" in capsys.readouterr().err
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_cli_entry_point_runs():
+    r = subprocess.run([sys.executable, "-m", "pactlib.cli", "methods"], capture_output=True, text=True, check=True)
+    assert "iso_cts" in r.stdout and "Iso-CTS" in r.stdout

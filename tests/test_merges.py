@@ -1,0 +1,166 @@
+"""M1–M5 invariants, every registered method with and without PACT, and a golden case."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import pactlib
+from pactlib import TaskVector, merges, task_vectors_from
+from pactlib.matrix import MatrixRule
+from pactlib.merges.iso import iso_c_kernel, iso_cts_kernel, iso_cts_split
+from pactlib.merges.ties import trim_mask, ties_kernel
+from pactlib.merges.tsv_m import tsv_m_kernel
+from pactlib.linalg import polar, projector_distance, top_singular
+
+GOLDEN = Path(__file__).parent / "fixtures" / "golden_merge.json"
+RULE = MatrixRule()
+
+
+def test_registry_names_and_unknown_method():
+    assert merges.names() == ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]
+    with pytest.raises(merges.UnknownMethodError) as e:
+        merges.get("tie")
+    for name in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"):
+        assert name in str(e.value)
+    assert merges.get("ties").params == {"k": 20.0, "scope": "global"}
+    assert merges.get("task_arithmetic").alphas[0] == 0.05 and merges.get("iso_c").alphas[-1] == 3.0
+
+
+def test_task_arithmetic_of_one_task_is_alpha_delta(ckpts):
+    pre, fts = ckpts
+    out = pactlib.merge("task_arithmetic", pre, fts[:1], alpha=0.3)
+    for k, v in pre.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(out[k], v + 0.3 * (fts[0][k] - v))
+        else:
+            assert torch.equal(out[k], v)
+
+
+def test_iso_c_spectrum_flat_and_shares_singular_vectors(gen):
+    deltas = torch.randn(3, 10, 7, generator=gen, dtype=torch.float64)
+    D = iso_c_kernel(deltas)
+    total = deltas.sum(0)
+    S = torch.linalg.svdvals(D)
+    torch.testing.assert_close(S, torch.full_like(S, float(torch.linalg.svdvals(total).mean())))
+    U, _, Vh = torch.linalg.svd(total, full_matrices=False)
+    assert projector_distance(U, torch.linalg.svd(D, full_matrices=False)[0]) < 1e-6
+    torch.testing.assert_close(D, S[0] * U @ Vh)
+
+
+def test_tsv_m_factors_orthonormal_and_values_kept(gen):
+    deltas = torch.randn(4, 12, 8, generator=gen, dtype=torch.float64)
+    D = tsv_m_kernel(deltas)
+    r = 8 // 4
+    blocks = [top_singular(d, r) for d in deltas]
+    U = polar(torch.cat([b.U for b in blocks], 1))
+    V = polar(torch.cat([b.V for b in blocks], 1))
+    torch.testing.assert_close(U.T @ U, torch.eye(8, dtype=torch.float64))
+    torch.testing.assert_close(V.T @ V, torch.eye(8, dtype=torch.float64))
+    S = torch.cat([b.S for b in blocks])
+    torch.testing.assert_close(D, (U * S) @ V.T)
+    # orthonormal factors: D's singular values are exactly the stacked original values
+    torch.testing.assert_close(torch.linalg.svdvals(D), S.sort(descending=True).values)
+
+
+def test_tsv_m_of_orthogonal_tasks_is_their_sum():
+    I = torch.eye(6, dtype=torch.float64)
+    # full rank-3 blocks with mutually orthogonal left and right singular vectors across tasks
+    d1 = 3 * torch.outer(I[0], I[0]) + 2 * torch.outer(I[1], I[1]) + torch.outer(I[2], I[2])
+    d2 = 5 * torch.outer(I[3], I[4]) + 4 * torch.outer(I[4], I[5]) + 0.5 * torch.outer(I[5], I[3])
+    torch.testing.assert_close(tsv_m_kernel(torch.stack([d1, d2])), d1 + d2)
+
+
+def test_iso_cts_split_and_flat_spectrum(gen):
+    # (100 - 80) / 8 = 2.5 rounds half-to-even to 2, as Python's round() in the reference code
+    assert iso_cts_split(100, 8, 0.8) == (84, 2)
+    assert iso_cts_split(768, 8, 0.8) == (616, 19)
+    deltas = torch.randn(4, 20, 16, generator=gen, dtype=torch.float64)
+    D = iso_cts_kernel(deltas, 0.8)
+    S = torch.linalg.svdvals(D)
+    k, per = iso_cts_split(16, 4, 0.8)
+    nz = S[S > 1e-9]
+    assert len(nz) == k + 4 * per
+    torch.testing.assert_close(nz, torch.full_like(nz, float(nz[0])))
+
+
+def test_ties_exact_counts_with_tied_magnitudes():
+    x = torch.ones(10)
+    assert int(trim_mask(x, 20).sum()) == 2
+    x = torch.tensor([0.1, -5, 3, 0.2, 0.0])
+    assert trim_mask(x, 40).tolist() == [False, True, True, False, False]
+    with pytest.raises(ValueError, match="trim percentage"):
+        trim_mask(x, 0)
+
+
+def test_ties_elect_and_disjoint_mean():
+    stack = torch.tensor([[1.0, -2.0, 0.0, 3.0], [3.0, 1.0, 0.0, -3.0], [0.0, -1.0, 0.0, 0.0]])
+    # col0: sign +, mean(1,3)=2; col1: sum -2 -> sign -, mean(-2,-1)=-1.5; col2: 0; col3: sum 0 -> 0
+    torch.testing.assert_close(ties_kernel(stack), torch.tensor([2.0, -1.5, 0.0, 0.0]))
+
+
+def test_ties_global_trim_keeps_k_percent_per_task(ckpts):
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    D = merges.get("ties")(tvs[:1], rule=RULE, k=10)
+    n = sum(v.numel() for v in tvs[0].values())
+    kept = sum(int((v != 0).sum()) for v in D.values())
+    assert kept == -(-10 * n // 100)
+
+
+@pytest.mark.parametrize("pact", [None, "pact", "s-pact"])
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"])
+def test_every_method_with_and_without_pact(ckpts, method, pact):
+    pre, fts = ckpts
+    snap_pre = {k: v.clone() for k, v in pre.items()}
+    snap_fts = [{k: v.clone() for k, v in f.items()} for f in fts]
+    out = pactlib.merge(method, pre, fts, alpha=0.5, pact=pact)
+    assert out.keys() == pre.keys()
+    for k, v in pre.items():
+        assert out[k].shape == v.shape and out[k].dtype == v.dtype
+        assert torch.isfinite(out[k].float()).all()
+    assert torch.equal(out["bn.num_batches_tracked"], pre["bn.num_batches_tracked"])
+    assert not torch.equal(out["lin.weight"], pre["lin.weight"])
+    # inputs never modified
+    for k in pre:
+        assert torch.equal(pre[k], snap_pre[k])
+        for f, s in zip(fts, snap_fts):
+            assert torch.equal(f[k], s[k])
+    # α scales the update linearly
+    out2 = pactlib.merge(method, pre, fts, alpha=1.0, pact=pact)
+    torch.testing.assert_close(out2["lin.weight"] - pre["lin.weight"], 2 * (out["lin.weight"] - pre["lin.weight"]),
+                               atol=1e-5, rtol=1e-4)
+
+
+def _golden_case():
+    from conftest import make_checkpoints
+    pre, fts = make_checkpoints(T=3, seed=42)
+    res = {}
+    for method in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"):
+        for pact in (None, "pact", "s-pact"):
+            out = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **({"core_frac": 0.3} if pact else {}))
+            res[f"{method}/{pact}"] = {k: round(float((out[k].double() - pre[k].double()).norm()), 6)
+                                       for k in ("lin.weight", "pw.weight", "head.weight", "lin.bias")}
+    return res
+
+
+def test_golden_case():
+    got = _golden_case()
+    if not GOLDEN.exists():  # pragma: no cover - written once, then pinned in git
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True))
+        pytest.fail("golden file was missing and has been written; re-run")
+    want = json.loads(GOLDEN.read_text())
+    assert want.keys() == got.keys()
+    for case in want:
+        for k in want[case]:
+            assert got[case][k] == pytest.approx(want[case][k], rel=1e-4, abs=1e-6), (case, k)
+
+
+def test_pact_improves_nothing_when_tasks_do_not_interfere():
+    """Orthogonal inputs: shields of other tasks do not touch a task's own active directions."""
+    I = torch.eye(8)
+    pre = {"w": torch.diag(torch.arange(8, 0, -1).float())}
+    fts = [{"w": pre["w"] + 0.1 * torch.outer(I[6], I[6])}, {"w": pre["w"] + 0.1 * torch.outer(I[7], I[7])}]
+    plain = pactlib.merge("task_arithmetic", pre, fts, alpha=1.0)
+    shielded = pactlib.merge("task_arithmetic", pre, fts, alpha=1.0, pact="pact", core_frac=0.25, active_frac=0.125)
+    torch.testing.assert_close(plain["w"], shielded["w"])

@@ -1,0 +1,179 @@
+"""P1–P6 on synthetic matrices: LBW subspaces, shields, the filter, PACT vs S-PACT."""
+import pytest
+import torch
+
+from pactlib import PactOptions, TaskVector, pact_filter, task_vectors_from
+from pactlib.linalg import projector_distance
+from pactlib.matrix import MatrixRule
+from pactlib.shield import build_shield, filter_update, shield_cap
+from pactlib.subspaces import active_subspace, choose_rank, intrusion_energy, lbw_subspace, pretrained_core
+
+
+def _basis(n, r, gen):
+    Q, _ = torch.linalg.qr(torch.randn(n, r, generator=gen, dtype=torch.float64))
+    return Q
+
+
+def test_lbw_of_core_orthogonal_to_active_is_the_core(gen):
+    I = torch.eye(8, dtype=torch.float64)
+    core, active = I[:, :3], I[:, 5:7]
+    lbw = lbw_subspace(core, active, tol=0.5)
+    assert projector_distance(lbw.basis, core) < 1e-6
+    torch.testing.assert_close(lbw.sigma, torch.ones(3, dtype=torch.float64))
+
+
+def test_lbw_drops_core_directions_inside_the_active_subspace():
+    I = torch.eye(8, dtype=torch.float64)
+    core = I[:, :3]
+    active = I[:, 1:2]  # swallows the second core direction
+    lbw = lbw_subspace(core, active, tol=0.5)
+    assert lbw.basis.shape == (8, 2)
+    assert projector_distance(lbw.basis, I[:, [0, 2]]) < 1e-6
+    # partial overlap: a core direction at 60° from the active one survives with σ = sin 60°
+    a = (0.5 * I[:, 0] + (3 ** 0.5 / 2) * I[:, 4]).unsqueeze(1)
+    lbw = lbw_subspace(I[:, :1], a, tol=0.5)
+    assert float(lbw.sigma[0]) == pytest.approx(3 ** 0.5 / 2)
+    assert lbw_subspace(I[:, :1], a, tol=0.9).basis.shape == (8, 0)
+
+
+def test_lbw_basis_is_orthonormal_and_orthogonal_to_active(gen):
+    core, active = _basis(30, 6, gen), _basis(30, 4, gen)
+    lbw = lbw_subspace(core, active, tol=0.3)
+    B = lbw.basis
+    torch.testing.assert_close(B.T @ B, torch.eye(B.shape[1], dtype=torch.float64))
+    assert float((active.T @ B).abs().max()) < 1e-10
+    assert torch.all((lbw.sigma >= 0) & (lbw.sigma <= 1 + 1e-12))
+
+
+def test_choose_rank_frac_and_energy(gen):
+    W = torch.diag(torch.tensor([3.0, 2.0, 1.0, 0.0]))
+    assert choose_rank(W, frac=0.5) == 2
+    assert choose_rank(W, frac=0.01) == 1
+    assert choose_rank(W, energy=9 / 14) == 1
+    assert choose_rank(W, energy=13 / 14) == 2
+    assert choose_rank(W, energy=1.0) == 3
+    assert choose_rank(torch.zeros(4, 4), frac=0.5) == 0
+    with pytest.raises(ValueError, match="exactly one"):
+        choose_rank(W, frac=0.1, energy=0.9)
+
+
+def test_shield_is_union_and_cap_binds(gen):
+    I = torch.eye(10, dtype=torch.float64)
+    sh = build_shield([I[:, :2], I[:, 1:4]], 10, max_frac=0.5)
+    assert sh.union_rank == 4 and not sh.capped
+    assert projector_distance(sh.basis, I[:, :4]) < 1e-6
+    sh = build_shield([I[:, :4], I[:, 4:8]], 10, max_frac=0.5)
+    assert sh.union_rank == 8 and sh.capped and sh.basis.shape == (10, 5)
+
+
+def test_shared_directions_come_first_when_capped():
+    I = torch.eye(6, dtype=torch.float64)
+    # direction e0 is in all three bases; the cap keeps it
+    sh = build_shield([I[:, [0, 1]], I[:, [0, 2]], I[:, [0, 3]]], 6, max_frac=1 / 6)
+    assert sh.basis.shape == (6, 1)
+    assert projector_distance(sh.basis, I[:, :1]) < 1e-6
+
+
+def test_shield_never_covers_the_whole_space(gen):
+    n = 6
+    assert shield_cap(n, 1.0) == n - 1
+    sh = build_shield([torch.eye(n, dtype=torch.float64)], n, max_frac=1.0)
+    assert sh.capped and sh.basis.shape == (n, n - 1)
+    delta = torch.randn(4, n, generator=gen, dtype=torch.float64)
+    assert filter_update(delta, sh.basis).norm() > 0
+    with pytest.raises(ValueError, match="max_shield_frac"):
+        shield_cap(n, 0.0)
+
+
+def test_filter_removes_exactly_the_shield_component(gen):
+    S = _basis(12, 4, gen)
+    delta = torch.randn(5, 12, generator=gen, dtype=torch.float64)
+    out = filter_update(delta, S)
+    assert float((out @ S).abs().max()) < 1e-12  # nothing left in the shield
+    torch.testing.assert_close(delta - out, (delta @ S) @ S.T)  # removed part lies in the shield
+    torch.testing.assert_close(filter_update(out, S), out)  # idempotent
+    assert not torch.equal(out, delta) and delta.shape == out.shape
+
+
+def test_intrusion_energy_closed_form():
+    I = torch.eye(4, dtype=torch.float64)
+    d1 = torch.diag(torch.tensor([3.0, 4.0, 0, 0], dtype=torch.float64))
+    assert intrusion_energy([d1], I[:, :1]) == pytest.approx(9 / 25)
+    assert intrusion_energy([d1, d1], I[:, 2:]) == 0.0
+
+
+def test_pact_filter_layer_level_matches_manual_computation(ckpts):
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    opts = PactOptions(core_frac=0.3, active_frac=0.2, lbw_tol=0.5)
+    filtered, report = pact_filter(pre, tvs, mode="pact", options=opts)
+    key = "lin.weight"
+    W0 = pre[key]
+    core = pretrained_core(W0, choose_rank(W0, frac=0.3))
+    lbws = [lbw_subspace(core, active_subspace(tv[key], choose_rank(tv[key], frac=0.2))).basis for tv in tvs]
+    for t, tv in enumerate(tvs):
+        sh = build_shield([lbws[j] for j in range(len(tvs)) if j != t], W0.shape[1], max_frac=0.5)
+        torch.testing.assert_close(filtered[t][key], filter_update(tv[key], sh.basis))
+    # non-matrix keys pass through untouched; k x k convs are not filtered by default
+    for k in ("lin.bias", "dw.weight", "bn.weight", "logit_scale"):
+        for t in range(len(tvs)):
+            assert torch.equal(filtered[t][k], tvs[t][k])
+    keys = [lr.key for lr in report.layers]
+    assert keys == ["lin.weight", "pw.weight", "head.weight"]
+    assert all(0 <= e <= 1 for lr in report.layers for e in lr.removed_energy)
+    assert 0 <= report.cap_binding_rate() <= 1
+    assert len(report.to_records()) == 3 * len(tvs)
+
+
+def test_spact_is_pact_with_the_core_as_shield(ckpts):
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    opts = PactOptions(core_frac=0.3, active_frac=0.2)
+    filtered, report = pact_filter(pre, tvs, mode="s-pact", options=opts)
+    for key in ("lin.weight", "head.weight"):
+        core = pretrained_core(pre[key], choose_rank(pre[key], frac=0.3))
+        for t, tv in enumerate(tvs):
+            torch.testing.assert_close(filtered[t][key], filter_update(tv[key], core))
+    # the 1x1 conv goes through its (m, n) view and back to (m, n, 1, 1)
+    pw = MatrixRule().view("pw.weight", pre["pw.weight"])
+    core = pretrained_core(pw, choose_rank(pw, frac=0.3))
+    expect = filter_update(tvs[0]["pw.weight"].reshape(9, 12), core).reshape(9, 12, 1, 1)
+    torch.testing.assert_close(filtered[0]["pw.weight"], expect)
+
+
+def test_pact_layers_option_selects_layers(ckpts):
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    filtered, report = pact_filter(pre, tvs, options=PactOptions(layers=(r"^head\.",)))
+    assert [lr.key for lr in report.layers] == ["head.weight"]
+    assert torch.equal(filtered[0]["lin.weight"], tvs[0]["lin.weight"])
+    assert not torch.equal(filtered[0]["head.weight"], tvs[0]["head.weight"])
+
+
+def test_pact_with_rsvd_is_close_to_exact(ckpts):
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    ex, _ = pact_filter(pre, tvs, options=PactOptions(svd="exact"))
+    rs, _ = pact_filter(pre, tvs, options=PactOptions(svd="rsvd", oversample=2, n_iter=4))
+    for a, b in zip(ex, rs):
+        rel = (a - b).norm() / a.norm()
+        assert rel < 0.05
+
+
+def test_pact_options_validation():
+    with pytest.raises(ValueError, match="exactly one of core_frac"):
+        PactOptions(core_frac=None)
+    with pytest.raises(ValueError, match="lbw_tol"):
+        PactOptions(lbw_tol=1.5)
+    with pytest.raises(ValueError, match="svd"):
+        PactOptions(svd="fast")
+    with pytest.raises(TypeError, match="unknown PACT option"):
+        PactOptions().replace(cor_frac=0.1)
+    o = PactOptions().replace(core_energy=0.9)
+    assert o.core_frac is None and o.core_energy == 0.9
+
+
+def test_pact_filter_rejects_unknown_mode(ckpts):
+    pre, fts = ckpts
+    with pytest.raises(ValueError, match="unknown PACT mode"):
+        pact_filter(pre, task_vectors_from(pre, fts), mode="static")
