@@ -74,11 +74,14 @@ def top_right_singular_vectors(W: Tensor, r: int, **kw) -> Tensor:
 def orth(A: Tensor, *, tol: float) -> tuple[Tensor, Tensor]:
     """Rank-revealing orthonormal basis of the column space of A (n, c) (P3, P4).
 
-    Thin SVD A = Q Σ Rᵀ; keep the columns of Q whose singular value is >= ``tol`` (absolute).
-    Unlike plain QR, a column that is almost zero is dropped rather than renormalised into noise.
+    Singular values and left singular vectors of A, keeping the directions whose singular value
+    is >= ``tol`` (absolute). Unlike plain QR, a column that is almost zero is dropped rather than
+    renormalised into noise. Computed from the float64 Gram matrix AᵀA (c, c) by ``eigh``:
+    O(n c²), much cheaper than an SVD for the tall matrices used here, and exact to double
+    precision for σ ≥ ~1e-7·σ_max (tolerances here are 1e-4 and above).
 
     Returns:
-        (Q_kept (n, s), sigma (min(n, c),)) -- all singular values, descending.
+        (Q_kept (n, s) in A's dtype, sigma (min(n, c),) descending).
 
     Raises:
         ValueError: A not 2-d, or ``tol`` negative.
@@ -86,10 +89,16 @@ def orth(A: Tensor, *, tol: float) -> tuple[Tensor, Tensor]:
     A = _as_compute(A)
     if tol < 0:
         raise ValueError(f"tol must be >= 0, got {tol}")
-    if A.shape[1] == 0:
-        return A.new_zeros(A.shape[0], 0), A.new_zeros(0)
-    Q, S, _ = torch.linalg.svd(A, full_matrices=False)
-    return Q[:, S >= tol], S
+    n, c = A.shape
+    if c == 0:
+        return A.new_zeros(n, 0), A.new_zeros(0)
+    A64 = A.double()
+    lam, R = torch.linalg.eigh(A64.mT @ A64)  # ascending eigenvalues of AᵀA (c,)
+    lam, R = lam.flip(0), R.flip(1)
+    sigma = lam.clamp(min=0).sqrt()[: min(n, c)]
+    keep = sigma >= max(tol, 1e-7 * float(sigma[0]) if len(sigma) else tol)
+    Q = (A64 @ R[:, : len(sigma)][:, keep]) / sigma[keep]  # left singular vectors (n, s)
+    return Q.to(A.dtype), sigma.to(A.dtype)
 
 
 def polar(X: Tensor) -> Tensor:

@@ -54,7 +54,7 @@ def build_shield(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
             raise ValueError(f"shield: every basis must be (n={n}, r), got {tuple(b.shape)}")
     if not bases:
         return Shield(torch.zeros(n, 0), 0, False)
-    Q, _ = orth(torch.cat(bases, dim=1), tol=tol)  # (n, union rank)
+    Q, _ = orth(torch.cat(bases, dim=1), tol=tol)  # (n, union rank), leading directions first
     union = Q.shape[1]
     capped = union > cap
     return Shield(Q[:, :cap] if capped else Q, union, capped)

@@ -54,7 +54,7 @@ def test_orth_drops_near_zero_directions(gen):
     Q, S = orth(A, tol=1e-6)
     assert Q.shape == (10, 1)
     assert S.shape == (3,)
-    assert projector_distance(Q, v / v.norm()) < 1e-9
+    assert projector_distance(Q, v / v.norm()) < 1e-6
 
 
 def test_projector_is_idempotent_symmetric_with_01_eigenvalues(gen):

@@ -1,0 +1,200 @@
+"""Per-task linear heads on frozen pre-trained features: the testbed's "zero-shot" classifiers.
+
+CLIP classifies with a head built from class names, before any fine-tuning; fine-tuning then
+moves only the image encoder and the head stays frozen (method.md §5). The Lite0 testbed has no
+text tower, so its analogue is a linear classifier ``features (N, 1280) -> logits (N, C)`` fit
+once per task on the *pre-trained* backbone's features of the task's train split, then frozen
+for every fine-tuning run, every seed and every merge. Its accuracy on θ0 is the "zero-shot"
+accuracy acc_0(t).
+
+The fit is L2-regularised multinomial logistic regression, full batch, by L-BFGS with a
+strong-Wolfe line search, in float64, started from zero: deterministic and needing no random
+numbers. Features are standardised inside the fit and the standardisation is folded back into
+(weight, bias), so the stored head acts on raw features.
+
+Book: chapter "The testbed".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from pactlib.io import atomic_write
+
+
+@dataclass(frozen=True)
+class Head:
+    """A frozen linear classifier on backbone features.
+
+    Attributes:
+        weight: float32 (C, D), D = feature dimension (1280 for Lite0).
+        bias: float32 (C,).
+        classes: the C class names, in label order.
+    """
+
+    weight: Tensor
+    bias: Tensor
+    classes: tuple[str, ...]
+
+    def __post_init__(self):
+        if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
+            raise ValueError(
+                f"head weight must be (C, D) and bias (C,), got {tuple(self.weight.shape)} and "
+                f"{tuple(self.bias.shape)}"
+            )
+        if len(self.classes) != self.weight.shape[0]:
+            raise ValueError(
+                f"head has {self.weight.shape[0]} outputs but {len(self.classes)} class names"
+            )
+
+    @property
+    def num_classes(self) -> int:
+        return self.weight.shape[0]
+
+    def logits(self, features: Tensor) -> Tensor:
+        """(N, D) features -> (N, C) logits."""
+        if features.ndim != 2 or features.shape[1] != self.weight.shape[1]:
+            raise ValueError(
+                f"features must be (N, {self.weight.shape[1]}), got {tuple(features.shape)}"
+            )
+        return F.linear(features, self.weight.to(features.dtype), self.bias.to(features.dtype))
+
+
+def fit_head(
+    features: Tensor,
+    labels: Tensor,
+    classes: tuple[str, ...] | list[str],
+    *,
+    l2: float = 1e-3,
+    max_iter: int = 300,
+) -> Head:
+    """Fit an L2-regularised multinomial logistic-regression head (full batch, L-BFGS).
+
+    Minimises ``mean_i CE(W z_i + b, y_i) + l2/2 * ||W||_F^2`` over standardised features
+    z = (x - mu) / sd, from W = 0, b = 0, then folds the standardisation into the stored head.
+    Deterministic: no random numbers.
+
+    Args:
+        features: (N, D) frozen features (any float dtype).
+        labels: int64 (N,), values in [0, C).
+        classes: the C class names; C = len(classes).
+        l2: ridge strength on the standardised-feature weights (not on the bias).
+        max_iter: L-BFGS iteration cap.
+
+    Returns:
+        :class:`Head` with float32 weight (C, D) and bias (C,).
+
+    Raises:
+        ValueError: shape mismatch, a label outside [0, C), or a class with no example.
+    """
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError(
+            f"features must be (N, D) and labels (N,), got {tuple(features.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    C = len(classes)
+    if labels.numel() == 0 or int(labels.min()) < 0 or int(labels.max()) >= C:
+        raise ValueError(f"labels must lie in [0, {C}) for classes {tuple(classes)[:5]}...")
+    counts = torch.bincount(labels, minlength=C)
+    if (counts == 0).any():
+        missing = [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+        raise ValueError(f"no training example for class(es) {missing}: cannot fit the head")
+
+    x = features.detach().to(torch.float64)
+    mu = x.mean(0)
+    sd = x.std(0).clamp_min(1e-6)
+    z = (x - mu) / sd  # (N, D)
+    W = torch.zeros(C, x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(C, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [W, b], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-9,
+        tolerance_change=1e-12, line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(z @ W.T + b, labels) + 0.5 * l2 * (W * W).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    with torch.no_grad():
+        W_raw = W / sd  # (C, D): W z = (W / sd) x - (W / sd) mu
+        b_raw = b - W_raw @ mu
+    return Head(W_raw.float().contiguous(), b_raw.float().contiguous(), tuple(classes))
+
+
+def head_accuracy(head: Head, features: Tensor, labels: Tensor) -> float:
+    """Fraction of ``labels`` (N,) predicted correctly from ``features`` (N, D); in [0, 1]."""
+    if labels.numel() == 0:
+        raise ValueError("cannot compute an accuracy on zero examples")
+    pred = head.logits(features.float()).argmax(1)
+    return float((pred == labels).double().mean())
+
+
+def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict | None = None) -> str:
+    """Save ``tensors`` as safetensors atomically; returns the file's sha256 (hex).
+
+    ``metadata`` values are JSON-encoded into the safetensors header (strings only there).
+    """
+    meta = {k: json.dumps(v) for k, v in (metadata or {}).items()}
+    data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict]:
+    """Load a safetensors file written by :func:`save_safetensors`: (tensors, metadata).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is truncated or its header is corrupt (names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no safetensors file at {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error types for bad headers
+        raise ValueError(f"corrupt or truncated safetensors file {path}: {err}") from err
+    return tensors, meta
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_head(head: Head, path: str | Path, **metadata) -> str:
+    """Save ``head`` (weight, bias, class names + ``metadata``) atomically; returns its sha256."""
+    return save_safetensors(
+        {"weight": head.weight, "bias": head.bias}, path, {"classes": list(head.classes), **metadata}
+    )
+
+
+def load_head(path: str | Path) -> Head:
+    """Load a head written by :func:`save_head`.
+
+    Raises:
+        FileNotFoundError / ValueError: missing or corrupt file, or missing entries (names them).
+    """
+    tensors, meta = load_safetensors(path)
+    missing = {"weight", "bias"} - tensors.keys()
+    if missing or "classes" not in meta:
+        raise ValueError(f"head file {path} lacks {sorted(missing) or ['classes metadata']}")
+    return Head(tensors["weight"], tensors["bias"], tuple(meta["classes"]))

@@ -1,0 +1,323 @@
+"""Notebook parameters: read the defaults, load a YAML parameter set, validate before running.
+
+Every chapter notebook has ONE cell tagged ``parameters`` that assigns CPU-sized literal
+defaults, one per line (papermill's convention)::
+
+    seeds = 3        # three seeds: enough for a spread, minutes on CPU
+    methods = ["ta", "iso_c"]
+    zoo_dir = ...    # required: no sensible default (``...`` marks a required parameter)
+
+A parameter set ``params/<name>.yaml`` holds a ``common:`` mapping plus one mapping per
+notebook (keyed by the notebook's file stem, e.g. ``05_main_results``). The book runner
+(``scripts/run_notebooks.py``) calls :func:`parse_defaults`, :func:`load_params` and
+:func:`validate` for every notebook *before* executing any, so a misspelt or mistyped
+parameter fails in a second, not after an hour of work. Inside a notebook, :func:`check`
+verifies value constraints (ranges, choices) and returns the parameter dict that goes into
+result records.
+
+Type rules of :func:`validate` (default type -> accepted override):
+
+- ``bool`` -> ``bool`` only (``1`` is not a bool, ``True`` is not an int);
+- ``int`` -> ``int``; ``float`` -> ``float`` or ``int`` (widened to float, ``1`` -> ``1.0``);
+- ``str`` -> ``str``; ``dict`` -> ``dict``;
+- ``list``/``tuple`` -> ``list``/``tuple`` (returned as a list), each element checked against
+  the type of the default's elements when the default is a non-empty list of one type;
+- ``None`` default -> anything (the type is not known); ``...`` default -> required, anything.
+
+Book: "Running the book" page.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "REQUIRED",
+    "ParameterError",
+    "parse_defaults",
+    "load_params",
+    "sections",
+    "validate",
+    "check",
+    "between",
+    "at_least",
+    "one_of",
+    "each",
+]
+
+#: The marker of a required parameter in a ``parameters`` cell (``name = ...``).
+REQUIRED = Ellipsis
+COMMON = "common"
+
+
+class ParameterError(ValueError):
+    """A notebook parameter is unknown, missing, of the wrong type or out of range."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the defaults of a ``parameters`` cell
+
+
+def parse_defaults(source: str, *, where: str = "parameters cell") -> dict[str, Any]:
+    """Names and literal default values assigned in a ``parameters`` cell.
+
+    Args:
+        source: the cell's Python source.
+        where: a label for error messages (e.g. ``"notebooks/05_main_results.py"``).
+
+    Returns:
+        ``{name: default}`` in source order; ``...`` marks a required parameter.
+
+    Raises:
+        ParameterError: the source does not parse, a statement is not a plain ``name = literal``
+            assignment (no calls, no expressions of other names, no imports), or a name is
+            assigned twice.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ParameterError(f"{where}: cannot parse the parameters cell: {exc}") from exc
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # a docstring-like comment string
+        else:
+            raise ParameterError(
+                f"{where}, line {node.lineno}: a parameters cell may only hold "
+                f"`name = literal` assignments, got {ast.unparse(node)!r}")
+        if not isinstance(target, ast.Name):
+            raise ParameterError(
+                f"{where}, line {node.lineno}: assign to a plain name, got {ast.unparse(target)!r}")
+        try:
+            default = ast.literal_eval(value)
+        except ValueError as exc:
+            raise ParameterError(
+                f"{where}, line {node.lineno}: the default of {target.id!r} must be a literal "
+                f"(number, string, list, dict, None, ...), got {ast.unparse(value)!r}") from exc
+        if target.id in out:
+            raise ParameterError(f"{where}, line {node.lineno}: {target.id!r} is assigned twice")
+        out[target.id] = default
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a parameter set
+
+
+def load_params(path: str | Path, notebook: str, *,
+                declared: Iterable[str] | None = None) -> dict[str, Any]:
+    """The overrides of one notebook: ``common`` merged with the notebook's own section.
+
+    Args:
+        path: a parameter set, e.g. ``params/default.yaml``: a mapping with an optional
+            ``common`` mapping and one mapping (possibly empty) per notebook stem.
+        notebook: the notebook's stem, e.g. ``"05_main_results"``.
+        declared: the notebook's parameter names. When given, ``common`` entries the notebook
+            does not declare are skipped (common values apply where they make sense); entries
+            of the notebook's own section are always kept, so a typo there fails in
+            :func:`validate`.
+
+    Returns:
+        ``{name: value}``; the notebook section wins over ``common``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ParameterError: the YAML does not parse, is not a mapping of mappings, or has no
+            section for ``notebook`` (the message lists the sections it has).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"parameter set not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"{path}: not valid YAML: {exc}") from exc
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ParameterError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    for section, body in data.items():
+        if body is not None and not isinstance(body, dict):
+            raise ParameterError(
+                f"{path}: section {section!r} must be a mapping, got {type(body).__name__}")
+    if notebook not in data:
+        known = sorted(k for k in data if k != COMMON)
+        raise ParameterError(
+            f"{path}: no section for notebook {notebook!r}; sections present: {known}")
+    common = dict(data.get(COMMON) or {})
+    if declared is not None:
+        names = set(declared)
+        common = {k: v for k, v in common.items() if k in names}
+    return {**common, **(data[notebook] or {})}
+
+
+def sections(path: str | Path) -> list[str]:
+    """The notebook sections of a parameter set (every top-level key but ``common``)."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    return [k for k in data if k != COMMON]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _coerce(name: str, default: Any, value: Any) -> Any:
+    """``value`` checked (and widened int -> float) against the type of ``default``."""
+    if default is None or default is REQUIRED:
+        return value
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        ok = isinstance(value, float)
+    elif isinstance(default, (list, tuple)):
+        if not isinstance(value, (list, tuple)):
+            raise ParameterError(
+                f"parameter {name!r}: expected list, got {_type_name(value)} ({value!r})")
+        kinds = {type(x) for x in default}
+        if len(default) and len(kinds) == 1:
+            elem = default[0]
+            return [_coerce(f"{name}[{i}]", elem, v) for i, v in enumerate(value)]
+        return list(value)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ParameterError(
+            f"parameter {name!r}: expected {_type_name(default)}, got {_type_name(value)} "
+            f"({value!r})")
+    return value
+
+
+def validate(defaults: Mapping[str, Any], overrides: Mapping[str, Any], *,
+             notebook: str = "notebook") -> dict[str, Any]:
+    """Check overrides against a notebook's defaults; return the overrides, type-coerced.
+
+    Args:
+        defaults: ``{name: default}`` from :func:`parse_defaults` (``...`` = required).
+        overrides: ``{name: value}``, e.g. from :func:`load_params` plus command-line values.
+        notebook: a label for error messages.
+
+    Returns:
+        The overrides to pass to papermill (only the names given, int widened to float where
+        the default is a float). The defaults themselves stay in the notebook.
+
+    Raises:
+        ParameterError: an override names an unknown parameter (the message lists the known
+            ones), has the wrong type (naming parameter, expected and got), or a required
+            parameter gets no value. All problems are reported together.
+    """
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name not in defaults:
+            problems.append(f"unknown parameter {name!r}; known: {sorted(defaults)}")
+            continue
+        try:
+            out[name] = _coerce(name, defaults[name], value)
+        except ParameterError as exc:
+            problems.append(str(exc))
+    for name, default in defaults.items():
+        if default is REQUIRED and name not in overrides:
+            problems.append(f"missing required parameter {name!r} (its default is `...`)")
+    if problems:
+        raise ParameterError(f"{notebook}: " + "; ".join(problems))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# In-notebook constraints
+
+#: A constraint: returns None when the value is fine, else a short description of the rule.
+Rule = Callable[[Any], "str | None"]
+
+
+def between(lo: float, hi: float) -> Rule:
+    """The value (a number) lies in the closed interval [lo, hi]."""
+    def rule(v: Any) -> str | None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+        return None if ok else f"a number in [{lo}, {hi}]"
+    return rule
+
+
+def at_least(lo: float) -> Rule:
+    """The value (a number) is >= lo and finite."""
+    def rule(v: Any) -> str | None:
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+              and v >= lo)
+        return None if ok else f"a finite number >= {lo}"
+    return rule
+
+
+def one_of(*choices: Any) -> Rule:
+    """The value is one of ``choices``."""
+    def rule(v: Any) -> str | None:
+        return None if v in choices else f"one of {list(choices)}"
+    return rule
+
+
+def each(inner: Rule, *, nonempty: bool = True) -> Rule:
+    """The value is a list (non-empty unless ``nonempty=False``) whose every element passes."""
+    def rule(v: Any) -> str | None:
+        if not isinstance(v, (list, tuple)) or (nonempty and not v):
+            return "a non-empty list" if nonempty else "a list"
+        for i, x in enumerate(v):
+            why = inner(x)
+            if why is not None:
+                return f"a list whose every element is {why} (element {i} = {x!r})"
+        return None
+    return rule
+
+
+def check(namespace: Mapping[str, Any], **rules: Rule | None) -> dict[str, Any]:
+    """Check a notebook's parameters (after papermill's injection) and return them.
+
+    Call it in the cell right after the ``parameters`` cell, naming *every* parameter once
+    (``None`` = no constraint beyond the runner's type check)::
+
+        P = check(globals(), seeds=at_least(1), lbw_tol=between(0, 1), methods=None)
+
+    Args:
+        namespace: usually ``globals()``.
+        **rules: one entry per parameter name.
+
+    Returns:
+        ``{name: value}`` for the named parameters, in the order given (for result records).
+
+    Raises:
+        ParameterError: a named parameter is not defined, still holds ``...`` (required and
+            not given), or breaks its rule; every problem is reported, naming the parameter,
+            the rule and the value.
+    """
+    problems = []
+    values: dict[str, Any] = {}
+    for name, rule in rules.items():
+        if name not in namespace:
+            problems.append(f"{name!r} is not defined (is it in the parameters cell?)")
+            continue
+        value = namespace[name]
+        if value is REQUIRED:
+            problems.append(f"required parameter {name!r} has no value (pass it with -p or YAML)")
+            continue
+        why = rule(value) if rule is not None else None
+        if why is not None:
+            problems.append(f"parameter {name!r} must be {why}, got {value!r}")
+        values[name] = value
+    if problems:
+        raise ParameterError("; ".join(problems))
+    return values

@@ -1,0 +1,196 @@
+"""The book's one plotting helper: style, size, DPI, file naming, captions, numbering.
+
+Use it as a context manager in a chapter notebook; the data come from result records
+(:mod:`pactlib.records`), never from numbers typed into the cell::
+
+    with figure("alpha-sweep", chapter=5, number=1, paper="Fig. 3",
+                caption="Mean normalized accuracy against alpha.") as (fig, ax):
+        sns.lineplot(data=frame, x="params.alpha", y="metrics.norm_acc", hue="method", ax=ax)
+
+On leaving the block the figure is written to ``<figures dir>/fig05.1-alpha-sweep.png`` and,
+inside a notebook kernel, displayed as a PNG followed by its caption
+("**Figure 5.1** (paper: Fig. 3). Mean normalized accuracy ..."). The figures dir is
+``$PACT_FIGURES_DIR`` (the book runner sets ``book/_executed/<params>/figures``) or
+``results/figures`` by hand. Rendering uses the Agg backend and never opens a window.
+Numbers are explicit arguments (chapter.number, as in the book's numbering), so re-running a
+cell never renumbers a figure. Book: "Running the book" page.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed or wanted: figures go to files and notebook outputs
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "table", "verdict", "verdict_text"]
+
+#: Named figure sizes in inches (width, height).
+SIZES: dict[str, tuple[float, float]] = {
+    "single": (5.0, 3.2),
+    "wide": (9.0, 3.4),
+    "square": (4.2, 4.0),
+    "tall": (5.0, 6.0),
+}
+DPI = 150
+ENV_DIR = "PACT_FIGURES_DIR"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+#: The statuses a claim's verdict may have.
+VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not yet tested")
+
+
+def _rc() -> dict[str, Any]:
+    """The book's matplotlib settings (seaborn's whitegrid / paper / colorblind), applied only
+    inside :func:`figure` through ``plt.rc_context``: the caller's global style is untouched."""
+    import seaborn as sns
+    from cycler import cycler
+
+    rc: dict[str, Any] = {**sns.axes_style("whitegrid"), **sns.plotting_context("paper")}
+    rc.update({"axes.prop_cycle": cycler(color=sns.color_palette("colorblind")),
+               "figure.dpi": DPI, "savefig.dpi": DPI, "axes.titlesize": 10,
+               "axes.labelsize": 9, "legend.fontsize": 8, "font.family": "DejaVu Sans"})
+    return rc
+
+
+def figure_path(name: str, *, chapter: int, number: int,
+                directory: str | Path | None = None) -> Path:
+    """The file of figure ``chapter.number``: ``<dir>/fig{chapter:02d}.{number}-{name}.png``.
+
+    Raises:
+        ValueError: ``name`` is not lower-case letters, digits and dashes, or ``chapter`` /
+            ``number`` is not a positive int.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"figure name {name!r}: use lower-case letters, digits and dashes")
+    for label, v in (("chapter", chapter), ("number", number)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"figure {name!r}: {label} must be a positive int, got {v!r}")
+    base = Path(directory if directory is not None
+                else os.environ.get(ENV_DIR, "results/figures"))
+    return base / f"fig{chapter:02d}.{number}-{name}.png"
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def _show(*objs: Any) -> None:
+    if _in_kernel():
+        from IPython.display import display
+
+        display(*objs)
+
+
+def _caption(kind: str, chapter: int, number: int, caption: str, paper: str | None) -> str:
+    if not caption or not caption.strip():
+        raise ValueError(f"{kind} {chapter}.{number}: a caption is required")
+    ref = f" (paper: {paper})" if paper else ""
+    return f"**{kind} {chapter}.{number}**{ref}. {caption.strip()}"
+
+
+@contextmanager
+def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | None = None,
+           size: str | tuple[float, float] = "single", nrows: int = 1, ncols: int = 1,
+           directory: str | Path | None = None, **subplots_kw: Any) -> Iterator[tuple[Any, Any]]:
+    """Make, save and show one numbered, captioned figure.
+
+    Args:
+        name: short file-name stem, lower-case with dashes (``"alpha-sweep"``).
+        chapter, number: the book's numbering, ``Figure {chapter}.{number}``.
+        caption: what the figure shows (required; the book prints it under the image).
+        paper: the paper's figure/table this reproduces, e.g. ``"Fig. 3a"`` (optional).
+        size: a key of :data:`SIZES` or ``(width, height)`` in inches.
+        nrows, ncols, **subplots_kw: passed to ``plt.subplots``.
+        directory: where the PNG goes (default ``$PACT_FIGURES_DIR`` or ``results/figures``).
+
+    Yields:
+        ``(fig, axes)`` as from ``plt.subplots``.
+
+    Raises:
+        ValueError: bad name / numbering / size, or an empty caption (before any drawing).
+        KeyError: ``size`` is not a known name (the message lists them).
+
+    If the block raises, the figure is closed and nothing is written.
+    """
+    path = figure_path(name, chapter=chapter, number=number, directory=directory)
+    text = _caption("Figure", chapter, number, caption, paper)
+    if isinstance(size, str):
+        if size not in SIZES:
+            raise KeyError(f"figure {name!r}: unknown size {size!r}; known: {sorted(SIZES)}")
+        figsize = SIZES[size]
+    else:
+        figsize = tuple(size)
+        if len(figsize) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in figsize):
+            raise ValueError(f"figure {name!r}: size must be (width, height) in inches, got {size!r}")
+    with plt.rc_context(_rc()):
+        fig, axes = plt.subplots(nrows, ncols, figsize=figsize, **subplots_kw)
+        try:
+            yield fig, axes
+            fig.tight_layout()
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+        finally:
+            plt.close(fig)
+    png = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(png)
+    os.replace(tmp, path)
+    from IPython.display import Image, Markdown
+
+    _show(Image(data=png, format="png"), Markdown(text))
+
+
+def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | None = None,
+          floatfmt: str = "{:.3f}") -> None:
+    """Show a DataFrame (built from records) as a numbered, captioned table.
+
+    Numeric columns are formatted with ``floatfmt``; the frame itself is not modified.
+
+    Raises:
+        ValueError: an empty caption.
+    """
+    text = _caption("Table", chapter, number, caption, paper)
+    styler = frame.style.format(floatfmt, subset=list(frame.select_dtypes("number").columns))
+    from IPython.display import Markdown
+
+    _show(Markdown(text), styler)
+
+
+def verdict_text(claim: str, status: str, evidence: str) -> str:
+    """The Markdown line of a claim's verdict (see :func:`verdict`).
+
+    Raises:
+        ValueError: ``status`` is not one of :data:`VERDICTS`, or ``evidence`` is empty.
+    """
+    if status not in VERDICTS:
+        raise ValueError(f"verdict for {claim}: status {status!r} is not one of {list(VERDICTS)}")
+    if not evidence or not evidence.strip():
+        raise ValueError(f"verdict for {claim}: give the evidence (numbers from records)")
+    return f"**Verdict on {claim}: {status}.** {evidence.strip()}"
+
+
+def verdict(claim: str, status: str, evidence: str) -> None:
+    """Show a claim's verdict, e.g. ``verdict("C5", "reproduced", f"PACT-TA +{gain:.1f} pts")``.
+
+    ``evidence`` should be built from records (f-strings over a frame), not typed numbers.
+    Returns None, so a verdict as a cell's last line prints once.
+
+    Raises:
+        ValueError: as :func:`verdict_text`.
+    """
+    from IPython.display import Markdown
+
+    _show(Markdown(verdict_text(claim, status, evidence)))

@@ -1,0 +1,213 @@
+"""Result records: one JSON object per line, written atomically, read back as dicts or a frame.
+
+Every number the book shows comes from a record; figures and tables read records, never a
+number typed into plotting code. A record is a JSON object with at least::
+
+    {"method": "pact_iso_c", "params": {"alpha": 1.2, "T": 4}, "seed": 0,
+     "metrics": {"acc": 0.91, "norm_acc": 0.97}}
+
+plus any extra string/number fields (``"chapter"``, ``"task"``, ``"split"``, ...). ``seed`` is an
+int, or None for a deterministic computation. Metric values are numbers (or None for a value
+that could not be computed, e.g. a NaN, which JSON cannot hold).
+
+Files are JSON lines (``.jsonl``). :func:`write_records` rewrites the whole file through a
+temporary file and ``os.replace`` under an exclusive lock (``<file>.lock``), so a reader never
+sees half a line and two writers never lose each other's records.
+
+The book runner points ``PACT_RECORDS_DIR`` at ``book/_executed/<params>/records``;
+:func:`records_path` resolves a notebook's file there (or under ``results/`` when a notebook is
+run by hand). Book: "Running the book" page.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
+           "records_frame", "records_path"]
+
+REQUIRED_FIELDS = ("method", "params", "seed", "metrics")
+ENV_DIR = "PACT_RECORDS_DIR"
+
+
+class RecordError(ValueError):
+    """A record is malformed, or a records file does not parse."""
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as plain JSON types (numpy / torch scalars -> Python; NaN/inf -> None)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if hasattr(value, "tolist") and hasattr(value, "shape"):  # numpy array / torch tensor
+        return _plain(value.tolist(), where)  # 0-d -> a Python scalar, else nested lists
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise RecordError(f"{where}: cannot store a {type(value).__name__} in a record ({value!r})")
+
+
+def make_record(method: str, *, params: Mapping[str, Any], seed: int | None,
+                metrics: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """A validated record with plain JSON values.
+
+    Args:
+        method: the method's registry name (e.g. ``"pact_iso_c"``) or what was measured.
+        params: the parameters that produced the metrics (e.g. the dict from
+            :func:`pactlib.params.check`, plus method settings).
+        seed: the seed of the run, or None for a deterministic computation.
+        metrics: ``{name: number}`` (numpy / 0-d torch scalars accepted; NaN/inf stored as None).
+        **extra: other fields (``task=...``, ``split=...``); must not shadow the four above.
+
+    Raises:
+        RecordError: a field has the wrong type or a value is not JSON-representable.
+    """
+    if not isinstance(method, str) or not method:
+        raise RecordError(f"record 'method' must be a non-empty str, got {method!r}")
+    if not isinstance(params, Mapping):
+        raise RecordError(f"record {method!r}: 'params' must be a mapping, got {type(params).__name__}")
+    if not isinstance(metrics, Mapping):
+        raise RecordError(
+            f"record {method!r}: 'metrics' must be a mapping, got {type(metrics).__name__}")
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)):
+        raise RecordError(f"record {method!r}: 'seed' must be an int or None, got {seed!r}")
+    rec = {"method": method, "params": _plain(dict(params), f"{method}.params"),
+           "seed": None if seed is None else int(seed),
+           "metrics": _plain(dict(metrics), f"{method}.metrics")}
+    for key, value in extra.items():
+        rec[key] = _plain(value, f"{method}.{key}")
+    for name, value in rec["metrics"].items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecordError(f"record {method!r}: metric {name!r} must be a number, got {value!r}")
+    return rec
+
+
+def _check(rec: Any, where: str) -> dict[str, Any]:
+    if not isinstance(rec, Mapping):
+        raise RecordError(f"{where}: a record must be a mapping, got {type(rec).__name__}")
+    missing = [f for f in REQUIRED_FIELDS if f not in rec]
+    if missing:
+        raise RecordError(f"{where}: record lacks field(s) {missing}; it has {sorted(rec)}")
+    extra = {k: v for k, v in rec.items() if k not in REQUIRED_FIELDS}
+    return make_record(rec["method"], params=rec["params"], seed=rec["seed"],
+                       metrics=rec["metrics"], **extra)
+
+
+@contextmanager
+def _locked(path: Path):
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *,
+                  replace: bool = False) -> Path:
+    """Append records to a JSON-lines file (or replace its content), atomically.
+
+    Args:
+        path: the ``.jsonl`` file; its folder is created if needed.
+        records: mappings with at least ``method``, ``params``, ``seed``, ``metrics``
+            (see :func:`make_record`). The caller's objects are not modified.
+        replace: start the file afresh instead of appending.
+
+    Returns:
+        The path written.
+
+    Raises:
+        RecordError: a record is malformed (nothing is written then), or the existing file
+            does not parse.
+    """
+    path = Path(path)
+    clean = [_check(r, f"{path}: record {i}") for i, r in enumerate(records)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        old = "" if replace or not path.exists() else path.read_text(encoding="utf-8")
+        if old and not old.endswith("\n"):
+            raise RecordError(f"{path}: the last line is incomplete; refusing to append")
+        if old:
+            _parse(old, path)  # never append to a file that no longer parses
+        new = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in clean)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(old + new)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path
+
+
+def _parse(text: str, path: Path) -> list[dict[str, Any]]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}, line {lineno}: not JSON ({exc.msg})") from exc
+        if not isinstance(rec, dict) or any(f not in rec for f in REQUIRED_FIELDS):
+            raise RecordError(f"{path}, line {lineno}: not a record (needs {list(REQUIRED_FIELDS)})")
+        out.append(rec)
+    return out
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSON-lines file, in file order.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names it).
+        RecordError: a line is not JSON or lacks a required field (naming file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"records file not found: {path}")
+    return _parse(path.read_text(encoding="utf-8"), path)
+
+
+def records_frame(records: Iterable[Mapping[str, Any]] | str | Path):
+    """Records as a pandas DataFrame, one row per record.
+
+    ``params`` and ``metrics`` are flattened into columns ``params.<name>`` and
+    ``metrics.<name>``; other fields keep their names.
+
+    Args:
+        records: a list of records, or a path to a records file.
+    """
+    import pandas as pd
+
+    if isinstance(records, (str, Path)):
+        records = read_records(records)
+    records = list(records)
+    if not records:
+        return pd.DataFrame(columns=list(REQUIRED_FIELDS))
+    return pd.json_normalize(records, max_level=1)
+
+
+def records_path(name: str, *, root: str | Path | None = None) -> Path:
+    """Where a notebook's records go: ``<root>/<name>.jsonl``.
+
+    ``root`` defaults to ``$PACT_RECORDS_DIR`` (set by the book runner) or ``results``.
+    """
+    base = Path(root if root is not None else os.environ.get(ENV_DIR, "results"))
+    return base / f"{name}.jsonl"
