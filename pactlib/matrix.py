@@ -37,8 +37,8 @@ DEFAULT_NOT_MATRIX: tuple[str, ...] = (
     r"token_embedding",  # open_clip text token table
     r"(^|\.)text_model\.",  # HF CLIP text tower
     r"(^|\.)text_projection",  # open_clip / HF text projection
-    r"^(model\.)?transformer\.",  # open_clip text tower (the visual one is visual.transformer.*)
-    r"^(model\.)?ln_final\.",  # open_clip text tower final norm
+    r"^((model|module|_orig_mod)\.)*transformer\.",  # open_clip text tower (visual's is visual.transformer.*)
+    r"^((model|module|_orig_mod)\.)*ln_final\.",  # open_clip text tower final norm
     r"logit_scale",
 )
 #: Keys stored (in, out) because the model computes ``x @ W``: their matrix view is W.T.
