@@ -9,7 +9,11 @@ STAMP   := $(VENV)/.pact-setup
 PARAMS  ?= default
 export PACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: help setup sources test book data zoo bench clean
+# The model zoo the default book is built from: 3 seeds of full and LoRA fine-tunes on the
+# 8-task suite, one seed of full fine-tunes on the 14- and 20-task suites (nested suites share runs).
+ZOO_SEEDS ?= 0 1 2
+
+.PHONY: help setup sources test data zoo bench clean
 
 help:
 	@echo "make book   - set up, prepare data, build the model zoo, execute every notebook, render _build/html"
@@ -26,16 +30,26 @@ $(STAMP): requirements.txt requirements.lock requirements-nodeps.txt pyproject.t
 	$(PIP) install --quiet --no-deps --no-build-isolation -e . || { echo "error: could not install pactlib" >&2; exit 1; }
 	@touch $@
 
-setup: $(STAMP) sources
+setup: $(STAMP) sources book-assets
 
 sources: $(STAMP)
 	@bash scripts/setup_sources.sh
+
+data: setup
+	$(VENV)/bin/pact data prepare --suite 20
+
+zoo: data
+	$(VENV)/bin/pact zoo build --suite 8 --seeds $(ZOO_SEEDS) --kind full lora
+	$(VENV)/bin/pact zoo build --suite 20 --seeds 0 --kind full
+
+include mk/book.mk
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
 	$(PY) bench/bench_filter.py
+	$(PY) bench/bench_zoo.py
 
 clean:
 	rm -rf _build book/_executed .pytest_cache

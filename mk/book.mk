@@ -1,0 +1,33 @@
+# The book pipeline, included from the Makefile (`include mk/book.mk`).
+# Assumes: $(PY) (the venv's python), $(PARAMS) (default: default) and a `setup` target.
+#
+#   make book                      set up, prepare data + zoo, execute changed notebooks, render
+#   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html)
+#   make chapter NB=05_main_results [ARGS="-p alpha_points=5 --force"]
+#   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
+#
+# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip.
+# BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
+# zoo manifests): when they change, every notebook runs again.
+BOOK_DEPS   ?= data zoo
+BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/data/**/manifest.json
+BOOK_RUN     = PACT_BOOK_INPUTS="$(BOOK_INPUTS)" $(PY) scripts/run_notebooks.py --params $(PARAMS)
+
+.PHONY: book chapter book-assets book-check book-screenshot
+
+book-assets:
+	@bash scripts/setup_book_assets.sh
+
+book: setup $(BOOK_DEPS) book-assets
+	$(BOOK_RUN) $(ARGS)
+
+chapter: setup $(BOOK_DEPS) book-assets
+	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
+	$(BOOK_RUN) --only $(NB) $(ARGS)
+
+# Validate every notebook's parameters against params/$(PARAMS).yaml; executes nothing.
+book-check: setup
+	$(BOOK_RUN) --check-only
+
+book-screenshot:
+	PARAMS=$(PARAMS) bash scripts/screenshot.sh $(if $(filter default,$(PARAMS)),_build/html,_build/$(PARAMS)/_build/html)

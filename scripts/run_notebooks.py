@@ -1,0 +1,491 @@
+#!/usr/bin/env python
+"""Execute the book's notebooks with papermill, then render them with jupyter-book (v1).
+
+    .venv/bin/python scripts/run_notebooks.py                      # the whole book, params/default.yaml
+    .venv/bin/python scripts/run_notebooks.py --params smoke       # tiny values (tests)
+    .venv/bin/python scripts/run_notebooks.py --only 05_main_results -p alpha_points=5
+
+Steps, in order:
+
+1. For every selected ``notebooks/NN_*.py`` (jupytext percent scripts): read it, find its ONE
+   cell tagged ``parameters``, parse the defaults (``pactlib.params.parse_defaults``), load
+   ``common`` + its section of ``params/<set>.yaml``, add ``-p name=value`` overrides, and
+   validate them (unknown / wrong type / missing required). All notebooks are validated before
+   any is executed.
+2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
+   parameters, every ``pactlib/**/*.py``, ``requirements.lock``, the content of files named
+   by path-valued parameters and of the ``--inputs`` files (zoo / data manifests). The result
+   is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
+   atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
+   to ``book/_executed/<set>/figures/``. A notebook that raises stops the run: the message
+   names the notebook and the failing cell, and the partial notebook is kept as
+   ``<name>.failed.ipynb``.
+3. Render with ``jupyter-book build -W -n --keep-going`` (execution off) into ``_build/html``
+   (set ``default``) or ``_build/<set>/_build/html`` (other sets), then check that every
+   chapter page exists and that no page loads anything from a CDN (MathJax is local).
+
+Exit status: 0 on success, 1 on a failed notebook / build / check, 2 on bad parameters.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pactlib import params as pparams  # noqa: E402
+
+NOTEBOOKS = ROOT / "notebooks"
+EXECUTED = ROOT / "book" / "_executed"
+PARAMS_DIR = ROOT / "params"
+TOC = ROOT / "_toc.yml"
+DEFAULT_SET = "default"
+TOC_PREFIX = "book/_executed/default/"
+KEY_VERSION = 1
+KERNEL = "python3"
+#: Tags that make a browser fetch something; none of them may point off the machine.
+FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
+                   re.I)
+REMOTE = re.compile(r"^(https?:)?//", re.I)
+
+
+class RunError(RuntimeError):
+    """A notebook failed, or the rendered book failed a check."""
+
+
+@dataclass
+class Job:
+    name: str
+    source: Path
+    nb: Any  # nbformat.NotebookNode
+    overrides: dict[str, Any]
+    key: str = ""
+    inputs: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery and validation
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (for messages)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def notebook_paths(only: list[str] | None) -> list[Path]:
+    """The chapter notebooks, in order; ``only`` = stems or unique stem prefixes ("05")."""
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+    if not paths:
+        raise RunError(f"no notebooks found under {NOTEBOOKS}")
+    if not only:
+        return paths
+    chosen = []
+    for want in only:
+        hits = [p for p in paths if p.stem == want] or [p for p in paths if p.stem.startswith(want)]
+        if len(hits) != 1:
+            raise pparams.ParameterError(
+                f"--only {want!r} matches {[p.stem for p in hits] or 'no notebook'}; "
+                f"notebooks: {[p.stem for p in paths]}")
+        chosen.append(hits[0])
+    return sorted(set(chosen))
+
+
+def toc_chapters(toc_path: Path = TOC) -> list[str]:
+    """Stems of the chapters that ``_toc.yml`` takes from ``book/_executed/default/``."""
+    text = toc_path.read_text(encoding="utf-8")
+    return [f[len(TOC_PREFIX):] for f in re.findall(r"file:\s*(\S+)", text)
+            if f.startswith(TOC_PREFIX)]
+
+
+def parameters_cell(nb: Any, where: str) -> Any:
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise pparams.ParameterError(
+            f"{where}: needs exactly one cell tagged 'parameters' (`# %% tags=[\"parameters\"]`), "
+            f"found {len(cells)}")
+    if cells[0].cell_type != "code":
+        raise pparams.ParameterError(f"{where}: the 'parameters' cell must be a code cell")
+    return cells[0]
+
+
+def parse_cli(pairs: list[str]) -> dict[str, Any]:
+    """``["alpha_points=5", "methods=[ta, iso_c]"]`` -> values parsed as YAML."""
+    out = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise pparams.ParameterError(f"-p {pair!r}: expected name=value")
+        out[name.strip()] = yaml.safe_load(raw)
+    return out
+
+
+def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[Job]:
+    """Read, parse and validate every selected notebook (nothing runs yet)."""
+    import jupytext
+
+    jobs, problems, declared_any = [], [], set()
+    for path in paths:
+        where = _rel(path)
+        try:
+            nb = jupytext.read(path)
+            defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
+            declared_any |= set(defaults)
+            overrides = pparams.load_params(params_file, path.stem, declared=defaults)
+            overrides.update({k: v for k, v in cli.items() if k in defaults})
+            overrides = pparams.validate(defaults, overrides, notebook=where)
+        except (pparams.ParameterError, FileNotFoundError) as exc:
+            problems.append(str(exc))
+            continue
+        jobs.append(Job(path.stem, path, nb, overrides))
+    if len(paths) == len(notebook_paths(None)):  # every notebook: `common` must be used somewhere
+        try:
+            common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            common = {}  # load_params above already reported it
+        unused = sorted(set(common) - declared_any)
+        if unused:
+            problems.append(f"{params_file.name}: common {unused} is declared by no notebook; "
+                            f"known: {sorted(declared_any)}")
+    stray = sorted(set(cli) - declared_any)
+    if stray:
+        problems.append(f"-p {stray}: no selected notebook has such a parameter; "
+                        f"known: {sorted(declared_any)}")
+    if problems:
+        raise pparams.ParameterError("\n  ".join(["bad parameters:", *problems]))
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# cache keys
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hash_path(path: Path) -> str:
+    """Content hash of a file; for a folder, a hash of its listing (names, sizes, mtimes)."""
+    if path.is_file():
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    rows = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            rows.append(f"{p.relative_to(path)}\t{st.st_size}\t{st.st_mtime_ns}")
+    return _sha("\n".join(rows).encode())
+
+
+def tree_hash(folder: Path, pattern: str = "**/*.py") -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.glob(pattern)):
+        if "__pycache__" in p.parts:
+            continue
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def path_values(value: Any) -> list[Path]:
+    """Existing files/folders named by string parameter values (relative to the repo root)."""
+    if isinstance(value, str) and value and len(value) < 500 and "\n" not in value:
+        p = (ROOT / value) if not os.path.isabs(value) else Path(value)
+        try:
+            if p.exists() and p.resolve() != ROOT:
+                return [p]
+        except OSError:
+            return []
+    if isinstance(value, (list, tuple)):
+        return [q for v in value for q in path_values(v)]
+    if isinstance(value, dict):
+        return [q for v in value.values() for q in path_values(v)]
+    return []
+
+
+def compute_key(job: Job, shared: dict[str, str]) -> None:
+    """Fill ``job.key``: what the executed notebook depends on (see module docstring)."""
+    defaults = pparams.parse_defaults(parameters_cell(job.nb, job.name).source)
+    named = {str(p): _hash_path(p) for v in [*defaults.values(), *job.overrides.values()]
+             for p in path_values(v)}
+    job.inputs = {**shared, **named}
+    payload = {
+        "version": KEY_VERSION,
+        "notebook": _sha(job.source.read_bytes()),
+        "params": job.overrides,
+        "inputs": job.inputs,
+    }
+    job.key = _sha(json.dumps(payload, sort_keys=True, default=str).encode())
+
+
+def shared_inputs(patterns: list[str]) -> dict[str, str]:
+    out = {"pactlib": tree_hash(ROOT / "pactlib")}
+    lock = ROOT / "requirements.lock"
+    if lock.exists():
+        out["requirements.lock"] = _hash_path(lock)
+    for pattern in patterns:
+        for hit in sorted(glob.glob(pattern, recursive=True)):
+            out[hit] = _hash_path(Path(hit))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# execution
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def stale_reason(job: Job, out_dir: Path) -> str | None:
+    """None when the executed notebook is up to date, else what changed (for the log line)."""
+    nb_path, key_path = out_dir / f"{job.name}.ipynb", out_dir / f"{job.name}.key"
+    if not (nb_path.is_file() and key_path.is_file()):
+        return "not executed yet"
+    try:
+        old = json.loads(key_path.read_text())
+        if old["key"] == job.key:
+            return None
+    except (ValueError, KeyError):
+        return "unreadable key file"
+    changed = []
+    if old.get("notebook") != _sha(job.source.read_bytes()):
+        changed.append("notebook")
+    if old.get("params") != json.loads(json.dumps(job.overrides, default=str)):
+        changed.append("parameters")
+    old_inputs = old.get("inputs", {})
+    changed += sorted(k for k in set(old_inputs) | set(job.inputs)
+                      if old_inputs.get(k) != job.inputs.get(k))
+    return "changed: " + ", ".join(changed) if changed else "key format changed"
+
+
+def _failure(job: Job, exc: Exception, partial: Path) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        src = "\n".join("      | " + line for line in exc.source.splitlines()[:12])
+        text = job.source.read_text(encoding="utf-8")
+        at = text.find(exc.source) if exc.source.strip() else -1
+        where = f"the cell at line {text.count(chr(10), 0, at) + 1}" if at >= 0 else "a cell"
+        return (f"notebook {_rel(job.source)} failed in {where} "
+                f"(code cell [{exc.exec_count}] of the executed notebook):\n{src}\n"
+                f"    {exc.ename}: {exc.evalue}\n"
+                f"    partial notebook with the traceback: {_rel(partial)}")
+    return (f"notebook {_rel(job.source)} failed: {type(exc).__name__}: {exc}\n"
+            f"    partial notebook (if any): {_rel(partial)}")
+
+
+def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
+    """Run one notebook with papermill; write ``<name>.ipynb`` and ``<name>.key`` atomically."""
+    import logging
+
+    import nbformat
+    import papermill as pm
+
+    # papermill's own parameter inference trips on comments such as "method.md's" and then
+    # warns about "unknown" parameters; the runner has already parsed and validated them
+    # (pactlib.params), so only papermill's errors are worth showing
+    logging.getLogger("papermill").setLevel(logging.ERROR)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records_dir, figures_dir = out_dir / "records", out_dir / "figures"
+    records_dir.mkdir(exist_ok=True)
+    (records_dir / f"{job.name}.jsonl").unlink(missing_ok=True)  # records belong to a run
+    for old in figures_dir.glob(f"fig{job.name[:2]}.*"):
+        old.unlink()
+    kernel_env = {
+        "PACT_PARAMS": set_name,
+        "PACT_RECORDS_DIR": str(records_dir),
+        "PACT_FIGURES_DIR": str(figures_dir),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    nb = job.nb
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    tmp = out_dir / f".{job.name}.{os.getpid()}.ipynb"
+    partial = out_dir / f"{job.name}.failed.ipynb"
+    key_path = out_dir / f"{job.name}.key"
+    t0 = time.perf_counter()
+    saved_env = dict(os.environ)
+    os.environ.update(kernel_env)  # the kernel inherits this process's environment
+    try:
+        result = pm.execute_notebook(
+            nb, str(tmp), parameters=job.overrides, kernel_name=KERNEL, cwd=str(ROOT),
+            progress_bar=progress, log_output=False, request_save_on_cell_execute=False,
+            # the kernel's own log (TCP notice, shutdown chatter) is noise; cell errors are
+            # reported from the notebook itself
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    except Exception as exc:  # papermill wrote the partial notebook to tmp
+        if tmp.exists():
+            os.replace(tmp, partial)
+        raise RunError(_failure(job, exc, partial)) from exc
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    seconds = time.perf_counter() - t0
+    result.metadata["pact"] = {"params_set": set_name, "key": job.key, "seconds": round(seconds, 2)}
+    nbformat.write(result, str(tmp))
+    key_path.unlink(missing_ok=True)
+    os.replace(tmp, out_dir / f"{job.name}.ipynb")
+    partial.unlink(missing_ok=True)
+    _atomic_write(key_path, json.dumps({"key": job.key, "params": job.overrides,
+                                        "notebook": _sha(job.source.read_bytes()),
+                                        "inputs": job.inputs, "seconds": round(seconds, 2)},
+                                       indent=1, sort_keys=True, default=str))
+    return seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def toc_for(set_name: str) -> Path:
+    if set_name == DEFAULT_SET:
+        return TOC
+    text = TOC.read_text(encoding="utf-8").replace(TOC_PREFIX, f"book/_executed/{set_name}/")
+    path = EXECUTED / set_name / "_toc.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, text)
+    return path
+
+
+def html_dir_for(set_name: str, out: Path | None) -> tuple[Path, Path]:
+    """(``--path-output`` for jupyter-book, the HTML folder it produces)."""
+    if out is None:
+        out = ROOT if set_name == DEFAULT_SET else ROOT / "_build" / set_name
+    return out, out / "_build" / "html"
+
+
+def render(set_name: str, out: Path | None) -> Path:
+    missing = [c for c in toc_chapters() if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
+    if missing:
+        raise RunError(f"cannot render the {set_name!r} book: not executed yet: {missing} "
+                       f"(run the whole set, or pass --no-render)")
+    path_output, html = html_dir_for(set_name, out)
+    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
+           "--toc", str(toc_for(set_name)), "--path-output", str(path_output),
+           "-W", "-n", "--keep-going", "-q"]
+    print(f">> rendering with jupyter-book -> {_rel(html)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RunError(f"jupyter-book build failed (exit {proc.returncode}); command: {' '.join(cmd)}")
+    print(f">> rendered in {time.perf_counter() - t0:.1f} s", flush=True)
+    return html
+
+
+def check_html(html: Path, set_name: str) -> None:
+    """Every chapter page exists, shows its figures, and nothing is fetched from the web."""
+    problems = []
+    index = html / "index.html"
+    if not index.is_file():
+        problems.append(f"missing {index}")
+    for stem in toc_chapters():
+        page = html / "book" / "_executed" / set_name / f"{stem}.html"
+        if not page.is_file():
+            problems.append(f"missing chapter page {page}")
+    mathjax_ok = False
+    pages = [p for p in sorted(html.rglob("*.html")) if "_static" not in p.relative_to(html).parts]
+    for page in pages:
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for tag in FETCH.finditer(text):
+            url = tag.group(1)
+            if tag.group(0).lower().startswith("<link") and "stylesheet" not in tag.group(0) \
+                    and "preload" not in tag.group(0) and "icon" not in tag.group(0):
+                continue  # <link rel="next"/"search"/...>: navigation, nothing is fetched
+            if REMOTE.match(url):
+                problems.append(f"{page.relative_to(html)} fetches a remote asset: {url}")
+            elif not url.startswith(("data:", "#")) and \
+                    not (page.parent / url.split("?")[0].split("#")[0]).exists():
+                problems.append(f"{page.relative_to(html)} refers to a missing file: {url}")
+            elif "tex-mml-chtml.js" in url:
+                mathjax_ok = True
+    if not mathjax_ok:
+        problems.append("no page loads the local MathJax (run scripts/setup_book_assets.sh)")
+    if problems:
+        raise RunError("the rendered book failed its checks:\n  " + "\n  ".join(problems[:30]))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default=DEFAULT_SET,
+                    help="parameter set: a name under params/ (default: default) or a YAML path")
+    ap.add_argument("--only", nargs="+", metavar="NB", help="notebook stems or prefixes (e.g. 05)")
+    ap.add_argument("-p", dest="set", action="append", default=[], metavar="NAME=VALUE",
+                    help="override a parameter (YAML value) in the selected notebooks that have it")
+    ap.add_argument("--inputs", action="append", default=None, metavar="GLOB",
+                    help="files whose content is part of every notebook's key (zoo/data "
+                         "manifests); default: $PACT_BOOK_INPUTS (space-separated globs)")
+    ap.add_argument("--force", action="store_true", help="re-execute even when up to date")
+    ap.add_argument("--no-render", action="store_true", help="execute only")
+    ap.add_argument("--render-only", action="store_true", help="render what is executed")
+    ap.add_argument("--path-output", type=Path, default=None,
+                    help="jupyter-book output folder (HTML in <it>/_build/html)")
+    ap.add_argument("--check-only", action="store_true",
+                    help="validate notebooks and parameters, execute nothing")
+    args = ap.parse_args(argv)
+
+    params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) \
+        else PARAMS_DIR / f"{args.params}.yaml"
+    set_name = params_file.stem
+    out_dir = EXECUTED / set_name
+    t_all = time.perf_counter()
+    try:
+        missing = sorted(set(p.stem for p in notebook_paths(None)) ^ set(toc_chapters()))
+        if missing:
+            raise RunError(f"notebooks and _toc.yml disagree on chapters: {missing}")
+        paths = notebook_paths(args.only)
+        jobs = prepare(paths, params_file, parse_cli(args.set))
+        if args.check_only:
+            print(f"parameters of {len(jobs)} notebook(s) are valid ({params_file.name})")
+            return 0
+        if not args.render_only:
+            patterns = args.inputs if args.inputs is not None else \
+                os.environ.get("PACT_BOOK_INPUTS", "").split()
+            shared = shared_inputs(patterns)
+            progress = sys.stderr.isatty()
+            for i, job in enumerate(jobs, 1):
+                compute_key(job, shared)
+                tag = f"[{i:2d}/{len(jobs)}] {job.name:<26}"
+                why = "--force" if args.force else stale_reason(job, out_dir)
+                if why is None:
+                    print(f"{tag} up to date", flush=True)
+                    continue
+                print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
+                seconds = execute(job, out_dir, set_name, progress=progress)
+                print(f"{tag} done in {seconds:.1f} s", flush=True)
+        if not args.no_render:
+            html = render(set_name, args.path_output)
+            check_html(html, set_name)
+            print(f">> book ready: {html / 'index.html'} ({time.perf_counter() - t_all:.1f} s total)")
+    except pparams.ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (RunError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

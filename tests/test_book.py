@@ -1,0 +1,320 @@
+"""The book machinery: result records, the plotting helper, the runner's cache keys, and (slow)
+the whole smoke book built end to end — every chapter executed with params/smoke.yaml and
+rendered by jupyter-book — with its pages, figures and offline MathJax checked.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pactlib import plotting, records
+from pactlib.records import RecordError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_notebooks", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- records ---------------------------------------------------------------------------------
+
+def _rec(method="ta", seed=0, **metrics):
+    return records.make_record(method, params={"alpha": 0.3, "T": 2}, seed=seed,
+                               metrics=metrics or {"acc": 0.5}, task="mnist")
+
+
+def test_records_round_trip_append_and_replace(tmp_path):
+    path = tmp_path / "sub" / "r.jsonl"
+    records.write_records(path, [_rec(acc=0.5), _rec("iso_c", 1, acc=0.75)])
+    records.write_records(path, [_rec("pact_iso_c", 2, acc=0.875)])
+    got = records.read_records(path)
+    assert [(r["method"], r["seed"], r["metrics"]["acc"]) for r in got] == \
+        [("ta", 0, 0.5), ("iso_c", 1, 0.75), ("pact_iso_c", 2, 0.875)]
+    assert got[0]["params"] == {"alpha": 0.3, "T": 2} and got[0]["task"] == "mnist"
+    records.write_records(path, [_rec(acc=0.25)], replace=True)
+    assert [r["metrics"]["acc"] for r in records.read_records(path)] == [0.25]
+    assert not list(tmp_path.glob("sub/*.tmp")) and not list(tmp_path.glob("sub/.*.tmp"))
+
+
+def test_make_record_converts_array_scalars_and_non_finite():
+    rec = records.make_record("x", params={"k": np.int64(3), "fr": np.float32(0.5)}, seed=np.int64(4),
+                              metrics={"a": torch.tensor(0.25), "b": float("nan"),
+                                       "c": np.float64(math.inf)}, layers=torch.arange(3))
+    assert rec == {"method": "x", "params": {"k": 3, "fr": 0.5}, "seed": 4,
+                   "metrics": {"a": 0.25, "b": None, "c": None}, "layers": [0, 1, 2]}
+    assert type(rec["params"]["k"]) is int and type(rec["seed"]) is int
+    json.dumps(rec, allow_nan=False)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(method="", params={}, seed=0, metrics={}), "non-empty str"),
+    (dict(method="m", params=[1], seed=0, metrics={}), "'params' must be a mapping"),
+    (dict(method="m", params={}, seed=1.5, metrics={}), "'seed' must be an int or None"),
+    (dict(method="m", params={}, seed=True, metrics={}), "'seed' must be an int or None"),
+    (dict(method="m", params={}, seed=0, metrics={"acc": "high"}), "metric 'acc' must be a number"),
+    (dict(method="m", params={}, seed=0, metrics={"acc": object()}), "cannot store a object"),
+])
+def test_make_record_rejects_malformed(kwargs, fragment):
+    method = kwargs.pop("method")
+    with pytest.raises(RecordError, match=re.escape(fragment)):
+        records.make_record(method, **kwargs)
+
+
+def test_write_records_is_all_or_nothing(tmp_path):
+    path = tmp_path / "r.jsonl"
+    records.write_records(path, [_rec()])
+    before = path.read_bytes()
+    with pytest.raises(RecordError, match="lacks field"):
+        records.write_records(path, [_rec(), {"method": "m", "params": {}, "metrics": {}}])
+    assert path.read_bytes() == before
+
+
+def test_read_records_names_file_and_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    records.write_records(path, [_rec()])
+    with open(path, "a") as fh:
+        fh.write('{"method": "m", "params": {}, "seed": 0, "metrics": {}}\n{oops\n')
+    with pytest.raises(RecordError, match=r"r\.jsonl, line 3: not JSON"):
+        records.read_records(path)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        records.read_records(tmp_path / "missing.jsonl")
+
+
+def _append_many(path, worker, n):
+    for i in range(n):
+        records.write_records(path, [records.make_record("w", params={}, seed=worker,
+                                                         metrics={"i": i})])
+
+
+def test_concurrent_appends_lose_nothing(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(path, w, 25)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    got = records.read_records(path)
+    assert sorted((r["seed"], r["metrics"]["i"]) for r in got) == \
+        [(w, i) for w in range(3) for i in range(25)]
+
+
+def test_records_frame_flattens_params_and_metrics(tmp_path):
+    path = records.write_records(tmp_path / "r.jsonl",
+                                 [_rec(acc=0.5, norm_acc=0.625), _rec("iso_c", 1, acc=0.75)])
+    frame = records.records_frame(path)
+    assert {"method", "seed", "task", "params.alpha", "params.T", "metrics.acc",
+            "metrics.norm_acc"} <= set(frame.columns)
+    assert frame["metrics.acc"].tolist() == [0.5, 0.75]
+    assert frame["metrics.norm_acc"].isna().tolist() == [False, True]
+    assert records.records_frame([]).empty
+
+
+def test_records_path_follows_the_runner(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path))
+    assert records.records_path("05_main") == tmp_path / "05_main.jsonl"
+    monkeypatch.delenv("PACT_RECORDS_DIR")
+    assert records.records_path("05_main") == Path("results/05_main.jsonl")
+
+
+# --- plotting --------------------------------------------------------------------------------
+
+def test_figure_writes_a_numbered_png_of_the_fixed_size(tmp_path):
+    from PIL import Image
+
+    with plotting.figure("alpha-sweep", chapter=5, number=2, caption="Accuracy against alpha.",
+                         directory=tmp_path) as (fig, ax):
+        ax.plot([0, 1], [0, 1])
+    path = tmp_path / "fig05.2-alpha-sweep.png"
+    with Image.open(path) as im:
+        w, h = plotting.SIZES["single"]
+        assert im.size == (round(w * plotting.DPI), round(h * plotting.DPI))
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_figure_leaves_the_global_style_alone(tmp_path):
+    import matplotlib as mpl
+
+    before = dict(mpl.rcParams)
+    with plotting.figure("x", chapter=1, number=1, caption="c", directory=tmp_path) as (fig, ax):
+        assert mpl.rcParams["axes.grid"] is True  # the book's whitegrid style applies inside
+    assert dict(mpl.rcParams) == before
+
+
+def test_figure_failing_block_writes_nothing(tmp_path):
+    import matplotlib.pyplot as plt
+
+    n_open = len(plt.get_fignums())
+    with pytest.raises(ZeroDivisionError):
+        with plotting.figure("x", chapter=1, number=1, caption="c", directory=tmp_path):
+            1 / 0
+    assert not list(tmp_path.iterdir()) and len(plt.get_fignums()) == n_open
+
+
+@pytest.mark.parametrize("kwargs, exc, fragment", [
+    (dict(name="Bad Name"), ValueError, "lower-case"),
+    (dict(chapter=0), ValueError, "chapter must be a positive int"),
+    (dict(number=1.5), ValueError, "number must be a positive int"),
+    (dict(caption="  "), ValueError, "caption is required"),
+    (dict(size="huge"), KeyError, "unknown size 'huge'"),
+    (dict(size=(3, -1)), ValueError, "size must be (width, height)"),
+])
+def test_figure_rejects_bad_arguments(tmp_path, kwargs, exc, fragment):
+    args = dict(name="ok", chapter=1, number=1, caption="c", directory=tmp_path) | kwargs
+    with pytest.raises(exc, match=re.escape(fragment)):
+        with plotting.figure(args.pop("name"), **args):
+            pass
+    assert not list(tmp_path.iterdir())
+
+
+def test_verdict_text():
+    assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
+        "**Verdict on C5: reproduced.** +2.0 pts"
+    with pytest.raises(ValueError, match="not one of"):
+        plotting.verdict_text("C5", "yes", "x")
+    with pytest.raises(ValueError, match="evidence"):
+        plotting.verdict_text("C5", "reproduced", "")
+
+
+# --- runner: cache keys ----------------------------------------------------------------------
+
+def test_cache_key_tracks_source_params_and_inputs(tmp_path):
+    rn = _runner()
+    nb_path = ROOT / "notebooks" / "01_method.py"
+    job = rn.prepare([nb_path], ROOT / "params" / "smoke.yaml", {})[0]
+    shared = rn.shared_inputs([])
+    rn.compute_key(job, shared)
+    key = job.key
+    rn.compute_key(job, shared)
+    assert job.key == key  # deterministic
+    job.overrides = {**job.overrides, "demo_dim": 9}
+    rn.compute_key(job, shared)
+    assert job.key != key
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    job2 = rn.prepare([nb_path], ROOT / "params" / "smoke.yaml", {})[0]
+    rn.compute_key(job2, rn.shared_inputs([str(tmp_path / "*.json")]))
+    manifest.write_text('{"a": 1}')
+    before = job2.key
+    rn.compute_key(job2, rn.shared_inputs([str(tmp_path / "*.json")]))
+    assert job2.key != before and job2.key != key
+
+
+# --- slow: the smoke book, end to end --------------------------------------------------------
+
+def _need_mathjax():
+    if (ROOT / "book" / "mathjax" / "es5" / "tex-mml-chtml.js").is_file():
+        return
+    if not (ROOT / ".cache" / "npm" / "node_modules" / "mathjax" / "es5").is_dir():
+        pytest.skip("local MathJax not installed (npm mathjax@3): run `make setup` or "
+                    "scripts/setup_book_assets.sh")
+    subprocess.run(["bash", str(ROOT / "scripts" / "setup_book_assets.sh")], check=True)
+
+
+@pytest.mark.slow
+def test_failing_notebook_names_notebook_and_cell(tmp_path):
+    rn = _runner()
+    src = tmp_path / "99_broken.py"
+    src.write_text('# %% tags=["parameters"]\nsize = 3  # rows\n\n'
+                   '# %%\nok = size + 1\n\n# %%\nraise ValueError(f"broken on purpose: {size}")\n')
+    job = rn.prepare([src], _write_set(tmp_path, "99_broken", {"size": 4}), {})[0]
+    rn.compute_key(job, rn.shared_inputs([]))
+    with pytest.raises(rn.RunError) as err:
+        rn.execute(job, tmp_path / "out", "t", progress=False)
+    msg = str(err.value)
+    assert "99_broken.py failed in the cell at line 8 (code cell [4] of the executed" in msg
+    assert 'raise ValueError(f"broken on purpose: {size}")' in msg
+    assert "ValueError: broken on purpose: 4" in msg
+    assert (tmp_path / "out" / "99_broken.failed.ipynb").is_file()
+    assert not (tmp_path / "out" / "99_broken.ipynb").exists()
+    assert not (tmp_path / "out" / "99_broken.key").exists()
+
+
+@pytest.mark.slow
+def test_executed_notebook_is_reused_until_an_input_changes(tmp_path):
+    rn = _runner()
+    src = tmp_path / "98_tiny.py"
+    src.write_text('# %% tags=["parameters"]\nsize = 3  # rows\n\n# %%\nprint(size * 2)\n')
+    job = rn.prepare([src], _write_set(tmp_path, "98_tiny", {"size": 4}), {})[0]
+    shared = {"pactlib": "hash-1"}
+    rn.compute_key(job, shared)
+    out = tmp_path / "out"
+    assert rn.stale_reason(job, out) == "not executed yet"
+    rn.execute(job, out, "t", progress=False)
+    nb = json.loads((out / "98_tiny.ipynb").read_text())
+    assert nb["cells"][-1]["outputs"][0]["text"] == ["8\n"]  # ran with the injected size = 4
+    assert rn.stale_reason(job, out) is None  # nothing changed: reused
+
+    rn.compute_key(job, {"pactlib": "hash-2"})
+    assert rn.stale_reason(job, out) == "changed: pactlib"
+    job.overrides = {"size": 5}
+    rn.compute_key(job, shared)
+    assert rn.stale_reason(job, out) == "changed: parameters"
+    job.overrides = {"size": 4}
+    src.write_text(src.read_text() + "\n# %%\nprint('more')\n")
+    rn.compute_key(job, shared)
+    assert rn.stale_reason(job, out) == "changed: notebook"
+
+
+def _write_set(tmp_path, name, section):
+    path = tmp_path / "set.yaml"
+    path.write_text(json.dumps({"common": {}, name: section}))
+    return path
+
+
+@pytest.mark.slow
+def test_smoke_book_builds_end_to_end(tmp_path):
+    _need_mathjax()
+    rn = _runner()
+    out = tmp_path / "book"
+    cmd = [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--params", "smoke",
+           "--path-output", str(out)]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    html = out / "_build" / "html"
+    chapters = rn.toc_chapters()
+    assert len(chapters) == 12
+
+    executed = ROOT / "book" / "_executed" / "smoke"
+    for n, stem in enumerate(chapters, 1):
+        # the executed notebook kept its parameters cell and got the smoke values injected
+        nb = json.loads((executed / f"{stem}.ipynb").read_text())
+        tags = [c["metadata"].get("tags", []) for c in nb["cells"]]
+        assert ["parameters"] in tags and ["injected-parameters"] in tags, stem
+        injected = "".join(nb["cells"][tags.index(["injected-parameters"])]["source"])
+        assert "demo_dim = 8" in injected, stem
+        assert json.loads((executed / f"{stem}.key").read_text())["params"]["demo_dim"] == 8
+        assert records.read_records(executed / "records" / f"{stem}.jsonl"), stem
+
+        page = html / "book" / "_executed" / "smoke" / f"{stem}.html"
+        text = page.read_text()
+        imgs = re.findall(r'<img[^>]*src="([^"]+)"', text)
+        assert imgs, f"{stem}: no figure"
+        for src in imgs:
+            assert (page.parent / src).is_file(), f"{stem}: {src} missing"
+        assert f"Figure {n}.1" in text and "Verdict on" in text, stem
+
+    intro = (html / "book" / "intro.html").read_text()
+    mathjax = re.findall(r'<script[^>]*src="([^"]*tex-mml-chtml\.js)[^"]*"', intro)
+    assert mathjax and (html / "book" / mathjax[0]).resolve().is_file()
+    for page in html.rglob("*.html"):
+        if "_static" not in page.relative_to(html).parts:
+            body = page.read_text()
+            assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", body), page
+
+    assert "Passed unknown parameter" not in first.stderr  # papermill's noise is silenced

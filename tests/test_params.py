@@ -1,0 +1,239 @@
+"""Notebook parameters: parsing the `parameters` cell, YAML sets, validation, in-notebook checks.
+
+Fast (no notebook is executed). The last tests hold every notebook and every parameter set of
+the repository to the same rules, so a bad parameter fails here before any heavy work.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pactlib import params
+from pactlib.params import ParameterError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_notebooks", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CELL = '''
+seeds = [0, 1, 2]        # three seeds
+alpha = 0.5              # a float
+steps = 10               # an int
+name: str = "iso_c"      # annotated
+verbose = False          # a bool
+options = {"k": 1}       # a dict
+ckpt = None              # optional, any type
+zoo_dir = ...            # required
+'''
+DEFAULTS = params.parse_defaults(CELL)
+
+
+# --- parse_defaults -------------------------------------------------------------------------
+
+def test_parse_defaults_reads_literals_in_order():
+    assert list(DEFAULTS) == ["seeds", "alpha", "steps", "name", "verbose", "options", "ckpt",
+                              "zoo_dir"]
+    assert DEFAULTS["seeds"] == [0, 1, 2] and DEFAULTS["alpha"] == 0.5
+    assert DEFAULTS["options"] == {"k": 1} and DEFAULTS["ckpt"] is None
+    assert DEFAULTS["zoo_dir"] is params.REQUIRED
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ("x = f(3)", "must be a literal"),
+    ("import os", "only hold `name = literal`"),
+    ("x = y + 1", "must be a literal"),
+    ("a.b = 1", "plain name"),
+    ("x = 1\nx = 2", "assigned twice"),
+    ("x = (", "cannot parse"),
+])
+def test_parse_defaults_rejects_non_literal_cells(source, fragment):
+    with pytest.raises(ParameterError, match="nb.py") as err:
+        params.parse_defaults(source, where="nb.py")
+    assert fragment in str(err.value)
+
+
+# --- validate --------------------------------------------------------------------------------
+
+def test_validate_accepts_good_overrides_and_widens_int_to_float():
+    out = params.validate(DEFAULTS, {"alpha": 1, "steps": 3, "seeds": [4], "zoo_dir": "z",
+                                     "ckpt": 7, "verbose": True})
+    assert out == {"alpha": 1.0, "steps": 3, "seeds": [4], "zoo_dir": "z", "ckpt": 7,
+                   "verbose": True}
+    assert isinstance(out["alpha"], float)
+
+
+def test_validate_unknown_name_lists_the_known_ones():
+    with pytest.raises(ParameterError) as err:
+        params.validate(DEFAULTS, {"alpah": 0.3, "zoo_dir": "z"}, notebook="05_main")
+    msg = str(err.value)
+    assert "05_main" in msg and "unknown parameter 'alpah'" in msg
+    assert "'alpha'" in msg and "'seeds'" in msg  # the known names
+
+
+@pytest.mark.parametrize("name, value, expected, got", [
+    ("steps", 2.5, "int", "float"),
+    ("steps", True, "int", "bool"),
+    ("verbose", 1, "bool", "int"),
+    ("alpha", "0.5", "float", "str"),
+    ("name", 3, "str", "int"),
+    ("options", [1], "dict", "list"),
+    ("seeds", 3, "list", "int"),
+    ("seeds[1]", None, "int", "float"),  # element type: [0, 1.5]
+])
+def test_validate_wrong_type_names_parameter_expected_and_got(name, value, expected, got):
+    key = name.split("[")[0]
+    override = [0, 1.5] if name == "seeds[1]" else value
+    with pytest.raises(ParameterError) as err:
+        params.validate(DEFAULTS, {key: override, "zoo_dir": "z"})
+    msg = str(err.value)
+    assert f"parameter '{name}'" in msg and f"expected {expected}, got {got}" in msg
+
+
+def test_validate_missing_required_and_reports_all_problems_together():
+    with pytest.raises(ParameterError) as err:
+        params.validate(DEFAULTS, {"steps": "x", "bogus": 1})
+    msg = str(err.value)
+    assert "missing required parameter 'zoo_dir'" in msg
+    assert "unknown parameter 'bogus'" in msg and "parameter 'steps'" in msg
+
+
+def test_validate_does_not_mutate_inputs():
+    overrides = {"alpha": 1, "zoo_dir": "z"}
+    before = dict(overrides), dict(DEFAULTS)
+    params.validate(DEFAULTS, overrides)
+    assert (overrides, DEFAULTS) == before
+
+
+# --- load_params -----------------------------------------------------------------------------
+
+def _yaml(tmp_path, data) -> Path:
+    path = tmp_path / "set.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_load_params_merges_common_then_section(tmp_path):
+    path = _yaml(tmp_path, {"common": {"seeds": [0], "alpha": 0.1, "other": 5},
+                            "05_main": {"alpha": 0.9}, "06_x": None})
+    assert params.load_params(path, "05_main") == {"seeds": [0], "alpha": 0.9, "other": 5}
+    # common entries the notebook does not declare are skipped; its own section is kept
+    assert params.load_params(path, "05_main", declared=["alpha"]) == {"alpha": 0.9}
+    assert params.load_params(path, "06_x", declared=["seeds"]) == {"seeds": [0]}
+
+
+def test_load_params_unknown_section_lists_sections(tmp_path):
+    path = _yaml(tmp_path, {"common": {}, "05_main": {}, "06_x": {}})
+    with pytest.raises(ParameterError) as err:
+        params.load_params(path, "07_missing")
+    assert "07_missing" in str(err.value) and "['05_main', '06_x']" in str(err.value)
+
+
+def test_load_params_rejects_bad_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        params.load_params(tmp_path / "nope.yaml", "a")
+    with pytest.raises(ParameterError, match="section 'a' must be a mapping"):
+        params.load_params(_yaml(tmp_path, {"a": [1, 2]}), "a")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(ParameterError, match="not valid YAML"):
+        params.load_params(bad, "a")
+
+
+# --- check (inside a notebook) ---------------------------------------------------------------
+
+def test_check_returns_values_in_order():
+    ns = {"lbw_tol": 0.5, "seeds": [0, 1], "methods": ["ta"], "x": 1}
+    out = params.check(ns, seeds=params.each(params.at_least(0)), lbw_tol=params.between(0, 1),
+                       methods=params.each(params.one_of("ta", "iso_c")))
+    assert list(out.items()) == [("seeds", [0, 1]), ("lbw_tol", 0.5), ("methods", ["ta"])]
+
+
+def test_check_reports_every_broken_rule():
+    ns = {"lbw_tol": 1.5, "seeds": [0, -1], "methods": ["bogus"], "zoo": ..., "flag": True}
+    with pytest.raises(ParameterError) as err:
+        params.check(ns, lbw_tol=params.between(0, 1), seeds=params.each(params.at_least(0)),
+                     methods=params.each(params.one_of("ta")), zoo=None, missing=None,
+                     flag=params.at_least(0))
+    msg = str(err.value)
+    assert "parameter 'lbw_tol' must be a number in [0, 1], got 1.5" in msg
+    assert "element 1 = -1" in msg and "one of ['ta']" in msg
+    assert "required parameter 'zoo'" in msg and "'missing' is not defined" in msg
+    assert "parameter 'flag'" in msg  # a bool is not a number
+
+
+def test_rules_edge_cases():
+    assert params.between(0, 1)(0) is None and params.between(0, 1)(1.0) is None
+    assert params.at_least(1)(float("inf")) is not None
+    assert params.each(params.at_least(0))([]) == "a non-empty list"
+    assert params.each(params.at_least(0), nonempty=False)([]) is None
+
+
+# --- the repository's notebooks and parameter sets -------------------------------------------
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+PARAM_SETS = sorted((ROOT / "params").glob("*.yaml"))
+
+
+def test_there_are_twelve_chapters_matching_the_toc():
+    rn = _runner()
+    assert [p.stem for p in NOTEBOOKS] == rn.toc_chapters()
+    assert len(NOTEBOOKS) == 12
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_checks_exactly_its_parameters(path):
+    """The jupytext conversion keeps the `parameters` tag, and the validation cell names every
+    parameter once (so a parameter can not be added without a rule, or dropped silently)."""
+    import jupytext
+
+    rn = _runner()
+    nb = jupytext.read(path)
+    cell = rn.parameters_cell(nb, path.stem)
+    defaults = params.parse_defaults(cell.source, where=path.name)
+    checked = None
+    for c in nb.cells:
+        for node in ast.walk(ast.parse(c.source)) if c.cell_type == "code" else ():
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "check":
+                checked = [kw.arg for kw in node.keywords]
+    assert checked is not None, f"{path.name}: no params.check(globals(), ...) call"
+    assert checked == list(defaults), f"{path.name}: check() names differ from the parameters cell"
+
+
+@pytest.mark.parametrize("param_set", PARAM_SETS, ids=lambda p: p.stem)
+def test_every_parameter_set_validates_against_every_notebook(param_set):
+    rn = _runner()
+    jobs = rn.prepare(NOTEBOOKS, param_set, {})
+    assert [j.name for j in jobs] == [p.stem for p in NOTEBOOKS]
+    assert set(params.sections(param_set)) == {p.stem for p in NOTEBOOKS}
+
+
+def test_runner_rejects_bad_parameters_before_running_anything(tmp_path, capsys):
+    rn = _runner()
+    bad = _yaml(tmp_path, {"common": {"sedes": [0]}, **{p.stem: {} for p in NOTEBOOKS}})
+    assert rn.main(["--params", str(bad), "--check-only"]) == 2
+    assert "common ['sedes'] is declared by no notebook" in capsys.readouterr().err
+    assert rn.main(["--only", "05", "--check-only", "-p", "alpha_points=2.5"]) == 2
+    err = capsys.readouterr().err
+    assert "05_main_results" in err and "expected int, got float" in err
+    assert rn.main(["--only", "05", "--check-only", "-p", "alpha_points=5",
+                    "-p", "methods=[ta, iso_c]"]) == 0
+
+
+def test_cli_values_are_yaml():
+    rn = _runner()
+    assert rn.parse_cli(["a=5", "b=[x, y]", "c=0.5", "d=none text"]) == \
+        {"a": 5, "b": ["x", "y"], "c": 0.5, "d": "none text"}
+    with pytest.raises(ParameterError, match="name=value"):
+        rn.parse_cli(["novalue"])
