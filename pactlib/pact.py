@@ -118,6 +118,9 @@ class PactReport:
     mode: str
     options: PactOptions
     layers: list[LayerReport] = field(default_factory=list)
+    #: with ``pact_filter(..., keep=True)``: {key: LayerSubspaces} and {key: [S_t (n, s_t) per task]}
+    subspaces: dict = field(default_factory=dict, repr=False)
+    shields: dict = field(default_factory=dict, repr=False)
 
     def cap_binding_rate(self) -> float:
         """Share of (layer, task) shields where the cap bound (0 when nothing was filtered)."""
@@ -163,7 +166,7 @@ def layer_subspaces(W0: Tensor, deltas: Sequence[Tensor], options: PactOptions =
 
 
 def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector], *, mode: Mode = "pact",
-                options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE
+                options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE, keep: bool = False
                 ) -> tuple[list[TaskVector], PactReport]:
     """Filter task vectors with PACT (P4, P5) or S-PACT (P6); return new task vectors and a report.
 
@@ -174,6 +177,8 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             ``"s-pact"`` (shield = V0,K for every task).
         options: :class:`PactOptions`.
         rule: the matrix-view rule.
+        keep: also keep every layer's subspaces (P1–P3) and shields (P4) in the report (memory:
+            a few bases per layer; used by the book's theory and depth chapters).
 
     Returns:
         (filtered task vectors in the input order, :class:`PactReport`).
@@ -208,6 +213,8 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             else:
                 sh = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
             filtered = filter_update(d, sh.basis)
+            if keep:
+                report.shields.setdefault(key, []).append(sh.basis)
             e0 = float((d ** 2).sum())
             removed = e0 - float((filtered ** 2).sum())
             lr.active_rank.append(subs.active[t].shape[1])
@@ -218,4 +225,6 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
             out[t][key] = rule.unview(key, filtered, ref.shape)
         report.layers.append(lr)
+        if keep:
+            report.subspaces[key] = subs
     return [TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], report

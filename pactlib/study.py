@@ -75,7 +75,7 @@ class Testbed:
         from .data import load_task
         from .zoo import load_zoo
 
-        zoo = load_zoo(tasks or suite, seed=seed, kind=kind, zoo_dir=zoo_dir)
+        zoo = load_zoo(list(tasks) if tasks else str(suite), seed=seed, kind=kind, zoo_dir=zoo_dir)
         names = list(zoo.tasks)
         data_seed = zoo.records[names[0]].get("recipe", {}).get("data_seed", 0)
         res = zoo.records[names[0]].get("recipe", {}).get("resolution", 32)
@@ -166,3 +166,87 @@ def depth_groups(keys: Sequence[str], parts: Sequence[str] = ("early", "middle",
     out = {p: list(chunk) for p, chunk in zip(parts, np.array_split(np.array(keys, dtype=object), len(parts)))}
     out["all"] = keys
     return out
+
+
+#: Zoo profiles a notebook can name: where the zoo lives (under ``$PACT_CACHE``) and its recipe
+#: overrides. ``default`` is what ``make zoo`` builds; ``smoke`` is a seconds-sized zoo for tests.
+PROFILES: dict[str, dict] = {
+    "default": dict(dir="zoo", recipe={}),
+    "smoke": dict(dir="zoo-smoke", recipe=dict(steps=3, warmup=1, train_limit=96, eval_limit=48, head_max_iter=15)),
+}
+
+
+def zoo_profile(name: str):
+    """(zoo directory, :class:`pactlib.zoo.Recipe`) of a profile.
+
+    Raises:
+        KeyError: unknown profile (lists the known ones).
+    """
+    import os
+    from pathlib import Path
+
+    from .zoo import Recipe, default_zoo_dir
+
+    if name not in PROFILES:
+        raise KeyError(f"unknown zoo profile {name!r}; known: {', '.join(PROFILES)}")
+    p = PROFILES[name]
+    root = Path(os.environ["PACT_CACHE"]) if os.environ.get("PACT_CACHE") else default_zoo_dir().parent
+    return root / p["dir"], Recipe(**p["recipe"])
+
+
+def suite_subset(suite: str, n_tasks: int = 0) -> list[str]:
+    """The first ``n_tasks`` tasks of ``suite`` (all of them for 0)."""
+    from .data import suite_tasks
+
+    tasks = list(suite_tasks(suite))
+    if n_tasks < 0 or n_tasks > len(tasks):
+        raise ValueError(f"n_tasks must be in [0, {len(tasks)}] for suite {suite!r}, got {n_tasks}")
+    return tasks[: n_tasks or None]
+
+
+def ensure_testbed(profile: str, suite: str, seed: int = 0, kind: str = "full", *, n_tasks: int = 0,
+                   progress: bool = False, **load_kw) -> Testbed:
+    """Build what is missing of the zoo slice (a no-op when ``make zoo`` ran), then load it."""
+    from .zoo import build_zoo
+
+    zoo_dir, recipe = zoo_profile(profile)
+    tasks = suite_subset(suite, n_tasks)
+    build_zoo(tasks, [seed], kind=[kind], zoo_dir=zoo_dir, recipe=recipe, progress=progress)
+    return Testbed.load(str(suite), seed, kind, zoo_dir=zoo_dir, tasks=tasks, **load_kw)
+
+
+def summarize(records, by: Sequence[str] = ("method", "suite"), metrics: Sequence[str] = ("acc", "norm_acc")):
+    """Mean, standard deviation and seed count of test metrics over seeds, grouped by ``by``.
+
+    Accepts records or a frame from :func:`pactlib.records.records_frame`. Columns:
+    ``<metric>_mean``, ``<metric>_std``, ``n_seeds`` (percentages are left to the caller)."""
+    import pandas as pd
+
+    from .records import records_frame
+
+    frame = records if isinstance(records, pd.DataFrame) else records_frame(list(records))
+    cols = {f"metrics.{m}": m for m in metrics}
+    g = frame.groupby(list(by), sort=False)
+    out = pd.DataFrame({f"{m}_mean": g[c].mean() for c, m in cols.items()})
+    for c, m in cols.items():
+        out[f"{m}_std"] = g[c].std(ddof=1).fillna(0.0)
+    out["n_seeds"] = g["seed"].nunique()
+    return out.reset_index()
+
+
+def paired_gain(records, base: str, treated: str, metric: str = "norm_acc", by: Sequence[str] = ("suite",)):
+    """Per seed (and ``by`` group) gain ``treated − base`` of a test metric; mean, std, n and the
+    number of seeds where the gain is positive."""
+    import pandas as pd
+
+    from .records import records_frame
+
+    frame = records if isinstance(records, pd.DataFrame) else records_frame(list(records))
+    col = f"metrics.{metric}"
+    keys = list(by) + ["seed"]
+    a = frame[frame["method"] == base].set_index(keys)[col]
+    b = frame[frame["method"] == treated].set_index(keys)[col]
+    d = (b - a).dropna().reset_index()
+    g = d.groupby(list(by), sort=False)[col]
+    return pd.DataFrame({"gain_mean": g.mean(), "gain_std": g.std(ddof=1).fillna(0.0), "n_seeds": g.size(),
+                         "n_positive": g.apply(lambda s: int((s > 0).sum()))}).reset_index()

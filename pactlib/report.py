@@ -1,0 +1,151 @@
+"""Tables, gain plots and claim verdicts computed from result records (book chapters 5–11).
+
+Every function reads records (or a frame of them) and returns a pandas table or a verdict dict
+``{"status": one of plotting.VERDICTS, "evidence": str}``; no number is typed by hand.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import merges
+
+PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
+
+
+def pretty(method: str) -> str:
+    """``pact-iso_c`` -> ``PACT-Iso-C``; ``s-pact-ties`` -> ``S-PACT-TIES``."""
+    if method in PRETTY_EXTRA:
+        return PRETTY_EXTRA[method]
+    for prefix, label in (("s-pact-", "S-PACT-"), ("pact-", "PACT-")):
+        if method.startswith(prefix):
+            return label + pretty(method[len(prefix):])
+    try:
+        return merges.get(method).pretty
+    except KeyError:
+        return method
+
+
+def _frame(records) -> pd.DataFrame:
+    from .records import records_frame
+
+    return records if isinstance(records, pd.DataFrame) else records_frame(list(records))
+
+
+def _cell(row, metric: str = "acc") -> str:
+    m, s = 100 * row[f"{metric}_mean"], 100 * row[f"{metric}_std"]
+    return f"{m:.1f} ± {s:.1f}" if row["n_seeds"] > 1 else f"{m:.1f}"
+
+
+def main_table(summary: pd.DataFrame, *, suites: Sequence[str]) -> pd.DataFrame:
+    """Rows: methods (paper order, PACT variant under its base); columns: one per suite holding
+    ``abs ± std (normalized)`` in percent, plus the seed count per suite."""
+    order = ["zero-shot", "fine-tuned"]
+    bases = [m for m in merges.names() if m in set(summary["method"])]
+    for b in bases:
+        order += [x for x in (b, f"s-pact-{b}", f"pact-{b}") if x in set(summary["method"])]
+    rows = []
+    for m in order:
+        row = {"method": pretty(m)}
+        for s in suites:
+            sel = summary[(summary["method"] == m) & (summary["suite"] == s)]
+            if len(sel):
+                r = sel.iloc[0]
+                row[f"{s} tasks"] = f"{_cell(r)} ({100 * r['norm_acc_mean']:.1f})"
+                row[f"seeds ({s})"] = int(r["n_seeds"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("method")
+
+
+def gains(frame, *, base_methods: Sequence[str], suites: Sequence[str], prefix: str = "pact-",
+          metric: str = "norm_acc") -> pd.DataFrame:
+    """One row per (base method, suite, seed): test ``metric`` of ``prefix+base`` minus base, in points."""
+    f = _frame(frame)
+    col = f"metrics.{metric}"
+    rows = []
+    for b in base_methods:
+        for s in suites:
+            a = f[(f["method"] == b) & (f["suite"] == s)].set_index("seed")[col]
+            t = f[(f["method"] == prefix + b) & (f["suite"] == s)].set_index("seed")[col]
+            for seed in a.index.intersection(t.index):
+                rows.append(dict(base=b, suite=s, seed=seed, gain=100 * (t[seed] - a[seed])))
+    return pd.DataFrame(rows, columns=["base", "suite", "seed", "gain"])
+
+
+def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, prefix: str = "pact-",
+               metric: str = "norm_acc") -> pd.DataFrame:
+    """Grouped bars of the mean gain per (method, suite) with one tick per seed; returns the gains."""
+    g = gains(frame, base_methods=methods, suites=suites, prefix=prefix, metric=metric)
+    width = 0.8 / max(1, len(suites))
+    for j, s in enumerate(suites):
+        xs = np.arange(len(methods)) + (j - (len(suites) - 1) / 2) * width
+        means = [g[(g.base == m) & (g.suite == s)]["gain"].mean() for m in methods]
+        ax.bar(xs, means, width=width * 0.95, label=f"{s} tasks")
+        for x, m in zip(xs, methods):
+            pts = g[(g.base == m) & (g.suite == s)]["gain"]
+            ax.scatter([x] * len(pts), pts, color="black", s=8, zorder=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
+    ax.set_ylabel(f"gain in mean {'normalized ' if metric == 'norm_acc' else ''}accuracy (points)")
+    ax.legend(title="suite")
+    return g
+
+
+def per_task_table(frame, *, suite: str, methods: Sequence[str]) -> pd.DataFrame:
+    """Rows: methods (plain and PACT); columns: tasks; test accuracy in percent, mean over seeds."""
+    f = _frame(frame)
+    f = f[f["suite"] == suite]
+    task_cols = [c for c in f.columns if c.startswith("metrics.acc:")]
+    rows = {}
+    for m in [x for b in methods for x in (b, f"pact-{b}")]:
+        sel = f[f["method"] == m]
+        if len(sel):
+            rows[pretty(m)] = {c.split(":", 1)[1]: 100 * sel[c].mean() for c in task_cols}
+    return pd.DataFrame(rows).T.round(1)
+
+
+def _status(n_ok: int, n: int) -> str:
+    if n and n_ok == n:
+        return "reproduced"
+    return "partly reproduced" if n_ok else "not reproduced"
+
+
+def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
+    """Verdicts of C5 (PACT improves TA, TSV-M, Iso-C, abs and normalized), C6 (PACT-Iso-C best in
+    every suite) and C7 (mean PACT gain grows with T), from means over seeds."""
+    f = _frame(frame)
+    out = {}
+    checks, parts = 0, []
+    present = [m for m in c5_methods if m in set(f["method"])]
+    for m in present:
+        for s in suites:
+            ga = gains(f, base_methods=[m], suites=[s], metric="acc")["gain"].mean()
+            gn = gains(f, base_methods=[m], suites=[s], metric="norm_acc")["gain"].mean()
+            checks += int(ga > 0 and gn > 0)
+            parts.append(f"{pretty(m)} T={s}: {ga:+.2f} abs / {gn:+.2f} norm")
+    n = len(present) * len(suites)
+    out["C5"] = dict(status=_status(checks, n),
+                     evidence=f"PACT gain > 0 in both metrics in {checks}/{n} cases (points, mean over seeds): "
+                              + "; ".join(parts))
+    wins, parts = 0, []
+    for s in suites:
+        sel = f[(f["suite"] == s) & ~f["method"].isin(["zero-shot", "fine-tuned"])]
+        best = sel.groupby("method")["metrics.acc"].mean().sort_values(ascending=False)
+        if len(best):
+            wins += int(best.index[0] == "pact-iso_c")
+            parts.append(f"T={s}: best {pretty(best.index[0])} ({100 * best.iloc[0]:.1f})")
+    out["C6"] = dict(status=_status(wins, len(suites)),
+                     evidence=f"PACT-Iso-C best in {wins}/{len(suites)} suites: " + "; ".join(parts))
+    bases = [m for m in merges.names() if m in set(f["method"])]
+    mean_gain = [gains(f, base_methods=bases, suites=[s])["gain"].mean() for s in suites]
+    txt = ", ".join(f"T={s}: {g:+.2f}" for s, g in zip(suites, mean_gain))
+    if len(suites) < 2:
+        out["C7"] = dict(status="not yet tested", evidence=f"only one suite run ({txt})")
+    else:
+        mono = all(b > a for a, b in zip(mean_gain, mean_gain[1:]))
+        status = "reproduced" if mono else ("partly reproduced" if mean_gain[-1] > mean_gain[0] else "not reproduced")
+        out["C7"] = dict(status=status, evidence=f"mean PACT gain in normalized accuracy over all base methods "
+                                                 f"(points): {txt}")
+    return out
