@@ -14,59 +14,96 @@
 # %% [markdown]
 # # Main results (C5–C7)
 #
-# PACT wrapped around Task Arithmetic, TIES, TSV-M, Iso-C and Iso-CTS (M1–M5), absolute and
-# normalized test accuracy, as the number of tasks grows.
+# We merge the fine-tuned models of each suite with the five base methods — Task Arithmetic
+# (M1), TIES (M2), TSV-M (M3), Iso-C (M4), Iso-CTS (M5) — once on the raw task vectors and once
+# after the PACT filter (P4–P5). For every merge, α is chosen on the validation split by mean
+# normalized accuracy over the method's grid (method.md §5), then the test split is scored.
 #
-# *Equations and claims: M1–M5, P4–P5; C5–C7 (`method.md`).* **Placeholder:** this chapter has the structure
-# of the final one (parameters, validation, a figure read from result records, a verdict);
-# the experiment itself is still to be written.
+# Three claims are at stake:
+#
+# - **C5**: PACT improves TA, TSV-M and Iso-C, in absolute and normalized accuracy.
+# - **C6**: PACT-Iso-C is the best method in every setting.
+# - **C7**: the gain of PACT grows with the number of tasks T.
+#
+# Code: `pactlib.study.Testbed.run` (merge → `pactlib.eval.select_alpha`), `pactlib.merged_update`,
+# `pactlib.pact_filter`.
 
 # %% tags=["parameters"]
-seeds = [0, 1, 2]                                      # claims are made on means over >= 3 seeds (method.md §5)
-task_counts = [2, 4]                                   # T = 2 and 4 tasks: enough to see the trend of C7 on CPU
-methods = ["ta", "ties", "tsv_m", "iso_c", "iso_cts"]  # every base merge of method.md §4
-alpha_points = 10                                      # ten alphas per grid (method.md §5 grids)
-demo_dim = 32                                          # size of the placeholder's toy matrix: instant on CPU
+zoo_profile = "default"        # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
+suites = ["8", "14", "20"]     # the paper's three task counts, on our nested suites
+n_tasks = 0                    # 0 = every task of each suite; >0 = the first n (smoke runs)
+seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first suite
+seeds_large = [0]              # the 14- and 20-task rows: one seed (CPU time)
+methods = ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]  # M1–M5
+alpha_points = 6               # evenly spaced α over each method's grid (method.md §5 ranges)
+val_limit = 160                # validation images per task for the α search
+test_limit = 500               # test images per task
 
 # %%
-from pactlib import params, plotting, records
+from pactlib import params, plotting, records, report, study
 
 P = params.check(
-    globals(),
-    seeds=params.each(params.at_least(0)),
-    task_counts=params.each(params.at_least(2)),
-    methods=params.each(params.one_of("ta", "ties", "tsv_m", "iso_c", "iso_cts")),
-    alpha_points=params.at_least(2),
-    demo_dim=params.at_least(2),
+    globals(), zoo_profile=params.one_of(*study.PROFILES), suites=params.each(params.one_of("8", "14", "20")),
+    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), seeds_large=params.each(params.at_least(0)),
+    methods=params.each(params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")),
+    alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
-P
 
 # %% [markdown]
-# The placeholder computation: the singular values of a seeded toy matrix of rank
-# `demo_dim // 2` plus small noise, written as result records and plotted from them.
+# ## Run every merge
+#
+# One testbed per (suite, seed); each method runs plain and with PACT at the default options
+# (`PactOptions()`, chosen in the sensitivity chapter). Progress shows one line per merge.
 
 # %%
-import torch
+from tqdm.auto import tqdm
 
-rank = demo_dim // 2
-gen = torch.Generator().manual_seed(seeds[0])
-toy = torch.randn(demo_dim, rank, generator=gen) @ torch.randn(rank, demo_dim, generator=gen)
-toy += 1e-3 * torch.randn(demo_dim, demo_dim, generator=gen)
-sigma = torch.linalg.svdvals(toy)
+runs = [(s, seed) for i, s in enumerate(suites) for seed in (seeds if i == 0 else seeds_large)]
+recs = []
+for suite, seed in tqdm(runs, desc="testbeds"):
+    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    for method in tqdm(methods, desc=f"suite {suite} seed {seed}", leave=False):
+        for pact in (None, "pact"):
+            recs.append(tb.run(method, pact=pact, alphas=study.grid(method, alpha_points)))
+    recs.append(records.make_record("zero-shot", params={}, seed=seed, suite=suite, base="zero-shot", pact=None,
+                                    metrics={"acc": sum(tb.zs_test.values()) / len(tb.tasks),
+                                             "norm_acc": sum(tb.zs_test[t] / tb.ft_test[t] for t in tb.tasks) / len(tb.tasks)}))
+    recs.append(records.make_record("fine-tuned", params={}, seed=seed, suite=suite, base="fine-tuned", pact=None,
+                                    metrics={"acc": sum(tb.ft_test.values()) / len(tb.tasks), "norm_acc": 1.0}))
 path = records.records_path("05_main_results")
-records.write_records(path, [
-    records.make_record("placeholder-spectrum", params=P, seed=seeds[0], metrics={"sigma": s}, index=i)
-    for i, s in enumerate(sigma)
-], replace=True)
+records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
-# %%
-with plotting.figure("placeholder-spectrum", chapter=5, number=1,
-                     caption="Singular values of the placeholder toy matrix, read from its records.") as (fig, ax):
-    ax.semilogy(frame["index"], frame["metrics.sigma"], marker="o")
-    ax.set(xlabel="index $i$", ylabel=r"$\sigma_i$")
+# %% [markdown]
+# ## The table
+#
+# Mean test accuracy over tasks, absolute and (normalized), in percent; mean ± standard
+# deviation over the fine-tuning seeds of each row (seed counts in the last columns).
 
 # %%
-gap = frame["metrics.sigma"].iloc[rank - 1] / frame["metrics.sigma"].iloc[rank]
-plotting.verdict("C5–C7", "not yet tested",
-                 f"Placeholder only: the toy spectrum drops by a factor {gap:.0f} after index {rank - 1}.")
+summary = study.summarize(frame, by=("method", "suite"))
+table = report.main_table(summary, suites=suites)
+plotting.table(table, chapter=5, number=1, paper="Tab. 1",
+               caption="Absolute (normalized) mean test accuracy, %, mean ± std over seeds.")
+
+# %%
+with plotting.figure("pact-gain", chapter=5, number=2, size="wide", paper="Tab. 1",
+                     caption="Gain of PACT in mean normalized test accuracy (points) per base method "
+                             "and suite; bars: mean over seeds, ticks: one seed each.") as (fig, ax):
+    report.plot_gains(frame, methods, suites, ax=ax)
+
+# %% [markdown]
+# ## Per task (8-task suite)
+
+# %%
+plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), chapter=5, number=3,
+               caption=f"Test accuracy per task on the {suites[0]}-task suite (%, mean over seeds).")
+
+# %% [markdown]
+# ## Verdicts
+
+# %%
+v = report.main_verdicts(frame, suites=suites)
+plotting.verdict("C5", v["C5"]["status"], v["C5"]["evidence"])
+plotting.verdict("C6", v["C6"]["status"], v["C6"]["evidence"])
+plotting.verdict("C7", v["C7"]["status"], v["C7"]["evidence"])

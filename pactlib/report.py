@@ -149,3 +149,100 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
         out["C7"] = dict(status=status, evidence=f"mean PACT gain in normalized accuracy over all base methods "
                                                  f"(points): {txt}")
     return out
+
+
+def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequence[str], ax,
+                    metric: str = "norm_acc") -> pd.DataFrame:
+    """Bars: mean gain of each filter mode (``"s-pact"``, ``"pact"``) over the plain method, per
+    method, on one suite; ticks: seeds."""
+    rows = []
+    width = 0.8 / len(modes)
+    for j, mode in enumerate(modes):
+        g = gains(frame, base_methods=methods, suites=[suite], prefix=f"{mode}-", metric=metric)
+        g["mode"] = mode
+        rows.append(g)
+        xs = np.arange(len(methods)) + (j - (len(modes) - 1) / 2) * width
+        ax.bar(xs, [g[g.base == m]["gain"].mean() for m in methods], width=width * 0.95, label=mode.upper())
+        for x, m in zip(xs, methods):
+            pts = g[g.base == m]["gain"]
+            ax.scatter([x] * len(pts), pts, color="black", s=8, zorder=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
+    ax.set_ylabel("gain over the plain method (points)")
+    ax.legend()
+    return pd.concat(rows, ignore_index=True)
+
+
+def static_vs_dynamic_verdict(frame, *, methods: Sequence[str], suite: str) -> dict:
+    """C8: S-PACT's mean gain (normalized accuracy) is below PACT's for each method."""
+    f = _frame(frame)
+    ok, parts = 0, []
+    for m in methods:
+        gs = gains(f, base_methods=[m], suites=[suite], prefix="s-pact-")["gain"].mean()
+        gp = gains(f, base_methods=[m], suites=[suite], prefix="pact-")["gain"].mean()
+        ok += int(gs < gp)
+        parts.append(f"{pretty(m)}: S-PACT {gs:+.2f} vs PACT {gp:+.2f}")
+    n_seeds = f["seed"].nunique()
+    return dict(status=_status(ok, len(methods)),
+                evidence=f"S-PACT gains less than PACT for {ok}/{len(methods)} methods (points of mean "
+                         f"normalized test accuracy, mean over {n_seeds} seed(s)): " + "; ".join(parts))
+
+
+def alpha_table(frame) -> pd.DataFrame:
+    """Chosen α per method (rows) and seed (columns); ``*`` marks a choice on the grid's edge."""
+    f = _frame(frame)
+    f = f[f["method"].isin([m for m in f["method"].unique() if m not in PRETTY_EXTRA])]
+    out = {}
+    for _, r in f.iterrows():
+        out.setdefault(pretty(r["method"]), {})[f"seed {r['seed']}"] = f"{r['alpha']:g}" + ("*" if r.get("on_edge") else "")
+    return pd.DataFrame(out).T
+
+
+def _sweep_rows(frame, knob: str) -> pd.DataFrame:
+    f = _frame(frame)
+    base = f[f["method"] == f[f["knob"] == knob]["base"].iloc[0]] if "knob" in f and (f["knob"] == knob).any() else None
+    sel = f[f.get("knob") == knob] if "knob" in f else f.iloc[0:0]
+    rows = []
+    for (value, seed), g in sel.groupby(["value", "seed"]):
+        b = base[base["seed"] == seed].iloc[0] if base is not None and len(base[base["seed"] == seed]) else None
+        r = g.iloc[0]
+        rows.append(dict(value=value, seed=seed,
+                         val=100 * (r["metrics.val_norm_acc"] - (b["metrics.val_norm_acc"] if b is not None else 0)),
+                         test=100 * (r["metrics.norm_acc"] - (b["metrics.norm_acc"] if b is not None else 0)),
+                         val_abs=100 * r["metrics.val_norm_acc"], test_abs=100 * r["metrics.norm_acc"],
+                         cap=r.get("cap_binding_rate")))
+    return pd.DataFrame(rows)
+
+
+def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
+    """One panel per knob: PACT gain over the plain method on validation (solid) and test (dotted)."""
+    ax.remove()
+    axes = fig.subplots(1, len(knobs), sharey=True)
+    axes = np.atleast_1d(axes)
+    for a, knob in zip(axes, knobs):
+        d = _sweep_rows(frame, knob).groupby("value")[["val", "test"]].mean().reset_index()
+        a.plot(d["value"], d["val"], marker="o", label="validation")
+        a.plot(d["value"], d["test"], marker="s", ls=":", label="test")
+        a.axvline(getattr(defaults, knob), color="grey", ls="--", lw=0.8)
+        a.axhline(0, color="grey", lw=0.6)
+        a.set_xlabel(knob)
+    axes[0].set_ylabel("gain over plain (points)")
+    axes[0].legend()
+
+
+def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
+    """Per knob: default, best value on validation, and both values' validation/test scores."""
+    rows = []
+    for knob in knobs:
+        d = _sweep_rows(frame, knob).groupby("value")[["val_abs", "test_abs", "cap"]].mean()
+        if not len(d):
+            continue
+        best = d["val_abs"].idxmax()
+        dv = getattr(defaults, knob)
+        rows.append({"knob": knob, "default": dv, "best on validation": best,
+                     "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
+                     "val (best)": round(d.loc[best, "val_abs"], 2),
+                     "test (default)": round(d.loc[dv, "test_abs"], 2) if dv in d.index else None,
+                     "test (best)": round(d.loc[best, "test_abs"], 2),
+                     "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)})
+    return pd.DataFrame(rows).set_index("knob")

@@ -25,9 +25,14 @@ from .pact import PactOptions
 from .taskvector import TaskVector
 
 
-def grid(method: str, points: int | None = None) -> tuple[float, ...]:
-    """α grid of ``method`` (method.md §5), or ``points`` evenly spaced values over its range."""
+def grid(method: str, points: int | None = None, *, lo: float | None = None, hi: float | None = None) -> tuple[float, ...]:
+    """α grid of ``method`` (method.md §5), or ``points`` evenly spaced values over its range.
+
+    ``lo``/``hi`` replace the range ends (e.g. 0.1…3.0 for every LoRA merge, method.md §5)."""
     full = merges.get(method).alphas
+    if lo is not None or hi is not None:
+        lo, hi = lo if lo is not None else full[0], hi if hi is not None else full[-1]
+        full = tuple(round(float(a), 4) for a in np.linspace(lo, hi, max(2, int(round((hi - lo) / 0.1)) + 1)))
     if points is None or points >= len(full):
         return full
     if points < 1:
@@ -119,6 +124,8 @@ class Testbed:
             params={**params, **({k: v for k, v in vars(opts).items()} if opts else {})}, seed=self.seed,
             resolution=self.resolution, suite=self.suite, kind=self.kind, base=method, pact=pact,
             cap_binding_rate=report.cap_binding_rate() if report else None, merge_seconds=t_merge,
+            removed_energy=(float(np.nanmean([e for lr in report.layers for e in lr.removed_energy]))
+                            if report and report.layers else None),
             seconds=None)
         rec["seconds"] = time.perf_counter() - t0
         return rec
