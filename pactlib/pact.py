@@ -68,6 +68,8 @@ class PactOptions:
             raise ValueError(f"PactOptions: svd must be 'exact' or 'rsvd', got {self.svd!r}")
         if isinstance(self.layers, str):
             object.__setattr__(self, "layers", (self.layers,))
+        elif self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))
 
     @classmethod
     def field_names(cls) -> set[str]:
