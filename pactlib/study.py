@@ -243,7 +243,7 @@ def depth_groups(keys: Sequence[str], parts: Sequence[str] = ("early", "middle",
 PROFILES: dict[str, dict] = {
     "default": dict(dir="zoo", recipe=dict(resolution=32, steps=80, batch_size=64, optimizer="adamw", lr=1e-4,
                                            lora_lr=1e-3, weight_decay=0.0, warmup=8, lora_rank=8, lora_alpha=16.0,
-                                           augment="none")),
+                                           augment="none", head_l2=1e-2, head_max_iter=300, data_seed=0)),
     "smoke": dict(dir="zoo-smoke", recipe=dict(steps=3, warmup=1, train_limit=96, eval_limit=48, head_max_iter=15)),
 }
 
