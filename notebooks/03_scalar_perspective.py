@@ -14,57 +14,193 @@
 # %% [markdown]
 # # The scalar-weight perspective (C1–C3)
 #
-# Do barely-updated entries carry task knowledge? Fisher enrichment of small updates (S1, S2),
-# the causal perturbation test (C2) and overwrite-and-restore after merging (C3).
+# Before it argues with subspaces, the paper looks at single weights. Fine-tuning barely moves
+# most entries of θ0. Are those barely-moved entries unimportant, or do some of them carry the
+# task — "load-bearing walls" that the fine-tuning left in place on purpose, and that a merge
+# then knocks down? Three claims are at stake:
 #
-# *Equations and claims: S1–S2; C1–C3 (`method.md`).* **Placeholder:** this chapter has the structure
-# of the final one (parameters, validation, a figure read from result records, a verdict);
-# the experiment itself is still to be written.
+# - **C1** (scalar LBW exists): sensitive entries are over-represented among barely-updated ones,
+#   for every task;
+# - **C2** (causal): perturbing those entries of θt by a typical update size hurts task t far
+#   more than perturbing as many random entries;
+# - **C3** (overwrite and restore): a merge moves those entries, and writing θt's values back
+#   into the merged model recovers a measurable part of task t's loss.
+#
+# Code: `pactlib.fisher` (S1, S2), `pactlib.causal` (`perturb`, `random_masks_like`, `restore`),
+# glued together in `pactlib.experiments.scalar`.
 
 # %% tags=["parameters"]
-seeds = [0, 1, 2]     # claims are judged on means over three seeds
-fisher_samples = 256  # 256 examples per task: a stable diagonal Fisher on CPU
-quantile = 0.1        # U_t and H_t are the lowest/top 10 % (method.md §3)
-demo_dim = 32         # size of the placeholder's toy matrix: instant on CPU
+zoo_profile = "default"   # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
+suite = "8"               # the 8-task suite: every claim here is per task, eight are plenty
+n_tasks = 0               # 0 = every task of the suite; >0 = the first n (smoke runs)
+seeds = [0, 1, 2]         # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
+fisher_samples = 64       # N validation examples per Fisher (S1); 64 keeps 24 Fishers in ~1 min
+empirical_fisher = False  # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
+quantile = 0.1            # U_t, H_t = lowest / top 10 % (method.md §3)
+perturb_scale = 1.0       # C2 perturbation = 1 × the median |Δt|: "the size of a typical update"
+draws = 2                 # sign / entry draws per condition in C2 and C3 (spread, CPU time)
+alpha_points = 5          # α grid points for Task Arithmetic in C3 (0.05 … 1.0)
+val_limit = 128           # validation images per task: the Fisher examples and the α search
+test_limit = 200          # test images per task for every accuracy and loss below
 
 # %%
-from pactlib import params, plotting, records
+from pactlib import params, study
 
 P = params.check(
-    globals(),
-    seeds=params.each(params.at_least(0)),
-    fisher_samples=params.at_least(1),
-    quantile=params.between(0, 1),
-    demo_dim=params.at_least(2),
+    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
+    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), fisher_samples=params.at_least(1),
+    empirical_fisher=None, quantile=params.between(0.001, 0.5), perturb_scale=params.at_least(0),
+    draws=params.at_least(1), alpha_points=params.at_least(1), val_limit=params.at_least(8),
+    test_limit=params.at_least(8),
 )
 P
 
 # %% [markdown]
-# The placeholder computation: the singular values of a seeded toy matrix of rank
-# `demo_dim // 2` plus small noise, written as result records and plotted from them.
+# ## Sensitivity and enrichment (S1, S2)
+#
+# For each fine-tuned model θt we estimate the diagonal Fisher on N examples of task t (S1):
+#
+# $$F_t = \mathbb{E}_x\,\mathbb{E}_{y\sim p(y\mid x;\theta_t)}\big[(\partial_\theta \log p(y\mid x;\theta_t))^2\big].$$
+#
+# The labels y are sampled from the model, so this is the true Fisher, not the empirical one.
+# The examples are the first `fisher_samples` images of the validation split; the entries are
+# every trainable parameter of the backbone (convolutions and BatchNorm affine parameters, 3.4 M
+# in all; the frozen running statistics and the task heads are not part of θ).
+#
+# Then two sets of entries: U_t, the q-fraction with the smallest |Δt|, and H_t, the q-fraction
+# with the largest F_t, with q = `quantile` taken over all entries at once. The enrichment
+# (S2) compares their overlap with what chance would give:
+#
+# $$E_t = \frac{|U_t\cap H_t|}{|U_t|\,|H_t|/N_{\text{params}}}.$$
+#
+# E_t = 1 is chance; E_t > 1 means sensitive entries hide among the barely-updated ones. The
+# scalar LBW entries of task t are U_t ∩ H_t.
 
 # %%
-import torch
+from tqdm.auto import tqdm
 
-rank = demo_dim // 2
-gen = torch.Generator().manual_seed(seeds[0])
-toy = torch.randn(demo_dim, rank, generator=gen) @ torch.randn(rank, demo_dim, generator=gen)
-toy += 1e-3 * torch.randn(demo_dim, demo_dim, generator=gen)
-sigma = torch.linalg.svdvals(toy)
+from pactlib import fisher, records
+from pactlib.experiments import scalar
+
+runs, recs, lbw, sens = {}, [], {}, {}
+for seed in tqdm(seeds, desc="seeds"):
+    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    tvs = dict(zip(tb.tasks, tb.task_vectors()))
+    runs[seed] = (tb, tvs)
+    for t in tqdm(tb.tasks, desc=f"Fisher, seed {seed}", leave=False):
+        F_t = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=fisher_samples, empirical=empirical_fisher, seed=seed)
+        recs += scalar.enrichment_records(tvs[t], F_t, q=quantile, seed=seed, task=t, params=P, suite=suite)
+        lbw[seed, t] = fisher.scalar_lbw_masks(tvs[t], F_t, q=quantile)
+        sens[seed, t] = scalar.global_masks(F_t, quantile, largest=True)
 path = records.records_path("03_scalar_perspective")
-records.write_records(path, [
-    records.make_record("placeholder-spectrum", params=P, seed=seeds[0], metrics={"sigma": s}, index=i)
-    for i, s in enumerate(sigma)
-], replace=True)
+records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
 # %%
-with plotting.figure("placeholder-spectrum", chapter=3, number=1,
-                     caption="Singular values of the placeholder toy matrix, read from its records.") as (fig, ax):
-    ax.semilogy(frame["index"], frame["metrics.sigma"], marker="o")
-    ax.set(xlabel="index $i$", ylabel=r"$\sigma_i$")
+from pactlib import plotting
+
+with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
+                     caption=f"Enrichment E_t of high-Fisher entries among the {quantile:.0%} least-updated "
+                             "entries, per task: bars are means over seeds, dots single seeds, the dashed "
+                             "line is chance (E = 1).") as (fig, ax):
+    scalar.plot_task_enrichment(frame, ax=ax)
+
+# %% [markdown]
+# The same score inside each weight tensor (quantiles taken per tensor), for the convolution
+# weights in network order. Red cells are tensors where sensitive and barely-updated entries
+# coincide more often than chance, blue cells less often.
 
 # %%
-gap = frame["metrics.sigma"].iloc[rank - 1] / frame["metrics.sigma"].iloc[rank]
-plotting.verdict("C1–C3", "not yet tested",
-                 f"Placeholder only: the toy spectrum drops by a factor {gap:.0f} after index {rank - 1}.")
+with plotting.figure("layer-enrichment", chapter=3, number=2, size="wide",
+                     caption="log2 of the per-tensor enrichment (mean over seeds), tasks × convolution "
+                             "weights from input to output; 0 (white) is chance.") as (fig, ax):
+    fig.colorbar(scalar.plot_layer_enrichment(frame, ax=ax), ax=ax, label=r"$\log_2 E$")
+
+# %%
+v1 = scalar.c1_verdict(frame)
+plotting.verdict("C1", v1["status"], v1["evidence"])
+
+# %% [markdown]
+# ## Causal test: perturbing the scalar LBW entries (C2)
+#
+# A high Fisher says a weight matters *locally*. To see whether it matters for accuracy we add
+# ±s (random signs) to the LBW entries of θt and measure task t's test accuracy. The size s is
+# `perturb_scale` × the median |Δt| over all entries: the size of a typical fine-tuning update,
+# as the claim asks. Two control groups get the same number of entries and the same ±s:
+#
+# - **random entries**, drawn uniformly over the same tensors (the paper's control);
+# - **high-Fisher, updated entries**, drawn from H_t ∖ U_t. Since H_t is chosen by sensitivity,
+#   the first control is easy to beat; this one asks whether being *barely updated* adds
+#   anything beyond being sensitive.
+
+# %%
+xy, ctl, recs = {}, {}, []
+for seed, (tb, tvs) in tqdm(runs.items(), desc="C2 seeds"):
+    for t in tqdm(tb.tasks, desc=f"perturb, seed {seed}", leave=False):
+        xy[seed, t] = tb.inputs(t, "test", test_limit)
+        ctl[seed, t] = scalar.control_masks(lbw[seed, t], sens[seed, t], draws=draws, seed=seed)
+        size = perturb_scale * scalar.typical_update(tvs[t], list(lbw[seed, t]))
+        recs += scalar.perturbation_records(tb, t, tb.finetuned[t], lbw[seed, t], size=size, draws=draws, seed=seed,
+                                            xy=xy[seed, t], controls=ctl[seed, t], params=P, suite=suite)
+records.write_records(path, recs)
+frame = records.records_frame(path)
+
+# %%
+with plotting.figure("perturbation", chapter=3, number=3, size="wide", paper="Fig. 3",
+                     caption="Drop in task t's test accuracy (points) when ±s is added to its scalar LBW "
+                             "entries or to as many control entries; bars: means, dots: single seeds and "
+                             "draws.") as (fig, ax):
+    scalar.plot_conditions(frame, "perturb", "drop", ax=ax, conditions=["lbw", "random", "sensitive"])
+    ax.set_ylabel("accuracy drop (points)")
+
+# %%
+v2 = scalar.c2_verdict(frame)
+plotting.verdict("C2", v2["status"], v2["evidence"])
+
+# %% [markdown]
+# ## Overwrite and restore (C3)
+#
+# We merge with Task Arithmetic (M1), θ = θ0 + α Σt Δt, with α chosen on validation by mean
+# normalized accuracy (method.md §5). From task t's point of view the merge moves each entry
+# by θ − θt. We compare how far it moved the LBW entries of task t with how far it moved the
+# others, in absolute terms and relative to each group's own fine-tuning update |Δt|. Then we
+# write θt's values back into the merged model at task t's LBW entries (`causal.restore`) and
+# measure how much of the gap between the merge and θt this closes, for the loss and the
+# accuracy of task t, against restoring as many control entries.
+
+# %%
+from pactlib.taskvector import TaskVector
+
+recs = []
+for seed, (tb, tvs) in tqdm(runs.items(), desc="C3 seeds"):
+    ta = tb.run("task_arithmetic", alphas=study.grid("task_arithmetic", alpha_points))
+    recs.append(ta)
+    merged = TaskVector.sum(tvs.values()).apply_to(tb.pretrained, ta["alpha"])
+    for t in tqdm(tb.tasks, desc=f"restore, seed {seed}", leave=False):
+        moved = scalar.displacement(tb.finetuned[t], merged, tvs[t], lbw[seed, t])
+        recs += scalar.restore_records(tb, t, merged, tb.finetuned[t], lbw[seed, t], xy=xy[seed, t],
+                                       controls=ctl[seed, t], seed=seed, params=P, moved=moved, suite=suite,
+                                       alpha=ta["alpha"])
+records.write_records(path, recs)
+frame = records.records_frame(path)
+
+# %%
+moves = frame[(frame["method"] == "restore") & (frame["condition"] == "merged")]
+moves = moves.groupby("task", sort=False)[["metrics.moved_lbw", "metrics.moved_other", "metrics.moved_ratio",
+                                            "metrics.rel_moved_lbw", "metrics.rel_moved_other", "alpha"]].mean()
+plotting.table(moves.rename(columns=lambda c: c.removeprefix("metrics.")), chapter=3, number=1, floatfmt="{:.3g}",
+               caption="How far the Task Arithmetic merge moved each task's entries (mean over seeds): mean "
+                       "|θ − θt| over the LBW entries and over all others, their ratio, each divided by the "
+                       "group's mean |Δt|, and the α chosen on validation.")
+
+# %%
+with plotting.figure("restore", chapter=3, number=4, size="wide", paper="Fig. 4",
+                     caption="Share of the loss gap between the merge and θt that restoring θt's values "
+                             "closes (%), per task: at the scalar LBW entries, or at as many control "
+                             "entries; dots: single seeds and draws.") as (fig, ax):
+    scalar.plot_conditions(frame, "restore", "recovered_loss", ax=ax, conditions=["lbw", "random", "sensitive"])
+    ax.set_ylabel("loss gap closed (%)")
+
+# %%
+v3 = scalar.c3_verdict(frame)
+plotting.verdict("C3", v3["status"], v3["evidence"])

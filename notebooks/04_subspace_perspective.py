@@ -14,61 +14,175 @@
 # %% [markdown]
 # # The subspace perspective (C4)
 #
-# Removing a task's load-bearing-wall subspace from its own fine-tuned model against removing
-# random subspaces of the same dimension (P1–P3, C4).
+# Chapter 3 looked for load-bearing walls among single weights. PACT itself works with
+# subspaces: for each matrix layer W: R^n → R^m it asks which input directions the pre-trained
+# model relies on and the fine-tuning of task t left alone. This chapter measures those
+# subspaces on the testbed's backbone and tests whether they matter:
 #
-# *Equations and claims: P1–P3; C4 (`method.md`).* **Placeholder:** this chapter has the structure
-# of the final one (parameters, validation, a figure read from result records, a verdict);
-# the experiment itself is still to be written.
+# - **C4** (causal, subspace): removing Vt,LBW from the layers of θt (W → W − W V Vᵀ) hurts task
+#   t far more than removing a random subspace of the same dimension, drawn in R^n or in the
+#   orthogonal complement of Vt,k.
+#
+# Code: `pactlib.pact.layer_subspaces` (P1–P3), `pactlib.causal.ablate_subspaces` and
+# `random_basis`, glued together in `pactlib.experiments.subspace`.
 
 # %% tags=["parameters"]
-seeds = [0, 1, 2]  # three seeds for a spread
-core_frac = 0.25   # K as a fraction of the rank (set by chapter 11's sweep)
-active_frac = 0.1  # k as a fraction of the rank
-lbw_tol = 0.5      # tau of P3 (method.md default)
-random_trials = 5  # five random subspaces per layer give a baseline spread
-demo_dim = 32      # size of the placeholder's toy matrix: instant on CPU
-
-# %%
-from pactlib import params, plotting, records
-
-P = params.check(
-    globals(),
-    seeds=params.each(params.at_least(0)),
-    core_frac=params.between(0, 1),
-    active_frac=params.between(0, 1),
-    lbw_tol=params.between(0, 1),
-    random_trials=params.at_least(1),
-    demo_dim=params.at_least(2),
-)
-P
-
-# %% [markdown]
-# The placeholder computation: the singular values of a seeded toy matrix of rank
-# `demo_dim // 2` plus small noise, written as result records and plotted from them.
+zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
+suite = "8"              # C4 is a per-task claim: the eight tasks of the first suite
+n_tasks = 0              # 0 = every task of the suite; >0 = the first n (smoke runs)
+seeds = [0]              # one fine-tuning seed: 8 tasks x 10 ablations fill the 1.5-minute budget
+draws = 3                # random subspaces per control and task: enough to see the controls' spread
+margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points
+val_limit = 16           # validation images per task: loaded with the testbed, not used here
+test_limit = 300         # test images per task behind every accuracy in this chapter
+threads = 1              # one BLAS thread: two spin against each other when the two cores are shared
 
 # %%
 import torch
 
-rank = demo_dim // 2
-gen = torch.Generator().manual_seed(seeds[0])
-toy = torch.randn(demo_dim, rank, generator=gen) @ torch.randn(rank, demo_dim, generator=gen)
-toy += 1e-3 * torch.randn(demo_dim, demo_dim, generator=gen)
-sigma = torch.linalg.svdvals(toy)
+from pactlib import params, study
+
+P = params.check(
+    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
+    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), draws=params.at_least(1),
+    margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
+    threads=params.at_least(0),
+)
+if threads:
+    torch.set_num_threads(threads)
+
+# %% [markdown]
+# ## Three subspaces per layer (P1–P3)
+#
+# Every subspace lives in the layer's input space R^n and is given by an orthonormal basis.
+#
+# - The **pre-trained core** V0,K: the top-K right singular vectors of W0 (P1), the input
+#   directions the pre-trained layer amplifies most.
+# - The **active subspace** Vt,k: the top-k right singular vectors of the update Δt (P2), the
+#   directions task t's fine-tuning used.
+# - The **load-bearing-wall subspace** Vt,LBW (P3): what is left of the core once the active
+#   directions are projected out,
+#
+# $$A = (I - V_{t,k}V_{t,k}^\top)\,V_{0,K} = Q\,\Sigma\,R^\top,\qquad V_{t,\mathrm{LBW}} = \{\,Q_{:,i} : \sigma_i \ge \tau\,\}.$$
+#
+# The survival value σi ∈ [0, 1] says how much of a core direction lies outside Vt,k: 1 if the
+# fine-tuning never used it, 0 if it lies inside Vt,k. Directions with σi < τ are dropped rather
+# than renormalised. K, k and τ are PACT's defaults (`PactOptions()`, chosen in chapter 11):
+
+# %%
+from pactlib.pact import PactOptions
+
+opts = PactOptions()
+{k: getattr(opts, k) for k in ("core_frac", "active_frac", "lbw_tol", "svd")}
+
+# %% [markdown]
+# We compute the three subspaces for every one of the 32 pointwise convolutions of the
+# EfficientNet-Lite0 backbone (its matrix layers), every task and every seed.
+
+# %%
+from tqdm.auto import tqdm
+
+from pactlib import records
+from pactlib.experiments import subspace
+
+beds, subs, recs = {}, {}, []
+for seed in tqdm(seeds, desc="seeds"):
+    beds[seed] = tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit,
+                                           test_limit=test_limit)
+    subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts)
+    recs += subspace.dimension_records(tb.pretrained, subs[seed], tb.tasks, tol=opts.lbw_tol, params=P, seed=seed,
+                                       suite=suite)
 path = records.records_path("04_subspace_perspective")
-records.write_records(path, [
-    records.make_record("placeholder-spectrum", params=P, seed=seeds[0], metrics={"sigma": s}, index=i)
-    for i, s in enumerate(sigma)
-], replace=True)
+records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
 # %%
-with plotting.figure("placeholder-spectrum", chapter=4, number=1,
-                     caption="Singular values of the placeholder toy matrix, read from its records.") as (fig, ax):
-    ax.semilogy(frame["index"], frame["metrics.sigma"], marker="o")
-    ax.set(xlabel="index $i$", ylabel=r"$\sigma_i$")
+from pactlib import plotting
+
+with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2,
+                     caption="Subspaces of the backbone's 32 matrix layers, input to output. Left: input "
+                             "dimension n, core rank K, active rank k and LBW rank (mean over tasks and "
+                             "seeds; band: smallest to largest task). Right: mean survival value σ of the "
+                             "core directions, the share of the core kept in the LBW (σ ≥ τ), and the share "
+                             "of W0's energy that the core holds.") as (fig, axes):
+    subspace.plot_dimensions(frame, axes=axes)
 
 # %%
-gap = frame["metrics.sigma"].iloc[rank - 1] / frame["metrics.sigma"].iloc[rank]
-plotting.verdict("C4", "not yet tested",
-                 f"Placeholder only: the toy spectrum drops by a factor {gap:.0f} after index {rank - 1}.")
+dims = frame[frame["method"] == "dimensions"]
+keep = dims["metrics.lbw_rank"] / dims["metrics.K"]
+print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dims)} (layer, task) pairs; "
+      f"the core holds {100 * dims.groupby('depth')['metrics.core_energy'].first().mean():.0f} % of W0's energy "
+      f"on average per layer")
+
+# %% [markdown]
+# With k about a tenth of the rank, the fine-tuning touches few of the core directions: most
+# survival values stay near 1 and the LBW keeps most of the core. Where the active subspace
+# does overlap the core, σ falls and the LBW shrinks.
+#
+# ## Removing the LBW subspace from θt (C4)
+#
+# For task t we remove a subspace V from the input side of **every** matrix layer of its own
+# fine-tuned model, W → W − W V Vᵀ, and measure task t's test accuracy. Three conditions have,
+# layer by layer, the dimension r of that task's LBW:
+#
+# 1. V = Vt,LBW;
+# 2. a random r-dimensional subspace of R^n (the claim's first control);
+# 3. a random r-dimensional subspace of the orthogonal complement of Vt,k (the second control:
+#    like the LBW, it avoids the directions the task used).
+#
+# A fourth control is ours. The LBW is built from the core, the directions in which W0 is
+# largest, so removing it takes away far more of the weights' energy ‖W V‖²/‖W‖² than r random
+# directions do, and a large drop could just say "removing large weights hurts". So we also
+# remove, in every layer, a random subspace matched in *energy* instead of dimension:
+#
+# 4. if the LBW holds the share e of the layer's energy, a random subspace of R^n of dimension
+#    round(e·n), which removes e of the energy in expectation, spread over random directions.
+#
+# If the LBW hurts more than that, its directions matter beyond their energy. Each random
+# condition gets `draws` draws; the overlap column below (mean squared cosine between the
+# removed subspace and the LBW) shows how far each control is from the LBW.
+
+# %%
+recs = []
+for seed, tb in tqdm(beds.items(), desc="seeds"):
+    for t in tqdm(tb.tasks, desc=f"ablations, seed {seed}", leave=False):
+        recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, params=P, suite=suite)
+records.write_records(path, recs)
+frame = records.records_frame(path)
+
+# %%
+with plotting.figure("ablation-drops", chapter=4, number=2, size="wide", paper="Fig. 5",
+                     caption="Drop in task t's test accuracy (points) when a subspace is removed from every "
+                             "matrix layer of θt: the LBW subspace and three random controls of the same "
+                             "dimension. Bars: means; dots: single draws and seeds.") as (fig, ax):
+    subspace.plot_drops(frame, ax=ax)
+
+# %%
+plotting.table(subspace.drop_table(frame), chapter=4, number=1, floatfmt="{:.1f}",
+               caption="Accuracy drop (points) and share of the matrix layers' weight energy removed (%), per "
+                       "task and condition; means over draws and seeds.")
+
+# %%
+plotting.table(subspace.condition_summary(frame), chapter=4, number=2, floatfmt="{:.1f}",
+               caption="Per condition, means over tasks, draws and seeds: accuracy drop (points), weight energy "
+                       "removed (%, pooled over the layers and mean of the per-layer shares), overlap of the "
+                       "removed subspace with the LBW (mean squared cosine of the principal angles, %) and "
+                       "the number of removed dimensions summed over the layers.")
+
+# %%
+with plotting.figure("ablation-energy", chapter=4, number=3,
+                     caption="Accuracy drop against the share of weight energy each ablation removes, one point "
+                             "per task, condition and draw.") as (fig, ax):
+    subspace.plot_energy(frame, ax=ax)
+
+# %% [markdown]
+# Figure 4.3 separates the two explanations. If the drop were a matter of energy alone, all
+# points would lie on one rising curve whatever their colour. LBW points above the
+# energy-matched points (same energy on the x axis) would mean that the LBW directions matter
+# beyond their energy.
+#
+# ## Verdict
+
+# %%
+v = subspace.c4_verdict(frame, margin=margin)
+plotting.verdict("C4", v["status"], v["evidence"])

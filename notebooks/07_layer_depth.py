@@ -12,57 +12,154 @@
 # ---
 
 # %% [markdown]
-# # Which layers need filtering (C9)
+# # Layer depth (C9)
 #
-# Filtering only the first layers, only the last, or all of them, and the per-layer intrusion
-# energy.
+# PACT filters every matrix layer by default. Is the protection needed everywhere, or does it
+# matter most in some part of the network? The paper's answer has two halves:
 #
-# *Equations and claims: P5; C9 (`method.md`).* **Placeholder:** this chapter has the structure
-# of the final one (parameters, validation, a figure read from result records, a verdict);
-# the experiment itself is still to be written.
+# - **C9a**: filtering the early layers only gives most of the gain of filtering all of them;
+# - **C9b**: with many tasks, the whole network needs filtering.
+#
+# We split the backbone's matrix layers by depth, apply PACT to one part only, and compare with
+# no filter and with every layer filtered, on the 8- and the 20-task suites. To see *why* depth
+# might matter we also measure, layer by layer, how much of the other tasks' updates lands in
+# each task's LBW subspace: the intrusion energy of method.md §6.
+#
+# Code: `pactlib.study.depth_groups`, `pactlib.pact.PactOptions(layers=...)`,
+# `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.experiments.depth`.
 
 # %% tags=["parameters"]
-seeds = [0, 1, 2]               # three seeds for a spread
-depth_fracs = [0.25, 0.5, 1.0]  # filter the first quarter, half, or all matrix layers
-demo_dim = 32                   # size of the placeholder's toy matrix: instant on CPU
-
-# %%
-from pactlib import params, plotting, records
-
-P = params.check(
-    globals(),
-    seeds=params.each(params.at_least(0)),
-    depth_fracs=params.each(params.between(0, 1)),
-    demo_dim=params.at_least(2),
-)
-P
-
-# %% [markdown]
-# The placeholder computation: the singular values of a seeded toy matrix of rank
-# `demo_dim // 2` plus small noise, written as result records and plotted from them.
+zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
+suites = ["8", "20"]     # few and many tasks: the two halves of C9
+n_tasks = 0              # 0 = every task of each suite; >0 = the first n (smoke runs)
+seeds = [0]              # fine-tuning seeds of the first suite (the 20-task suite always uses the first)
+method = "iso_c"         # base merge: Iso-C, the merge PACT is paired with in the headline results
+alpha_points = 5         # evenly spaced α over Iso-C's grid 0.1 … 3.0 (method.md §5)
+most = 0.5               # "most of the gain": early-only keeps at least half of the all-layer gain
+val_limit = 100          # validation images per task for the α search
+test_limit = 200         # test images per task
+threads = 1              # one BLAS thread: two spin against each other when the two cores are shared
 
 # %%
 import torch
 
-rank = demo_dim // 2
-gen = torch.Generator().manual_seed(seeds[0])
-toy = torch.randn(demo_dim, rank, generator=gen) @ torch.randn(rank, demo_dim, generator=gen)
-toy += 1e-3 * torch.randn(demo_dim, demo_dim, generator=gen)
-sigma = torch.linalg.svdvals(toy)
+from pactlib import params, study
+
+P = params.check(
+    globals(), zoo_profile=params.one_of(*study.PROFILES), suites=params.each(params.one_of("8", "14", "20")),
+    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)),
+    method=params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"), alpha_points=params.at_least(2),
+    most=params.between(0, 1), val_limit=params.at_least(8), test_limit=params.at_least(8), threads=params.at_least(0),
+)
+if threads:
+    torch.set_num_threads(threads)
+
+# %% [markdown]
+# ## Depth groups
+#
+# The 32 matrix layers (pointwise convolutions) of EfficientNet-Lite0, taken from input to
+# output, are cut into three contiguous groups of (nearly) equal count: early, middle and late
+# (`study.depth_groups`). Early layers have few channels and see large feature maps; late
+# layers have many channels (up to 1280) and see small ones.
+#
+# For a group G, PACT runs as usual (P4–P5, the book's default options) but only on the layers
+# of G; every other layer keeps its raw Δt:
+#
+# $$\tilde\Delta_t^{(l)} = \begin{cases}\Delta_t^{(l)} - \Delta_t^{(l)} S_t^{(l)} S_t^{(l)\top} & l \in G\\ \Delta_t^{(l)} & l \notin G.\end{cases}$$
+#
+# In the engine that is `PactOptions(layers=...)` with one anchored pattern per key. The filter
+# of a layer depends on that layer alone, so we filter every layer once and assemble each
+# group's task vectors from the result (`depth.group_task_vectors`); a test checks that this
+# equals running the filter with the group's `layers` option.
+#
+# The base merge is Iso-C (M4), for every condition, with α chosen on validation over the same
+# grid. Iso-C flattens the spectrum of the summed update, which spreads every task's update over
+# many directions: that is where interference between tasks, and so the filter, matters most.
+
+# %%
+from pactlib.experiments import depth
+from pactlib.models.efficientnet import matrix_keys
+
+keys = depth.network_order(matrix_keys())
+groups = study.depth_groups(keys)
+{g: f"{len(k)} layers: {k[0]} … {k[-1]}" for g, k in groups.items() if g != "all"}
+
+# %% [markdown]
+# ## Run every condition
+#
+# For each suite (the 8-task suite with every seed of `seeds`, the 20-task suite with the first):
+# one PACT filter over all layers with its subspaces kept, then five merges (no filter, early,
+# middle, late, all) each with its α search and test.
+
+# %%
+from tqdm.auto import tqdm
+
+from pactlib import records
+from pactlib.pact import PactOptions, pact_filter
+
+opts = PactOptions()
+runs = [(s, seed) for i, s in enumerate(suites) for seed in (seeds if i == 0 else seeds[:1])]
+recs = []
+for suite, seed in tqdm(runs, desc="testbeds"):
+    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    raw = tb.task_vectors()
+    filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True)
+    recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, suite=suite)
+    for g in tqdm(depth.GROUPS, desc=f"suite {suite} seed {seed}", leave=False):
+        recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,
+                                       alphas=study.grid(method, alpha_points)))
 path = records.records_path("07_layer_depth")
-records.write_records(path, [
-    records.make_record("placeholder-spectrum", params=P, seed=seeds[0], metrics={"sigma": s}, index=i)
-    for i, s in enumerate(sigma)
-], replace=True)
+records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
-# %%
-with plotting.figure("placeholder-spectrum", chapter=7, number=1,
-                     caption="Singular values of the placeholder toy matrix, read from its records.") as (fig, ax):
-    ax.semilogy(frame["index"], frame["metrics.sigma"], marker="o")
-    ax.set(xlabel="index $i$", ylabel=r"$\sigma_i$")
+# %% [markdown]
+# ## Gains by depth group
 
 # %%
-gap = frame["metrics.sigma"].iloc[rank - 1] / frame["metrics.sigma"].iloc[rank]
-plotting.verdict("C9", "not yet tested",
-                 f"Placeholder only: the toy spectrum drops by a factor {gap:.0f} after index {rank - 1}.")
+from pactlib import plotting
+
+with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
+                     caption="Gain in mean normalized test accuracy (points) over plain Iso-C when PACT filters "
+                             "one depth group only, or every layer. Bars: mean over seeds; dots: single seeds.") as (fig, ax):
+    gains = depth.plot_group_gains(frame, ax=ax, suites=suites)
+
+# %%
+plotting.table(depth.condition_table(frame), chapter=7, number=1, floatfmt="{:.2f}",
+               caption="Mean test accuracy and normalized accuracy (%) and the chosen α, per condition and suite "
+                       "(means over seeds).")
+
+# %% [markdown]
+# The test sets hold `test_limit` images per task, so a mean accuracy over eight tasks carries a
+# sampling error of roughly half a point: gains below that are noise.
+#
+# ## Intrusion energy across depth
+#
+# For task t and layer l, the intrusion energy is the share of the other tasks' update energy
+# that falls inside task t's LBW subspace:
+#
+# $$I_t^{(l)} = \frac{\sum_{j\neq t}\big\|\Delta_j^{(l)} V_{t,\mathrm{LBW}}^{(l)}\big\|_F^2}{\sum_{j\neq t}\big\|\Delta_j^{(l)}\big\|_F^2}.$$
+#
+# It is what the merge would write into task t's load-bearing walls if nothing protected them.
+# A random update would put the share r/n into an r-dimensional subspace of R^n (dashed lines),
+# so the height above the dashed line is what the updates aim at the walls beyond chance.
+
+# %%
+bounds = {g: keys.index(groups[g][0]) for g in ("middle", "late")}
+with plotting.figure("intrusion-depth", chapter=7, number=2, size="wide",
+                     caption="Intrusion energy of the other tasks' updates into each task's LBW subspace (%), per "
+                             "matrix layer from input to output: mean over tasks (line), smallest to largest task "
+                             "(band), and the share r/n a random direction would give (dashed). Dotted lines: "
+                             "group boundaries.") as (fig, ax):
+    depth.plot_intrusion(frame, ax=ax, suites=suites, bounds=bounds)
+
+# %%
+plotting.table(depth.intrusion_table(frame, groups), chapter=7, number=2, floatfmt="{:.2f}",
+               caption="Mean intrusion energy and its random reference r/n (%), per depth group and suite.")
+
+# %% [markdown]
+# ## Verdicts
+
+# %%
+v = depth.c9_verdicts(frame, suites=suites, most=most)
+plotting.verdict("C9a (early layers give most of the gain)", v["early"]["status"], v["early"]["evidence"])
+plotting.verdict("C9b (many tasks need the whole network)", v["whole"]["status"], v["whole"]["evidence"])

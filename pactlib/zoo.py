@@ -79,17 +79,17 @@ class Recipe:
     """
 
     resolution: int = 32
-    steps: int = 100
+    steps: int = 80
     batch_size: int = 64
     optimizer: str = "adamw"
-    lr: float = 1e-3
+    lr: float = 5e-4
     lora_lr: float = 3e-3
     weight_decay: float = 0.0
-    warmup: int = 10
+    warmup: int = 8
     lora_rank: int = 8
     lora_alpha: float = 16.0
     augment: str = "none"
-    head_l2: float = 1e-3
+    head_l2: float = 1e-2
     head_max_iter: int = 300
     data_seed: int = 0
     train_limit: int | None = None

@@ -1,0 +1,286 @@
+"""Layer depth (book chapter 7, claim C9): where in the network PACT's filter matters.
+
+- :func:`network_order`: matrix-layer keys from input to output (state dicts are often sorted
+  by name, which puts ``_blocks.10`` before ``_blocks.2``);
+- :func:`layer_regexes`, :func:`group_options`: a depth group as ``PactOptions(layers=...)``;
+- :func:`group_task_vectors`: the task vectors PACT gives when only a group of layers is
+  filtered, assembled from one filter over every layer (the filter acts layer by layer, so this
+  equals a run with :func:`group_options`; the tests check the identity);
+- :func:`group_record`: one merge → α → test record for a depth group;
+- :func:`intrusion_records`: C9's intrusion energy of the other tasks' updates into each task's
+  LBW subspace, per layer and task;
+- :func:`group_gains`, :func:`plot_group_gains`, :func:`plot_intrusion`, :func:`c9_verdicts`.
+
+Every function returns new objects; task vectors and state dicts are never modified.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..matrix import DEFAULT_RULE, MatrixRule
+from ..pact import LayerSubspaces, PactOptions
+from ..records import make_record
+from ..subspaces import intrusion_energy
+from ..taskvector import TaskVector
+
+__all__ = ["GROUPS", "network_order", "layer_regexes", "group_options", "group_task_vectors", "group_record",
+           "intrusion_records", "group_gains", "condition_table", "intrusion_table", "plot_group_gains", "plot_intrusion", "c9_verdicts"]
+
+#: The conditions of chapter 7, in plotting order: no filter, one depth group, every layer.
+GROUPS = ("none", "early", "middle", "late", "all")
+_NUM = re.compile(r"(\d+)")
+
+
+def _natural(key: str) -> tuple:
+    """``"_blocks.10._expand_conv.weight"`` -> ("_blocks.", 10, "._expand_conv.weight")."""
+    return tuple(int(p) if p.isdigit() else p for p in _NUM.split(key))
+
+
+def network_order(keys: Sequence[str], reference: Sequence[str] | None = None) -> list[str]:
+    """``keys`` from the input to the output of the network.
+
+    Args:
+        keys: matrix-layer keys in any order.
+        reference: keys in network order (e.g. ``list(model.state_dict())``, which follows module
+            registration); when given, ``keys`` are sorted by their position in it.
+
+    Without a reference, keys are sorted "naturally" (numbers compared as numbers). That is the
+    network order of EfficientNet-Lite0 (``_blocks.N._expand_conv`` before ``_project_conv``,
+    ``_conv_head`` last; checked against the model in the tests), not of every model.
+
+    Raises:
+        KeyError: a key missing from ``reference`` (named).
+    """
+    keys = list(keys)
+    if reference is None:
+        return sorted(keys, key=_natural)
+    pos = {k: i for i, k in enumerate(reference)}
+    missing = [k for k in keys if k not in pos]
+    if missing:
+        raise KeyError(f"network_order: key(s) {missing[:3]} not in the reference order")
+    return sorted(keys, key=pos.__getitem__)
+
+
+def layer_regexes(keys: Sequence[str]) -> tuple[str, ...]:
+    """Regular expressions matching exactly ``keys`` (``"^" + re.escape(key) + "$"``)."""
+    return tuple("^" + re.escape(k) + "$" for k in keys)
+
+
+def group_options(options: PactOptions, keys: Sequence[str]) -> PactOptions:
+    """``options`` restricted to the layers ``keys`` (``PactOptions.layers``).
+
+    Raises:
+        ValueError: ``keys`` is empty (an empty group would filter nothing; run the plain merge).
+    """
+    if not keys:
+        raise ValueError("group_options: empty layer group; use the plain merge (pact=None) instead")
+    return options.replace(layers=layer_regexes(keys))
+
+
+def group_task_vectors(raw: Sequence[TaskVector], filtered: Sequence[TaskVector],
+                       keys: Sequence[str]) -> list[TaskVector]:
+    """Per task: the filtered values at ``keys``, the raw values everywhere else.
+
+    With ``filtered`` from ``pact_filter(..., options)`` over every layer, this is what
+    ``pact_filter(..., group_options(options, keys))`` returns (P4–P5 act on each layer alone).
+
+    Raises:
+        ValueError: different task counts; KeyError: a key missing from a task vector.
+    """
+    if len(raw) != len(filtered):
+        raise ValueError(f"group_task_vectors: {len(raw)} raw vs {len(filtered)} filtered task vectors")
+    out = []
+    for r, f in zip(raw, filtered):
+        missing = [k for k in keys if k not in r or k not in f]
+        if missing:
+            raise KeyError(f"group_task_vectors: key(s) {missing[:3]} missing from task vector {r.name!r}")
+        d = dict(r.items())
+        d.update({k: f[k] for k in keys})
+        out.append(TaskVector(d, name=r.name, dtype=r.dtype))
+    return out
+
+
+def group_record(tb, method: str, group: str, *, keys: Sequence[str], raw: Sequence[TaskVector],
+                 filtered: Sequence[TaskVector], options: PactOptions, alphas: Sequence[float]) -> dict:
+    """Merge with PACT on the layers ``keys`` only (``group == "none"``: the plain merge), choose
+    α on validation, test: one record from ``tb.run`` with ``group``, ``pact`` and the PACT options
+    (``layers`` = number of filtered layers) filled in."""
+    if group == "none":
+        rec = tb.run(method, alphas=alphas, task_vectors=raw, label=f"{method}[none]")
+        return {**rec, "group": group, "n_layers": 0}
+    tvs = group_task_vectors(raw, filtered, keys)
+    rec = tb.run(method, alphas=alphas, task_vectors=tvs, label=f"pact-{method}[{group}]")
+    opts = {**asdict(options), "layers": len(keys)}
+    return {**rec, "group": group, "pact": "pact", "n_layers": len(keys), "params": {**rec["params"], **opts}}
+
+
+def intrusion_records(task_vectors: Sequence[TaskVector], subspaces: Mapping[str, LayerSubspaces], *,
+                      keys: Sequence[str], params: Mapping, seed: int, rule: MatrixRule = DEFAULT_RULE,
+                      **extra) -> list[dict]:
+    """C9's intrusion energy per (layer, task): Σ_{j≠t} ‖Δj Vt,LBW‖²_F / Σ_{j≠t} ‖Δj‖²_F.
+
+    Args:
+        task_vectors: Δ1..ΔT (their matrix views are used).
+        subspaces: {key: LayerSubspaces} with one LBW basis per task (e.g. ``report.subspaces``
+            of ``pact_filter(..., keep=True)``).
+        keys: the layers, in network order (``depth`` = position in it).
+
+    Returns:
+        Records ``intrusion`` with metrics ``intrusion``, ``chance`` (r_LBW / n: the share an
+        isotropic update would put into an r-dimensional subspace) and ``lbw_rank``, plus
+        ``key``, ``depth``, ``task``, ``T`` and ``extra``.
+
+    Raises:
+        KeyError: a key without subspaces. ValueError: fewer than two tasks.
+    """
+    T = len(task_vectors)
+    if T < 2:
+        raise ValueError("intrusion energy needs at least two tasks")
+    out = []
+    for depth, key in enumerate(keys):
+        if key not in subspaces:
+            raise KeyError(f"intrusion_records: no subspaces for layer {key!r}")
+        views = [rule.view(key, tv[key]).float() for tv in task_vectors]  # T x (m, n)
+        n = views[0].shape[1]
+        for t, tv in enumerate(task_vectors):
+            V = subspaces[key].lbw[t].basis.float()  # (n, r)
+            value = intrusion_energy([views[j] for j in range(T) if j != t], V)
+            out.append(make_record("intrusion", params=params, seed=seed, key=key, depth=depth, task=tv.name, T=T,
+                                   metrics={"intrusion": value, "chance": V.shape[1] / n, "lbw_rank": V.shape[1]},
+                                   **extra))
+    return out
+
+
+def group_gains(frame: pd.DataFrame, metric: str = "norm_acc") -> pd.DataFrame:
+    """Per (suite, seed, group): test ``metric`` of the group's merge minus the unfiltered merge,
+    in points. Columns ``suite``, ``seed``, ``group``, ``gain``."""
+    runs = frame[frame["group"].notna()] if "group" in frame else frame.iloc[:0]
+    col = f"metrics.{metric}"
+    rows = []
+    for (suite, seed), g in runs.groupby(["suite", "seed"], sort=False):
+        base = g[g["group"] == "none"][col]
+        if base.empty:
+            continue
+        for _, r in g[g["group"] != "none"].iterrows():
+            rows.append(dict(suite=suite, seed=seed, group=r["group"], gain=100 * (r[col] - base.iloc[0])))
+    return pd.DataFrame(rows, columns=["suite", "seed", "group", "gain"])
+
+
+def plot_group_gains(frame: pd.DataFrame, *, ax, suites: Sequence[str], metric: str = "norm_acc") -> pd.DataFrame:
+    """Bars: mean gain over seeds per depth group, one colour per suite; dots: single seeds."""
+    g = group_gains(frame, metric)
+    groups = [x for x in GROUPS if x != "none"]
+    width = 0.8 / max(1, len(suites))
+    for j, s in enumerate(suites):
+        xs = np.arange(len(groups)) + (j - (len(suites) - 1) / 2) * width
+        sel = g[g["suite"] == s]
+        ax.bar(xs, [sel[sel["group"] == x]["gain"].mean() for x in groups], width=0.95 * width, label=f"{s} tasks")
+        for x, grp in zip(xs, groups):
+            pts = sel[sel["group"] == grp]["gain"]
+            ax.scatter([x] * len(pts), pts, color="black", s=8, zorder=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(groups)), [f"{x} only" if x != "all" else "all layers" for x in groups])
+    ax.set_ylabel(f"gain in mean {'normalized ' if metric == 'norm_acc' else ''}accuracy (points)")
+    ax.legend(title="suite")
+    return g
+
+
+def plot_intrusion(frame: pd.DataFrame, *, ax, suites: Sequence[str], bounds: Mapping[str, int] | None = None) -> None:
+    """Intrusion energy (%) against layer depth: mean over tasks and seeds per suite, a band from
+    the smallest to the largest task, and the isotropic reference r_LBW/n (dashed). ``bounds``:
+    {label: depth index where a group starts}, drawn as vertical lines."""
+    f = frame[frame["method"] == "intrusion"]
+    for s in suites:
+        sel = f[f["suite"] == s]
+        per_task = sel.groupby(["depth", "task"])[["metrics.intrusion", "metrics.chance"]].mean().reset_index()
+        g = per_task.groupby("depth")
+        line, = ax.plot(g["metrics.intrusion"].mean().index, 100 * g["metrics.intrusion"].mean(), marker="o", ms=3,
+                        label=f"{s} tasks")
+        ax.fill_between(g.size().index, 100 * g["metrics.intrusion"].min(), 100 * g["metrics.intrusion"].max(),
+                        color=line.get_color(), alpha=0.15, lw=0)
+        ax.plot(g.size().index, 100 * g["metrics.chance"].mean(), ls="--", lw=1, color=line.get_color())
+    for label, x in (bounds or {}).items():
+        ax.axvline(x - 0.5, color="grey", lw=0.8, ls=":")
+        ax.text(x - 0.4, ax.get_ylim()[1] * 0.95, label, fontsize=7, va="top", color="grey")
+    ax.set(xlabel="matrix layer (input → output)", ylabel="intrusion energy (%)")
+    ax.legend(title="suite (dashed: r/n)")
+
+
+def condition_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows: conditions (``GROUPS`` order); columns: (quantity, suite) for the mean test accuracy and
+    normalized accuracy (%) and the chosen α, means over seeds."""
+    runs = frame[frame["group"].notna()]
+    t = runs.pivot_table(index="group", columns="suite", values=["metrics.acc", "metrics.norm_acc", "alpha"],
+                         aggfunc="mean").reindex([g for g in GROUPS if g in set(runs["group"])])
+    t[["metrics.acc", "metrics.norm_acc"]] *= 100
+    return t.rename(columns=lambda c: {"metrics.acc": "acc %", "metrics.norm_acc": "norm. acc %"}.get(c, c))
+
+
+def intrusion_table(frame: pd.DataFrame, groups: Mapping[str, Sequence[str]]) -> pd.DataFrame:
+    """Mean intrusion energy and its reference r/n (%), per depth group (rows) and suite (columns).
+    ``groups``: {group: keys} as from ``study.depth_groups`` (``"all"`` is skipped)."""
+    f = frame[frame["method"] == "intrusion"].copy()
+    where = {k: g for g, ks in groups.items() if g != "all" for k in ks}
+    f["group"] = f["key"].map(where)
+    t = 100 * f.pivot_table(index="group", columns="suite", values=["metrics.intrusion", "metrics.chance"],
+                            aggfunc="mean")
+    t = t.reindex([g for g in groups if g != "all" and g in set(f["group"])])
+    return t.rename(columns=lambda c: {"metrics.intrusion": "intrusion %", "metrics.chance": "r/n %"}.get(c, c))
+
+
+def _share(gains: pd.DataFrame, suite: str) -> dict[str, float]:
+    sel = gains[gains["suite"] == suite]
+    return {grp: float(sel[sel["group"] == grp]["gain"].mean()) for grp in GROUPS[1:]}
+
+
+def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5,
+                metric: str = "norm_acc") -> dict[str, dict]:
+    """The two halves of C9 from the group records (gains in points, means over seeds).
+
+    - ``"early"`` (first suite): filtering the early layers only gives at least ``most`` of the
+      gain of filtering every layer (which must be positive), and no other single group gives more;
+      one of the two: partly.
+    - ``"whole"`` (last suite, needs two suites): with many tasks the whole network needs filtering:
+      filtering every layer beats the best single group, and the early group's share of the full
+      gain is smaller than at the first suite; one of the two: partly.
+
+    Returns:
+        {"early": {"status", "evidence"}, "whole": {"status", "evidence"}}.
+    """
+    g = group_gains(frame, metric)
+
+    def describe(s: str, m: dict) -> str:
+        return f"T={s}: " + ", ".join(f"{k} {v:+.2f}" for k, v in m.items())
+
+    first = _share(g, suites[0])
+    full = first["all"]
+    share = first["early"] / full if full > 0 else float("nan")
+    ok_share = full > 0 and share >= most
+    ok_best = first["early"] >= max(first["middle"], first["late"])
+    n_ok = int(ok_share) + int(ok_best)
+    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
+    why = (f"early-only / all-layers gain = {share:.2f} (threshold {most})" if full > 0
+           else "filtering every layer gives no gain, so there is no gain for the early layers to hold")
+    out = {"early": dict(status=status, evidence=f"{why}; early {'is' if ok_best else 'is not'} the best single "
+                                                 f"group. Gains (points): {describe(suites[0], first)}.")}
+    if len(suites) < 2:
+        out["whole"] = dict(status="not yet tested", evidence=f"only one suite run ({describe(suites[0], first)})")
+        return out
+    last = _share(g, suites[-1])
+    best_single = max(last["early"], last["middle"], last["late"])
+    ok_all = last["all"] > best_single
+    share_last = last["early"] / last["all"] if last["all"] > 0 else float("nan")
+    ok_drop = last["all"] > 0 and (not full > 0 or share_last < share)
+    n_ok = int(ok_all) + int(ok_drop)
+    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
+    out["whole"] = dict(status=status, evidence=(
+        f"all layers {last['all']:+.2f} vs best single group {best_single:+.2f} at T={suites[-1]}; early-only "
+        f"share of the full gain {share:.2f} at T={suites[0]} vs {share_last:.2f} at T={suites[-1]}. "
+        f"Gains (points): {describe(suites[-1], last)}."))
+    return out

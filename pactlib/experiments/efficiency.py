@@ -1,0 +1,296 @@
+"""Exact vs randomized SVD inside PACT (book chapter 8: P7; claim C10).
+
+- :func:`time_filter`: median wall time of ``pact_filter`` (subspaces and shields kept);
+- :func:`randomized_share`: on how many (layer, task) SVDs the randomized method actually runs
+  (it falls back to the exact SVD when r + oversample ≥ min(m, n));
+- :func:`subspace_distances`, :func:`basis_records`: projector distance between the exact and randomized LBW bases, per
+  (layer, task);
+- :func:`change_records`: relative change of the filtered task vectors, per task;
+- :func:`accuracy_records`: merged test accuracy of the plain method and of PACT with each SVD;
+- :func:`summary_table`, :func:`accuracy_table`, :func:`plot_times`: what the chapter shows;
+- :func:`read_bench`, :func:`bench_table`: the synthetic ViT-B/32-shaped benchmark's JSON
+  (``bench/bench_filter.py``);
+- :func:`plot_distances`, :func:`c10_verdict`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..matrix import DEFAULT_RULE, MatrixRule
+from ..pact import PactOptions, PactReport, pact_filter
+from ..records import make_record
+from ..subspaces import choose_rank
+from ..taskvector import TaskVector
+
+__all__ = ["time_filter", "randomized_share", "subspace_distances", "basis_records", "change_records", "accuracy_records",
+           "summary_table", "accuracy_table", "plot_times", "read_bench", "bench_table", "plot_distances",
+           "accuracy_check", "c10_verdict"]
+
+
+def time_filter(pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVector], options: PactOptions, *,
+                repeats: int = 1, rule: MatrixRule = DEFAULT_RULE) -> tuple[float, list[TaskVector], PactReport]:
+    """Run the PACT filter ``repeats`` times; return (median seconds, filtered task vectors, report).
+
+    The filter keeps its subspaces and shields (``keep=True``) so that they can be compared;
+    keeping them costs memory, not time.
+
+    Raises:
+        ValueError: ``repeats`` < 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"time_filter: repeats must be >= 1, got {repeats}")
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = pact_filter(pretrained, task_vectors, options=options, rule=rule, keep=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out[0], out[1]
+
+
+def randomized_share(pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVector], options: PactOptions, *,
+                     rule: MatrixRule = DEFAULT_RULE) -> float:
+    """Share of the top-r SVDs of one filter run (cores and active subspaces) where
+    ``options.svd == "rsvd"`` really uses the randomized range finder, i.e. r + oversample <
+    min(m, n) (``linalg.top_singular`` falls back to the exact SVD otherwise). 0 for ``"exact"``."""
+    if options.svd != "rsvd":
+        return 0.0
+    used = total = 0
+    for key in rule.matrix_keys(pretrained):
+        if not options.selects(key):
+            continue
+        W0 = rule.view(key, pretrained[key])
+        d = min(W0.shape)
+        ranks = [choose_rank(W0, frac=options.core_frac, energy=options.core_energy)]
+        ranks += [choose_rank(rule.view(key, tv[key]), frac=options.active_frac, energy=options.active_energy)
+                  for tv in task_vectors]
+        used += sum(r + options.oversample < d for r in ranks if r > 0)
+        total += sum(r > 0 for r in ranks)
+    return used / total if total else 0.0
+
+
+def subspace_distances(V1: Tensor, V2: Tensor) -> tuple[float, float]:
+    """(‖V1V1ᵀ − V2V2ᵀ‖_F, sine of the largest principal angle) for orthonormal bases V1 (n, a), V2 (n, b).
+
+    Computed in float64 from the residuals R12 = V2 − V1(V1ᵀV2) and R21 = V1 − V2(V2ᵀV1):
+    ‖P1 − P2‖²_F = ‖R12‖²_F + ‖R21‖²_F (= a + b − 2‖V1ᵀV2‖²_F) and, when a = b, sin θ_max =
+    ‖R12‖_2. The textbook form a + b − 2‖V1ᵀV2‖²_F subtracts nearly equal numbers and cannot see
+    distances below about √ε (3e-4 for float32 bases, as in ``linalg.projector_distance``); the
+    residuals can. Distances here are meaningful down to about 1e-6. The spectral value is 1.0 when
+    a ≠ b (and both are non-empty), as in ``linalg.projector_distance``.
+
+    Raises:
+        ValueError: bases of different n.
+    """
+    if V1.shape[0] != V2.shape[0]:
+        raise ValueError(f"bases live in different spaces: {tuple(V1.shape)} vs {tuple(V2.shape)}")
+    A, B = V1.double(), V2.double()
+    R12, R21 = B - A @ (A.mT @ B), A - B @ (B.mT @ A)  # (n, b), (n, a)
+    fro = math.sqrt(float(R12.pow(2).sum() + R21.pow(2).sum()))
+    if A.shape[1] != B.shape[1]:
+        return fro, 1.0 if A.shape[1] and B.shape[1] else 0.0
+    return fro, float(torch.linalg.matrix_norm(R12, ord=2)) if B.shape[1] else 0.0
+
+
+def basis_records(exact: PactReport, other: PactReport, *, params: Mapping, seed: int, keys: Sequence[str],
+                  tasks: Sequence[str], **extra) -> list[dict]:
+    """Per (layer, task): how far the LBW basis of ``other`` (randomized) is from the exact one.
+
+    Metrics (from :func:`subspace_distances`): ``dist`` = Frobenius projector distance divided by
+    sqrt(max(r_exact, 1)) (0 = same subspace, √2 = orthogonal; comparable across layers),
+    ``dist_spectral`` (sine of the largest principal angle, 1.0 when the ranks differ),
+    ``rank_exact``, ``rank_other``. Both reports must come from ``pact_filter(..., keep=True)``.
+
+    Raises:
+        KeyError: a layer without kept subspaces in either report.
+    """
+    out = []
+    for depth, key in enumerate(keys):
+        if key not in exact.subspaces or key not in other.subspaces:
+            raise KeyError(f"basis_records: no kept subspaces for layer {key!r} (run pact_filter with keep=True)")
+        for t, task in enumerate(tasks):
+            a, b = exact.subspaces[key].lbw[t].basis, other.subspaces[key].lbw[t].basis
+            fro, spectral = subspace_distances(a, b)
+            out.append(make_record("lbw-distance", params=params, seed=seed, key=key, depth=depth, task=task, metrics=dict(
+                dist=fro / math.sqrt(max(a.shape[1], 1)), dist_spectral=spectral, rank_exact=a.shape[1],
+                rank_other=b.shape[1]), **extra))
+    return out
+
+
+def change_records(exact: Sequence[TaskVector], other: Sequence[TaskVector], *, keys: Sequence[str], params: Mapping,
+                   seed: int, **extra) -> list[dict]:
+    """Per task: ‖Δ̃_exact − Δ̃_other‖_F / ‖Δ̃_exact‖_F over the layers ``keys`` (``rel_change``).
+
+    Raises:
+        ValueError: different task counts.
+    """
+    if len(exact) != len(other):
+        raise ValueError(f"change_records: {len(exact)} vs {len(other)} task vectors")
+    out = []
+    for a, b in zip(exact, other):
+        num = sum(float((a[k] - b[k]).pow(2).sum()) for k in keys)
+        den = sum(float(a[k].pow(2).sum()) for k in keys)
+        out.append(make_record("filtered-change", params=params, seed=seed, task=a.name,
+                               metrics={"rel_change": math.sqrt(num / den) if den > 0 else float("nan")}, **extra))
+    return out
+
+
+def accuracy_records(tb, method: str, variants: Mapping[str, Sequence[TaskVector] | None], *,
+                     alphas: Sequence[float], **extra) -> list[dict]:
+    """Merge, choose α on validation and test once per variant: {label: task vectors} (None = the
+    testbed's raw task vectors, i.e. the plain method). Each record (from ``tb.run``) gets
+    ``n_test`` (test examples over all tasks, for :func:`accuracy_check`) and ``extra``."""
+    n_test = sum(len(tb.test[t].labels) for t in tb.tasks)
+    return [{**tb.run(method, alphas=alphas, task_vectors=tvs, label=label), "n_test": n_test, **extra}
+            for label, tvs in variants.items()]
+
+
+def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per SVD variant (exact, RSVD q = …): filter time (s, mean over seeds), speed-up over
+    the exact filter, share of SVDs that are really randomized, LBW basis distance (mean, max) and
+    relative change of the filtered task vectors (mean, max)."""
+    t = frame[frame["method"] == "filter-time"]
+    g = t.groupby(t["n_iter"].fillna(-1).astype(int), sort=False)
+    out = pd.DataFrame({"filter time (s)": g["metrics.seconds"].mean()})
+    if "metrics.speedup" in t:
+        out["speed-up"] = g["metrics.speedup"].mean()
+    if "metrics.rsvd_share" in t:
+        out["randomized SVDs (%)"] = 100 * g["metrics.rsvd_share"].mean()
+    for name, metric, label in (("lbw-distance", "dist", "LBW distance"), ("filtered-change", "rel_change", "Δ̃ change")):
+        f = frame[frame["method"] == name]
+        if len(f):
+            gf = f.groupby(f["n_iter"].astype(int))[f"metrics.{metric}"]
+            out[f"{label} (mean)"], out[f"{label} (max)"] = gf.mean(), gf.max()
+    out.index = ["exact SVD" if q < 0 else f"RSVD, q = {q}" for q in out.index]
+    return out
+
+
+def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean test accuracy and normalized accuracy (%) ± std over seeds, seed count and mean chosen α per
+    merged method (records with an ``n_test`` field)."""
+    f = frame[frame["n_test"].notna()] if "n_test" in frame else frame.iloc[:0]
+    g = f.groupby("method", sort=False)
+    out = pd.DataFrame({"acc %": 100 * g["metrics.acc"].mean(), "± acc": 100 * g["metrics.acc"].std(ddof=1),
+                        "norm. acc %": 100 * g["metrics.norm_acc"].mean(),
+                        "± norm.": 100 * g["metrics.norm_acc"].std(ddof=1), "seeds": g["seed"].nunique(),
+                        "α": g["alpha"].mean(), "merge time (s)": g["merge_seconds"].mean()})
+    return out.fillna({"± acc": 0.0, "± norm.": 0.0})
+
+
+def plot_times(frame: pd.DataFrame, *, ax) -> None:
+    """Bars: filter time (s) per SVD variant, mean over seeds; dots: single seeds."""
+    t = frame[frame["method"] == "filter-time"]
+    labels, vals, pts = [], [], []
+    for (svd, q), sel in t.groupby(["svd", t["n_iter"].fillna(-1)], sort=False):
+        labels.append("exact" if svd == "exact" else f"RSVD q={int(q)}")
+        vals.append(sel["metrics.seconds"].mean())
+        pts.append(sel["metrics.seconds"].tolist())
+    ax.bar(range(len(vals)), vals, color=["grey"] + [f"C{i}" for i in range(len(vals) - 1)])
+    for i, p in enumerate(pts):
+        ax.scatter([i] * len(p), p, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(vals)), labels)
+    ax.set_ylabel("PACT filter time (s)")
+
+
+def read_bench(path: str | Path) -> dict | None:
+    """The JSON written by ``bench/bench_filter.py``, or None when the file does not exist.
+
+    Raises:
+        ValueError: the file exists but is not a JSON object (names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg}); re-run bench/bench_filter.py") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+BENCH_ROWS = (("blocks", "ViT-B/32-shaped blocks (4 matrix layers each)", "{:.0f}"),
+              ("tasks", "tasks", "{:.0f}"), ("threads", "CPU threads", "{:.0f}"),
+              ("n_iter", "power iterations q", "{:.0f}"),
+              ("t_filter_exact", "PACT filter, exact SVD (s)", "{:.1f}"),
+              ("t_filter_rsvd", "PACT filter, RSVD (s)", "{:.1f}"),
+              ("speedup_rsvd", "speed-up of RSVD", "{:.1f}×"),
+              ("lbw_projector_distance_mean", "LBW projector distance / √r, mean", "{:.2e}"),
+              ("lbw_projector_distance_max", "LBW projector distance / √r, max", "{:.2e}"),
+              ("filtered_rel_change_mean", "relative change of filtered Δ̃t, mean", "{:.2e}"),
+              ("filtered_rel_change_max", "relative change of filtered Δ̃t, max", "{:.2e}"),
+              ("t_iso_c", "Iso-C alone (s)", "{:.1f}"),
+              ("t_pact_iso_c_rsvd", "PACT-Iso-C with RSVD (s)", "{:.1f}"),
+              ("pact_iso_over_iso", "PACT-Iso-C / Iso-C time", "{:.2f}×"))
+
+
+def bench_table(bench: Mapping) -> pd.DataFrame:
+    """The benchmark's numbers as a two-column table (quantity, value as text); keys it lacks are skipped."""
+    rows = [(label, fmt.format(bench[k])) for k, label, fmt in BENCH_ROWS if bench.get(k) is not None]
+    return pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
+
+
+def plot_distances(frame: pd.DataFrame, *, ax) -> None:
+    """Projector distance of the randomized LBW bases from the exact ones against layer depth, one
+    line per power-iteration count q (mean over tasks; band: smallest to largest task)."""
+    f = frame[frame["method"] == "lbw-distance"]
+    for q, sel in f.groupby("n_iter"):
+        g = sel.groupby("depth")["metrics.dist"]
+        line, = ax.plot(g.mean().index, g.mean(), marker="o", ms=3, label=f"q = {q}")
+        ax.fill_between(g.mean().index, g.min(), g.max(), color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set(xlabel="matrix layer (input → output)", ylabel=r"$\|P_{exact} - P_{rsvd}\|_F / \sqrt{r}$")
+    ax.legend(title="RSVD power iterations", fontsize=7)
+
+
+def accuracy_check(frame: pd.DataFrame, *, exact: str, other: str) -> dict:
+    """Mean test accuracy of two methods over seeds, their paired difference and the tolerance of
+    C10: the larger of the seed spread (std over seeds of the exact run, when ≥ 2 seeds) and one
+    binomial standard error of the mean test accuracy sqrt(p(1 − p)/N) with N the test examples
+    behind it (``n_test`` field of the records). Accuracies in [0, 1]."""
+    a = frame[frame["method"] == exact].set_index("seed")
+    b = frame[frame["method"] == other].set_index("seed")
+    seeds = a.index.intersection(b.index)
+    if not len(seeds):
+        raise ValueError(f"accuracy_check: no seed has both {exact!r} and {other!r}")
+    acc_a, acc_b = a.loc[seeds, "metrics.acc"], b.loc[seeds, "metrics.acc"]
+    p = float(acc_a.mean())
+    n = float(a.loc[seeds, "n_test"].mean()) * len(seeds)
+    se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+    spread = float(acc_a.std(ddof=1)) if len(seeds) > 1 else 0.0
+    return dict(acc_exact=p, acc_other=float(acc_b.mean()), diff=float((acc_b - acc_a).mean()),
+                tol=max(spread, se), spread=spread, se=se, n_seeds=len(seeds))
+
+
+def c10_verdict(check: Mapping, *, speedup: float, bench: Mapping | None, min_speedup: float = 2.0,
+                rsvd_share: float | None = None) -> dict:
+    """C10 = two halves: (a) |accuracy difference| ≤ tolerance (:func:`accuracy_check`); (b) the
+    filter with RSVD takes at most 1/``min_speedup`` of the exact time on the real backbone. Both:
+    reproduced. One, or (a) with the speed-up seen only on the synthetic ViT-B/32-shaped benchmark:
+    partly. Neither: not reproduced."""
+    ok_acc = abs(check["diff"]) <= check["tol"]
+    ok_time = speedup >= min_speedup
+    bench_speed = bench.get("speedup_rsvd") if bench else None
+    n_ok = int(ok_acc) + int(ok_time)
+    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
+    text = (f"accuracy with RSVD {100 * check['acc_other']:.2f} % vs exact {100 * check['acc_exact']:.2f} % "
+            f"(difference {100 * check['diff']:+.2f} points, tolerance {100 * check['tol']:.2f}; "
+            f"{check['n_seeds']} seed(s)): {'within' if ok_acc else 'outside'} it. Filter time on the backbone: "
+            f"RSVD {speedup:.2f}× faster (goal ≥ {min_speedup:g}×)")
+    if rsvd_share is not None:
+        text += f"; the randomized range finder runs on {100 * rsvd_share:.0f} % of its SVDs"
+    if bench_speed is not None:
+        text += (f". Synthetic ViT-B/32-shaped benchmark ({bench.get('blocks')} blocks): {bench_speed:.1f}× "
+                 f"faster")
+    else:
+        text += ". Synthetic benchmark: not run"
+    return dict(status=status, evidence=text + ".")

@@ -1,0 +1,457 @@
+"""The scalar-weight view of load-bearing walls (book chapter 3: S1, S2; claims C1–C3).
+
+Glue between a testbed and the kernels of :mod:`pactlib.fisher` and :mod:`pactlib.causal`. A
+testbed is anything with ``classifier(state, task)`` (a differentiable backbone + frozen head
+whose parameter names are the state-dict keys prefixed ``net.``) and ``inputs(task, split,
+limit)`` (preprocessed inputs (N, 3, R, R) and labels (N,)), e.g. :class:`pactlib.study.Testbed`.
+
+- :func:`task_fisher`: diagonal Fisher F_t of θt on N task examples (S1), keyed like Δt;
+- :func:`scores`, :func:`state_scores`: accuracy and mean cross-entropy of a state on a task's examples;
+- :func:`typical_update`: the median |Δt| over the entries, the unit of the C2 perturbation;
+- :func:`global_masks`, :func:`random_subset`: global quantile masks and the "sensitive but
+  updated" control H_t \\ U_t of C2/C3;
+- :func:`enrichment_records` (C1), :func:`perturbation_records` (C2), :func:`displacement` and
+  :func:`restore_records` (C3): result records for :mod:`pactlib.records`;
+- :func:`c1_verdict`, :func:`c2_verdict`, :func:`c3_verdict`: statuses computed from records.
+
+Every function returns new tensors / records; the caller's state dicts are never modified.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import causal, fisher
+from ..matrix import DEFAULT_RULE
+from ..records import make_record
+
+__all__ = ["task_fisher", "state_scores", "scores", "typical_update", "global_masks", "random_subset", "control_masks", "layer_kind",
+           "enrichment_records", "perturbation_records", "displacement", "restore_records",
+           "task_means", "plot_task_enrichment", "plot_layer_enrichment", "plot_conditions",
+           "c1_verdict", "c2_verdict", "c3_verdict"]
+
+PREFIX = "net."
+
+
+def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, empirical: bool = False,
+                seed: int = 0, split: str = "val", chunk: int = 64) -> dict[str, Tensor]:
+    """Diagonal Fisher of ``state`` (θt) for ``task`` on its first ``n_samples`` examples (S1).
+
+    Args:
+        tb: a testbed (see the module docstring).
+        task: the task whose head and examples are used.
+        state: backbone state dict (not modified).
+        n_samples: N examples of ``split`` (the estimate is their mean).
+        empirical: use the true labels instead of y ~ p(y|x; θt) (method.md §3: a switch, off by default).
+        seed: seed of the label sampling.
+        split: ``"val"`` or ``"test"``.
+        chunk: examples per vectorised per-sample-gradient call: memory (≈ 14 MB per example for
+            Lite0) against speed (each call has a large fixed cost on CPU, so fewer calls are faster).
+
+    Returns:
+        {key: F (same shape as ``state[key]``)} for every trainable parameter, in network order,
+        keys without the ``net.`` prefix.
+
+    Raises:
+        ValueError: the split holds fewer than ``n_samples`` examples (names task and split).
+    """
+    x, y = tb.inputs(task, split, n_samples)
+    if len(y) < n_samples:
+        raise ValueError(f"task_fisher: task {task!r} has only {len(y)} {split} examples, fewer than "
+                         f"n_samples={n_samples}; lower fisher_samples or raise val_limit")
+    model = tb.classifier(dict(state), task)  # a fresh module: switching gradients on is local
+    model.requires_grad_(True)
+    Fd = fisher.diagonal_fisher(model, [(x, y)], n_samples=n_samples, empirical=empirical, seed=seed, chunk=chunk)
+    return {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in Fd.items()}
+
+
+@torch.no_grad()
+def state_scores(model: torch.nn.Module, state: Mapping[str, Tensor], xy: tuple[Tensor, Tensor], *,
+                 batch_size: int = 256) -> dict[str, float]:
+    """Accuracy in [0, 1] and mean cross-entropy (nats) of ``model`` run with the backbone weights
+    ``state`` (``torch.func.functional_call``: the module is reused, nothing is loaded or copied).
+
+    Args:
+        model: a classifier from ``tb.classifier(..., task)`` (parameter names = keys with ``net.``).
+        state: backbone state dict; xy: preprocessed inputs (N, 3, R, R) and labels (N,).
+
+    Raises:
+        ValueError: no examples.
+    """
+    from torch.func import functional_call
+
+    x, y = xy
+    if len(y) == 0:
+        raise ValueError("scores: no examples to score")
+    model.eval()
+    named = {PREFIX + k: v for k, v in state.items()}
+    logits = torch.cat([functional_call(model, named, (x[i:i + batch_size],))
+                        for i in range(0, len(x), batch_size)])  # (N, C)
+    return {"acc": float((logits.argmax(1) == y).float().mean()), "loss": float(F.cross_entropy(logits, y))}
+
+
+def scores(tb, state: Mapping[str, Tensor], task: str, xy: tuple[Tensor, Tensor]) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``state`` + ``task``'s head on ``xy`` (one module built;
+    to score many states of one task, build ``tb.classifier`` once and call :func:`state_scores`).
+
+    Args:
+        xy: preprocessed inputs (N, 3, R, R) and labels (N,), e.g. ``tb.inputs(task, "test", limit)``.
+
+    Raises:
+        ValueError: no examples.
+    """
+    return state_scores(tb.classifier(dict(state), task), state, xy)
+
+
+def _flat(values: Mapping[str, Tensor], keys: Sequence[str]) -> Tensor:
+    return torch.cat([values[k].reshape(-1).float() for k in keys])
+
+
+def _split(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    out, off = {}, 0
+    for k, v in like.items():
+        out[k] = flat[off:off + v.numel()].reshape(v.shape)
+        off += v.numel()
+    return out
+
+
+def typical_update(delta: Mapping[str, Tensor], keys: Sequence[str]) -> float:
+    """The median |Δt| over every entry of ``keys`` (the "size of a typical update" of C2).
+
+    Raises:
+        KeyError: a key missing from ``delta``.
+    """
+    missing = [k for k in keys if k not in delta]
+    if missing:
+        raise KeyError(f"typical_update: key(s) {missing[:3]} not in the task vector")
+    return float(_flat(delta, keys).abs().median())
+
+
+def global_masks(values: Mapping[str, Tensor], q: float, *, largest: bool) -> dict[str, Tensor]:
+    """Exactly ⌊q·N⌋ entries of smallest (``largest=False``) or largest value over all keys
+    together (global quantile, S2), as one boolean mask per key.
+
+    Raises:
+        ValueError: q outside (0, 1).
+    """
+    flat = _flat(values, list(values))
+    mask = fisher.highest_mask(flat, q) if largest else fisher.lowest_mask(flat, q)
+    return _split(mask, values)
+
+
+def random_subset(pool: Mapping[str, Tensor], count: int, *, seed: int) -> dict[str, Tensor]:
+    """``count`` entries drawn uniformly (private generator) among the True entries of ``pool``.
+
+    Raises:
+        ValueError: the pool holds fewer than ``count`` entries, or ``count`` < 0.
+    """
+    flat = _flat(pool, list(pool)).bool()
+    idx = flat.nonzero().squeeze(1)
+    if count < 0 or count > len(idx):
+        raise ValueError(f"random_subset: asked for {count} entries from a pool of {len(idx)}")
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.zeros_like(flat)
+    out[idx[torch.randperm(len(idx), generator=gen)[:count]]] = True
+    return _split(out, pool)
+
+
+def control_masks(lbw: Mapping[str, Tensor], sensitive: Mapping[str, Tensor], *, draws: int,
+                  seed: int) -> dict[str, list[dict[str, Tensor]]]:
+    """The two control groups of C2/C3, ``draws`` masks each, every mask as large as ``lbw``:
+
+    - ``"random"``: entries drawn uniformly over all entries of the same keys
+      (:func:`pactlib.causal.random_masks_like`), the paper's control;
+    - ``"sensitive"``: entries drawn among H_t \\ U_t, high-Fisher entries that the fine-tuning
+      *did* move (a sharper control: as sensitive, but not barely updated).
+
+    Args:
+        lbw: U_t ∩ H_t per key; sensitive: H_t per key (same keys and shapes).
+
+    Raises:
+        KeyError: the two masks have different keys; ValueError: H_t \\ U_t is smaller than U_t ∩ H_t.
+    """
+    if list(lbw) != list(sensitive):
+        raise KeyError("control_masks: the LBW and sensitive masks must have the same keys")
+    n = _count(lbw)
+    pool = {k: sensitive[k] & ~lbw[k] for k in lbw}
+    return {"random": [causal.random_masks_like(lbw, seed=seed * 1000 + d) for d in range(draws)],
+            "sensitive": [random_subset(pool, n, seed=seed * 1000 + d) for d in range(draws)]}
+
+
+def layer_kind(key: str, tensor: Tensor) -> str:
+    """``"pointwise"`` (a matrix layer of method.md §0), ``"conv"`` (k×k / depthwise) or ``"norm"``."""
+    if DEFAULT_RULE.kind(key, tensor) == "matrix":
+        return "pointwise"
+    return "conv" if tensor.ndim >= 2 else "norm"
+
+
+def _count(masks: Mapping[str, Tensor]) -> int:
+    return int(_flat(masks, list(masks)).sum())
+
+
+def enrichment_records(delta: Mapping[str, Tensor], fisher_t: Mapping[str, Tensor], *, q: float, seed: int,
+                       task: str, params: Mapping[str, Any], **extra) -> list[dict]:
+    """Enrichment E_t (S2) of task t, global (one record, ``scope="global"``) and per key (one record
+    per key with at least 1/q entries, ``scope="layer"``, with ``key``, ``layer`` = position in network
+    order and ``kind`` from :func:`layer_kind`). Metrics: ``E`` and the counts behind it. Claim C1.
+    """
+    e = fisher.enrichment(delta, fisher_t, q=q)
+    recs = [make_record("enrichment", params=params, seed=seed, task=task, scope="global",
+                        metrics=dict(E=e.score, n_params=e.n_params, n_small=e.n_small,
+                                     n_sensitive=e.n_sensitive, n_both=e.n_both), **extra)]
+    order = {k: i for i, k in enumerate(fisher_t)}
+    for k, s in e.per_key.items():
+        recs.append(make_record("enrichment", params=params, seed=seed, task=task, scope="layer", key=k,
+                                layer=order[k], kind=layer_kind(k, fisher_t[k]),
+                                metrics=dict(E=s, numel=fisher_t[k].numel()), **extra))
+    return recs
+
+
+def perturbation_records(tb, task: str, state: Mapping[str, Tensor], masks: Mapping[str, Tensor], *,
+                         size: float, draws: int, seed: int, xy: tuple[Tensor, Tensor],
+                         controls: Mapping[str, Sequence[Mapping[str, Tensor]]], params: Mapping[str, Any],
+                         base: Mapping[str, float] | None = None, **extra) -> list[dict]:
+    """C2: add ±``size`` (random signs) to the LBW entries of θt, and to each control set, and score.
+
+    Args:
+        tb, task, xy: testbed, task, and the evaluation examples (see :func:`scores`).
+        state: θt (not modified); masks: scalar LBW entries U_t ∩ H_t per key.
+        size: perturbation per entry (same units as the weights).
+        draws: sign draws of the LBW perturbation (the controls give one record per mask given).
+        controls: {name: [mask, ...]} the control groups, each mask with as many entries as ``masks``.
+        base: θt's scores on ``xy`` (computed when None).
+
+    Returns:
+        One record per (condition, draw), method ``"perturb"``, ``condition`` in ``"lbw"`` and the
+        control names; metrics ``acc``, ``loss``, ``drop`` = acc(θt) − acc, ``dloss`` = loss − loss(θt),
+        ``n_entries``, ``size``.
+
+    Raises:
+        ValueError: a control mask holds another number of entries than ``masks``.
+    """
+    model = tb.classifier(dict(state), task)
+    base = dict(base) if base is not None else state_scores(model, state, xy)
+    n = _count(masks)
+    groups = [("lbw", d, masks) for d in range(draws)]
+    for name, ms in controls.items():
+        for d, m in enumerate(ms):
+            if _count(m) != n:
+                raise ValueError(f"perturbation_records: control {name!r} draw {d} has {_count(m)} entries, LBW has {n}")
+            groups.append((name, d, m))
+    recs = []
+    for cond, d, m in groups:
+        s = state_scores(model, causal.perturb(state, m, size=size, seed=seed * 1000 + d), xy)
+        recs.append(make_record("perturb", params=params, seed=seed, task=task, condition=cond, draw=d,
+                                metrics=dict(acc=s["acc"], loss=s["loss"], drop=base["acc"] - s["acc"],
+                                             dloss=s["loss"] - base["loss"], n_entries=n, size=size), **extra))
+    return recs
+
+
+def displacement(theta_t: Mapping[str, Tensor], merged: Mapping[str, Tensor], delta: Mapping[str, Tensor],
+                 masks: Mapping[str, Tensor]) -> dict[str, float]:
+    """How far a merge moved the masked entries of θt, against every other entry of the same keys (C3).
+
+    Returns:
+        ``moved_lbw`` / ``moved_other``: mean |θ_merged − θt| over masked / unmasked entries;
+        ``moved_ratio`` = moved_lbw / moved_other; ``rel_moved_lbw`` / ``rel_moved_other``: the same
+        mean displacement divided by the mean |Δt| of the group (how many "own updates" the merge
+        moved an entry); NaN where a group is empty.
+    """
+    keys = list(masks)
+    m = _flat(masks, keys).bool()
+    moved = (_flat(merged, keys) - _flat(theta_t, keys)).abs()
+    upd = _flat(delta, keys).abs()
+
+    def mean(v, sel):
+        return float(v[sel].mean()) if bool(sel.any()) else math.nan
+
+    out = dict(moved_lbw=mean(moved, m), moved_other=mean(moved, ~m))
+    out["moved_ratio"] = out["moved_lbw"] / out["moved_other"] if out["moved_other"] else math.nan
+    out["rel_moved_lbw"] = out["moved_lbw"] / mean(upd, m) if mean(upd, m) else math.nan
+    out["rel_moved_other"] = out["moved_other"] / mean(upd, ~m) if mean(upd, ~m) else math.nan
+    return out
+
+
+def _recovered(value: float, merged: float, finetuned: float) -> float:
+    """(value − merged) / (finetuned − merged): the share of the gap a restore closed (NaN if no gap)."""
+    gap = finetuned - merged
+    return (value - merged) / gap if abs(gap) > 1e-12 else math.nan
+
+
+def restore_records(tb, task: str, merged: Mapping[str, Tensor], theta_t: Mapping[str, Tensor],
+                    masks: Mapping[str, Tensor], *, xy: tuple[Tensor, Tensor],
+                    controls: Mapping[str, Sequence[Mapping[str, Tensor]]], seed: int,
+                    params: Mapping[str, Any], finetuned: Mapping[str, float] | None = None,
+                    moved: Mapping[str, float] | None = None, **extra) -> list[dict]:
+    """C3: write θt's values back into the merged model at the LBW entries (and at each control
+    set) and score task t.
+
+    Returns:
+        Records, method ``"restore"``, ``condition`` in ``"merged"`` (nothing restored), ``"lbw"``
+        and the control names (one per control mask, ``draw``). Metrics ``acc``, ``loss``,
+        ``n_entries``, ``gain_acc`` = acc − acc(merge), and ``recovered_acc`` / ``recovered_loss``: the share of the gap between
+        the merge and θt that the restore closed (1 = back to θt). ``moved`` (from
+        :func:`displacement`) is added to the ``"merged"`` record's metrics.
+    """
+    model = tb.classifier(dict(theta_t), task)
+    ft = dict(finetuned) if finetuned is not None else state_scores(model, theta_t, xy)
+    mg = state_scores(model, merged, xy)
+    n = _count(masks)
+    recs = [make_record("restore", params=params, seed=seed, task=task, condition="merged", draw=0,
+                        metrics=dict(acc=mg["acc"], loss=mg["loss"], n_entries=0, gain_acc=0.0, recovered_acc=0.0,
+                                     recovered_loss=0.0, acc_ft=ft["acc"], loss_ft=ft["loss"], **(moved or {})),
+                        **extra)]
+    groups = [("lbw", 0, masks)] + [(name, d, m) for name, ms in controls.items() for d, m in enumerate(ms)]
+    for cond, d, m in groups:
+        s = state_scores(model, causal.restore(merged, theta_t, m), xy)
+        recs.append(make_record("restore", params=params, seed=seed, task=task, condition=cond, draw=d,
+                                metrics=dict(acc=s["acc"], loss=s["loss"], n_entries=_count(m),
+                                             gain_acc=s["acc"] - mg["acc"], recovered_acc=_recovered(s["acc"], mg["acc"], ft["acc"]),
+                                             recovered_loss=_recovered(-s["loss"], -mg["loss"], -ft["loss"])),
+                                **extra))
+    return recs
+
+
+# --- figures --------------------------------------------------------------------------------
+
+CONDITION_LABELS = {"lbw": "scalar LBW (U∩H)", "random": "random entries", "sensitive": "high-Fisher, updated (H∖U)",
+                    "merged": "merge, nothing restored"}
+
+
+def plot_task_enrichment(frame, *, ax) -> None:
+    """Global E_t per task: a bar at the mean over seeds, one black dot per seed, a line at E = 1."""
+    import numpy as np
+
+    g = frame[(frame["method"] == "enrichment") & (frame["scope"] == "global")]
+    tasks = list(dict.fromkeys(g["task"]))
+    ax.bar(np.arange(len(tasks)), [g[g["task"] == t]["metrics.E"].mean() for t in tasks], color="C0", width=0.7)
+    for i, t in enumerate(tasks):
+        v = g[g["task"] == t]["metrics.E"]
+        ax.scatter([i] * len(v), v, color="black", s=8, zorder=3)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=30, ha="right")
+    ax.set_ylabel(r"enrichment $E_t$")
+
+
+def plot_layer_enrichment(frame, *, ax, kinds: Sequence[str] = ("conv", "pointwise")):
+    """Per-layer log2 E (mean over seeds) as a task × layer heatmap, layers in network order;
+    only weight tensors of ``kinds``. Returns the image (for a colour bar)."""
+    import numpy as np
+
+    f = frame[(frame["method"] == "enrichment") & (frame["scope"] == "layer") & frame["kind"].isin(list(kinds))]
+    tab = f.pivot_table(index="task", columns="layer", values="metrics.E", aggfunc="mean", sort=False)
+    tab = tab[sorted(tab.columns)]
+    val = np.log2(tab.to_numpy(dtype=float).clip(min=2 ** -4))
+    lim = max(1.0, float(np.nanmax(np.abs(val))) if val.size else 1.0)
+    im = ax.imshow(val, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    ax.set_yticks(np.arange(len(tab.index)), list(tab.index))
+    kind_of = f.drop_duplicates("layer").set_index("layer")["kind"]
+    ticks = [i for i, c in enumerate(tab.columns) if kind_of[c] == "pointwise"]
+    ax.set_xticks(ticks, [""] * len(ticks))
+    ax.set_xlabel("weight tensors in network order (ticks: pointwise / matrix layers)")
+    return im
+
+
+def plot_conditions(frame, method: str, metric: str, *, ax, conditions: Sequence[str], scale: float = 100.0) -> None:
+    """Grouped bars per task and condition of ``metrics.<metric>`` × ``scale`` (mean over seeds and
+    draws), with one dot per (seed, draw)."""
+    import numpy as np
+
+    f = frame[(frame["method"] == method) & frame["condition"].isin(list(conditions))]
+    tasks = list(dict.fromkeys(f["task"]))
+    width = 0.8 / len(conditions)
+    for j, c in enumerate(conditions):
+        xs = np.arange(len(tasks)) + (j - (len(conditions) - 1) / 2) * width
+        sel = [f[(f["task"] == t) & (f["condition"] == c)][f"metrics.{metric}"] * scale for t in tasks]
+        ax.bar(xs, [v.mean() for v in sel], width=0.95 * width, label=CONDITION_LABELS.get(c, c), color=f"C{j}")
+        for x, v in zip(xs, sel):
+            ax.scatter([x] * len(v), v, color="black", s=5, zorder=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=30, ha="right")
+    ax.legend(loc="upper right")
+
+
+# --- verdicts -------------------------------------------------------------------------------
+
+
+def task_means(frame, method: str, metric: str, *, condition: str | None = None, scope: str | None = None):
+    """Mean of ``metrics.<metric>`` per task (over seeds and draws), in first-appearance order."""
+    f = frame[frame["method"] == method]
+    if condition is not None:
+        f = f[f["condition"] == condition]
+    if scope is not None:
+        f = f[f["scope"] == scope]
+    return f.groupby("task", sort=False)[f"metrics.{metric}"].mean()
+
+
+def _status(n_ok: int, n: int) -> str:
+    if n and n_ok == n:
+        return "reproduced"
+    return "partly reproduced" if n_ok else "not reproduced"
+
+
+def c1_verdict(frame) -> dict:
+    """C1: E_t > 1 for every task. Reproduced when every (task, seed) global E exceeds 1; partly
+    when some do. Evidence: counts, per-task means, and the share of layers with E > 1."""
+    g = frame[(frame["method"] == "enrichment") & (frame["scope"] == "global")]
+    ok = int((g["metrics.E"] > 1).sum())
+    per_task = task_means(frame, "enrichment", "E", scope="global")
+    lay = frame[(frame["method"] == "enrichment") & (frame["scope"] == "layer")]["metrics.E"].dropna()
+    txt = ", ".join(f"{t} {v:.2f}" for t, v in per_task.items())
+    size = ""
+    if "metrics.n_params" in g and "metrics.n_both" in g:
+        size = (f" (over {int(g['metrics.n_params'].iloc[0]):,} entries; |U_t ∩ H_t| = "
+                f"{int(g['metrics.n_both'].mean()):,} on average)")
+    return dict(status=_status(ok, len(g)),
+                evidence=f"global E_t > 1 in {ok}/{len(g)} (task, seed) pairs{size}; mean E_t per task: {txt}; "
+                         f"per layer, E > 1 in {100 * float((lay > 1).mean()):.0f} % of {len(lay)} (layer, task, seed) cases.")
+
+
+def c2_verdict(frame, *, factor: float = 2.0, min_drop: float = 0.005, control: str = "random") -> dict:
+    """C2: perturbing the LBW entries drops task t's accuracy far more than perturbing as many
+    random entries. Per task (mean over seeds and draws): the LBW drop must exceed ``min_drop`` and
+    ``factor`` × the control's drop. Reproduced when every task passes, partly when some do.
+    Other control groups in the frame are reported in the evidence."""
+    lbw = task_means(frame, "perturb", "drop", condition="lbw")
+    ctl = task_means(frame, "perturb", "drop", condition=control)
+    ok = [t for t in lbw.index if lbw[t] > min_drop and lbw[t] > factor * max(ctl[t], 0.0)]
+    f = frame[frame["method"] == "perturb"]
+    means = f.groupby("condition", sort=False)["metrics.drop"].mean()
+    size = f["metrics.size"].mean()
+    other = "; ".join(f"{c}: {100 * v:.2f}" for c, v in means.items())
+    return dict(status=_status(len(ok), len(lbw)),
+                evidence=f"LBW drop > {factor:g}× the {control} drop and > {100 * min_drop:g} pts in {len(ok)}/{len(lbw)} "
+                         f"tasks; mean accuracy drop (points) by condition — {other}; perturbation size {size:.2e} "
+                         f"per entry, {int(f['metrics.n_entries'].mean())} entries on average.")
+
+
+def c3_verdict(frame, *, min_recovered: float = 0.05, control: str = "random") -> dict:
+    """C3: the merge moves the LBW entries (more than their own fine-tuning update) and restoring
+    θt's values there recovers a measurable part of task t's loss. Per task (mean over seeds): the
+    LBW restore must close at least ``min_recovered`` of the loss gap and more than restoring as many
+    ``control`` entries. Reproduced when every task passes and the merge moved the LBW entries by
+    more than their update everywhere; partly when some tasks pass."""
+    rec_l = task_means(frame, "restore", "recovered_loss", condition="lbw")
+    rec_c = task_means(frame, "restore", "recovered_loss", condition=control)
+    rel = task_means(frame, "restore", "rel_moved_lbw", condition="merged")
+    ratio = task_means(frame, "restore", "moved_ratio", condition="merged")
+    gain = task_means(frame, "restore", "gain_acc", condition="lbw")
+    gain_c = task_means(frame, "restore", "gain_acc", condition=control)
+    ok = [t for t in rec_l.index if rec_l[t] >= min_recovered and rec_l[t] > rec_c.get(t, math.nan)]
+    moved = bool((rel > 1).all())
+    status = _status(len(ok), len(rec_l))
+    if status == "reproduced" and not moved:
+        status = "partly reproduced"
+    rel_txt = f"{rel.mean():.1f}×" if rel.notna().any() else "an undefined multiple (their update is 0) of"
+    return dict(status=status,
+                evidence=f"the merge moved LBW entries by {rel_txt} their own update on average "
+                         f"({ratio.mean():.2f}× the displacement of other entries); restoring them closes "
+                         f"≥ {100 * min_recovered:g} % of the loss gap and more than {control} restores in "
+                         f"{len(ok)}/{len(rec_l)} tasks; mean share of the gap closed — loss: LBW {100 * rec_l.mean():.1f} %, "
+                         f"{control} {100 * rec_c.mean():.1f} %; accuracy gained (points): LBW {100 * gain.mean():+.2f}, "
+                         f"{control} {100 * gain_c.mean():+.2f}.")

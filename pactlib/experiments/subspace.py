@@ -1,0 +1,303 @@
+"""The subspace view of load-bearing walls (book chapter 4: P1–P3; claim C4).
+
+- :func:`subspaces_by_layer`: the pre-trained core V0,K (P1), every task's active subspace Vt,k
+  (P2) and LBW subspace Vt,LBW (P3) for each matrix layer, in network order;
+- :func:`dimension_records`: K, k, LBW rank and the survival values σ per (layer, task);
+- :func:`ablation_bases`: the subspace removed from every layer of θt under one condition: the
+  LBW itself, a random control of the same dimension (in R^n, or in the orthogonal complement
+  of Vt,k), or a random subspace of R^n that removes as much weight energy as the LBW;
+- :func:`removed_energy`: the share of the weights' energy an ablation removes, ‖W V‖²/‖W‖²;
+- :func:`ablation_records`: C4's measurements for one task (accuracy drop and removed energy
+  per condition and draw);
+- :func:`plot_dimensions`, :func:`plot_drops`, :func:`plot_energy`, :func:`drop_table`,
+  :func:`condition_summary`, :func:`c4_verdict`.
+
+Ablation is W → W − W V Vᵀ on the matrix view (``causal.ablate_subspaces``). Every function
+returns new objects; state dicts and task vectors are never modified.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .. import causal
+from ..matrix import DEFAULT_RULE, MatrixRule
+from ..pact import LayerSubspaces, PactOptions, layer_subspaces
+from ..records import make_record
+from .depth import network_order
+
+__all__ = ["CONDITIONS", "LABELS", "subspaces_by_layer", "dimension_records", "ablation_bases", "removed_energy",
+           "ablation_records", "plot_dimensions", "plot_drops", "plot_energy", "drop_table", "condition_summary",
+           "c4_verdict"]
+
+#: Ablation conditions of C4: the LBW and its three random controls of the same dimension.
+CONDITIONS = ("lbw", "random", "complement", "energy")
+LABELS = {"lbw": r"$V_{t,\mathrm{LBW}}$", "random": r"random in $\mathbb{R}^n$",
+          "complement": r"random $\perp V_{t,k}$", "energy": r"random in $\mathbb{R}^n$, energy-matched"}
+
+
+def subspaces_by_layer(pretrained: Mapping[str, Tensor], task_vectors: Sequence[Mapping[str, Tensor]], *,
+                       options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE,
+                       keys: Sequence[str] | None = None) -> dict[str, LayerSubspaces]:
+    """P1–P3 for every matrix layer: {key: LayerSubspaces}, keys in network order.
+
+    Args:
+        pretrained: θ0 (its matrix layers give the cores V0,K).
+        task_vectors: Δ1..ΔT over θ0's floating keys.
+        options: ranks, τ and SVD choice (``PactOptions``; ``layers`` is ignored).
+        keys: the layers (default: every matrix layer of θ0).
+
+    Raises:
+        KeyError: a key missing from θ0 or a task vector. ValueError: no task vectors.
+    """
+    if not task_vectors:
+        raise ValueError("subspaces_by_layer: no task vectors")
+    keys = network_order(keys if keys is not None else rule.matrix_keys(pretrained))
+    out = {}
+    for key in keys:
+        missing = [i for i, tv in enumerate(task_vectors) if key not in tv]
+        if key not in pretrained or missing:
+            raise KeyError(f"subspaces_by_layer: layer {key!r} missing from θ0 or task vector(s) {missing}")
+        W0 = rule.view(key, pretrained[key]).float()  # (m, n)
+        out[key] = layer_subspaces(W0, [rule.view(key, tv[key]).float() for tv in task_vectors], options)
+    return out
+
+
+def dimension_records(pretrained: Mapping[str, Tensor], subspaces: Mapping[str, LayerSubspaces], tasks: Sequence[str], *,
+                      tol: float, params: Mapping, seed: int, rule: MatrixRule = DEFAULT_RULE, **extra) -> list[dict]:
+    """One ``dimensions`` record per (layer, task): ``m``, ``n``, ``K``, ``k``, ``lbw_rank``, the
+    survival values σ of the core outside Vt,k (``sigma_mean``, ``sigma_min``, ``survive`` = share
+    of σ ≥ ``tol``) and ``core_energy`` = ‖W0 V0,K‖²/‖W0‖² (P1–P3). ``depth`` is the position of
+    the layer in ``subspaces`` (network order)."""
+    out = []
+    for depth, (key, s) in enumerate(subspaces.items()):
+        W0 = rule.view(key, pretrained[key]).float()  # (m, n)
+        core_energy = float((W0 @ s.core.float()).pow(2).sum() / W0.pow(2).sum())
+        for t, task in enumerate(tasks):
+            sig = s.lbw[t].sigma.float()
+            K = s.core.shape[1]
+            out.append(make_record("dimensions", params=params, seed=seed, key=key, depth=depth, task=task, metrics=dict(
+                m=W0.shape[0], n=W0.shape[1], K=K, k=s.active[t].shape[1], lbw_rank=s.lbw[t].basis.shape[1],
+                sigma_mean=float(sig.mean()) if len(sig) else None, sigma_min=float(sig.min()) if len(sig) else None,
+                survive=float((sig >= tol).float().mean()) if len(sig) else None, core_energy=core_energy), **extra))
+    return out
+
+
+def _layer_seed(seed: int, draw: int, depth: int) -> int:
+    """A distinct, reproducible seed per (run seed, draw, layer)."""
+    return (seed * 7919 + draw) * 1009 + depth
+
+
+def ablation_bases(subspaces: Mapping[str, LayerSubspaces], t: int, condition: str, *, seed: int = 0,
+                   draw: int = 0, state: Mapping[str, Tensor] | None = None,
+                   rule: MatrixRule = DEFAULT_RULE) -> dict[str, Tensor]:
+    """{key: V (n, r')} removed from every layer of θt under ``condition`` (C4); r = rank of Vt,LBW:
+
+    - ``"lbw"``: Vt,LBW itself (r' = r);
+    - ``"random"``: a random r-dimensional subspace of R^n;
+    - ``"complement"``: a random r-dimensional subspace of the orthogonal complement of Vt,k;
+    - ``"energy"``: a random subspace of R^n matched in *energy* instead of dimension: with
+      e = ‖W Vt,LBW‖²_F / ‖W‖²_F the share of the layer's energy the LBW holds (W = the layer of
+      ``state``, i.e. θt), r' = round(e·n), clipped to [0, n − 1]. A random r'-dimensional subspace
+      removes r'/n of any W's energy in expectation, so this control removes as much energy as
+      the LBW, spread over random directions. (Vt,LBW is built from the pre-trained core, the
+      directions where W0 is largest, so it removes far more energy than r random directions.)
+
+    Random bases are seeded by (``seed``, ``draw``, layer position): reproducible and different
+    per layer and draw.
+
+    Raises:
+        ValueError: unknown condition (lists the known ones), or ``"energy"`` without ``state``.
+    """
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown ablation condition {condition!r}; use one of {CONDITIONS}")
+    if condition == "energy" and state is None:
+        raise ValueError("ablation_bases: the 'energy' condition needs the state dict θt (state=...)")
+    out = {}
+    for depth, (key, s) in enumerate(subspaces.items()):
+        lbw = s.lbw[t].basis
+        n, r = lbw.shape
+        sd = _layer_seed(seed, draw, depth)
+        if condition == "lbw" or r == 0:
+            out[key] = lbw
+        elif condition == "random":
+            out[key] = causal.random_basis(n, r, seed=sd)
+        elif condition == "complement":
+            out[key] = causal.random_basis(n, r, seed=sd, within=s.active[t])
+        else:
+            share = removed_energy({key: state[key]}, {key: lbw}, rule=rule)["pooled"]
+            out[key] = causal.random_basis(n, min(n - 1, max(0, round(share * n))), seed=sd)
+    return out
+
+
+def removed_energy(state: Mapping[str, Tensor], bases: Mapping[str, Tensor], *,
+                   rule: MatrixRule = DEFAULT_RULE) -> dict[str, float]:
+    """Share of the weights' energy that removing ``bases`` takes away, ‖W V‖²_F / ‖W‖²_F:
+    ``pooled`` over all the layers (dominated by the large ones) and ``layer_mean`` (the mean of
+    the per-layer shares). NaN for no layers."""
+    num = den = 0.0
+    shares = []
+    for key, V in bases.items():
+        W = rule.view(key, state[key]).float()  # (m, n)
+        a, b = float((W @ V.float()).pow(2).sum()), float(W.pow(2).sum())
+        num, den = num + a, den + b
+        shares.append(a / b if b > 0 else 0.0)
+    return {"pooled": num / den if den > 0 else float("nan"),
+            "layer_mean": float(np.mean(shares)) if shares else float("nan")}
+
+
+def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, draws: int, seed: int,
+                     params: Mapping, conditions: Sequence[str] = CONDITIONS, rule: MatrixRule = DEFAULT_RULE,
+                     **extra) -> list[dict]:
+    """C4 for one task: ablate each condition's subspaces from every layer of θt and measure the
+    task's test accuracy.
+
+    Args:
+        tb: a testbed (:class:`pactlib.study.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
+            ``evaluate(state, split, tasks)``); θt is ``tb.finetuned[task]`` (not modified) and
+            the baseline ``tb.ft_test[task]``, on the same test examples.
+        task: the task t.
+        subspaces: from :func:`subspaces_by_layer` over ``tb``'s task vectors (in ``tb.tasks`` order).
+        draws: random draws per random condition (the LBW is deterministic: one).
+
+    Returns:
+        ``ablate`` records, one per (condition, draw): metrics ``acc``, ``drop`` (baseline − acc),
+        ``energy`` (pooled removed energy), ``energy_layer_mean``, ``dims`` (ablated dimensions
+        over all layers) and ``overlap`` = Σ_l ‖Vt,LBWᵀ V‖²_F / dims, the mean squared cosine of the
+        principal angles between the ablated subspace and the LBW (1 for the LBW itself, r/n
+        expected for a random one); fields ``task``, ``condition``, ``draw`` and ``extra``.
+
+    Raises:
+        KeyError: ``task`` not in the testbed.
+    """
+    if task not in tb.tasks:
+        raise KeyError(f"ablation_records: task {task!r} not in the testbed's tasks {list(tb.tasks)}")
+    t, state, baseline = list(tb.tasks).index(task), tb.finetuned[task], tb.ft_test[task]
+    out = []
+    for cond in conditions:
+        for draw in range(1 if cond == "lbw" else draws):
+            bases = ablation_bases(subspaces, t, cond, seed=seed, draw=draw, state=state, rule=rule)
+            acc = tb.evaluate(causal.ablate_subspaces(state, bases, rule=rule), "test", [task])[task]
+            e = removed_energy(state, bases, rule=rule)
+            dims = sum(int(V.shape[1]) for V in bases.values())
+            overlap = sum(float((subspaces[k].lbw[t].basis.float().mT @ V.float()).pow(2).sum()) for k, V in bases.items())
+            out.append(make_record("ablate", params=params, seed=seed, task=task, condition=cond, draw=draw,
+                                   metrics=dict(acc=acc, drop=baseline - acc, energy=e["pooled"],
+                                                energy_layer_mean=e["layer_mean"], dims=dims,
+                                                overlap=overlap / dims if dims else None), **extra))
+    return out
+
+
+def plot_dimensions(frame: pd.DataFrame, *, axes) -> None:
+    """Left: n, K, mean k and mean LBW rank (band: smallest to largest task) per layer, log scale.
+    Right: mean survival value σ of the core directions and the share of the core kept (σ ≥ τ)."""
+    f = frame[frame["method"] == "dimensions"]
+    g = f.groupby("depth")
+    x = g.size().index
+    ax = axes[0]
+    ax.plot(x, g["metrics.n"].first(), color="grey", lw=1, label="input dim n")
+    ax.plot(x, g["metrics.K"].first(), marker="s", ms=3, label="core K")
+    ax.plot(x, g["metrics.k"].mean(), marker="^", ms=3, label="active k (mean)")
+    line, = ax.plot(x, g["metrics.lbw_rank"].mean(), marker="o", ms=3, label="LBW rank (mean)")
+    ax.fill_between(x, g["metrics.lbw_rank"].min(), g["metrics.lbw_rank"].max(), color=line.get_color(), alpha=0.2, lw=0)
+    ax.set(yscale="log", xlabel="matrix layer (input → output)", ylabel="dimension")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    ax.plot(x, g["metrics.sigma_mean"].mean(), marker="o", ms=3, label=r"mean survival $\sigma$")
+    ax.plot(x, g["metrics.survive"].mean(), marker="s", ms=3, label=r"share of core kept ($\sigma\geq\tau$)")
+    ax.plot(x, g["metrics.core_energy"].first(), ls="--", lw=1, label=r"energy of $W_0$ in the core")
+    ax.set(ylim=(0, 1.05), xlabel="matrix layer (input → output)", ylabel="fraction")
+    ax.legend(fontsize=7)
+
+
+def drop_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean accuracy drop (points) and pooled removed energy (%) per task and condition (means
+    over seeds and draws)."""
+    f = frame[frame["method"] == "ablate"]
+    g = f.groupby(["task", "condition"], sort=False)[["metrics.drop", "metrics.energy"]].mean() * 100
+    t = g.unstack("condition")
+    t.columns = [f"{'drop' if m == 'metrics.drop' else 'energy %'} · {c}" for m, c in t.columns]
+    cols = [f"{m} · {c}" for m in ("drop", "energy %") for c in CONDITIONS if f"{m} · {c}" in t.columns]
+    return t[cols]
+
+
+def condition_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per condition: mean accuracy drop (points), removed energy pooled and per-layer mean
+    (%), overlap with the LBW (%) and ablated dimensions; means over tasks, seeds and draws."""
+    f = frame[frame["method"] == "ablate"]
+    cols = {"metrics.drop": "drop (points)", "metrics.energy": "energy % (pooled)",
+            "metrics.energy_layer_mean": "energy % (layer mean)", "metrics.overlap": "overlap with LBW %",
+            "metrics.dims": "dimensions"}
+    g = f.groupby("condition")[[c for c in cols if c in f]].mean()
+    g[[c for c in g.columns if c != "metrics.dims"]] *= 100
+    return g.reindex([c for c in CONDITIONS if c in g.index]).rename(columns=cols, index=LABELS)
+
+
+def plot_drops(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIONS) -> None:
+    """Grouped bars: mean accuracy drop (points) per task and condition; dots: seeds and draws."""
+    f = frame[frame["method"] == "ablate"]
+    tasks = list(dict.fromkeys(f["task"]))
+    width = 0.8 / len(conditions)
+    for j, c in enumerate(conditions):
+        xs = np.arange(len(tasks)) + (j - (len(conditions) - 1) / 2) * width
+        sel = f[f["condition"] == c]
+        ax.bar(xs, [100 * sel[sel["task"] == t]["metrics.drop"].mean() for t in tasks], width=0.95 * width,
+               label=LABELS[c])
+        for x, t in zip(xs, tasks):
+            pts = 100 * sel[sel["task"] == t]["metrics.drop"]
+            ax.scatter([x] * len(pts), pts, color="black", s=5, zorder=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=30, ha="right")
+    ax.set_ylabel("accuracy drop of task t (points)")
+    ax.legend(fontsize=7, ncol=2)
+
+
+def plot_energy(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIONS) -> None:
+    """Accuracy drop (points) against the pooled weight energy removed (%), one point per
+    ablation, coloured by condition."""
+    f = frame[frame["method"] == "ablate"]
+    for c in conditions:
+        sel = f[f["condition"] == c]
+        ax.scatter(100 * sel["metrics.energy"], 100 * sel["metrics.drop"], s=12, label=LABELS[c])
+    ax.set(xscale="log", xlabel="weight energy removed (%, log scale)", ylabel="accuracy drop (points)")
+    ax.legend(fontsize=7)
+
+
+def _per_task(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (seed, task): the LBW drop and, per random condition, the mean and the largest drop."""
+    f = frame[frame["method"] == "ablate"]
+    g = f.groupby(["seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
+    return g
+
+
+def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
+    """C4 from ``ablate`` records: for each (seed, task), removing Vt,LBW must drop accuracy by more
+    than every draw of each control in ``controls`` plus ``margin`` (accuracy, 0.02 = 2 points).
+
+    Reproduced when every (seed, task) passes against every control, partly when some do. The
+    evidence also compares with the energy-matched control (``energy``) when it was run.
+    """
+    g = _per_task(frame)
+    lbw = g[("mean", "lbw")]
+    ok = pd.Series(True, index=g.index)
+    parts = [f"mean drop: LBW {100 * lbw.mean():.1f}"]
+    for c in controls:
+        ok &= lbw > g[("max", c)] + margin
+        parts.append(f"{c} {100 * g[('mean', c)].mean():.1f}")
+    n_ok, n = int(ok.sum()), len(ok)
+    status = "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok else "not reproduced")
+    f = frame[frame["method"] == "ablate"]
+    energy = f.groupby("condition")["metrics.energy"].mean() * 100
+    text = (f"removing Vt,LBW drops accuracy by more than every random draw + {100 * margin:.0f} points in "
+            f"{n_ok}/{n} (seed, task) pairs; " + ", ".join(parts) + " points; weight energy removed: "
+            + ", ".join(f"{c} {energy[c]:.1f} %" for c in CONDITIONS if c in energy) + ".")
+    if ("mean", "energy") in g.columns:
+        beats = int((lbw > g[("max", "energy")] + margin).sum())
+        text += (f" Against random subspaces that remove as much weight energy as the LBW, the LBW drop is "
+                 f"larger by more than the margin in {beats}/{n} pairs "
+                 f"({100 * (lbw - g[('mean', 'energy')]).mean():+.1f} points on average).")
+    return dict(status=status, evidence=text)

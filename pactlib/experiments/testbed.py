@@ -1,0 +1,279 @@
+"""Describing the built-in testbed (book chapter 2, "The testbed").
+
+Tasks (from :data:`pactlib.data.TASKS` and the data cache's manifest), sample images, the
+backbone's matrix layers, the zoo's recipe, and the zero-shot / fine-tuned accuracy of every
+zoo run, read from the zoo's own records (:func:`pactlib.zoo.load_records`). Nothing here
+trains or evaluates a model: the numbers were measured when the zoo was built.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..matrix import DEFAULT_RULE, MatrixRule
+
+__all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
+           "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics"]
+
+KIND_LABEL = {"zero-shot": "zero-shot (θ0 + head)", "full": "full fine-tune", "lora": "LoRA fine-tune"}
+
+
+def _smallest_suite(task: str) -> str:
+    from ..data import SUITES
+
+    hits = [s for s, tasks in SUITES.items() if task in tasks]
+    return min(hits, key=int) if hits else "—"
+
+
+def task_table(tasks: Sequence[str], *, seed: int = 0, cache_dir=None) -> pd.DataFrame:
+    """One row per task: first suite, classes, source, derived flag, licence, provenance and
+    the number of train / val / test images of the cached split ``seed``.
+
+    Counts come from the data cache's ``manifest.json`` (NaN where the task is not cached).
+
+    Raises:
+        KeyError: an unknown task (lists the known ones).
+    """
+    from ..data import TASKS, cache_root
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise KeyError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    path = cache_root(cache_dir) / "manifest.json"
+    files = json.loads(path.read_text()).get("files", {}) if path.is_file() else {}
+    rows = []
+    for t in tasks:
+        spec, counts = TASKS[t], files.get(f"{t}-seed{seed}.pt", {}).get("counts", {})
+        rows.append({"task": t, "suite": _smallest_suite(t), "classes": len(spec.classes),
+                     "derived": "yes" if spec.derived else "no", "source": spec.source,
+                     "train": counts.get("train", math.nan), "val": counts.get("val", math.nan),
+                     "test": counts.get("test", math.nan), "license": spec.license,
+                     "provenance": spec.provenance})
+    return pd.DataFrame(rows).set_index("task")
+
+
+def sample_montage(samples: Mapping[str, Tensor], *, per_task: int, pad: int = 2) -> tuple[np.ndarray, list[float]]:
+    """One image of ``per_task`` samples per row and one row per task.
+
+    Args:
+        samples: ``{task: uint8 images (N, 3, H, W)}``, all of the same H, W; a task with fewer
+            than ``per_task`` images leaves its last cells white.
+        per_task: images per row. pad: white pixels between images.
+
+    Returns:
+        (uint8 (rows·(H+pad)+pad, per_task·(W+pad)+pad, 3) montage, y pixel centre of each row).
+
+    Raises:
+        ValueError: no samples, ``per_task`` < 1, or images of different sizes.
+    """
+    if not samples or per_task < 1:
+        raise ValueError(f"sample_montage: need samples and per_task >= 1 (got {len(samples)} tasks, {per_task})")
+    sizes = {tuple(x.shape[-2:]) for x in samples.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"sample_montage: images of different sizes {sorted(sizes)}")
+    h, w = sizes.pop()
+    out = np.full((len(samples) * (h + pad) + pad, per_task * (w + pad) + pad, 3), 255, dtype=np.uint8)
+    centres = []
+    for r, x in enumerate(samples.values()):
+        y0 = pad + r * (h + pad)
+        centres.append(y0 + h / 2)
+        for c, img in enumerate(x[:per_task]):
+            x0 = pad + c * (w + pad)
+            out[y0:y0 + h, x0:x0 + w] = img.permute(1, 2, 0).numpy()  # (3, H, W) -> (H, W, 3)
+    return out, centres
+
+
+def layer_table(state_dict: Mapping[str, Tensor], *, rule: MatrixRule = DEFAULT_RULE) -> pd.DataFrame:
+    """The matrix layers of a state dict in the dict's order: key, block, role, (m, n), parameters.
+
+    Pass :func:`pactlib.models.efficientnet.backbone_state_dict` for network order: a dict read
+    from a ``.safetensors`` file (such as the zoo's θ0) has its keys sorted by name, which puts
+    ``_blocks.10`` before ``_blocks.2``.
+
+    ``block`` is the ``_blocks.<i>`` index (``head`` for the final 1x1 convolution), ``role``
+    the layer's name inside it (``_expand_conv``, ``_project_conv``, ``_conv_head``).
+    """
+    rows = []
+    for i, key in enumerate(rule.matrix_keys(state_dict)):
+        m, n = rule.view(key, state_dict[key]).shape
+        parts = key.split(".")
+        block = parts[1] if parts[0] == "_blocks" else "head"
+        rows.append({"layer": i, "key": key, "block": block, "role": parts[-2], "m (out)": m, "n (in)": n,
+                     "params": m * n})
+    return pd.DataFrame(rows).set_index("layer")
+
+
+def backbone_summary(state_dict: Mapping[str, Tensor], *, rule: MatrixRule = DEFAULT_RULE) -> pd.DataFrame:
+    """Entries and values of a state dict by matrix-rule kind (matrix / other / buffer), with
+    the floating running statistics of BatchNorm counted apart from the other "other" entries.
+
+    Returns:
+        rows per kind; ``entries`` and ``values`` as text with thousands separators,
+        ``share of values`` as a fraction in [0, 1].
+    """
+    rows: dict[str, dict[str, int]] = {}
+    for key, t in state_dict.items():
+        kind = rule.kind(key, t)
+        if kind == "other" and key.endswith(("running_mean", "running_var")):
+            kind = "other: BatchNorm running statistics"
+        elif kind == "other":
+            kind = "other: trained (biases, BN affine, k×k convs)"
+        r = rows.setdefault(kind, {"entries": 0, "values": 0})
+        r["entries"] += 1
+        r["values"] += t.numel()
+    out = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    out["share of values"] = out["values"] / out["values"].sum()
+    out["entries"] = out["entries"].map("{:,}".format)  # counts as text: the table formats only the share
+    out["values"] = out["values"].map("{:,}".format)
+    return out
+
+
+def recipe_table(records: Iterable[Mapping], *, default=None, label: str = "default") -> pd.DataFrame:
+    """The recipe the runs were made with: one row per recipe field, one column per kind
+    ("full", "lora") with the value used (several values joined by " / " when runs differ), and
+    a column ``label`` with the values of ``default`` (a :class:`pactlib.zoo.Recipe`, by default
+    the class defaults) for comparison. Fields a run's record does not carry show "—".
+    """
+    from dataclasses import asdict
+
+    from ..zoo import Recipe
+
+    default = asdict(default if default is not None else Recipe())
+    used: dict[str, dict[str, set]] = {}
+    for r in records:
+        if r.get("kind") not in ("full", "lora"):
+            continue
+        for k, v in (r.get("recipe") or {}).items():
+            used.setdefault(k, {}).setdefault(r["kind"], set()).add(json.dumps(v))
+    rows = []
+    for k in default:
+        row = {"field": k, "default": str(default[k])}
+        for kind in ("full", "lora"):
+            vals = sorted(used.get(k, {}).get(kind, set()))
+            row[kind] = " / ".join(str(json.loads(v)) for v in vals) if vals else "—"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("field")[["full", "lora", "default"]].rename(columns={"default": label})
+
+
+def run_records(zoo_records: Iterable[Mapping], *, tasks: Sequence[str], seeds: Sequence[int],
+                params: Mapping | None = None) -> list[dict]:
+    """Result records (:func:`pactlib.records.make_record`) of the zoo's runs.
+
+    One ``"zero-shot"`` record per task (seed None: θ0 with the task's head) and one record per
+    fine-tuning run (method ``"full"`` or ``"lora"``) of ``tasks`` x ``seeds``, in task order.
+    Metrics: ``acc`` (test), ``acc_val``, ``train_seconds``, ``n_train``, ``final_loss``.
+    Runs missing from the zoo are simply absent.
+    """
+    from ..records import make_record
+
+    params = dict(params or {})
+    wanted, seeds = set(tasks), set(int(s) for s in seeds)
+    runs = [r for r in zoo_records if r.get("kind") in ("full", "lora") and r.get("task") in wanted
+            and int(r.get("seed", -1)) in seeds]
+    order = {t: i for i, t in enumerate(tasks)}
+    runs.sort(key=lambda r: (order[r["task"]], r["kind"], r["seed"]))
+    out, seen = [], set()
+    for r in runs:
+        if r["task"] not in seen:
+            seen.add(r["task"])
+            out.append(make_record("zero-shot", params=params, seed=None, task=r["task"], kind="zero-shot",
+                                   metrics={"acc": r["zero_shot"]["test"], "acc_val": r["zero_shot"]["val"]}))
+        out.append(make_record(r["kind"], params=params, seed=int(r["seed"]), task=r["task"], kind=r["kind"],
+                               metrics={"acc": r["finetuned"]["test"], "acc_val": r["finetuned"]["val"],
+                                        "train_seconds": r.get("train_seconds"), "n_train": r.get("n_train"),
+                                        "final_loss": r.get("final_loss")}))
+    return out
+
+
+def _ordered(frame: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(frame["task"]))
+
+
+def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per task: zero-shot and fine-tuned (full, LoRA) test accuracy in percent, ``mean ± std
+    (n)`` over seeds (``mean (1)`` for one seed, "—" when absent), from a frame of
+    :func:`run_records` records; last row: the mean over tasks of each column's means."""
+    tasks = _ordered(frame)
+    rows, means = [], {}
+    for t in tasks:
+        row = {"task": t}
+        for kind in ("zero-shot", "full", "lora"):
+            acc = 100 * frame[(frame["task"] == t) & (frame["method"] == kind)]["metrics.acc"]
+            label = KIND_LABEL[kind]
+            if acc.empty:
+                row[label] = "—"
+                continue
+            means.setdefault(label, []).append(acc.mean())
+            row[label] = f"{acc.mean():.1f}" if kind == "zero-shot" else (
+                f"{acc.mean():.1f} ± {acc.std(ddof=1):.1f} ({len(acc)})" if len(acc) > 1 else f"{acc.mean():.1f} (1)")
+        rows.append(row)
+    mean_row = {"task": "mean over tasks"}
+    for label in (KIND_LABEL[k] for k in ("zero-shot", "full", "lora")):
+        vals = means.get(label, [])
+        mean_row[label] = f"{np.mean(vals):.1f} ({len(vals)} tasks)" if vals else "—"
+    return pd.DataFrame(rows + [mean_row]).set_index("task")
+
+
+def timing_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Fine-tuning seconds per run by kind (runs, mean, min, max, total), from run records."""
+    f = frame[frame["method"].isin(["full", "lora"])]
+    g = f.groupby("method", sort=False)["metrics.train_seconds"]
+    out = pd.DataFrame({"runs": g.size(), "mean s": g.mean(), "min s": g.min(), "max s": g.max(), "total s": g.sum()})
+    out.index = [KIND_LABEL[k] for k in out.index]
+    return out
+
+
+def plot_accuracy(frame: pd.DataFrame, *, ax) -> None:
+    """Grouped bars per task: zero-shot, full and LoRA test accuracy (%), bars at the mean over
+    seeds, black ticks for the single seeds."""
+    tasks = _ordered(frame)
+    kinds = [k for k in ("zero-shot", "full", "lora") if (frame["method"] == k).any()]
+    width = 0.8 / len(kinds)
+    x = np.arange(len(tasks))
+    for j, kind in enumerate(kinds):
+        xs = x + (j - (len(kinds) - 1) / 2) * width
+        sel = frame[frame["method"] == kind]
+        means = [100 * sel[sel["task"] == t]["metrics.acc"].mean() for t in tasks]
+        ax.bar(xs, means, width=width * 0.95, label=KIND_LABEL[kind])
+        for xi, t in zip(xs, tasks):
+            pts = 100 * sel[sel["task"] == t]["metrics.acc"]
+            if len(pts) > 1:
+                ax.scatter([xi] * len(pts), pts, color="black", s=5, zorder=3)
+    ax.set_xticks(x, tasks, rotation=60, ha="right")
+    ax.set(ylabel="test accuracy (%)", ylim=(0, 100))
+    ax.legend(loc="lower left", fontsize=7, ncols=len(kinds))
+
+
+def frozen_statistics(pretrained: Mapping[str, Tensor], finetuned: Mapping[str, Mapping[str, Tensor]]) -> dict[str, float]:
+    """What full fine-tuning changed, by entry type: the largest |Δ| over BatchNorm running
+    statistics (zero when they stayed frozen), over BatchNorm affine parameters and over the
+    matrix layers, across all given fine-tuned checkpoints ``{task: θt}``.
+
+    Raises:
+        KeyError: a fine-tuned checkpoint lacks a key of θ0 (named).
+    """
+    out = {"bn_running_stats": 0.0, "bn_affine": 0.0, "matrix_layers": 0.0}
+    for task, sd in finetuned.items():
+        for key, w0 in pretrained.items():
+            if not torch.is_floating_point(w0):
+                continue
+            if key not in sd:
+                raise KeyError(f"fine-tuned checkpoint of {task!r} lacks key {key!r}")
+            d = float((sd[key].float() - w0.float()).abs().max()) if w0.numel() else 0.0
+            if key.endswith(("running_mean", "running_var")):
+                group = "bn_running_stats"
+            elif "_bn" in key:
+                group = "bn_affine"
+            elif DEFAULT_RULE.kind(key, w0) == "matrix":
+                group = "matrix_layers"
+            else:
+                continue
+            out[group] = max(out[group], d)
+    return out

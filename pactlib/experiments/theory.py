@@ -1,0 +1,254 @@
+"""The first-order theory of the PACT filter (book chapter 10, claim C12).
+
+PACT removes from each task's update the part inside its shield: Δ̃t = Δt − Δt P_t with
+P_t = S_t S_tᵀ (P4–P5). Seen from task t, the filter moves θt to θt − Δt P_t = θ0 + Δ̃t. To first
+order the task loss changes by −⟨∇L_t(θt), Δt P_t⟩; since P_t is an orthogonal projector,
+⟨G, Δ P⟩ = ⟨G P, Δ P⟩ and Cauchy–Schwarz bounds it, layer by layer, by ‖∇L_t P_t‖_F ‖Δt P_t‖_F.
+:func:`pactlib.causal.first_order_check` computes the prediction, the bound and the true change;
+this module supplies the task loss, the removed parts and the shields of one PACT run, breaks the
+two sides down per layer, follows the loss along θt − s·Δt P_t, and turns the records into the
+verdict on C12.
+
+A testbed is anything with ``classifier(state, task)`` (parameter names = state-dict keys with a
+``net.`` prefix), ``inputs(task, split, limit)``, ``tasks``, ``pretrained`` and ``finetuned``,
+e.g. :class:`pactlib.study.Testbed`. Inputs are never modified.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import causal
+from ..matrix import DEFAULT_RULE, MatrixRule
+from ..records import make_record
+from .scalar import state_scores
+
+__all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
+           "summary_table", "plot_sides", "plot_path", "plot_layers", "c12_verdict"]
+
+PREFIX = "net."
+
+
+def task_loss(tb, task: str, xy: tuple[Tensor, Tensor]) -> Callable[[Mapping[str, Tensor]], Tensor]:
+    """L_t: backbone state dict -> mean cross-entropy (nats) of backbone + task head on ``xy``.
+
+    The returned function is differentiable in the tensors it is given (``torch.func.functional_call``
+    on one classifier module built here); BatchNorm runs in eval mode, as in the zoo.
+
+    Args:
+        xy: preprocessed inputs (N, 3, R, R) and labels (N,), e.g. ``tb.inputs(task, "val", 256)``.
+    """
+    from torch.func import functional_call
+
+    x, y = xy
+    model = tb.classifier(dict(tb.finetuned[task]), task).eval()
+
+    def loss(state: Mapping[str, Tensor]) -> Tensor:
+        logits = functional_call(model, {PREFIX + k: v for k, v in state.items()}, (x,))  # (N, C)
+        return F.cross_entropy(logits, y)
+
+    return loss
+
+
+def removed_parts(delta: Mapping[str, Tensor], filtered: Mapping[str, Tensor],
+                  keys: Sequence[str]) -> dict[str, Tensor]:
+    """{key: Δt − Δ̃t} (stored shape, float32) for the filtered layers ``keys`` (= Δt P_t, P5).
+
+    Raises:
+        KeyError: a key missing from ``delta`` or ``filtered``.
+    """
+    out = {}
+    for k in keys:
+        if k not in delta or k not in filtered:
+            raise KeyError(f"removed_parts: layer {k!r} missing from the task vector or its filtered copy")
+        out[k] = delta[k].float() - filtered[k].float()
+    return out
+
+
+def shields_of(report, t: int) -> dict[str, Tensor]:
+    """{key: S_t (n, s)} of task index ``t`` from a ``pact_filter(..., keep=True)`` report.
+
+    Raises:
+        ValueError: the report kept no shields (run ``pact_filter`` with ``keep=True``).
+    """
+    if not report.shields:
+        raise ValueError("shields_of: the PACT report holds no shields; call pact_filter(..., keep=True)")
+    return {k: s[t] for k, s in report.shields.items()}
+
+
+def layer_terms(loss_fn: Callable[[Mapping[str, Tensor]], Tensor], theta: Mapping[str, Tensor],
+                removed: Mapping[str, Tensor], shields: Mapping[str, Tensor], delta: Mapping[str, Tensor], *,
+                rule: MatrixRule = DEFAULT_RULE) -> list[dict[str, float]]:
+    """Per filtered layer, the two sides of C12 and what they are made of.
+
+    For each key with G = ∇L_t(θt) and R = Δt P_t in matrix view (m, n), S = S_t (n, s):
+    ``predicted`` = −⟨G, R⟩, ``bound`` = ‖G S‖_F ‖R‖_F, ``grad_share`` = ‖G S‖_F / ‖G‖_F (how much of
+    the gradient lies in the shield), ``removed_energy`` = ‖R‖²_F / ‖Δt‖²_F. Their sums over layers
+    are :func:`pactlib.causal.first_order_check`'s ``predicted`` and ``bound``.
+    """
+    params = {k: v.detach().clone().requires_grad_(k in removed) for k, v in theta.items()}
+    grads = torch.autograd.grad(loss_fn(params), [params[k] for k in removed])
+    out = []
+    for (k, r), g in zip(removed.items(), grads):
+        G, R = rule.view(k, g).double(), rule.view(k, r).double()  # (m, n)
+        gs = float((G @ shields[k].to(G.dtype)).norm())
+        dn = float(delta[k].double().norm()) ** 2
+        out.append(dict(key=k, predicted=-float((G * R).sum()), bound=gs * float(R.norm()),
+                        grad_share=gs / float(G.norm()) if float(G.norm()) else math.nan,
+                        removed_energy=float(R.norm()) ** 2 / dn if dn else math.nan))
+    return out
+
+
+@torch.no_grad()
+def loss_path(loss_fn: Callable[[Mapping[str, Tensor]], Tensor], theta: Mapping[str, Tensor],
+              removed: Mapping[str, Tensor], fracs: Sequence[float]) -> list[float]:
+    """L_t(θt − s·Δt P_t) − L_t(θt) for each s in ``fracs`` (s = 1 is the full filter)."""
+    base = float(loss_fn(dict(theta)))
+    out = []
+    for s in fracs:
+        moved = {k: (v - s * removed[k].to(v.dtype) if k in removed else v) for k, v in theta.items()}
+        out.append(float(loss_fn(moved)) - base)
+    return out
+
+
+def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[str, Tensor], report, *,
+                   xy_loss: tuple[Tensor, Tensor], xy_test: tuple[Tensor, Tensor], fracs: Sequence[float],
+                   seed: int, params: Mapping[str, Any], **extra) -> list[dict]:
+    """C12 for task index ``t`` of one PACT run: records of the totals, the path and the layers.
+
+    Args:
+        tb: the testbed; ``tb.tasks[t]`` is the task, ``tb.finetuned[task]`` is θt.
+        delta, filtered: Δt and Δ̃t (key -> tensor) of that task.
+        report: the :class:`pactlib.pact.PactReport` of ``pact_filter(..., keep=True)``.
+        xy_loss: the validation batch on which L_t is measured; xy_test: test examples for accuracy.
+        fracs: fractions s of the removed part for the loss path.
+
+    Returns:
+        ``"first-order"`` (one): metrics ``predicted``, ``bound``, ``measured``, ``loss`` (L_t(θt)),
+        ``removed_energy`` (‖Δt P_t‖² / ‖Δt‖² over the filtered layers), ``acc_ft``, ``acc_filtered``
+        (θ0 + Δ̃t on ``xy_test``) and ``acc_change`` = acc_filtered − acc_ft; ``"path"`` (one per s):
+        ``frac``, ``measured``, ``predicted`` (s × the first-order term); ``"layer"`` (one per
+        filtered layer, ``layer`` = position): the terms of :func:`layer_terms`.
+    """
+    task = tb.tasks[t]
+    theta = tb.finetuned[task]
+    keys = list(report.shields)
+    removed = removed_parts(delta, filtered, keys)
+    shields = shields_of(report, t)
+    loss_fn = task_loss(tb, task, xy_loss)
+    fo = causal.first_order_check(loss_fn, theta, removed, shields)
+    rem = sum(float(r.double().norm()) ** 2 for r in removed.values())
+    tot = sum(float(delta[k].double().norm()) ** 2 for k in keys)
+    model = tb.classifier(dict(theta), task)
+    ft = state_scores(model, theta, xy_test)
+    filt = state_scores(model, {k: (v - removed[k].to(v.dtype) if k in removed else v) for k, v in theta.items()}, xy_test)
+    common = dict(params=params, seed=seed, task=task, **extra)
+    recs = [make_record("first-order", metrics=dict(**fo, removed_energy=rem / tot if tot else math.nan,
+                                                    acc_ft=ft["acc"], acc_filtered=filt["acc"],
+                                                    acc_change=filt["acc"] - ft["acc"]), **common)]
+    for s, m in zip(fracs, loss_path(loss_fn, theta, removed, fracs)):
+        recs.append(make_record("path", frac=s, metrics=dict(measured=m, predicted=s * fo["predicted"]), **common))
+    for i, row in enumerate(layer_terms(loss_fn, theta, removed, shields, delta)):
+        key = row.pop("key")
+        recs.append(make_record("layer", key=key, layer=i, metrics=row, **common))
+    return recs
+
+
+# --- tables and figures ---------------------------------------------------------------------
+
+SUMMARY = {"metrics.loss": "L_t(θt)", "metrics.predicted": "predicted", "metrics.bound": "bound",
+           "metrics.measured": "measured", "metrics.removed_energy": "removed share of ‖Δt‖²",
+           "metrics.acc_ft": "acc θt", "metrics.acc_filtered": "acc θ0+Δ̃t"}
+
+
+def summary_table(frame):
+    """One row per task (means over seeds) of the ``"first-order"`` records, plus the seed count."""
+    f = frame[frame["method"] == "first-order"]
+    g = f.groupby("task", sort=False)
+    out = g[list(SUMMARY)].mean().rename(columns=SUMMARY)
+    out["seeds"] = g["seed"].nunique()
+    return out
+
+
+def plot_sides(frame, *, ax) -> None:
+    """Per (task, seed): a grey bar from −bound to +bound, the prediction (dot) and the measured
+    change (cross), on a symmetric-log y axis."""
+    f = frame[frame["method"] == "first-order"].reset_index(drop=True)
+    xs = np.arange(len(f))
+    b = f["metrics.bound"].to_numpy()
+    ax.vlines(xs, -b, b, color="lightgrey", lw=6, label="±bound")
+    ax.scatter(xs, f["metrics.predicted"], color="C0", s=18, zorder=3, label="predicted (first order)")
+    ax.scatter(xs, f["metrics.measured"], color="C3", marker="x", s=22, zorder=4, label="measured")
+    ax.axhline(0, color="grey", lw=0.8)
+    vals = np.abs(np.concatenate([b, f["metrics.predicted"].to_numpy(), f["metrics.measured"].to_numpy()]))
+    vals = vals[vals > 0]
+    ax.set_yscale("symlog", linthresh=float(np.quantile(vals, 0.1)) if len(vals) else 1e-6)
+    ax.set_xticks(xs, [f"{t}·{s}" for t, s in zip(f["task"], f["seed"])], rotation=60, ha="right", fontsize=6)
+    ax.set_ylabel(r"$\Delta L_t$ (nats)")
+    ax.legend(loc="upper right")
+
+
+def plot_path(frame, *, ax) -> None:
+    """Measured loss change along θt − s·Δt P_t (solid) and s × prediction (dashed), per task."""
+    f = frame[frame["method"] == "path"]
+    for j, (t, g) in enumerate(f.groupby("task", sort=False)):
+        m = g.groupby("frac")[["metrics.measured", "metrics.predicted"]].mean()
+        s = np.concatenate([[0.0], m.index.to_numpy(dtype=float)])
+        ax.plot(s, np.concatenate([[0.0], m["metrics.measured"]]), color=f"C{j % 10}", marker="o", ms=3, label=t)
+        ax.plot(s, np.concatenate([[0.0], m["metrics.predicted"]]), color=f"C{j % 10}", ls="--", lw=1)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set(xlabel="fraction s of the removed part", ylabel=r"$L_t(\theta_t - s\,\Delta_t P_t) - L_t(\theta_t)$")
+    ax.legend(ncol=2, fontsize=6, loc="upper left")
+
+
+def plot_layers(frame, *, ax) -> None:
+    """Per filtered layer: mean bound term (bars, left axis) and mean gradient share in the
+    shield (dots, right axis)."""
+    f = frame[frame["method"] == "layer"]
+    g = f.groupby("layer")[["metrics.bound", "metrics.grad_share"]].mean()
+    ax.bar(g.index, g["metrics.bound"], color="C0")
+    ax.set(xlabel="filtered layer (pointwise convolutions, input to output)",
+           ylabel=r"$\|\nabla L_t P_t\|\,\|\Delta_t P_t\|$")
+    ax2 = ax.twinx()
+    ax2.scatter(g.index, g["metrics.grad_share"], color="C3", s=10)
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel(r"$\|\nabla L_t P_t\| / \|\nabla L_t\|$", color="C3")
+    ax2.grid(False)
+
+
+def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dict:
+    """C12 from the ``"first-order"`` records, in three parts.
+
+    1. the bound: |predicted| ≤ bound in every (task, seed) case (Cauchy–Schwarz: must hold);
+    2. tracking: the first-order term has the sign of the measured change in every case and the
+       median relative error |measured − predicted| / |measured| is at most ``rel_tol``;
+    3. small self-degradation: the mean accuracy change of a task under its own filter is above
+       −``small_drop`` (accuracy as a fraction).
+
+    Reproduced when all three hold, partly when the bound and one other hold, else not.
+    """
+    f = frame[frame["method"] == "first-order"]
+    pred, bound, meas = f["metrics.predicted"], f["metrics.bound"], f["metrics.measured"]
+    n = len(f)
+    n_bound = int((pred.abs() <= bound * (1 + 1e-6) + 1e-12).sum())
+    n_within = int((meas.abs() <= bound).sum())
+    n_sign = int((np.sign(pred.to_numpy()) == np.sign(meas.to_numpy())).sum())
+    rel = ((meas - pred).abs() / meas.abs().where(meas.abs() > 0)).median()
+    tracks = n_sign == n and bool(rel <= rel_tol)
+    change = f.groupby("task", sort=False)["metrics.acc_change"].mean()
+    small = bool(change.mean() >= -small_drop)
+    bound_ok = n_bound == n
+    parts = int(tracks) + int(small)
+    status = "reproduced" if bound_ok and parts == 2 else ("partly reproduced" if bound_ok and parts else "not reproduced")
+    return dict(status=status,
+                evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
+                         f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
+                         f"error {rel:.2f}; accuracy change of a task under its own filter: mean "
+                         f"{100 * change.mean():+.2f} pts, worst task {100 * change.min():+.2f} pts "
+                         f"(loss change: mean measured {meas.mean():+.4f} vs predicted {pred.mean():+.4f} nats).")

@@ -1,0 +1,165 @@
+"""Evaluation (accuracy, normalized accuracy, α selection) and the task heads."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from pactlib import eval as E
+from pactlib.heads import Head, fit_head, head_accuracy, load_head, save_head
+from pactlib.models.efficientnet import backbone_state_dict, preprocess
+
+
+@dataclass(frozen=True)
+class FakeData:
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: tuple
+    task: str = "fake"
+    split: str = "val"
+
+
+@pytest.fixture(scope="module")
+def pre():
+    return backbone_state_dict()
+
+
+@pytest.fixture(scope="module")
+def images():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (8, 3, 32, 32), generator=g, dtype=torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def feats(pre, images):
+    return E.features(pre, preprocess(images, 32))
+
+
+def _perfect_head(feats, C=3, seed=0):
+    """A random head and the labels it predicts on ``feats`` (so its accuracy there is exactly 1)."""
+    g = torch.Generator().manual_seed(seed)
+    head = Head(torch.randn(C, feats.shape[1], generator=g), torch.zeros(C), tuple("abc"[:C]))
+    return head, head.logits(feats).argmax(1)
+
+
+# ----------------------------------------------------------------------------- accuracy
+def test_accuracy_of_known_tiny_cases_is_exact(pre, images, feats):
+    head, pred = _perfect_head(feats)
+    labels = pred.clone()
+    labels[[1, 6]] = (labels[[1, 6]] + 1) % 3  # two of eight wrong
+    data = FakeData(images, labels, ("a", "b", "c"))
+    assert E.accuracy(pre, head, data) == 0.75
+    assert E.accuracy(pre, head, data, batch_size=3) == 0.75  # batching changes nothing
+    assert E.accuracy(pre, head, data, limit=4) == (labels[:4] == pred[:4]).float().mean().item()
+    const = Head(torch.zeros(3, 1280), torch.tensor([0.0, 1.0, 0.0]), ("a", "b", "c"))  # always "b"
+    y = torch.tensor([1, 1, 1, 0, 2, 0, 0, 2])
+    assert E.accuracy(pre, const, FakeData(images, y, ("a", "b", "c"))) == 3 / 8
+
+
+def test_evaluate_many_tasks_and_errors(pre, images, feats):
+    head, pred = _perfect_head(feats)
+    datas = {"t1": FakeData(images, pred, tuple("abc")), "t2": FakeData(images, (pred + 1) % 3, tuple("abc"))}
+    assert E.evaluate(pre, {"t1": head, "t2": head}, datas) == {"t1": 1.0, "t2": 0.0}
+    with pytest.raises(KeyError, match="t2"):
+        E.evaluate(pre, {"t1": head}, datas)
+    with pytest.raises(ValueError, match="2 classes but the head has 3"):
+        E.accuracy(pre, head, FakeData(images, pred, ("a", "b")))
+    bad = dict(pre)
+    bad.pop("_conv_head.weight")
+    with pytest.raises(RuntimeError, match="_conv_head.weight"):
+        E.accuracy(bad, head, datas["t1"])
+
+
+def test_state_dict_is_loaded_into_the_shared_module_not_mutated(pre, images, feats):
+    head, pred = _perfect_head(feats)
+    data = FakeData(images, pred, tuple("abc"))
+    broken = {k: (torch.zeros_like(v) if k == "_conv_head.weight" else v) for k, v in pre.items()}
+    before = broken["_conv_head.weight"].clone()
+    acc_broken = E.accuracy(broken, head, data)  # constant features -> one class predicted
+    assert acc_broken in {(pred == c).float().mean().item() for c in range(3)} and acc_broken < 1
+    assert E.accuracy(pre, head, data) == 1.0  # the shared module really got θ0 back
+    assert torch.equal(broken["_conv_head.weight"], before)
+
+
+def test_normalized_and_mean():
+    assert E.normalized({"a": 0.45, "b": 0.9}, {"a": 0.9, "b": 0.9}) == {"a": 0.5, "b": 1.0}
+    assert E.mean({"a": 0.5, "b": 1.0}) == 0.75
+    with pytest.raises(KeyError, match="'c'"):
+        E.normalized({"c": 0.1}, {"a": 1.0})
+    with pytest.raises(ValueError, match="fine-tuned accuracy"):
+        E.normalized({"a": 0.1}, {"a": 0.0})
+
+
+# ----------------------------------------------------------------------------- α selection
+def test_select_alpha_picks_best_val_alpha_and_reports_test(pre, images, feats):
+    head, pred = _perfect_head(feats)
+    val = {"t": FakeData(images, pred, tuple("abc"))}
+    test = {"t": FakeData(images.flip(0), pred.flip(0), tuple("abc"), split="test")}
+    broken = {k: (torch.zeros_like(v) if k == "_conv_head.weight" else v) for k, v in pre.items()}
+    asked = []
+
+    def merged(alpha):
+        asked.append(alpha)
+        return pre if alpha == 0.3 else broken
+
+    rec = E.select_alpha(merged, [0.5, 0.1, 0.3], heads={"t": head}, val=val, test=test,
+                         ft_val={"t": 1.0}, ft_test={"t": 0.8}, method="ta", params={"k": 1}, seed=2,
+                         suite="toy")
+    assert rec["alpha"] == 0.3 and rec["params"] == {"k": 1, "alpha": 0.3} and rec["seed"] == 2
+    assert rec["on_edge"] is False and rec["alphas"] == [0.1, 0.3, 0.5] and rec["suite"] == "toy"
+    assert asked == [0.1, 0.3, 0.5, 0.3]  # val sweep, then test at the chosen α only
+    assert [c["alpha"] for c in rec["curve"]] == [0.1, 0.3, 0.5]
+    assert rec["curve"][1]["mean_normalized"] == 1.0 > rec["curve"][0]["mean_normalized"]
+    assert rec["metrics"]["acc"] == 1.0 and rec["metrics"]["norm_acc"] == 1.25
+    assert rec["metrics"]["acc:t"] == 1.0 and rec["per_task"]["test"]["normalized"] == {"t": 1.25}
+    json.dumps(rec)  # JSON-serialisable
+
+    tie = E.select_alpha(lambda a: pre, [0.2, 0.1], heads={"t": head}, val=val, test=test,
+                         ft_val={"t": 1.0}, ft_test={"t": 1.0}, method="ta")
+    assert tie["alpha"] == 0.1 and tie["on_edge"] is True  # ties -> smaller α, flagged on the edge
+    with pytest.raises(ValueError, match="at least one alpha"):
+        E.select_alpha(lambda a: pre, [], heads={"t": head}, val=val, test=test, ft_val={}, ft_test={}, method="x")
+
+
+# ----------------------------------------------------------------------------- heads
+def _blobs(n=60, C=3, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(C, D, generator=g) * 4
+    y = torch.arange(n) % C
+    return centers[y] + torch.randn(n, D, generator=g), y
+
+
+def test_fit_head_separates_and_is_deterministic():
+    x, y = _blobs()
+    h1, h2 = fit_head(x, y, ("a", "b", "c")), fit_head(x, y, ("a", "b", "c"))
+    assert h1.weight.shape == (3, 16) and h1.bias.shape == (3,)
+    assert torch.equal(h1.weight, h2.weight) and torch.equal(h1.bias, h2.bias)
+    assert head_accuracy(h1, x, y) == 1.0
+    strong = fit_head(x, y, ("a", "b", "c"), l2=100.0)
+    assert strong.weight.norm() < h1.weight.norm()  # ridge shrinks
+
+
+def test_fit_head_errors():
+    x, y = _blobs()
+    with pytest.raises(ValueError, match="no training example for class"):
+        fit_head(x, y, ("a", "b", "c", "d"))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        fit_head(x, y, ("a", "b"))
+    with pytest.raises(ValueError, match="features must be"):
+        fit_head(x[:, None], y, ("a", "b", "c"))
+
+
+def test_head_save_load_roundtrip_and_corruption(tmp_path):
+    x, y = _blobs()
+    h = fit_head(x, y, ("cat", "dog", "cow"))
+    path = tmp_path / "h.safetensors"
+    save_head(h, path, task="toy")
+    back = load_head(path)
+    assert back.classes == ("cat", "dog", "cow") and torch.equal(back.weight, h.weight)
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        load_head(path)
+    with pytest.raises(FileNotFoundError):
+        load_head(tmp_path / "none.safetensors")

@@ -1,0 +1,386 @@
+"""Helpers of chapters 1, 2 and 12: the toy geometry of PACT, the testbed tables, the published
+reference numbers, the paper-scale (CLIP) helpers, and the paper-scale parameter sets."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from pactlib import PactOptions, pact_filter, plotting, records, reference, task_vectors_from
+from pactlib.experiments import geometry, testbed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- geometry (ch. 1)
+
+def _lbw_line(angle_deg: float) -> torch.Tensor:
+    a = math.radians(angle_deg)
+    return torch.tensor([-math.sin(a), math.cos(a), 0.0], dtype=torch.float64)
+
+
+def test_toy_layer_matches_the_closed_form_without_noise():
+    # v_t = (cos τ cos a, cos τ sin a, sin τ); core = span(e1, e2): σ = (1, sin τ), LBW_t ⟂ v_t in-plane
+    tilt, angles = 20.0, (0.0, 40.0)
+    toy = geometry.toy_layer(angles_deg=angles, tilt_deg=tilt, noise=0.0, seed=3)
+    assert torch.allclose(toy.subspaces.core.abs(), torch.eye(3, 2, dtype=torch.float64), atol=1e-12)
+    for t, a in enumerate(angles):
+        lbw = toy.subspaces.lbw[t]
+        assert torch.allclose(lbw.sigma, torch.tensor([1.0, math.sin(math.radians(tilt))], dtype=torch.float64),
+                              atol=1e-9)
+        assert lbw.basis.shape == (3, 1)
+        assert abs(float(lbw.basis[:, 0] @ _lbw_line(a))) == pytest.approx(1.0, abs=1e-9)
+    recs = geometry.toy_records(toy, params={}, seed=3)
+    removed = math.cos(math.radians(tilt)) ** 2 * math.sin(math.radians(angles[1] - angles[0])) ** 2
+    for r in recs:
+        m = r["metrics"]
+        assert m["lbw_rank"] == 1 and m["shield_rank"] == 1
+        assert m["removed_pact"] == pytest.approx(removed, abs=1e-9)
+        assert m["removed_spact"] == pytest.approx(math.cos(math.radians(tilt)) ** 2, abs=1e-9)
+        assert m["tilt_deg"] == pytest.approx(tilt, abs=1e-6)
+        assert m["intrusion_after"] < 1e-20 and m["engine_gap"] == 0.0 and m["lbw_active_overlap"] < 1e-12
+    # two tasks: what task 2 puts into task 1's LBW is exactly what the filter takes from task 2
+    assert recs[0]["metrics"]["intrusion_before"] == pytest.approx(recs[1]["metrics"]["removed_pact"], abs=1e-12)
+
+
+def test_toy_layer_with_noise_still_protects_the_other_lbw_and_leaves_the_rng_alone():
+    state = torch.random.get_rng_state()
+    toy = geometry.toy_layer(angles_deg=(10.0, 70.0, 130.0), noise=0.05, seed=0)
+    assert torch.equal(state, torch.random.get_rng_state())
+    T = len(toy.deltas)
+    for t in range(T):
+        for j in range(T):
+            if j != t:
+                assert float((toy.filtered[t] @ toy.subspaces.lbw[j].basis).abs().max()) < 1e-12
+        assert torch.allclose(toy.filtered[t], toy.engine_filtered[t], atol=1e-12)
+    assert toy.shields[0].basis.shape[1] == 2  # two other tasks' LBW lines span the core plane
+
+
+def test_toy_tilt_above_tau_keeps_the_whole_core():
+    toy = geometry.toy_layer(tilt_deg=40.0, noise=0.0)  # sin 40° = 0.64 >= τ = 0.5
+    assert [lbw.basis.shape[1] for lbw in toy.subspaces.lbw] == [2, 2]
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(angles_deg=(0.0,)), "at least two task angles"),
+    (dict(core_values=(1.0, 2.0, 3.0)), "three descending positive"),
+    (dict(noise=-1.0), "noise must be >= 0"),
+])
+def test_toy_layer_rejects_bad_inputs(kw, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        geometry.toy_layer(**kw)
+
+
+def test_draw_toy_writes_a_two_panel_figure(tmp_path):
+    toy = geometry.toy_layer()
+    with plotting.figure("toy", chapter=1, number=9, caption="toy", size=(9, 4), ncols=2,
+                         directory=tmp_path) as (fig, axes):
+        geometry.draw_toy(fig, axes, toy)
+        assert [ax.name for ax in fig.axes] == ["rectilinear", "3d"]
+    assert (tmp_path / "fig01.9-toy.png").stat().st_size > 10_000
+
+
+def test_merge_spectra_iso_c_is_flat_at_the_mean_of_the_sum():
+    sp = geometry.merge_spectra(n=10, tasks=3, rank=2, seed=1)
+    assert set(sp) == {"task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"}
+    iso = sp["iso_c"]
+    assert torch.allclose(iso, iso[0].expand_as(iso), rtol=1e-5)
+    assert float(iso[0]) == pytest.approx(float(sp["task_arithmetic"].mean()), rel=1e-5)  # M4: σ̄ of ΣΔt
+    assert float(sp["task_arithmetic"][0]) > float(iso[0])
+    with pytest.raises(ValueError, match="rank <= n"):
+        geometry.merge_spectra(n=4, rank=5)
+
+
+def test_rsvd_check_finds_the_planted_subspace():
+    out = geometry.rsvd_check(m=128, n=64, rank=8, r=8, seed=0, repeats=1)
+    assert out["distance"] < 1e-2 and out["exact_seconds"] > 0 and out["rsvd_seconds"] > 0
+    with pytest.raises(ValueError, match="r <= min"):
+        geometry.rsvd_check(m=16, n=8, r=9)
+
+
+# ----------------------------------------------------------------------------- testbed (ch. 2)
+
+def test_task_table_reads_specs_and_manifest_counts(tmp_path):
+    manifest = {"format": 1, "files": {"mnist-seed0.pt": {"counts": {"train": 4500, "val": 500, "test": 1000}}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    table = testbed.task_table(["mnist", "lfw_faces", "glyph_math"], cache_dir=tmp_path)
+    assert table.loc["mnist", ["train", "val", "test"]].tolist() == [4500, 500, 1000]
+    assert table["suite"].tolist() == ["8", "14", "20"]
+    assert table.loc["mnist", "classes"] == 10 and table.loc["mnist", "derived"] == "no"
+    assert table.loc["glyph_math", "derived"] == "yes" and math.isnan(table.loc["lfw_faces", "train"])
+    with pytest.raises(KeyError, match="unknown task"):
+        testbed.task_table(["nope"], cache_dir=tmp_path)
+
+
+def test_sample_montage_places_every_image():
+    a = torch.full((3, 3, 4, 4), 10, dtype=torch.uint8)
+    b = torch.full((1, 3, 4, 4), 200, dtype=torch.uint8)
+    img, centres = testbed.sample_montage({"a": a, "b": b}, per_task=2, pad=1)
+    assert img.shape == (2 * 5 + 1, 2 * 5 + 1, 3) and centres == [3.0, 8.0]
+    assert (img[1:5, 1:5] == 10).all() and (img[1:5, 6:10] == 10).all()
+    assert (img[6:10, 1:5] == 200).all() and (img[6:10, 6:10] == 255).all()  # b has one image: white cell
+    with pytest.raises(ValueError, match="different sizes"):
+        testbed.sample_montage({"a": a, "c": torch.zeros(1, 3, 5, 5, dtype=torch.uint8)}, per_task=1)
+
+
+def _state():
+    return {"_conv_stem.weight": torch.zeros(8, 3, 3, 3), "_bn0.running_mean": torch.zeros(8),
+            "_bn0.running_var": torch.ones(8), "_bn0.weight": torch.ones(8),
+            "_bn0.num_batches_tracked": torch.tensor(0),
+            "_blocks.0._project_conv.weight": torch.zeros(16, 8, 1, 1),
+            "_blocks.0._depthwise_conv.weight": torch.zeros(16, 1, 3, 3),
+            "_conv_head.weight": torch.zeros(32, 16, 1, 1)}
+
+
+def test_layer_table_and_backbone_summary():
+    lt = testbed.layer_table(_state())
+    assert lt["key"].tolist() == ["_blocks.0._project_conv.weight", "_conv_head.weight"]
+    assert lt["block"].tolist() == ["0", "head"] and lt["role"].tolist() == ["_project_conv", "_conv_head"]
+    assert lt["m (out)"].tolist() == [16, 32] and lt["n (in)"].tolist() == [8, 16] and lt["params"].tolist() == [128, 512]
+    s = testbed.backbone_summary(_state())
+    assert s.loc["matrix", "entries"] == "2" and s.loc["matrix", "values"] == "640"
+    assert s.loc["buffer", "entries"] == "1"
+    assert s.loc["other: BatchNorm running statistics", "values"] == "16"
+    assert s["share of values"].sum() == pytest.approx(1.0)
+
+
+def _zoo_records():
+    recipe = {"steps": 100, "lr": 0.001, "optimizer": "adamw"}
+    out = []
+    for task, zs, accs in (("mnist", 0.5, {("full", 0): 0.89, ("full", 1): 0.91, ("lora", 0): 0.8}),
+                           ("optdigits", 0.4, {("full", 0): 0.7, ("full", 1): 0.7})):
+        for (kind, seed), acc in accs.items():
+            out.append({"task": task, "kind": kind, "seed": seed, "zero_shot": {"test": zs, "val": zs},
+                        "finetuned": {"test": acc, "val": acc}, "train_seconds": 10.0 + seed, "n_train": 100,
+                        "final_loss": 0.1, "recipe": {**recipe, **({"lora_lr": 0.003} if kind == "lora" else {})}})
+    out.append({"task": "mnist", "kind": "head", "recipe": {"head_l2": 0.01}})
+    return out
+
+
+def test_run_records_accuracy_and_timing_tables():
+    recs = testbed.run_records(_zoo_records(), tasks=["mnist", "optdigits"], seeds=[0, 1], params={"x": 1})
+    assert [(r["method"], r["task"], r["seed"]) for r in recs] == [
+        ("zero-shot", "mnist", None), ("full", "mnist", 0), ("full", "mnist", 1), ("lora", "mnist", 0),
+        ("zero-shot", "optdigits", None), ("full", "optdigits", 0), ("full", "optdigits", 1)]
+    frame = records.records_frame(recs)
+    acc = testbed.accuracy_table(frame)
+    assert acc.loc["mnist"].tolist() == ["50.0", "90.0 ± 1.4 (2)", "80.0 (1)"]
+    assert acc.loc["optdigits"].tolist() == ["40.0", "70.0 ± 0.0 (2)", "—"]
+    assert acc.loc["mean over tasks"].tolist() == ["45.0 (2 tasks)", "80.0 (2 tasks)", "80.0 (1 tasks)"]
+    timing = testbed.timing_table(frame)
+    assert timing.loc["full fine-tune", "runs"] == 4 and timing.loc["full fine-tune", "total s"] == pytest.approx(42.0)
+    assert timing.loc["LoRA fine-tune", "mean s"] == pytest.approx(10.0)
+    only_seed0 = testbed.run_records(_zoo_records(), tasks=["optdigits"], seeds=[0])
+    assert [r["method"] for r in only_seed0] == ["zero-shot", "full"]
+
+
+def test_recipe_table_and_accuracy_plot(tmp_path):
+    table = testbed.recipe_table(_zoo_records())
+    assert table.loc["steps", "full"] == "100" and table.loc["lora_lr", "lora"] == "0.003"
+    from pactlib.zoo import Recipe
+
+    assert table.loc["lora_lr", "full"] == "—" and table.loc["steps", "default"] == str(Recipe().steps)
+
+    pinned = testbed.recipe_table(_zoo_records(), default=Recipe(steps=7), label="profile")
+    assert list(pinned.columns) == ["full", "lora", "profile"] and pinned.loc["steps", "profile"] == "7"
+    frame = records.records_frame(testbed.run_records(_zoo_records(), tasks=["mnist", "optdigits"], seeds=[0, 1]))
+    with plotting.figure("acc", chapter=2, number=9, caption="acc", directory=tmp_path) as (fig, ax):
+        testbed.plot_accuracy(frame, ax=ax)
+        assert len(ax.patches) == 3 * 2  # three kinds x two tasks
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["mnist", "optdigits"]
+
+
+def test_frozen_statistics_separates_running_stats_affine_and_matrices():
+    pre = _state()
+    ft = {k: v.clone() for k, v in pre.items()}
+    ft["_bn0.weight"] += 0.25
+    ft["_conv_head.weight"] -= 0.5
+    out = testbed.frozen_statistics(pre, {"a": ft})
+    assert out == {"bn_running_stats": 0.0, "bn_affine": 0.25, "matrix_layers": 0.5}
+    ft["_bn0.running_var"] += 1.0
+    assert testbed.frozen_statistics(pre, {"a": ft})["bn_running_stats"] == 1.0
+    del ft["_conv_stem.weight"]
+    with pytest.raises(KeyError, match="_conv_stem.weight"):
+        testbed.frozen_statistics(pre, {"a": ft})
+
+
+# ----------------------------------------------------------------------------- reference numbers (ch. 12)
+
+def test_reference_file_loads_and_tabulates():
+    ref = reference.load_reference()
+    assert {n["source"] for n in ref.numbers} <= set(ref.sources)
+    tsv = reference.reference_table(ref, source="tsv", model="ViT-B/32")
+    assert tsv.loc[("ViT-B/32", "Task Arithmetic"), "8 tasks"] == "70.8 (76.6)"
+    assert tsv.loc[("ViT-B/32", "weight averaging"), "20 tasks"] == "61.0 (67.5)"  # the source's precision kept
+    assert tsv.loc[("ViT-B/32", "fine-tuned"), "14 tasks"] == "90.9"
+    fb = reference.reference_table(ref, source="fusion_bench")
+    assert fb.loc[("ViT-B/32", "Task Arithmetic (α = 0.3)"), "8 tasks"] == "68.0"
+    assert fb.loc[("ViT-B/32", "TSV-M"), "8 tasks"] == "83.07" and list(fb.columns) == ["8 tasks"]
+    assert {c["id"] for c in reference.caveats_for(ref, "fusion_bench")} >= {"dtd_split", "fixed_coefficients"}
+    assert "l14_20_inconsistency" not in {c["id"] for c in reference.caveats_for(ref, "tsv")}
+    with pytest.raises(KeyError, match="unknown reference source"):
+        reference.reference_table(ref, source="nope")
+    with pytest.raises(KeyError, match="no reference numbers"):
+        reference.reference_table(ref, source="fusion_bench", model="ViT-L/14")
+
+
+def test_consistency_flags_the_pact_headline_number():
+    cons = reference.consistency(reference.load_reference())
+    pact = cons[cons["source"] == "pact_paper"].iloc[0]
+    assert pact["implied"] == pytest.approx(95.1 / 0.983) and pact["gap"] == pytest.approx(95.1 / 0.983 - 94.73)
+    assert bool(pact["beats_finetuned"])
+    merged_tsv = cons[(cons["source"] == "tsv") & (cons["method"] != "zero-shot")]
+    assert len(merged_tsv) == 24 and not merged_tsv["beats_finetuned"].any()
+    assert merged_tsv["gap"].abs().max() < pact["gap"]
+
+
+_GOOD = """
+sources: {s: {name: S}}
+numbers:
+  - {source: s, model: M, tasks: 8, method: TA, abs: 70.0, norm: 75.0}
+caveats:
+  - {id: c, title: T, text: x, applies_to: [s]}
+"""
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (_GOOD.replace("source: s,", "source: t,"), r"numbers\[0\]: unknown source 't'"),
+    (_GOOD.replace("tasks: 8", "tasks: 9"), r"numbers\[0\]: tasks must be one of"),
+    (_GOOD.replace("abs: 70.0", "abs: 170.0"), r"abs must be a percentage"),
+    (_GOOD.replace("abs: 70.0, norm: 75.0", "abs: null, norm: null"), "both are null"),
+    (_GOOD.replace("method: TA,", ""), "missing field 'method'"),
+    (_GOOD.replace("norm: 75.0}", "norm: 75.0, colour: red}"), r"unknown field\(s\) \['colour'\]"),
+    (_GOOD.replace("applies_to: [s]", "applies_to: [s, z]"), r"caveats\[0\] \(c\): applies_to names unknown"),
+    (_GOOD.replace("numbers:\n", "numbers:\n  - {source: s, model: M, tasks: 8, method: TA, abs: 1.0}\n"), "repeats"),
+    ("numbers: [", "not valid YAML"),
+])
+def test_reference_file_errors_name_the_entry(tmp_path, bad, fragment):
+    path = tmp_path / "ref.yaml"
+    path.write_text(bad)
+    with pytest.raises(reference.ReferenceError, match=fragment):
+        reference.load_reference(path)
+
+
+def test_reference_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        reference.load_reference(tmp_path / "missing.yaml")
+    path = tmp_path / "ok.yaml"
+    path.write_text(_GOOD)
+    assert reference.numbers_frame(reference.load_reference(path))["abs"].tolist() == [70.0]
+
+
+# ----------------------------------------------------------------------------- paper scale (ch. 12)
+
+@pytest.fixture(scope="module")
+def tiny_example(tmp_path_factory):
+    pytest.importorskip("open_clip")
+    from pactlib.experiments import paper_scale
+
+    return paper_scale.write_tiny_example(tmp_path_factory.mktemp("tiny-clip"), tasks=3, seed=0)
+
+
+def test_tiny_example_files_kinds_and_pact_report(tiny_example):
+    from pactlib.experiments import paper_scale
+    from pactlib.models import clip
+
+    ex = tiny_example
+    pre, fts = paper_scale.find_checkpoints(ex.checkpoint_dir, ex.tasks, pretrained_file="zeroshot.pt",
+                                            finetuned_pattern="{task}/finetuned.pt")
+    full = clip.load_clip_checkpoint(pre)
+    kinds = paper_scale.key_kinds(full)
+    assert kinds.loc[("vision", "matrix (stored transposed)"), "entries"] == 1  # visual.proj
+    assert kinds.loc[("vision", "matrix"), "entries"] == 4 * 2  # in_proj, out_proj, c_fc, c_proj x 2 blocks
+    assert "matrix" not in kinds.loc["text / shared"].index
+    ft0 = clip.load_clip_checkpoint(fts[0])
+    assert all(torch.equal(ft0[k], full[k]) for k in full if not k.startswith("visual."))  # text tower untouched
+    theta0 = clip.vision_state_dict(pre)
+    tvs = task_vectors_from(theta0, [clip.vision_state_dict(p) for p in fts], names=list(ex.tasks))
+    W = theta0["visual.proj"].T  # the stored (in, out) matrix viewed (out, in)
+    assert torch.linalg.matrix_rank(tvs[0]["visual.proj"].T.double(), rtol=1e-4) == 2  # float32 round-off aside
+    assert float(tvs[0]["visual.proj"].norm() / W.norm()) == pytest.approx(0.05, rel=1e-4)
+    _, rep = pact_filter(theta0, tvs, options=PactOptions())
+    frame = paper_scale.layer_frame(rep, ex.tasks)
+    assert len(frame) == 9 * 3 and frame["task"].tolist()[:3] == list(ex.tasks)
+    assert frame["removed_energy"].between(0, 1).all() and (frame["removed_energy"] > 0).any()
+
+
+def test_tiny_example_data_and_classifier(tiny_example):
+    from pactlib.data import paper
+    from pactlib.experiments import paper_scale
+
+    ex = tiny_example
+    check = paper_scale.data_check(ex.data_root, [*ex.tasks, "SUN397"])
+    assert check.loc["task1", ["classes", "train", "test"]].tolist() == [3, 12, 12]
+    assert check.loc["task1", "status"] == "ok" and check.loc["SUN397", "status"].startswith("FileNotFoundError")
+    data = paper.load_paper_task("task2", paper.task_root(ex.data_root, "task2"), image_size=32)["test"]
+    assert data.images.shape == (12, 3, 32, 32) and data.classes == ex.classes["task2"]
+
+
+def test_find_checkpoints_names_what_is_missing(tmp_path):
+    from pactlib.experiments import paper_scale
+
+    (tmp_path / "zeroshot.pt").write_bytes(b"x")
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "finetuned.pt").write_bytes(b"x")
+    pre, fts = paper_scale.find_checkpoints(tmp_path, ["A"], pretrained_file="zeroshot.pt",
+                                            finetuned_pattern="{task}/finetuned.pt")
+    assert pre == tmp_path / "zeroshot.pt" and fts == [tmp_path / "A" / "finetuned.pt"]
+    with pytest.raises(FileNotFoundError, match=r"1 checkpoint\(s\) missing.*B/finetuned.pt"):
+        paper_scale.find_checkpoints(tmp_path, ["A", "B"], pretrained_file="zeroshot.pt",
+                                     finetuned_pattern="{task}/finetuned.pt")
+    with pytest.raises(ValueError, match="no '{task}'"):
+        paper_scale.find_checkpoints(tmp_path, ["A"], pretrained_file="zeroshot.pt", finetuned_pattern="x.pt")
+    with pytest.raises(FileNotFoundError, match="checkpoint folder not found"):
+        paper_scale.find_checkpoints(tmp_path / "no", ["A"], pretrained_file="z", finetuned_pattern="{task}")
+
+
+def test_classifier_accuracy_batches_and_restores_mode():
+    from pactlib.experiments import paper_scale
+
+    class FirstPixel(nn.Module):  # logits = (pixel, 128): class 0 when the first pixel is > 128
+        def forward(self, x):
+            p = x[:, 0, 0, 0].float()
+            return torch.stack([p, torch.full_like(p, 128.0)], dim=1)
+
+    images = torch.zeros(5, 3, 2, 2, dtype=torch.uint8)
+    images[:3, 0, 0, 0] = 200
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    model = FirstPixel().train()
+    assert paper_scale.classifier_accuracy(model, images, labels, batch_size=2) == pytest.approx(4 / 5)
+    assert model.training
+    with pytest.raises(ValueError, match="5 images and 4 labels"):
+        paper_scale.classifier_accuracy(model, images, labels[:4])
+
+
+# ----------------------------------------------------------------------------- parameter sets
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_notebooks", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("n", [8, 14, 20])
+def test_paper_parameter_sets_are_valid_and_point_at_the_right_suite(n):
+    from pactlib.data import paper
+
+    run = _runner()
+    path = ROOT / "params" / f"paper-vitb32-{n}.yaml"
+    jobs = {j.name: j for j in run.prepare(run.notebook_paths(None), path, {})}
+    ch12 = jobs["12_paper_scale"].overrides
+    assert ch12["n_paper_tasks"] == n and "{task}" in ch12["finetuned_pattern"]
+    assert ch12["trust_pickle"] is False  # opting into unpickling is the user's decision
+    assert all(not jobs[name].overrides for name in jobs if name != "12_paper_scale")
+    text = path.read_text()
+    assert all(t in text for t in paper.paper_tasks(n))

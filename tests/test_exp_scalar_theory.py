@@ -1,0 +1,464 @@
+"""Chapter 3 (scalar LBW: C1–C3) and chapter 10 (first-order theory: C12) helpers, on a tiny
+testbed built here: a two-layer network of 1×1 convolutions (matrix layers) with a bias, a frozen
+linear head per task, and seeded inputs. Everything is checked against direct computation."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from pactlib import causal, fisher
+from pactlib.experiments import scalar, theory
+from pactlib.pact import PactOptions, pact_filter
+from pactlib.records import records_frame
+from pactlib.study import Classifier
+from pactlib.taskvector import TaskVector
+
+matplotlib.use("Agg")
+
+
+class Backbone(nn.Module):
+    """x (N, 8, 1, 1) -> features (N, 5): 1×1 conv, ReLU, 1×1 conv with bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 6, 1, bias=False)
+        self.b = nn.Conv2d(6, 5, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).flatten(1)
+
+
+class Head:
+    def __init__(self, w, b):
+        self.weight, self.bias = w, b
+
+
+class TinyTestbed:
+    """What the helpers need of :class:`pactlib.study.Testbed`, on the tiny network."""
+
+    def __init__(self, T: int = 3, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.tasks = [f"t{i}" for i in range(T)]
+        self.pretrained = {"a.weight": torch.randn(6, 8, 1, 1, generator=g),
+                           "b.weight": torch.randn(5, 6, 1, 1, generator=g) * 0.5,
+                           "b.bias": torch.randn(5, generator=g) * 0.1}
+        self.finetuned, self.heads, self.data = {}, {}, {}
+        for t in self.tasks:
+            self.finetuned[t] = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in self.pretrained.items()}
+            self.heads[t] = Head(torch.randn(3, 5, generator=g), torch.zeros(3))
+            self.data[t] = {s: (torch.randn(40, 8, 1, 1, generator=g), torch.randint(0, 3, (40,), generator=g))
+                            for s in ("val", "test")}
+
+    def classifier(self, state, task):
+        net = Backbone()
+        net.load_state_dict(dict(state))
+        net.requires_grad_(False)
+        return Classifier(net, self.heads[task]).eval()
+
+    def inputs(self, task, split="val", limit=None):
+        x, y = self.data[task][split]
+        n = len(y) if limit is None else min(limit, len(y))
+        return x[:n], y[:n]
+
+    def task_vectors(self):
+        return [TaskVector.from_checkpoints(self.pretrained, self.finetuned[t], name=t) for t in self.tasks]
+
+
+@pytest.fixture
+def tb():
+    return TinyTestbed()
+
+
+def _snapshot(d):
+    return {k: v.clone() for k, v in d.items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- chapter 3: Fisher, scores, masks ----------------------------------------------------------
+
+def test_task_fisher_matches_per_example_gradients(tb):
+    t = "t1"
+    before = _snapshot(tb.finetuned[t])
+    F = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=12, empirical=True, chunk=5)
+    assert list(F) == ["a.weight", "b.weight", "b.bias"]  # unprefixed, network order
+    model = tb.classifier(tb.finetuned[t], t)
+    model.requires_grad_(True)
+    x, y = tb.inputs(t, "val", 12)
+    ref = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+    for i in range(12):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        for k, p in model.named_parameters():
+            ref[k] += p.grad ** 2 / 12
+    for k in F:
+        torch.testing.assert_close(F[k], ref["net." + k], rtol=1e-4, atol=1e-7)
+    assert _same(tb.finetuned[t], before)
+
+
+def test_task_fisher_sampled_is_seeded_and_refuses_too_few_examples(tb):
+    a = scalar.task_fisher(tb, "t0", tb.finetuned["t0"], n_samples=20, seed=3)
+    b = scalar.task_fisher(tb, "t0", tb.finetuned["t0"], n_samples=20, seed=3)
+    assert all(torch.equal(a[k], b[k]) for k in a) and all(bool((v >= 0).all()) for v in a.values())
+    with pytest.raises(ValueError, match=r"task 't0' has only 40 val examples.*n_samples=41"):
+        scalar.task_fisher(tb, "t0", tb.finetuned["t0"], n_samples=41)
+
+
+def test_scores_equal_direct_accuracy_and_loss(tb):
+    t = "t2"
+    xy = tb.inputs(t, "test")
+    with torch.no_grad():
+        logits = tb.classifier(tb.finetuned[t], t)(xy[0])
+    got = scalar.scores(tb, tb.finetuned[t], t, xy)
+    assert got["acc"] == pytest.approx(float((logits.argmax(1) == xy[1]).float().mean()))
+    assert got["loss"] == pytest.approx(float(nn.functional.cross_entropy(logits, xy[1])), rel=1e-6)
+    # one module, another state: functional_call uses the given weights, not the module's own
+    other = scalar.state_scores(tb.classifier(tb.finetuned[t], t), tb.pretrained, xy, batch_size=7)
+    assert other == pytest.approx(scalar.scores(tb, tb.pretrained, t, xy))
+    assert other["loss"] != pytest.approx(got["loss"])
+    with pytest.raises(ValueError, match="no examples"):
+        scalar.scores(tb, tb.pretrained, t, (xy[0][:0], xy[1][:0]))
+
+
+def test_typical_update_is_the_median_over_entries():
+    d = {"a": torch.tensor([[1.0, -5.0]]), "b": torch.tensor([-2.0, 3.0, 4.0]), "c": torch.tensor([100.0])}
+    assert scalar.typical_update(d, ["a", "b"]) == 3.0
+    with pytest.raises(KeyError, match="'z'"):
+        scalar.typical_update(d, ["a", "z"])
+
+
+def test_global_masks_take_exact_global_quantiles():
+    v = {"a": torch.arange(10.0).reshape(2, 5), "b": torch.arange(10.0, 20.0)}
+    hi = scalar.global_masks(v, 0.2, largest=True)
+    lo = scalar.global_masks(v, 0.2, largest=False)
+    assert hi["a"].shape == (2, 5) and not hi["a"].any() and hi["b"].tolist() == [False] * 6 + [True] * 4
+    assert lo["a"].reshape(-1).tolist() == [True] * 4 + [False] * 6 and not lo["b"].any()
+    with pytest.raises(ValueError, match="quantile"):
+        scalar.global_masks(v, 1.5, largest=True)
+
+
+def test_random_subset_draws_inside_the_pool():
+    pool = {"a": torch.tensor([True, False, True, True]), "b": torch.tensor([[False, True], [True, False]])}
+    s = scalar.random_subset(pool, 3, seed=1)
+    assert sum(int(m.sum()) for m in s.values()) == 3
+    assert all(bool((s[k] & ~pool[k]).sum() == 0) for k in pool)
+    assert all(torch.equal(s[k], scalar.random_subset(pool, 3, seed=1)[k]) for k in pool)
+    with pytest.raises(ValueError, match="asked for 6 entries from a pool of 5"):
+        scalar.random_subset(pool, 6, seed=0)
+
+
+def test_control_masks_sizes_and_membership():
+    g = torch.Generator().manual_seed(0)
+    F = {"a": torch.rand(20, 10, generator=g), "b": torch.rand(50, generator=g)}
+    d = {"a": torch.randn(20, 10, generator=g), "b": torch.randn(50, generator=g)}
+    lbw = fisher.scalar_lbw_masks(d, F, q=0.2)
+    H = scalar.global_masks(F, 0.2, largest=True)
+    n = sum(int(m.sum()) for m in lbw.values())
+    assert n > 0
+    c = scalar.control_masks(lbw, H, draws=3, seed=2)
+    assert len(c["random"]) == len(c["sensitive"]) == 3
+    for m in c["random"] + c["sensitive"]:
+        assert sum(int(v.sum()) for v in m.values()) == n
+    for m in c["sensitive"]:
+        assert all(not bool((m[k] & ~(H[k] & ~lbw[k])).any()) for k in m)  # inside H \ U
+    assert not all(torch.equal(c["random"][0][k], c["random"][1][k]) for k in lbw)
+    with pytest.raises(KeyError, match="same keys"):
+        scalar.control_masks(lbw, {"a": H["a"]}, draws=1, seed=0)
+
+
+# --- chapter 3: records -----------------------------------------------------------------------
+
+def test_enrichment_records_global_and_per_layer(tb):
+    t = "t0"
+    tv = tb.task_vectors()[0]
+    F = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=16, seed=0)
+    recs = scalar.enrichment_records(tv, F, q=0.2, seed=5, task=t, params={"q": 0.2}, suite="8")
+    e = fisher.enrichment(tv, F, q=0.2)
+    glob = [r for r in recs if r["scope"] == "global"]
+    assert len(glob) == 1 and glob[0]["metrics"]["E"] == pytest.approx(e.score)
+    assert glob[0]["metrics"]["n_params"] == 48 + 30 + 5 and glob[0]["suite"] == "8" and glob[0]["seed"] == 5
+    layers = [r for r in recs if r["scope"] == "layer"]
+    assert [(r["key"], r["layer"], r["kind"]) for r in layers] == [("a.weight", 0, "pointwise"),
+                                                                    ("b.weight", 1, "pointwise"),
+                                                                    ("b.bias", 2, "norm")]
+    assert layers[0]["metrics"]["E"] == pytest.approx(e.per_key["a.weight"])
+
+
+def test_layer_kind():
+    assert scalar.layer_kind("x.weight", torch.zeros(4, 3, 1, 1)) == "pointwise"
+    assert scalar.layer_kind("x.weight", torch.zeros(4, 1, 3, 3)) == "conv"
+    assert scalar.layer_kind("bn.weight", torch.zeros(4)) == "norm"
+
+
+def _masks(tb, t, q=0.2):
+    tv = dict(tb.task_vectors()[tb.tasks.index(t)].items())
+    F = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=16, seed=0)
+    return tv, F, fisher.scalar_lbw_masks(tv, F, q=q), scalar.global_masks(F, q, largest=True)
+
+
+def test_perturbation_records_measure_drops_against_controls(tb):
+    t = "t1"
+    tv, F, lbw, H = _masks(tb, t)
+    ctl = scalar.control_masks(lbw, H, draws=2, seed=0)
+    xy = tb.inputs(t, "test")
+    before = _snapshot(tb.finetuned[t])
+    base = scalar.scores(tb, tb.finetuned[t], t, xy)
+    zero = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.0, draws=2, seed=0, xy=xy,
+                                       controls=ctl, params={})
+    assert [(r["condition"], r["draw"]) for r in zero] == [("lbw", 0), ("lbw", 1), ("random", 0), ("random", 1),
+                                                           ("sensitive", 0), ("sensitive", 1)]
+    assert all(r["metrics"]["drop"] == 0 and abs(r["metrics"]["dloss"]) < 1e-6 for r in zero)
+    big = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.5, draws=1, seed=0, xy=xy,
+                                      controls={"random": ctl["random"][:1]}, params={})
+    pert = causal.perturb(tb.finetuned[t], lbw, size=0.5, seed=0)
+    direct = scalar.scores(tb, pert, t, xy)
+    assert big[0]["metrics"]["loss"] == pytest.approx(direct["loss"])
+    assert big[0]["metrics"]["drop"] == pytest.approx(base["acc"] - direct["acc"])
+    assert big[0]["metrics"]["n_entries"] == sum(int(m.sum()) for m in lbw.values())
+    assert _same(tb.finetuned[t], before)
+    with pytest.raises(ValueError, match="control 'bad' draw 0 has"):
+        scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.1, draws=1, seed=0, xy=xy,
+                                    controls={"bad": [H]}, params={})
+
+
+def test_displacement_on_hand_numbers():
+    theta = {"w": torch.tensor([0.0, 0.0, 0.0, 0.0])}
+    merged = {"w": torch.tensor([1.0, 3.0, 0.5, 0.5])}
+    delta = {"w": torch.tensor([0.5, 0.5, 1.0, 1.0])}
+    masks = {"w": torch.tensor([True, True, False, False])}
+    d = scalar.displacement(theta, merged, delta, masks)
+    assert d == pytest.approx(dict(moved_lbw=2.0, moved_other=0.5, moved_ratio=4.0, rel_moved_lbw=4.0,
+                                   rel_moved_other=0.5))
+    empty = scalar.displacement(theta, merged, delta, {"w": torch.zeros(4, dtype=torch.bool)})
+    assert math.isnan(empty["moved_lbw"]) and empty["moved_other"] == pytest.approx(1.25)
+
+
+def test_restore_records_recover_all_with_every_entry_and_nothing_with_none(tb):
+    t = "t0"
+    tvs = tb.task_vectors()
+    merged = TaskVector.sum(tvs).apply_to(tb.pretrained, 0.4)
+    theta = tb.finetuned[t]
+    xy = tb.inputs(t, "test")
+    full = {k: torch.ones_like(v, dtype=torch.bool) for k, v in theta.items()}
+    none = {k: torch.zeros_like(v, dtype=torch.bool) for k, v in theta.items()}
+    snap = _snapshot(merged)
+    recs = scalar.restore_records(tb, t, merged, theta, full, xy=xy, controls={"none": [none]}, seed=1,
+                                  params={}, moved={"moved_lbw": 1.0}, alpha=0.4)
+    by = {r["condition"]: r["metrics"] for r in recs}
+    assert by["merged"]["moved_lbw"] == 1.0 and recs[0]["alpha"] == 0.4
+    assert by["merged"]["loss"] == pytest.approx(scalar.scores(tb, merged, t, xy)["loss"])
+    assert by["lbw"]["recovered_loss"] == pytest.approx(1.0) and by["lbw"]["n_entries"] == 83
+    assert by["lbw"]["loss"] == pytest.approx(by["merged"]["loss_ft"])
+    assert by["none"]["recovered_loss"] == pytest.approx(0.0) and by["none"]["gain_acc"] == 0
+    assert _same(merged, snap)
+
+
+# --- chapter 3: verdicts and figures -------------------------------------------------------------
+
+def _frame(rows):
+    return records_frame(rows)
+
+
+def _enr(E_by_task):
+    rows = []
+    for t, Es in E_by_task.items():
+        for s, E in enumerate(Es):
+            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="global", metrics={"E": E}))
+            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="k", layer=0,
+                             kind="pointwise", metrics={"E": E}))
+            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="j", layer=1,
+                             kind="conv", metrics={"E": 0.5}))
+    return _frame(rows)
+
+
+def test_c1_verdict():
+    assert scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}))["status"] == "reproduced"
+    v = scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [0.9, 1.1]}))
+    assert v["status"] == "partly reproduced" and "3/4" in v["evidence"] and "b 1.00" in v["evidence"]
+    assert scalar.c1_verdict(_enr({"a": [0.5], "b": [1.0]}))["status"] == "not reproduced"
+
+
+def _pert(drops):
+    rows = [dict(method="perturb", params={}, seed=0, task=t, condition=c, draw=0,
+                 metrics={"drop": d, "size": 1e-3, "n_entries": 10})
+            for t, by in drops.items() for c, d in by.items()]
+    return _frame(rows)
+
+
+def test_c2_verdict():
+    strong = {"a": {"lbw": 0.2, "random": 0.01, "sensitive": 0.1}, "b": {"lbw": 0.1, "random": 0.0, "sensitive": 0.1}}
+    assert scalar.c2_verdict(_pert(strong))["status"] == "reproduced"
+    mixed = {"a": {"lbw": 0.2, "random": 0.01}, "b": {"lbw": 0.01, "random": 0.009}}
+    assert scalar.c2_verdict(_pert(mixed))["status"] == "partly reproduced"
+    tiny = {"a": {"lbw": 0.001, "random": 0.0}, "b": {"lbw": 0.0, "random": 0.0}}
+    v = scalar.c2_verdict(_pert(tiny))
+    assert v["status"] == "not reproduced" and "0/2" in v["evidence"]
+
+
+def _rest(rec_lbw, rec_rand, rel_moved=5.0):
+    rows = []
+    for t in rec_lbw:
+        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="merged", draw=0,
+                         metrics={"recovered_loss": 0.0, "gain_acc": 0.0, "rel_moved_lbw": rel_moved, "moved_ratio": 2.0}))
+        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="lbw", draw=0,
+                         metrics={"recovered_loss": rec_lbw[t], "gain_acc": 0.01}))
+        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="random", draw=0,
+                         metrics={"recovered_loss": rec_rand[t], "gain_acc": 0.0}))
+    return _frame(rows)
+
+
+def test_c3_verdict():
+    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}))["status"] == "reproduced"
+    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}, rel_moved=0.5))["status"] \
+        == "partly reproduced"
+    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.01}, {"a": 0.01, "b": 0.0}))["status"] == "partly reproduced"
+    v = scalar.c3_verdict(_rest({"a": 0.02, "b": 0.1}, {"a": 0.0, "b": 0.2}))
+    assert v["status"] == "not reproduced" and "0/2" in v["evidence"]
+
+
+def test_chapter3_figures_draw_from_records():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    scalar.plot_task_enrichment(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}), ax=ax)
+    assert [round(p.get_height(), 3) for p in ax.patches] == [1.75, 1.15]
+    ax.clear()
+    im = scalar.plot_layer_enrichment(_enr({"a": [2.0], "b": [4.0]}), ax=ax)
+    assert im.get_array().shape == (2, 2) and float(im.get_array()[1, 0]) == pytest.approx(2.0)
+    ax.clear()
+    scalar.plot_conditions(_pert({"a": {"lbw": 0.2, "random": 0.01}}), "perturb", "drop", ax=ax,
+                           conditions=["lbw", "random"])
+    assert [round(p.get_height(), 3) for p in ax.patches] == [20.0, 1.0]
+    plt.close(fig)
+
+
+# --- chapter 10 ---------------------------------------------------------------------------------
+
+OPTS = PactOptions(core_frac=0.5, active_frac=0.2, max_shield_frac=0.5)
+
+
+@pytest.fixture
+def filtered(tb):
+    tvs = tb.task_vectors()
+    out, report = pact_filter(tb.pretrained, tvs, options=OPTS, keep=True)
+    assert set(report.shields) == {"a.weight", "b.weight"}
+    assert any(s.shape[1] > 0 for ss in report.shields.values() for s in ss)
+    return tvs, out, report
+
+
+def test_task_loss_is_the_cross_entropy_and_differentiable(tb):
+    t = "t1"
+    xy = tb.inputs(t, "val", 20)
+    L = theory.task_loss(tb, t, xy)
+    with torch.no_grad():
+        ref = nn.functional.cross_entropy(tb.classifier(tb.pretrained, t)(xy[0]), xy[1])
+    assert float(L(tb.pretrained)) == pytest.approx(float(ref), rel=1e-6)
+    w = tb.finetuned[t]["a.weight"].clone().requires_grad_(True)
+    L({**tb.finetuned[t], "a.weight": w}).backward()
+    assert w.grad is not None and float(w.grad.norm()) > 0
+
+
+def test_removed_parts_and_shields(filtered):
+    tvs, out, report = filtered
+    rem = theory.removed_parts(tvs[0], out[0], list(report.shields))
+    for k, r in rem.items():
+        S = report.shields[k][0]
+        D = tvs[0][k].reshape(tvs[0][k].shape[0], -1)
+        torch.testing.assert_close(r.reshape(D.shape), D @ S @ S.T, atol=1e-6, rtol=1e-5)  # Δt P_t
+    with pytest.raises(KeyError, match="'zz'"):
+        theory.removed_parts(tvs[0], out[0], ["zz"])
+    assert theory.shields_of(report, 1)["a.weight"] is report.shields["a.weight"][1]
+    empty = type(report)(report.mode, report.options)
+    with pytest.raises(ValueError, match="keep=True"):
+        theory.shields_of(empty, 0)
+
+
+def test_layer_terms_sum_to_first_order_check_and_respect_the_bound(tb, filtered):
+    tvs, out, report = filtered
+    t = 2
+    theta = tb.finetuned[tb.tasks[t]]
+    L = theory.task_loss(tb, tb.tasks[t], tb.inputs(tb.tasks[t], "val", 30))
+    rem = theory.removed_parts(tvs[t], out[t], list(report.shields))
+    sh = theory.shields_of(report, t)
+    rows = theory.layer_terms(L, theta, rem, sh, tvs[t])
+    fo = causal.first_order_check(L, theta, rem, sh)
+    assert sum(r["predicted"] for r in rows) == pytest.approx(fo["predicted"], rel=1e-4, abs=1e-9)
+    assert sum(r["bound"] for r in rows) == pytest.approx(fo["bound"], rel=1e-4)
+    for r in rows:
+        assert abs(r["predicted"]) <= r["bound"] + 1e-9 and 0 <= r["grad_share"] <= 1 + 1e-9
+        assert 0 <= r["removed_energy"] <= 1 + 1e-9
+    path = theory.loss_path(L, theta, rem, [0.0, 1.0])
+    assert path[0] == 0.0 and path[1] == pytest.approx(fo["measured"], rel=1e-5, abs=1e-8)
+
+
+def test_theory_records_end_to_end(tb, filtered):
+    tvs, out, report = filtered
+    t = 1
+    task = tb.tasks[t]
+    xy_loss, xy_test = tb.inputs(task, "val", 25), tb.inputs(task, "test")
+    before = _snapshot(tb.finetuned[task])
+    recs = theory.theory_records(tb, t, tvs[t], out[t], report, xy_loss=xy_loss, xy_test=xy_test,
+                                 fracs=[0.5, 1.0], seed=3, params={"p": 1}, suite="8")
+    assert [r["method"] for r in recs] == ["first-order", "path", "path", "layer", "layer"]
+    fo = recs[0]["metrics"]
+    L = theory.task_loss(tb, task, xy_loss)
+    filt_state = out[t].apply_to(tb.pretrained)
+    assert fo["measured"] == pytest.approx(float(L(filt_state)) - float(L(tb.finetuned[task])), rel=1e-4, abs=1e-7)
+    assert abs(fo["predicted"]) <= fo["bound"] and fo["loss"] == pytest.approx(float(L(tb.finetuned[task])))
+    assert fo["acc_filtered"] == pytest.approx(scalar.scores(tb, filt_state, task, xy_test)["acc"])
+    assert fo["acc_change"] == pytest.approx(fo["acc_filtered"] - fo["acc_ft"])
+    assert recs[2]["metrics"]["measured"] == pytest.approx(fo["measured"])
+    assert recs[1]["metrics"]["predicted"] == pytest.approx(0.5 * fo["predicted"])
+    assert recs[0]["seed"] == 3 and recs[0]["suite"] == "8" and recs[3]["key"] == "a.weight"
+    assert _same(tb.finetuned[task], before)
+
+
+def _fo(rows):
+    return _frame([dict(method="first-order", params={}, seed=0, task=t,
+                        metrics=dict(predicted=p, bound=b, measured=m, acc_change=a, loss=1.0, removed_energy=0.1,
+                                     acc_ft=0.9, acc_filtered=0.9 + a))
+                   for t, p, b, m, a in rows])
+
+
+def test_c12_verdict():
+    good = _fo([("a", 0.01, 0.05, 0.012, 0.0), ("b", 0.02, 0.03, 0.018, -0.005)])
+    assert theory.c12_verdict(good)["status"] == "reproduced"
+    off = _fo([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.05, -0.005)])  # sign wrong / far
+    v = theory.c12_verdict(off)
+    assert v["status"] == "partly reproduced" and "1/2" in v["evidence"]
+    broken = _fo([("a", 0.1, 0.05, 0.1, 0.0), ("b", 0.02, 0.03, 0.018, 0.0)])  # |predicted| > bound
+    assert theory.c12_verdict(broken)["status"] == "not reproduced"
+    costly = _fo([("a", 0.01, 0.05, -0.03, -0.2), ("b", 0.02, 0.03, 0.05, -0.1)])
+    assert theory.c12_verdict(costly)["status"] == "not reproduced"
+
+
+def test_chapter10_table_and_figures(tb, filtered):
+    import matplotlib.pyplot as plt
+
+    tvs, out, report = filtered
+    recs = []
+    for t in range(2):
+        task = tb.tasks[t]
+        recs += theory.theory_records(tb, t, tvs[t], out[t], report, xy_loss=tb.inputs(task, "val", 20),
+                                      xy_test=tb.inputs(task, "test"), fracs=[0.5, 1.0], seed=0, params={})
+    frame = records_frame(recs)
+    tab = theory.summary_table(frame)
+    assert list(tab.index) == ["t0", "t1"] and tab["seeds"].tolist() == [1, 1]
+    assert tab.loc["t0", "measured"] == pytest.approx(recs[0]["metrics"]["measured"])
+    fig, ax = plt.subplots()
+    theory.plot_sides(frame, ax=ax)
+    assert len(ax.collections) == 3
+    ax.clear()
+    theory.plot_path(frame, ax=ax)
+    assert len(ax.lines) == 2 * 2 + 1
+    ax.clear()
+    theory.plot_layers(frame, ax=ax)
+    assert len(ax.patches) == 2
+    plt.close("all")
