@@ -297,8 +297,11 @@ def test_smoke_book_builds_end_to_end(tmp_path):
         tags = [c["metadata"].get("tags", []) for c in nb["cells"]]
         assert ["parameters"] in tags and ["injected-parameters"] in tags, stem
         injected = "".join(nb["cells"][tags.index(["injected-parameters"])]["source"])
-        assert "demo_dim = 8" in injected, stem
-        assert json.loads((executed / f"{stem}.key").read_text())["params"]["demo_dim"] == 8
+        used = json.loads((executed / f"{stem}.key").read_text())["params"]
+        for name in used:
+            assert f"{name} = " in injected, (stem, name)
+        if "zoo_profile" in used:  # the smoke set points every experiment at the seconds-sized zoo
+            assert used["zoo_profile"] == "smoke", stem
         assert records.read_records(executed / "records" / f"{stem}.jsonl"), stem
 
         page = html / "book" / "_executed" / "smoke" / f"{stem}.html"
@@ -307,7 +310,9 @@ def test_smoke_book_builds_end_to_end(tmp_path):
         assert imgs, f"{stem}: no figure"
         for src in imgs:
             assert (page.parent / src).is_file(), f"{stem}: {src} missing"
-        assert f"Figure {n}.1" in text and "Verdict on" in text, stem
+        assert re.search(rf"Figure {n}\.\d", text), f"{stem}: no numbered figure caption"
+        if 3 <= n <= 10:  # the claim chapters end with verdicts
+            assert "Verdict on" in text, stem
 
     intro = (html / "book" / "intro.html").read_text()
     mathjax = re.findall(r'<script[^>]*src="([^"]*tex-mml-chtml\.js)[^"]*"', intro)

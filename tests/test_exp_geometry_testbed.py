@@ -17,6 +17,7 @@ from torch import nn
 
 from pactlib import PactOptions, pact_filter, plotting, records, reference, task_vectors_from
 from pactlib.experiments import geometry, testbed
+from pactlib.zoo import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,10 +187,7 @@ def test_run_records_accuracy_and_timing_tables():
 def test_recipe_table_and_accuracy_plot(tmp_path):
     table = testbed.recipe_table(_zoo_records())
     assert table.loc["steps", "full"] == "100" and table.loc["lora_lr", "lora"] == "0.003"
-    from pactlib.zoo import Recipe
-
     assert table.loc["lora_lr", "full"] == "—" and table.loc["steps", "default"] == str(Recipe().steps)
-
     pinned = testbed.recipe_table(_zoo_records(), default=Recipe(steps=7), label="profile")
     assert list(pinned.columns) == ["full", "lora", "profile"] and pinned.loc["steps", "profile"] == "7"
     frame = records.records_frame(testbed.run_records(_zoo_records(), tasks=["mnist", "optdigits"], seeds=[0, 1]))

@@ -138,6 +138,22 @@ def test_group_gains_and_c9_reproduced():
     assert v["whole"]["status"] == "reproduced" and "+5.00" in v["whole"]["evidence"]
 
 
+def test_condition_and_intrusion_tables():
+    f = _group_frame({"8": dict(early=2.0, all=3.0), "20": dict(early=1.0, all=5.0)})
+    f["alpha"] = 1.0
+    f["metrics.acc"] = f["metrics.norm_acc"] - 0.1
+    t = depth.condition_table(f)
+    assert list(t.index) == ["none", "early", "all"]
+    assert list(t.columns) == [(q, s) for q in ("acc %", "norm. acc %", "alpha") for s in ("8", "20")]
+    assert t.loc["all", ("norm. acc %", "20")] == pytest.approx(85.0) and t.loc["none", ("acc %", "8")] == pytest.approx(70.0)
+    assert t.loc["early", ("alpha", "8")] == 1.0
+    recs = [make_record("intrusion", params={}, seed=0, suite="8", key=k, depth=i, task="a",
+                        metrics={"intrusion": 0.1 * (i + 1), "chance": 0.05}) for i, k in enumerate("wxyz")]
+    it = depth.intrusion_table(records_frame(recs), {"early": ["w", "x"], "late": ["y", "z"], "all": list("wxyz")})
+    assert list(it.index) == ["early", "late"]
+    assert it.loc["early", ("intrusion %", "8")] == pytest.approx(15.0) and it.loc["late", ("r/n %", "8")] == pytest.approx(5.0)
+
+
 def test_c9_not_and_partly():
     f = _group_frame({"8": dict(early=0.5, middle=-0.2, late=0.0, all=-0.1),
                       "20": dict(early=2.0, middle=0.0, late=0.0, all=1.0)})
@@ -268,7 +284,7 @@ def test_ablation_records_measure_drop_and_energy_without_mutating():
     assert tb.calls == 1 + 3 * 2 and len(recs) == 7
     assert torch.equal(tb.finetuned["t0"]["w"], before)
     for r in recs:
-        assert r["metrics"]["drop"] == pytest.approx(r["metrics"]["energy"], abs=1e-5)
+        assert r["metrics"]["drop"] == pytest.approx(r["metrics"]["energy"], abs=1e-5) and r["strength"] == 1.0
         assert r["metrics"]["dims"] == (3 if r["condition"] == "energy" else 2)
         assert r["task"] == "t0" and r["suite"] == "8"
     lbw = next(r for r in recs if r["condition"] == "lbw")
@@ -278,11 +294,19 @@ def test_ablation_records_measure_drop_and_energy_without_mutating():
     assert lbw["metrics"]["overlap"] == pytest.approx(1.0, abs=1e-5)
     assert all(0 <= r["metrics"]["overlap"] <= 1 + 1e-5 for r in recs)
     summary = subspace.condition_summary(records_frame(recs))
-    assert list(summary.index) == [subspace.LABELS[c] for c in subspace.CONDITIONS]
-    assert summary.loc[subspace.LABELS["lbw"], "overlap with LBW %"] == pytest.approx(100, abs=1e-3)
-    assert summary.loc[subspace.LABELS["lbw"], "dimensions"] == 2
-    assert summary.loc[subspace.LABELS["random"], "drop (points)"] == pytest.approx(
+    assert list(summary.index) == [(1.0, subspace.LABELS[c]) for c in subspace.CONDITIONS]
+    lb = (1.0, subspace.LABELS["lbw"])
+    assert summary.loc[lb, "overlap with LBW %"] == pytest.approx(100, abs=1e-3) and summary.loc[lb, "dimensions"] == 2
+    assert summary.loc[(1.0, subspace.LABELS["random"]), "drop (points)"] == pytest.approx(
         100 * sum(r["metrics"]["drop"] for r in recs if r["condition"] == "random") / 2)
+    # partial ablation W − γ W V Vᵀ removes (1 − (1 − γ)²) of the subspace's energy
+    half = subspace.ablation_records(tb, "t0", subs, draws=1, seed=0, params={}, strengths=(0.5, 1.0),
+                                     conditions=("lbw",))
+    assert [r["strength"] for r in half] == [0.5, 1.0]
+    assert half[0]["metrics"]["removed"] == pytest.approx(0.75 * half[1]["metrics"]["removed"])
+    assert all(r["metrics"]["drop"] == pytest.approx(r["metrics"]["removed"], abs=1e-5) for r in half)
+    with pytest.raises(ValueError, match=r"strengths must be in \(0, 1\]"):
+        subspace.ablation_records(tb, "t0", subs, draws=1, seed=0, params={}, strengths=(0.0,))
     with pytest.raises(KeyError, match="'t9'"):
         subspace.ablation_records(tb, "t9", subs, draws=1, seed=0, params={})
 
@@ -290,7 +314,8 @@ def test_ablation_records_measure_drop_and_energy_without_mutating():
 def _ablate_frame(drops):
     """drops: {(task, condition): [drop per draw]} -> frame of ablate records."""
     recs = [make_record("ablate", params={}, seed=0, task=t, condition=c, draw=i,
-                        metrics={"drop": d, "energy": 0.5 if c in ("lbw", "energy") else 0.05, "acc": 0.9 - d})
+                        metrics={"drop": d, "energy": 0.5 if c in ("lbw", "energy") else 0.05,
+                                 "removed": 0.5 if c in ("lbw", "energy") else 0.05, "acc": 0.9 - d})
             for (t, c), ds in drops.items() for i, d in enumerate(ds)]
     return records_frame(recs)
 
@@ -300,13 +325,13 @@ def test_c4_verdict_statuses():
               ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
               ("b", "complement"): [0.1], ("b", "energy"): [0.1]}
     v = subspace.c4_verdict(_ablate_frame(strong), margin=0.02)
-    assert v["status"] == "reproduced" and "2/2" in v["evidence"]
-    assert "margin in 1/2 pairs" in v["evidence"]  # task b beats the energy-matched control, task a does not
+    assert v["status"] == "reproduced" and "in 2/2 (seed, task)" in v["evidence"]
+    assert "energy-matched control: 1/2" in v["evidence"]  # task b beats it, task a does not
     v = subspace.c4_verdict(_ablate_frame(strong), margin=0.1)  # task b: 0.3 vs 0.2 + 0.1 fails
     assert v["status"] == "partly reproduced" and "1/2" in v["evidence"]
     weak = {("a", "lbw"): [0.01], ("a", "random"): [0.0], ("a", "complement"): [0.02]}
     v = subspace.c4_verdict(_ablate_frame(weak))
-    assert v["status"] == "not reproduced" and "as much weight energy" not in v["evidence"]
+    assert v["status"] == "not reproduced" and "energy-matched" not in v["evidence"]
 
 
 def test_subspace_plots_and_table():
@@ -321,8 +346,8 @@ def test_subspace_plots_and_table():
     assert len(ax.collections) == 4
     plt.close(fig)
     t = subspace.drop_table(f)
-    assert list(t.columns[:4]) == [f"drop · {c}" for c in subspace.CONDITIONS]
-    assert t.loc["a", "drop · energy"] == pytest.approx(40) and t.loc["a", "energy % · lbw"] == pytest.approx(50)
+    assert list(t.columns) == [subspace.LABELS[c] for c in subspace.CONDITIONS]
+    assert t.loc[(1.0, "a"), subspace.LABELS["energy"]] == pytest.approx(40)
     W0, d0, d1 = _planted_layer()
     pre, tvs, subs = _subs_fixture()
     dims = records_frame(subspace.dimension_records(pre, subs, ["t0", "t1"], tol=0.5, params={}, seed=0))

@@ -212,14 +212,22 @@ def plot_intrusion(frame: pd.DataFrame, *, ax, suites: Sequence[str], bounds: Ma
     ax.legend(title="suite (dashed: r/n)")
 
 
+def _suite_order(t: pd.DataFrame, quantities: Sequence[str]) -> pd.DataFrame:
+    """Columns (quantity, suite) in the given quantity order and numeric suite order ("8" before "20")."""
+    suites = sorted(set(t.columns.get_level_values(1)), key=lambda s: (len(str(s)), str(s)))
+    return t[[(q, s) for q in quantities for s in suites if (q, s) in t.columns]]
+
+
 def condition_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows: conditions (``GROUPS`` order); columns: (quantity, suite) for the mean test accuracy and
     normalized accuracy (%) and the chosen α, means over seeds."""
     runs = frame[frame["group"].notna()]
-    t = runs.pivot_table(index="group", columns="suite", values=["metrics.acc", "metrics.norm_acc", "alpha"],
+    quantities = ["metrics.acc", "metrics.norm_acc", "alpha"]
+    t = runs.pivot_table(index="group", columns="suite", values=quantities,
                          aggfunc="mean").reindex([g for g in GROUPS if g in set(runs["group"])])
-    t[["metrics.acc", "metrics.norm_acc"]] *= 100
-    return t.rename(columns=lambda c: {"metrics.acc": "acc %", "metrics.norm_acc": "norm. acc %"}.get(c, c))
+    for c in ("metrics.acc", "metrics.norm_acc"):
+        t[c] = 100 * t[c]
+    return _suite_order(t, quantities).rename(columns=lambda c: {"metrics.acc": "acc %", "metrics.norm_acc": "norm. acc %"}.get(c, c))
 
 
 def intrusion_table(frame: pd.DataFrame, groups: Mapping[str, Sequence[str]]) -> pd.DataFrame:
@@ -230,7 +238,8 @@ def intrusion_table(frame: pd.DataFrame, groups: Mapping[str, Sequence[str]]) ->
     f["group"] = f["key"].map(where)
     t = 100 * f.pivot_table(index="group", columns="suite", values=["metrics.intrusion", "metrics.chance"],
                             aggfunc="mean")
-    t = t.reindex([g for g in groups if g != "all" and g in set(f["group"])])
+    t = _suite_order(t.reindex([g for g in groups if g != "all" and g in set(f["group"])]),
+                     ["metrics.intrusion", "metrics.chance"])
     return t.rename(columns=lambda c: {"metrics.intrusion": "intrusion %", "metrics.chance": "r/n %"}.get(c, c))
 
 

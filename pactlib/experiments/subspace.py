@@ -8,7 +8,7 @@
   of Vt,k), or a random subspace of R^n that removes as much weight energy as the LBW;
 - :func:`removed_energy`: the share of the weights' energy an ablation removes, ‖W V‖²/‖W‖²;
 - :func:`ablation_records`: C4's measurements for one task (accuracy drop and removed energy
-  per condition and draw);
+  per condition, draw and ablation strength);
 - :func:`plot_dimensions`, :func:`plot_drops`, :func:`plot_energy`, :func:`drop_table`,
   :func:`condition_summary`, :func:`c4_verdict`.
 
@@ -151,10 +151,14 @@ def removed_energy(state: Mapping[str, Tensor], bases: Mapping[str, Tensor], *,
 
 
 def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, draws: int, seed: int,
-                     params: Mapping, conditions: Sequence[str] = CONDITIONS, rule: MatrixRule = DEFAULT_RULE,
-                     **extra) -> list[dict]:
+                     params: Mapping, strengths: Sequence[float] = (1.0,), conditions: Sequence[str] = CONDITIONS,
+                     rule: MatrixRule = DEFAULT_RULE, **extra) -> list[dict]:
     """C4 for one task: ablate each condition's subspaces from every layer of θt and measure the
     task's test accuracy.
+
+    The ablation of strength γ is W → W − γ W V Vᵀ (γ = 1: the subspace is removed, the claim's
+    operation; γ < 1: its component is shrunk by the factor 1 − γ). It is
+    ``causal.ablate_subspaces`` applied to the scaled basis √γ V.
 
     Args:
         tb: a testbed (:class:`pactlib.study.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
@@ -163,32 +167,44 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
         task: the task t.
         subspaces: from :func:`subspaces_by_layer` over ``tb``'s task vectors (in ``tb.tasks`` order).
         draws: random draws per random condition (the LBW is deterministic: one).
+        strengths: the γ values, each in (0, 1].
 
     Returns:
-        ``ablate`` records, one per (condition, draw): metrics ``acc``, ``drop`` (baseline − acc),
-        ``energy`` (pooled removed energy), ``energy_layer_mean``, ``dims`` (ablated dimensions
-        over all layers) and ``overlap`` = Σ_l ‖Vt,LBWᵀ V‖²_F / dims, the mean squared cosine of the
-        principal angles between the ablated subspace and the LBW (1 for the LBW itself, r/n
-        expected for a random one); fields ``task``, ``condition``, ``draw`` and ``extra``.
+        ``ablate`` records, one per (condition, draw, strength): metrics ``acc``, ``drop``
+        (baseline − acc), ``energy`` = Σ‖W V‖²/Σ‖W‖² over the layers (the share of the weight energy
+        inside the ablated subspace), ``removed`` = (1 − (1 − γ)²)·``energy`` (the share the
+        ablation takes away), ``energy_layer_mean`` (mean of the per-layer shares), ``dims``
+        (ablated dimensions over all layers) and ``overlap`` = Σ_l ‖Vt,LBWᵀ V‖²_F / dims, the mean
+        squared cosine of the principal angles between the ablated subspace and the LBW (1 for the
+        LBW, about r/n for a random subspace); fields ``task``, ``condition``, ``draw``,
+        ``strength`` and ``extra``.
 
     Raises:
-        KeyError: ``task`` not in the testbed.
+        KeyError: ``task`` not in the testbed. ValueError: a strength outside (0, 1].
     """
     if task not in tb.tasks:
         raise KeyError(f"ablation_records: task {task!r} not in the testbed's tasks {list(tb.tasks)}")
+    bad = [g for g in strengths if not 0 < g <= 1]
+    if bad:
+        raise ValueError(f"ablation_records: strengths must be in (0, 1], got {bad}")
     t, state, baseline = list(tb.tasks).index(task), tb.finetuned[task], tb.ft_test[task]
     out = []
     for cond in conditions:
         for draw in range(1 if cond == "lbw" else draws):
             bases = ablation_bases(subspaces, t, cond, seed=seed, draw=draw, state=state, rule=rule)
-            acc = tb.evaluate(causal.ablate_subspaces(state, bases, rule=rule), "test", [task])[task]
             e = removed_energy(state, bases, rule=rule)
             dims = sum(int(V.shape[1]) for V in bases.values())
-            overlap = sum(float((subspaces[k].lbw[t].basis.float().mT @ V.float()).pow(2).sum()) for k, V in bases.items())
-            out.append(make_record("ablate", params=params, seed=seed, task=task, condition=cond, draw=draw,
-                                   metrics=dict(acc=acc, drop=baseline - acc, energy=e["pooled"],
-                                                energy_layer_mean=e["layer_mean"], dims=dims,
-                                                overlap=overlap / dims if dims else None), **extra))
+            overlap = sum(float((subspaces[k].lbw[t].basis.float().mT @ V.float()).pow(2).sum())
+                          for k, V in bases.items())
+            for gamma in strengths:
+                scaled = {k: V * gamma ** 0.5 for k, V in bases.items()}  # √γ V: W − γ W V Vᵀ
+                acc = tb.evaluate(causal.ablate_subspaces(state, scaled, rule=rule), "test", [task])[task]
+                out.append(make_record("ablate", params=params, seed=seed, task=task, condition=cond, draw=draw,
+                                       strength=gamma, metrics=dict(
+                                           acc=acc, drop=baseline - acc, energy=e["pooled"],
+                                           removed=(1 - (1 - gamma) ** 2) * e["pooled"],
+                                           energy_layer_mean=e["layer_mean"], dims=dims,
+                                           overlap=overlap / dims if dims else None), **extra))
     return out
 
 
@@ -214,32 +230,44 @@ def plot_dimensions(frame: pd.DataFrame, *, axes) -> None:
     ax.legend(fontsize=7)
 
 
+def _ablations(frame: pd.DataFrame) -> pd.DataFrame:
+    f = frame[frame["method"] == "ablate"].copy()
+    if "strength" not in f:
+        f["strength"] = 1.0
+    return f
+
+
 def drop_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Mean accuracy drop (points) and pooled removed energy (%) per task and condition (means
-    over seeds and draws)."""
-    f = frame[frame["method"] == "ablate"]
-    g = f.groupby(["task", "condition"], sort=False)[["metrics.drop", "metrics.energy"]].mean() * 100
-    t = g.unstack("condition")
-    t.columns = [f"{'drop' if m == 'metrics.drop' else 'energy %'} · {c}" for m, c in t.columns]
-    cols = [f"{m} · {c}" for m in ("drop", "energy %") for c in CONDITIONS if f"{m} · {c}" in t.columns]
-    return t[cols]
+    """Mean accuracy drop (points) per (strength γ, task) and condition, means over seeds and draws."""
+    f = _ablations(frame)
+    t = (100 * f.groupby(["strength", "task", "condition"], sort=False)["metrics.drop"].mean()).unstack("condition")
+    t = t[[c for c in CONDITIONS if c in t.columns]].rename(columns=LABELS)
+    t.index = t.index.set_names(["γ", "task"])
+    return t
 
 
 def condition_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per condition: mean accuracy drop (points), removed energy pooled and per-layer mean
-    (%), overlap with the LBW (%) and ablated dimensions; means over tasks, seeds and draws."""
-    f = frame[frame["method"] == "ablate"]
-    cols = {"metrics.drop": "drop (points)", "metrics.energy": "energy % (pooled)",
-            "metrics.energy_layer_mean": "energy % (layer mean)", "metrics.overlap": "overlap with LBW %",
+    """One row per (strength γ, condition): mean accuracy drop (points), the share of weight energy
+    in the ablated subspace and the share removed (%, pooled over layers), the mean per-layer
+    share (%), the overlap with the LBW (%) and the ablated dimensions; means over tasks, seeds
+    and draws."""
+    f = _ablations(frame)
+    cols = {"metrics.drop": "drop (points)", "metrics.energy": "energy in V %", "metrics.removed": "energy removed %",
+            "metrics.energy_layer_mean": "energy in V % (layer mean)", "metrics.overlap": "overlap with LBW %",
             "metrics.dims": "dimensions"}
-    g = f.groupby("condition")[[c for c in cols if c in f]].mean()
+    g = f.groupby(["strength", "condition"])[[c for c in cols if c in f]].mean()
     g[[c for c in g.columns if c != "metrics.dims"]] *= 100
-    return g.reindex([c for c in CONDITIONS if c in g.index]).rename(columns=cols, index=LABELS)
+    order = [(s, c) for s in sorted(set(f["strength"])) for c in CONDITIONS if (s, c) in g.index]
+    g = g.reindex(order).rename(columns=cols, index=LABELS)
+    g.index = g.index.set_names(["γ", "condition"])
+    return g
 
 
-def plot_drops(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIONS) -> None:
-    """Grouped bars: mean accuracy drop (points) per task and condition; dots: seeds and draws."""
-    f = frame[frame["method"] == "ablate"]
+def plot_drops(frame: pd.DataFrame, *, ax, strength: float = 1.0, conditions: Sequence[str] = CONDITIONS) -> None:
+    """Grouped bars: mean accuracy drop (points) per task and condition at ablation strength
+    ``strength``; dots: seeds and draws."""
+    f = _ablations(frame)
+    f = f[np.isclose(f["strength"], strength)]
     tasks = list(dict.fromkeys(f["task"]))
     width = 0.8 / len(conditions)
     for j, c in enumerate(conditions):
@@ -251,53 +279,56 @@ def plot_drops(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITION
             pts = 100 * sel[sel["task"] == t]["metrics.drop"]
             ax.scatter([x] * len(pts), pts, color="black", s=5, zorder=3)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=30, ha="right")
-    ax.set_ylabel("accuracy drop of task t (points)")
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=20, ha="right")
+    ax.set(ylabel="accuracy drop (points)", title=f"ablation strength γ = {strength:g}")
     ax.legend(fontsize=7, ncol=2)
 
 
 def plot_energy(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIONS) -> None:
-    """Accuracy drop (points) against the pooled weight energy removed (%), one point per
-    ablation, coloured by condition."""
-    f = frame[frame["method"] == "ablate"]
-    for c in conditions:
-        sel = f[f["condition"] == c]
-        ax.scatter(100 * sel["metrics.energy"], 100 * sel["metrics.drop"], s=12, label=LABELS[c])
+    """Accuracy drop (points) against the share of weight energy the ablation removes (%), one
+    point per ablation: colour = condition, marker = strength γ."""
+    f = _ablations(frame)
+    markers = dict(zip(sorted(set(f["strength"])), "os^vD"))
+    for j, c in enumerate(conditions):
+        for gamma, m in markers.items():
+            sel = f[(f["condition"] == c) & np.isclose(f["strength"], gamma)]
+            ax.scatter(100 * sel["metrics.removed"], 100 * sel["metrics.drop"], s=14, marker=m, color=f"C{j}",
+                       label=f"{LABELS[c]}, γ = {gamma:g}")
     ax.set(xscale="log", xlabel="weight energy removed (%, log scale)", ylabel="accuracy drop (points)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
 
 
-def _per_task(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (seed, task): the LBW drop and, per random condition, the mean and the largest drop."""
-    f = frame[frame["method"] == "ablate"]
-    g = f.groupby(["seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
-    return g
+def _per_task(f: pd.DataFrame) -> pd.DataFrame:
+    """Per (strength, seed, task): per condition, the mean and the largest drop over draws."""
+    return f.groupby(["strength", "seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
 
 
 def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
-    """C4 from ``ablate`` records: for each (seed, task), removing Vt,LBW must drop accuracy by more
-    than every draw of each control in ``controls`` plus ``margin`` (accuracy, 0.02 = 2 points).
+    """C4 from ``ablate`` records: for each (strength, seed, task), ablating Vt,LBW must drop
+    accuracy by more than every draw of each control in ``controls`` plus ``margin`` (accuracy,
+    0.02 = 2 points).
 
-    Reproduced when every (seed, task) passes against every control, partly when some do. The
-    evidence also compares with the energy-matched control (``energy``) when it was run.
+    Reproduced when every (strength, seed, task) passes against every control, partly when some
+    do. The evidence gives the counts per strength and also compares with the energy-matched
+    control (``energy``) when it was run.
     """
-    g = _per_task(frame)
+    f = _ablations(frame)
+    g = _per_task(f)
     lbw = g[("mean", "lbw")]
     ok = pd.Series(True, index=g.index)
-    parts = [f"mean drop: LBW {100 * lbw.mean():.1f}"]
     for c in controls:
         ok &= lbw > g[("max", c)] + margin
-        parts.append(f"{c} {100 * g[('mean', c)].mean():.1f}")
     n_ok, n = int(ok.sum()), len(ok)
     status = "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok else "not reproduced")
-    f = frame[frame["method"] == "ablate"]
-    energy = f.groupby("condition")["metrics.energy"].mean() * 100
-    text = (f"removing Vt,LBW drops accuracy by more than every random draw + {100 * margin:.0f} points in "
-            f"{n_ok}/{n} (seed, task) pairs; " + ", ".join(parts) + " points; weight energy removed: "
-            + ", ".join(f"{c} {energy[c]:.1f} %" for c in CONDITIONS if c in energy) + ".")
-    if ("mean", "energy") in g.columns:
-        beats = int((lbw > g[("max", "energy")] + margin).sum())
-        text += (f" Against random subspaces that remove as much weight energy as the LBW, the LBW drop is "
-                 f"larger by more than the margin in {beats}/{n} pairs "
-                 f"({100 * (lbw - g[('mean', 'energy')]).mean():+.1f} points on average).")
-    return dict(status=status, evidence=text)
+    parts = []
+    for gamma in sorted(set(f["strength"])):
+        sel = g.xs(gamma, level="strength")
+        means = ", ".join(f"{c} {100 * sel[('mean', c)].mean():.1f}" for c in CONDITIONS if ("mean", c) in sel.columns)
+        k = ok.xs(gamma, level="strength")
+        text = (f"γ = {gamma:g}: LBW beats every draw of {' and '.join(controls)} by > {100 * margin:.0f} points "
+                f"in {int(k.sum())}/{len(k)} (seed, task) pairs; mean drops (points): {means}")
+        if ("mean", "energy") in sel.columns:
+            beats = int((sel[("mean", "lbw")] > sel[("max", "energy")] + margin).sum())
+            text += f"; against the energy-matched control: {beats}/{len(k)}"
+        parts.append(text)
+    return dict(status=status, evidence=". ".join(parts) + ".")

@@ -248,7 +248,7 @@ def plot_accuracy(frame: pd.DataFrame, *, ax) -> None:
                 ax.scatter([xi] * len(pts), pts, color="black", s=5, zorder=3)
     ax.set_xticks(x, tasks, rotation=60, ha="right")
     ax.set(ylabel="test accuracy (%)", ylim=(0, 100))
-    ax.legend(loc="lower left", fontsize=7, ncols=len(kinds))
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncols=len(kinds), frameon=False)
 
 
 def frozen_statistics(pretrained: Mapping[str, Tensor], finetuned: Mapping[str, Mapping[str, Tensor]]) -> dict[str, float]:
