@@ -30,11 +30,12 @@
 zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
 suite = "8"              # C4 is a per-task claim: the eight tasks of the first suite
 n_tasks = 0              # 0 = every task of the suite; >0 = the first n (smoke runs)
-seeds = [0]              # one fine-tuning seed: 8 tasks x 10 ablations fill the 1.5-minute budget
-draws = 3                # random subspaces per control and task: enough to see the controls' spread
+seeds = [0]              # one fine-tuning seed: 8 tasks x 14 evaluations fill the 1.5-minute budget
+draws = 2                # random subspaces per control and task: enough to see the controls' spread
+strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.25 = a dose below saturation
 margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points
 val_limit = 16           # validation images per task: loaded with the testbed, not used here
-test_limit = 300         # test images per task behind every accuracy in this chapter
+test_limit = 200         # test images per task behind every accuracy here (1 image = 0.5 points)
 threads = 1              # one BLAS thread: two spin against each other when the two cores are shared
 
 # %%
@@ -45,7 +46,7 @@ from pactlib import params, study
 P = params.check(
     globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
     n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), draws=params.at_least(1),
-    margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
+    strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
     threads=params.at_least(0),
 )
 if threads:
@@ -102,7 +103,9 @@ from pactlib import plotting
 with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2,
                      caption="Subspaces of the backbone's 32 matrix layers, input to output. Left: input "
                              "dimension n, core rank K, active rank k and LBW rank (mean over tasks and "
-                             "seeds; band: smallest to largest task). Right: mean survival value σ of the "
+                             "seeds; band: smallest to largest task); lines that coincide are drawn on top of "
+                             "each other (K = k when both are the same fraction of the rank). Right: mean "
+                             "survival value σ of the "
                              "core directions, the share of the core kept in the LBW (σ ≥ τ), and the share "
                              "of W0's energy that the core holds.") as (fig, axes):
     subspace.plot_dimensions(frame, axes=axes)
@@ -115,9 +118,11 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
       f"on average per layer")
 
 # %% [markdown]
-# With k about a tenth of the rank, the fine-tuning touches few of the core directions: most
-# survival values stay near 1 and the LBW keeps most of the core. Where the active subspace
-# does overlap the core, σ falls and the LBW shrinks.
+# The ratio r_LBW / K says how much of the core survives in the LBW. Where the active subspace
+# of a task overlaps the core, survival values fall below τ and the LBW shrinks; a ratio of 1
+# everywhere means that the few directions each fine-tuning used (k is a tenth of the rank) lie
+# almost orthogonal to the core. The LBW is then the whole pre-trained core, and C4 becomes a
+# test of the core itself, for every task alike.
 #
 # ## Removing the LBW subspace from θt (C4)
 #
@@ -141,38 +146,51 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
 # If the LBW hurts more than that, its directions matter beyond their energy. Each random
 # condition gets `draws` draws; the overlap column below (mean squared cosine between the
 # removed subspace and the LBW) shows how far each control is from the LBW.
+#
+# **Strength.** BatchNorm layers keep the running statistics of θt, so a network whose weights
+# lose a whole subspace in every layer at once may simply collapse, whatever the subspace, and
+# every condition then sits at chance: a comparison without resolution. Besides the full
+# removal of the claim (γ = 1) we therefore also shrink the component, W → W − γ W V Vᵀ with
+# γ = 0.25, which keeps the drops of the controls well below saturation in a first look at the
+# default zoo. Removing a fraction γ of the component takes away the share 1 − (1 − γ)² of
+# its energy (0.44 for γ = 0.25).
 
 # %%
 recs = []
 for seed, tb in tqdm(beds.items(), desc="seeds"):
     for t in tqdm(tb.tasks, desc=f"ablations, seed {seed}", leave=False):
-        recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, params=P, suite=suite)
+        recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, strengths=strengths, params=P,
+                                          suite=suite)
 records.write_records(path, recs)
 frame = records.records_frame(path)
 
 # %%
-with plotting.figure("ablation-drops", chapter=4, number=2, size="wide", paper="Fig. 5",
-                     caption="Drop in task t's test accuracy (points) when a subspace is removed from every "
-                             "matrix layer of θt: the LBW subspace and three random controls of the same "
-                             "dimension. Bars: means; dots: single draws and seeds.") as (fig, ax):
-    subspace.plot_drops(frame, ax=ax)
+with plotting.figure("ablation-drops", chapter=4, number=2, size=(9.0, 2.9 * len(strengths)), nrows=len(strengths),
+                     squeeze=False, paper="Fig. 5",
+                     caption="Drop in task t's test accuracy (points) when a subspace is ablated from every matrix "
+                             "layer of θt (W → W − γ W V Vᵀ): the LBW subspace, two random controls of the same "
+                             "dimension and a random control removing as much energy. Bars: means; dots: single "
+                             "draws and seeds.") as (fig, axes):
+    for ax, gamma in zip(axes[:, 0], strengths):
+        subspace.plot_drops(frame, ax=ax, strength=gamma)
 
 # %%
 plotting.table(subspace.drop_table(frame), chapter=4, number=1, floatfmt="{:.1f}",
-               caption="Accuracy drop (points) and share of the matrix layers' weight energy removed (%), per "
-                       "task and condition; means over draws and seeds.")
+               caption="Accuracy drop (points) per ablation strength γ, task and condition; means over draws and "
+                       "seeds.")
 
 # %%
 plotting.table(subspace.condition_summary(frame), chapter=4, number=2, floatfmt="{:.1f}",
-               caption="Per condition, means over tasks, draws and seeds: accuracy drop (points), weight energy "
-                       "removed (%, pooled over the layers and mean of the per-layer shares), overlap of the "
-                       "removed subspace with the LBW (mean squared cosine of the principal angles, %) and "
-                       "the number of removed dimensions summed over the layers.")
+               caption="Per strength γ and condition, means over tasks, draws and seeds: accuracy drop (points), "
+                       "share of the weight energy inside the ablated subspace and share removed (%, pooled over "
+                       "the layers), mean per-layer share (%), overlap of the ablated subspace with the LBW (mean "
+                       "squared cosine of the principal angles, %) and removed dimensions summed over the layers.")
 
 # %%
 with plotting.figure("ablation-energy", chapter=4, number=3,
-                     caption="Accuracy drop against the share of weight energy each ablation removes, one point "
-                             "per task, condition and draw.") as (fig, ax):
+                     size="wide", caption="Accuracy drop against the share of weight energy each ablation "
+                     "removes, one point per task, condition, draw and strength (circles γ = 0.25, squares "
+                     "γ = 1 with the default strengths).") as (fig, ax):
     subspace.plot_energy(frame, ax=ax)
 
 # %% [markdown]

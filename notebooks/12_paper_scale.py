@@ -43,9 +43,12 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import torch
+
 from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
+torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
 from pactlib import PactOptions, cli, pact_filter, params, plotting, records, reference, task_vectors_from
 from pactlib.data import paper
 from pactlib.experiments import paper_scale

@@ -294,10 +294,10 @@ def test_ablation_records_measure_drop_and_energy_without_mutating():
     assert lbw["metrics"]["overlap"] == pytest.approx(1.0, abs=1e-5)
     assert all(0 <= r["metrics"]["overlap"] <= 1 + 1e-5 for r in recs)
     summary = subspace.condition_summary(records_frame(recs))
-    assert list(summary.index) == [(1.0, subspace.LABELS[c]) for c in subspace.CONDITIONS]
-    lb = (1.0, subspace.LABELS["lbw"])
+    assert list(summary.index) == [("1", subspace.LABELS[c]) for c in subspace.CONDITIONS]
+    lb = ("1", subspace.LABELS["lbw"])
     assert summary.loc[lb, "overlap with LBW %"] == pytest.approx(100, abs=1e-3) and summary.loc[lb, "dimensions"] == 2
-    assert summary.loc[(1.0, subspace.LABELS["random"]), "drop (points)"] == pytest.approx(
+    assert summary.loc[("1", subspace.LABELS["random"]), "drop (points)"] == pytest.approx(
         100 * sum(r["metrics"]["drop"] for r in recs if r["condition"] == "random") / 2)
     # partial ablation W − γ W V Vᵀ removes (1 − (1 − γ)²) of the subspace's energy
     half = subspace.ablation_records(tb, "t0", subs, draws=1, seed=0, params={}, strengths=(0.5, 1.0),
@@ -347,7 +347,7 @@ def test_subspace_plots_and_table():
     plt.close(fig)
     t = subspace.drop_table(f)
     assert list(t.columns) == [subspace.LABELS[c] for c in subspace.CONDITIONS]
-    assert t.loc[(1.0, "a"), subspace.LABELS["energy"]] == pytest.approx(40)
+    assert t.loc[("1", "a"), subspace.LABELS["energy"]] == pytest.approx(40)
     W0, d0, d1 = _planted_layer()
     pre, tvs, subs = _subs_fixture()
     dims = records_frame(subspace.dimension_records(pre, subs, ["t0", "t1"], tol=0.5, params={}, seed=0))

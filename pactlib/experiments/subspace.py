@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 import torch
@@ -216,9 +217,9 @@ def plot_dimensions(frame: pd.DataFrame, *, axes) -> None:
     x = g.size().index
     ax = axes[0]
     ax.plot(x, g["metrics.n"].first(), color="grey", lw=1, label="input dim n")
-    ax.plot(x, g["metrics.K"].first(), marker="s", ms=3, label="core K")
-    ax.plot(x, g["metrics.k"].mean(), marker="^", ms=3, label="active k (mean)")
-    line, = ax.plot(x, g["metrics.lbw_rank"].mean(), marker="o", ms=3, label="LBW rank (mean)")
+    ax.plot(x, g["metrics.K"].first(), marker="s", ms=6, mfc="none", lw=2.5, label="core K")
+    ax.plot(x, g["metrics.k"].mean(), marker="^", ms=5, mfc="none", ls="--", label="active k (mean)")
+    line, = ax.plot(x, g["metrics.lbw_rank"].mean(), marker="o", ms=2.5, lw=1, label="LBW rank (mean)")
     ax.fill_between(x, g["metrics.lbw_rank"].min(), g["metrics.lbw_rank"].max(), color=line.get_color(), alpha=0.2, lw=0)
     ax.set(yscale="log", xlabel="matrix layer (input → output)", ylabel="dimension")
     ax.legend(fontsize=7)
@@ -242,7 +243,7 @@ def drop_table(frame: pd.DataFrame) -> pd.DataFrame:
     f = _ablations(frame)
     t = (100 * f.groupby(["strength", "task", "condition"], sort=False)["metrics.drop"].mean()).unstack("condition")
     t = t[[c for c in CONDITIONS if c in t.columns]].rename(columns=LABELS)
-    t.index = t.index.set_names(["γ", "task"])
+    t.index = t.index.set_levels([f"{v:g}" for v in t.index.levels[0]], level=0).set_names(["γ", "task"])
     return t
 
 
@@ -259,7 +260,7 @@ def condition_summary(frame: pd.DataFrame) -> pd.DataFrame:
     g[[c for c in g.columns if c != "metrics.dims"]] *= 100
     order = [(s, c) for s in sorted(set(f["strength"])) for c in CONDITIONS if (s, c) in g.index]
     g = g.reindex(order).rename(columns=cols, index=LABELS)
-    g.index = g.index.set_names(["γ", "condition"])
+    g.index = g.index.set_levels([f"{v:g}" for v in g.index.levels[0]], level=0).set_names(["γ", "condition"])
     return g
 
 
@@ -295,6 +296,8 @@ def plot_energy(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIO
             ax.scatter(100 * sel["metrics.removed"], 100 * sel["metrics.drop"], s=14, marker=m, color=f"C{j}",
                        label=f"{LABELS[c]}, γ = {gamma:g}")
     ax.set(xscale="log", xlabel="weight energy removed (%, log scale)", ylabel="accuracy drop (points)")
+    ax.xaxis.set_major_formatter(mticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(mticker.FormatStrFormatter("%g"))
     ax.legend(fontsize=6, ncol=2)
 
 
