@@ -16,8 +16,8 @@
 #
 # Before it argues with subspaces, the paper looks at single weights. Fine-tuning barely moves
 # most entries of θ0. Are those barely-moved entries unimportant, or do some of them carry the
-# task — "load-bearing walls" that the fine-tuning left in place on purpose, and that a merge
-# then knocks down? Three claims are at stake:
+# task — "load-bearing walls" that the fine-tuning left in place, and that a merge then knocks
+# down? Three claims are at stake:
 #
 # - **C1** (scalar LBW exists): sensitive entries are over-represented among barely-updated ones,
 #   for every task;
@@ -30,18 +30,19 @@
 # glued together in `pactlib.experiments.scalar`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"   # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "8"               # the 8-task suite: every claim here is per task, eight are plenty
-n_tasks = 0               # 0 = every task of the suite; >0 = the first n (smoke runs)
-seeds = [0, 1, 2]         # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
-fisher_samples = 64       # N validation examples per Fisher (S1); 64 keeps 24 Fishers in ~1 min
-empirical_fisher = False  # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
-quantile = 0.1            # U_t, H_t = lowest / top 10 % (method.md §3)
-perturb_scale = 1.0       # C2 perturbation = 1 × the median |Δt|: "the size of a typical update"
-draws = 2                 # sign / entry draws per condition in C2 and C3 (spread, CPU time)
-alpha_points = 5          # α grid points for Task Arithmetic in C3 (0.05 … 1.0)
-val_limit = 128           # validation images per task: the Fisher examples and the α search
-test_limit = 200          # test images per task for every accuracy and loss below
+zoo_profile = "default"         # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
+suite = "8"                     # the 8-task suite: every claim here is per task, eight are plenty
+n_tasks = 0                     # 0 = every task of the suite; >0 = the first n (smoke runs)
+seeds = [0]                     # one fine-tuning seed fits the CPU budget; [0, 1, 2] takes about 3x longer
+fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
+empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
+quantile = 0.1                  # U_t, H_t = lowest / top 10 % (method.md §3)
+touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (see "A tie at zero" below)
+perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
+draws = 1                       # sign / entry draws per condition in C2 and C3 (CPU time)
+alpha_points = 4                # α grid points for Task Arithmetic in C3 (0.05 … 1.0)
+val_limit = 64                  # validation images per task: the Fisher examples and the α search
+test_limit = 128                # test images per task for every accuracy and loss below (CPU time)
 
 # %%
 from pactlib import params, study
@@ -49,9 +50,9 @@ from pactlib import params, study
 P = params.check(
     globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
     n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), fisher_samples=params.at_least(1),
-    empirical_fisher=None, quantile=params.between(0.001, 0.5), perturb_scale=params.at_least(0),
-    draws=params.at_least(1), alpha_points=params.at_least(1), val_limit=params.at_least(8),
-    test_limit=params.at_least(8),
+    empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
+    perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
+    val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
 P
 
@@ -63,35 +64,46 @@ P
 # $$F_t = \mathbb{E}_x\,\mathbb{E}_{y\sim p(y\mid x;\theta_t)}\big[(\partial_\theta \log p(y\mid x;\theta_t))^2\big].$$
 #
 # The labels y are sampled from the model, so this is the true Fisher, not the empirical one.
-# The examples are the first `fisher_samples` images of the validation split; the entries are
-# every trainable parameter of the backbone (convolutions and BatchNorm affine parameters, 3.4 M
-# in all; the frozen running statistics and the task heads are not part of θ).
+# The examples are the first `fisher_samples` images of the validation split. The entries are
+# every trainable parameter of the backbone: convolution weights and BatchNorm scales and
+# shifts. The frozen running statistics and the task heads are not part of θ.
 #
 # Then two sets of entries: U_t, the q-fraction with the smallest |Δt|, and H_t, the q-fraction
-# with the largest F_t, with q = `quantile` taken over all entries at once. The enrichment
-# (S2) compares their overlap with what chance would give:
+# with the largest F_t, with q = `quantile` taken over all entries at once. The enrichment (S2)
+# compares their overlap with what chance would give:
 #
 # $$E_t = \frac{|U_t\cap H_t|}{|U_t|\,|H_t|/N_{\text{params}}}.$$
 #
 # E_t = 1 is chance; E_t > 1 means sensitive entries hide among the barely-updated ones. The
 # scalar LBW entries of task t are U_t ∩ H_t.
+#
+# **A tie at zero.** In our zoo a large share of the entries has Δt = 0 *exactly*: channels
+# that never carry a gradient at this input size (ReLU6 units that stay off), whose weights
+# AdamW without weight decay leaves untouched. If that share exceeds q, "the lowest q-quantile
+# of |Δt|" is a tie, and S2 as written picks U_t among untouched entries by their position in
+# memory. Those entries have zero gradient, hence zero Fisher, so E_t collapses to about 0 for a
+# reason that has nothing to do with the claim. We therefore compute E_t twice: as written, and
+# over the entries the fine-tuning moved at all (Δt ≠ 0, our default `touched_only = True`). The
+# LBW entries used in C2 and C3 come from the second.
 
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import fisher, records
+from pactlib import records
 from pactlib.experiments import scalar
 
-runs, recs, lbw, sens = {}, [], {}, {}
+runs, recs, lbw, sens, pool = {}, [], {}, {}, {}
 for seed in tqdm(seeds, desc="seeds"):
     tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
     tvs = dict(zip(tb.tasks, tb.task_vectors()))
     runs[seed] = (tb, tvs)
     for t in tqdm(tb.tasks, desc=f"Fisher, seed {seed}", leave=False):
         F_t = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=fisher_samples, empirical=empirical_fisher, seed=seed)
-        recs += scalar.enrichment_records(tvs[t], F_t, q=quantile, seed=seed, task=t, params=P, suite=suite)
-        lbw[seed, t] = fisher.scalar_lbw_masks(tvs[t], F_t, q=quantile)
-        sens[seed, t] = scalar.global_masks(F_t, quantile, largest=True)
+        for only in (False, True):  # per-tensor scores only for the population the chapter uses
+            recs += scalar.enrichment_records(tvs[t], F_t, q=quantile, seed=seed, task=t, params=P, touched_only=only,
+                                              per_key=only == touched_only, suite=suite)
+        lbw[seed, t], sens[seed, t] = scalar.lbw_sets(tvs[t], F_t, q=quantile, touched_only=touched_only)
+        pool[seed, t] = scalar.population(tvs[t], list(F_t), touched_only=touched_only)
 path = records.records_path("03_scalar_perspective")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
@@ -99,36 +111,44 @@ frame = records.records_frame(path)
 # %%
 from pactlib import plotting
 
+plotting.table(scalar.enrichment_table(frame), chapter=3, number=1, floatfmt="{:.3g}",
+               caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "
+                       "the share of entries with Δt = 0 and with F_t = 0, and the number of scalar LBW "
+                       "entries among touched entries.")
+
+# %%
 with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
                      caption=f"Enrichment E_t of high-Fisher entries among the {quantile:.0%} least-updated "
-                             "entries, per task: bars are means over seeds, dots single seeds, the dashed "
-                             "line is chance (E = 1).") as (fig, ax):
+                             "entries, per task, over all entries and over touched entries: bars are means "
+                             "over seeds, dots single seeds, the dashed line is chance (E = 1).") as (fig, ax):
     scalar.plot_task_enrichment(frame, ax=ax)
 
 # %% [markdown]
-# The same score inside each weight tensor (quantiles taken per tensor), for the convolution
-# weights in network order. Red cells are tensors where sensitive and barely-updated entries
-# coincide more often than chance, blue cells less often.
+# The same score inside each weight tensor (quantiles taken per tensor, touched entries), for
+# the convolution weights in network order. Red cells are tensors where sensitive and
+# barely-updated entries coincide more often than chance, blue cells less often.
 
 # %%
 with plotting.figure("layer-enrichment", chapter=3, number=2, size="wide",
-                     caption="log2 of the per-tensor enrichment (mean over seeds), tasks × convolution "
-                             "weights from input to output; 0 (white) is chance.") as (fig, ax):
-    fig.colorbar(scalar.plot_layer_enrichment(frame, ax=ax), ax=ax, label=r"$\log_2 E$")
+                     caption="log2 of the per-tensor enrichment over touched entries (mean over seeds), "
+                             "tasks × convolution weights from input to output; 0 (white) is chance.") as (fig, ax):
+    fig.colorbar(scalar.plot_layer_enrichment(frame, ax=ax, population="touched"), ax=ax, label=r"$\log_2 E$")
 
 # %%
-v1 = scalar.c1_verdict(frame)
+v1 = scalar.c1_verdict(frame, population="touched" if touched_only else "all")
 plotting.verdict("C1", v1["status"], v1["evidence"])
 
 # %% [markdown]
 # ## Causal test: perturbing the scalar LBW entries (C2)
 #
 # A high Fisher says a weight matters *locally*. To see whether it matters for accuracy we add
-# ±s (random signs) to the LBW entries of θt and measure task t's test accuracy. The size s is
-# `perturb_scale` × the median |Δt| over all entries: the size of a typical fine-tuning update,
-# as the claim asks. Two control groups get the same number of entries and the same ±s:
+# ±s (random signs) to the LBW entries of θt and measure task t's test accuracy and loss. The
+# unit of s is the median |Δt| over the touched entries: the size of a typical fine-tuning
+# update, as the claim asks. We try that size and, because a typical update turns out to be
+# too small to move anything, a 30 times larger one. Two control groups get the same number of
+# entries and the same ±s:
 #
-# - **random entries**, drawn uniformly over the same tensors (the paper's control);
+# - **random entries**, drawn uniformly over the same population (the paper's control);
 # - **high-Fisher, updated entries**, drawn from H_t ∖ U_t. Since H_t is chosen by sensitivity,
 #   the first control is easy to beat; this one asks whether being *barely updated* adds
 #   anything beyond being sensitive.
@@ -138,20 +158,28 @@ xy, ctl, recs = {}, {}, []
 for seed, (tb, tvs) in tqdm(runs.items(), desc="C2 seeds"):
     for t in tqdm(tb.tasks, desc=f"perturb, seed {seed}", leave=False):
         xy[seed, t] = tb.inputs(t, "test", test_limit)
-        ctl[seed, t] = scalar.control_masks(lbw[seed, t], sens[seed, t], draws=draws, seed=seed)
-        size = perturb_scale * scalar.typical_update(tvs[t], list(lbw[seed, t]))
-        recs += scalar.perturbation_records(tb, t, tb.finetuned[t], lbw[seed, t], size=size, draws=draws, seed=seed,
-                                            xy=xy[seed, t], controls=ctl[seed, t], params=P, suite=suite)
+        ctl[seed, t] = scalar.control_masks(lbw[seed, t], sens[seed, t], draws=draws, seed=seed, pool=pool[seed, t])
+        unit = scalar.typical_update(tvs[t], list(lbw[seed, t]), touched_only=touched_only)
+        recs += scalar.perturbation_records(tb, t, tb.finetuned[t], lbw[seed, t], unit=unit, scales=perturb_scales,
+                                            draws=draws, seed=seed, xy=xy[seed, t], controls=ctl[seed, t], params=P,
+                                            suite=suite)
 records.write_records(path, recs)
 frame = records.records_frame(path)
 
 # %%
 with plotting.figure("perturbation", chapter=3, number=3, size="wide", paper="Fig. 3",
-                     caption="Drop in task t's test accuracy (points) when ±s is added to its scalar LBW "
-                             "entries or to as many control entries; bars: means, dots: single seeds and "
-                             "draws.") as (fig, ax):
-    scalar.plot_conditions(frame, "perturb", "drop", ax=ax, conditions=["lbw", "random", "sensitive"])
+                     caption=f"Drop in task t's test accuracy (points) when ±{perturb_scales[0]:g}× the median "
+                             "|Δt| is added to its scalar LBW entries or to as many control entries; bars: "
+                             "means, dots: single seeds and draws.") as (fig, ax):
+    scalar.plot_conditions(frame[frame["scale"] == min(perturb_scales)], "perturb", "drop", ax=ax,
+                           conditions=["lbw", "random", "sensitive"])
     ax.set_ylabel("accuracy drop (points)")
+
+# %%
+with plotting.figure("perturbation-size", chapter=3, number=4,
+                     caption="Increase of task t's test loss against the perturbation size, per condition: "
+                             "lines are means over tasks, dots single tasks.") as (fig, ax):
+    scalar.plot_dose(frame, ax=ax)
 
 # %%
 v2 = scalar.c2_verdict(frame)
@@ -180,21 +208,22 @@ for seed, (tb, tvs) in tqdm(runs.items(), desc="C3 seeds"):
         moved = scalar.displacement(tb.finetuned[t], merged, tvs[t], lbw[seed, t])
         recs += scalar.restore_records(tb, t, merged, tb.finetuned[t], lbw[seed, t], xy=xy[seed, t],
                                        controls=ctl[seed, t], seed=seed, params=P, moved=moved, suite=suite,
-                                       alpha=ta["alpha"])
+                                       alpha=ta["alpha"], on_edge=ta["on_edge"])
 records.write_records(path, recs)
 frame = records.records_frame(path)
 
 # %%
-moves = frame[(frame["method"] == "restore") & (frame["condition"] == "merged")]
-moves = moves.groupby("task", sort=False)[["metrics.moved_lbw", "metrics.moved_other", "metrics.moved_ratio",
-                                            "metrics.rel_moved_lbw", "metrics.rel_moved_other", "alpha"]].mean()
-plotting.table(moves.rename(columns=lambda c: c.removeprefix("metrics.")), chapter=3, number=1, floatfmt="{:.3g}",
+plotting.table(scalar.displacement_table(frame), chapter=3, number=2, floatfmt="{:.3g}",
                caption="How far the Task Arithmetic merge moved each task's entries (mean over seeds): mean "
                        "|θ − θt| over the LBW entries and over all others, their ratio, each divided by the "
                        "group's mean |Δt|, and the α chosen on validation.")
 
+# %% [markdown]
+# Where α lands matters for reading this table: a small α pulls the merge back towards θ0,
+# so every entry of θt loses about its own update, whatever its role.
+
 # %%
-with plotting.figure("restore", chapter=3, number=4, size="wide", paper="Fig. 4",
+with plotting.figure("restore", chapter=3, number=5, size="wide", paper="Fig. 4",
                      caption="Share of the loss gap between the merge and θt that restoring θt's values "
                              "closes (%), per task: at the scalar LBW entries, or at as many control "
                              "entries; dots: single seeds and draws.") as (fig, ax):

@@ -130,8 +130,43 @@ def test_scores_equal_direct_accuracy_and_loss(tb):
 def test_typical_update_is_the_median_over_entries():
     d = {"a": torch.tensor([[1.0, -5.0]]), "b": torch.tensor([-2.0, 3.0, 4.0]), "c": torch.tensor([100.0])}
     assert scalar.typical_update(d, ["a", "b"]) == 3.0
+    z = {"a": torch.tensor([0.0, 0.0, 0.0, 1.0, -2.0, 4.0])}
+    assert scalar.typical_update(z, ["a"]) == 0.0 and scalar.typical_update(z, ["a"], touched_only=True) == 2.0
     with pytest.raises(KeyError, match="'z'"):
         scalar.typical_update(d, ["a", "z"])
+    with pytest.raises(ValueError, match="non-zero"):
+        scalar.typical_update({"a": torch.zeros(3)}, ["a"], touched_only=True)
+
+
+def test_lbw_sets_over_touched_entries_break_the_zero_tie():
+    # 6 untouched entries (Δ = 0, F = 0) come first; among the 10 touched ones, small |Δ| goes with
+    # large F. S2 as written picks U among the zeros (E = 0); over touched entries U ∩ H is planted.
+    d = {"w": torch.tensor([0.0] * 6 + [1e-3, 2e-3, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])}
+    F = {"w": torch.tensor([0.0] * 6 + [9.0, 8.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])}
+    pop = scalar.population(d, ["w"], touched_only=True)
+    assert pop["w"].tolist() == [False] * 6 + [True] * 10
+    assert scalar.population(d, ["w"], touched_only=False)["w"].all()
+    lbw, H = scalar.lbw_sets(d, F, q=0.2, touched_only=True)
+    assert lbw["w"].nonzero().squeeze(1).tolist() == [6, 7] and H["w"].nonzero().squeeze(1).tolist() == [6, 7]
+    lbw_all, _ = scalar.lbw_sets(d, F, q=0.2, touched_only=False)
+    assert not lbw_all["w"].any()
+    touched = scalar.enrichment_records(d, F, q=0.2, seed=0, task="x", params={}, touched_only=True)[0]
+    plain = scalar.enrichment_records(d, F, q=0.2, seed=0, task="x", params={})[0]
+    assert touched["population"] == "touched" and touched["metrics"]["n_params"] == 10
+    assert touched["metrics"]["E"] == pytest.approx(2 / (2 * 2 / 10)) and plain["metrics"]["E"] == 0.0
+    assert plain["metrics"]["zero_update"] == pytest.approx(6 / 16) and plain["population"] == "all"
+    fast = scalar.enrichment_records(d, F, q=0.2, seed=0, task="x", params={}, touched_only=True, per_key=False)
+    assert len(fast) == 1 and fast[0]["metrics"] == touched["metrics"]
+
+
+def test_lbw_sets_match_the_engine_over_all_entries():
+    g = torch.Generator().manual_seed(5)
+    d = {"a": torch.randn(30, 4, generator=g), "b": torch.randn(50, generator=g)}
+    F = {"a": torch.rand(30, 4, generator=g), "b": torch.rand(50, generator=g)}
+    lbw, H = scalar.lbw_sets(d, F, q=0.25, touched_only=False)
+    ref = fisher.scalar_lbw_masks(d, F, q=0.25)
+    assert all(torch.equal(lbw[k], ref[k]) for k in d)
+    assert all(torch.equal(H[k], scalar.global_masks(F, 0.25, largest=True)[k]) for k in d)
 
 
 def test_global_masks_take_exact_global_quantiles():
@@ -169,6 +204,9 @@ def test_control_masks_sizes_and_membership():
     for m in c["sensitive"]:
         assert all(not bool((m[k] & ~(H[k] & ~lbw[k])).any()) for k in m)  # inside H \ U
     assert not all(torch.equal(c["random"][0][k], c["random"][1][k]) for k in lbw)
+    pool = {"a": torch.zeros(20, 10, dtype=torch.bool), "b": torch.ones(50, dtype=torch.bool)}
+    inside = scalar.control_masks(lbw, H, draws=1, seed=0, pool=pool)["random"][0]
+    assert not inside["a"].any() and int(inside["b"].sum()) == n
     with pytest.raises(KeyError, match="same keys"):
         scalar.control_masks(lbw, {"a": H["a"]}, draws=1, seed=0)
 
@@ -184,6 +222,7 @@ def test_enrichment_records_global_and_per_layer(tb):
     glob = [r for r in recs if r["scope"] == "global"]
     assert len(glob) == 1 and glob[0]["metrics"]["E"] == pytest.approx(e.score)
     assert glob[0]["metrics"]["n_params"] == 48 + 30 + 5 and glob[0]["suite"] == "8" and glob[0]["seed"] == 5
+    assert glob[0]["population"] == "all" and glob[0]["metrics"]["zero_update"] == 0.0
     layers = [r for r in recs if r["scope"] == "layer"]
     assert [(r["key"], r["layer"], r["kind"]) for r in layers] == [("a.weight", 0, "pointwise"),
                                                                     ("b.weight", 1, "pointwise"),
@@ -210,21 +249,23 @@ def test_perturbation_records_measure_drops_against_controls(tb):
     xy = tb.inputs(t, "test")
     before = _snapshot(tb.finetuned[t])
     base = scalar.scores(tb, tb.finetuned[t], t, xy)
-    zero = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.0, draws=2, seed=0, xy=xy,
+    zero = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, unit=0.1, scales=[0.0], draws=2, seed=0, xy=xy,
                                        controls=ctl, params={})
     assert [(r["condition"], r["draw"]) for r in zero] == [("lbw", 0), ("lbw", 1), ("random", 0), ("random", 1),
                                                            ("sensitive", 0), ("sensitive", 1)]
     assert all(r["metrics"]["drop"] == 0 and abs(r["metrics"]["dloss"]) < 1e-6 for r in zero)
-    big = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.5, draws=1, seed=0, xy=xy,
-                                      controls={"random": ctl["random"][:1]}, params={})
+    big = scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, unit=0.25, scales=[1.0, 2.0], draws=1, seed=0,
+                                      xy=xy, controls={"random": ctl["random"][:1]}, params={})
+    assert [(r["scale"], r["condition"]) for r in big] == [(1.0, "lbw"), (1.0, "random"), (2.0, "lbw"), (2.0, "random")]
     pert = causal.perturb(tb.finetuned[t], lbw, size=0.5, seed=0)
     direct = scalar.scores(tb, pert, t, xy)
-    assert big[0]["metrics"]["loss"] == pytest.approx(direct["loss"])
-    assert big[0]["metrics"]["drop"] == pytest.approx(base["acc"] - direct["acc"])
+    assert big[2]["metrics"]["size"] == 0.5 and big[2]["metrics"]["loss"] == pytest.approx(direct["loss"])
+    assert big[2]["metrics"]["drop"] == pytest.approx(base["acc"] - direct["acc"])
+    assert big[2]["metrics"]["dloss"] == pytest.approx(direct["loss"] - base["loss"], abs=1e-6)
     assert big[0]["metrics"]["n_entries"] == sum(int(m.sum()) for m in lbw.values())
     assert _same(tb.finetuned[t], before)
     with pytest.raises(ValueError, match="control 'bad' draw 0 has"):
-        scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, size=0.1, draws=1, seed=0, xy=xy,
+        scalar.perturbation_records(tb, t, tb.finetuned[t], lbw, unit=0.1, scales=[1.0], draws=1, seed=0, xy=xy,
                                     controls={"bad": [H]}, params={})
 
 
@@ -270,11 +311,13 @@ def _enr(E_by_task):
     rows = []
     for t, Es in E_by_task.items():
         for s, E in enumerate(Es):
-            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="global", metrics={"E": E}))
-            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="k", layer=0,
-                             kind="pointwise", metrics={"E": E}))
-            rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="j", layer=1,
-                             kind="conv", metrics={"E": 0.5}))
+            for pop, e in (("touched", E), ("all", 0.01)):
+                rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="global", population=pop,
+                                 metrics={"E": e, "n_params": 100, "n_both": 3, "zero_update": 0.4, "zero_fisher": 0.5}))
+                rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="k", layer=0,
+                                 population=pop, kind="pointwise", metrics={"E": e}))
+                rows.append(dict(method="enrichment", params={}, seed=s, task=t, scope="layer", key="j", layer=1,
+                                 population=pop, kind="conv", metrics={"E": 0.5}))
     return _frame(rows)
 
 
@@ -282,13 +325,23 @@ def test_c1_verdict():
     assert scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}))["status"] == "reproduced"
     v = scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [0.9, 1.1]}))
     assert v["status"] == "partly reproduced" and "3/4" in v["evidence"] and "b 1.00" in v["evidence"]
+    assert "mean E_t 0.010" in v["evidence"] and "40 % of entries at Δt = 0" in v["evidence"]
     assert scalar.c1_verdict(_enr({"a": [0.5], "b": [1.0]}))["status"] == "not reproduced"
+    assert scalar.c1_verdict(_enr({"a": [1.5], "b": [2.0]}), population="all")["status"] == "not reproduced"
+
+
+def test_chapter3_tables():
+    tab = scalar.enrichment_table(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}))
+    assert list(tab.index) == ["a", "b"] and tab.loc["a", "E_t, touched"] == pytest.approx(1.75)
+    assert tab.loc["b", "E_t, all"] == pytest.approx(0.01) and tab.loc["a", "Δt = 0 (share)"] == pytest.approx(0.4)
+    d = scalar.displacement_table(_rest({"a": 0.3}, {"a": 0.0}))
+    assert d.loc["a", "rel_moved_lbw"] == 5.0 and d.loc["a", "moved_ratio"] == 2.0 and d.loc["a", "alpha"] == 0.3
 
 
 def _pert(drops):
-    rows = [dict(method="perturb", params={}, seed=0, task=t, condition=c, draw=0,
-                 metrics={"drop": d, "size": 1e-3, "n_entries": 10})
-            for t, by in drops.items() for c, d in by.items()]
+    rows = [dict(method="perturb", params={}, seed=0, task=t, condition=c, draw=0, scale=scale,
+                 metrics={"drop": d * scale, "dloss": 0.1 * d * scale, "size": 1e-3 * scale, "n_entries": 10})
+            for scale in (1.0, 30.0) for t, by in drops.items() for c, d in by.items()]
     return _frame(rows)
 
 
@@ -299,14 +352,16 @@ def test_c2_verdict():
     assert scalar.c2_verdict(_pert(mixed))["status"] == "partly reproduced"
     tiny = {"a": {"lbw": 0.001, "random": 0.0}, "b": {"lbw": 0.0, "random": 0.0}}
     v = scalar.c2_verdict(_pert(tiny))
-    assert v["status"] == "not reproduced" and "0/2" in v["evidence"]
+    assert v["status"] == "not reproduced" and "0/2" in v["evidence"] and "30× (3.0e-02 per entry)" in v["evidence"]
 
 
 def _rest(rec_lbw, rec_rand, rel_moved=5.0):
     rows = []
     for t in rec_lbw:
-        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="merged", draw=0,
-                         metrics={"recovered_loss": 0.0, "gain_acc": 0.0, "rel_moved_lbw": rel_moved, "moved_ratio": 2.0}))
+        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="merged", draw=0, alpha=0.3,
+                         on_edge=False, metrics={"recovered_loss": 0.0, "gain_acc": 0.0, "rel_moved_lbw": rel_moved,
+                                                 "moved_ratio": 2.0, "moved_lbw": 1.0, "moved_other": 0.5,
+                                                 "rel_moved_other": 1.0}))
         rows.append(dict(method="restore", params={}, seed=0, task=t, condition="lbw", draw=0,
                          metrics={"recovered_loss": rec_lbw[t], "gain_acc": 0.01}))
         rows.append(dict(method="restore", params={}, seed=0, task=t, condition="random", draw=0,
@@ -320,7 +375,7 @@ def test_c3_verdict():
         == "partly reproduced"
     assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.01}, {"a": 0.01, "b": 0.0}))["status"] == "partly reproduced"
     v = scalar.c3_verdict(_rest({"a": 0.02, "b": 0.1}, {"a": 0.0, "b": 0.2}))
-    assert v["status"] == "not reproduced" and "0/2" in v["evidence"]
+    assert v["status"] == "not reproduced" and "0/2" in v["evidence"] and "α = 0.3:" in v["evidence"]
 
 
 def test_chapter3_figures_draw_from_records():
@@ -328,13 +383,16 @@ def test_chapter3_figures_draw_from_records():
 
     fig, ax = plt.subplots()
     scalar.plot_task_enrichment(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}), ax=ax)
-    assert [round(p.get_height(), 3) for p in ax.patches] == [1.75, 1.15]
+    assert [round(p.get_height(), 3) for p in ax.patches] == [1.75, 1.15, 0.01, 0.01]
+    ax.clear()
+    scalar.plot_dose(_pert({"a": {"lbw": 0.2, "random": 0.01}}), ax=ax)
+    assert [list(line.get_ydata()) for line in ax.lines[:2]] == [pytest.approx([0.02, 0.6]), pytest.approx([0.001, 0.03])]
     ax.clear()
     im = scalar.plot_layer_enrichment(_enr({"a": [2.0], "b": [4.0]}), ax=ax)
     assert im.get_array().shape == (2, 2) and float(im.get_array()[1, 0]) == pytest.approx(2.0)
     ax.clear()
-    scalar.plot_conditions(_pert({"a": {"lbw": 0.2, "random": 0.01}}), "perturb", "drop", ax=ax,
-                           conditions=["lbw", "random"])
+    f = _pert({"a": {"lbw": 0.2, "random": 0.01}})
+    scalar.plot_conditions(f[f["scale"] == 1.0], "perturb", "drop", ax=ax, conditions=["lbw", "random"])
     assert [round(p.get_height(), 3) for p in ax.patches] == [20.0, 1.0]
     plt.close(fig)
 

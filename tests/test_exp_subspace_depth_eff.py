@@ -64,6 +64,18 @@ def test_network_order_with_reference_and_missing_key():
         depth.network_order(["visual.nope"], reference=ref)
 
 
+def test_alpha_grid_geometric_and_widened():
+    assert depth.alpha_grid("iso_c", 3) == pytest.approx((0.1, math.sqrt(0.3), 3.0), abs=1e-4)
+    g = depth.alpha_grid("iso_c", 6, low=0.025)
+    assert g[0] == 0.025 and g[-1] == 3.0 and len(g) == 6
+    ratios = [b / a for a, b in zip(g, g[1:])]
+    assert max(ratios) - min(ratios) < 1e-2
+    with pytest.raises(ValueError, match="points must be >= 2"):
+        depth.alpha_grid("iso_c", 1)
+    with pytest.raises(ValueError, match="low must be in"):
+        depth.alpha_grid("iso_c", 4, low=5.0)
+
+
 def test_layer_regexes_match_exactly_their_keys():
     keys = ["_blocks.1._expand_conv.weight"]
     pats = depth.layer_regexes(keys)
@@ -147,11 +159,15 @@ def test_condition_and_intrusion_tables():
     assert list(t.columns) == [(q, s) for q in ("acc %", "norm. acc %", "alpha") for s in ("8", "20")]
     assert t.loc["all", ("norm. acc %", "20")] == pytest.approx(85.0) and t.loc["none", ("acc %", "8")] == pytest.approx(70.0)
     assert t.loc["early", ("alpha", "8")] == 1.0
+    f["on_edge"] = f["group"] == "none"
+    t = depth.condition_table(f)
+    assert t.loc["none", ("α on edge", "20")] == 1.0 and t.loc["all", ("α on edge", "8")] == 0.0
     recs = [make_record("intrusion", params={}, seed=0, suite="8", key=k, depth=i, task="a",
                         metrics={"intrusion": 0.1 * (i + 1), "chance": 0.05}) for i, k in enumerate("wxyz")]
     it = depth.intrusion_table(records_frame(recs), {"early": ["w", "x"], "late": ["y", "z"], "all": list("wxyz")})
     assert list(it.index) == ["early", "late"]
     assert it.loc["early", ("intrusion %", "8")] == pytest.approx(15.0) and it.loc["late", ("r/n %", "8")] == pytest.approx(5.0)
+    assert it.loc["late", ("intrusion / (r/n)", "8")] == pytest.approx(7.0)  # (6 + 8) / 2
 
 
 def test_c9_not_and_partly():
@@ -160,8 +176,13 @@ def test_c9_not_and_partly():
     v = depth.c9_verdicts(f, suites=["8", "20"])
     # no full gain at T=8, but early is the best single group -> one of two
     assert v["early"]["status"] == "partly reproduced" and "no gain" in v["early"]["evidence"]
-    # at T=20 all layers lose to early only; the full gain is positive (share has nothing to drop from) -> partly
-    assert v["whole"]["status"] == "partly reproduced"
+    # at T=20 all layers lose to early only, and with no gain at T=8 there is no share to shrink -> not
+    assert v["whole"]["status"] == "not reproduced"
+    f = _group_frame({"8": dict(early=-0.5, middle=-0.7, late=-0.2, all=1.0),
+                      "20": dict(early=-0.3, middle=-1.2, late=-2.1, all=0.7)})
+    v = depth.c9_verdicts(f, suites=["8", "20"])
+    # all layers win at T=20, but the early share is negative at both: nothing shrinks -> partly
+    assert v["early"]["status"] == "not reproduced" and v["whole"]["status"] == "partly reproduced"
     f = _group_frame({"8": dict(early=0.1, middle=1.0, late=0.0, all=2.0)})
     v = depth.c9_verdicts(f, suites=["8"])
     assert v["early"]["status"] == "not reproduced" and v["whole"]["status"] == "not yet tested"
@@ -181,6 +202,10 @@ def test_depth_plots_draw_every_group_and_suite():
     depth.plot_intrusion(records_frame(recs), ax=ax, suites=["8", "20"], bounds={"middle": 1})
     assert len(ax.lines) == 2 * 2 + 1
     assert list(ax.lines[0].get_ydata()) == pytest.approx([2.5, 12.5, 22.5])
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    depth.plot_intrusion(records_frame(recs), ax=ax, suites=["8"], relative=True)
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([0.25, 1.25, 2.25]) and len(ax.lines) == 2
     plt.close(fig)
 
 
@@ -404,6 +429,20 @@ def test_subspace_distances_match_projector_distance_and_resolve_tiny_angles():
     assert efficiency.subspace_distances(V1[:, :0], V2[:, :0]) == (0.0, 0.0)
     with pytest.raises(ValueError, match="different spaces"):
         efficiency.subspace_distances(V1, V2[:10])
+
+
+def test_gap_records_and_correlation():
+    # W0 = diag(10, 9, 1, 0.5, 0.25, ...) on (8, 8): K = 2 (frac 0.25), p = 1 -> gap = σ4 / σ2 = 0.5 / 9
+    W0 = torch.diag(torch.tensor([10.0, 9.0, 1.0, 0.5, 0.25, 0.2, 0.1, 0.05]))
+    opts = PactOptions(core_frac=0.25, active_frac=0.25, oversample=1)
+    recs = efficiency.gap_records({"w": W0, "v": W0[:3, :2]}, opts, keys=["w", "v"], params={}, seed=0)
+    assert recs[0]["metrics"] == pytest.approx({"gap": 0.5 / 9, "K": 2})
+    assert recs[1]["metrics"]["gap"] == 0.0 and recs[1]["depth"] == 1  # K + p = 2 >= rank 2: nothing outside
+    dist = [make_record("lbw-distance", params={}, seed=0, n_iter=2, depth=d, task="a", metrics={"dist": x})
+            for d, x in enumerate([0.1, 0.3, 0.2, 0.4])]
+    gaps = [make_record("core-gap", params={}, seed=0, depth=d, metrics={"gap": g}) for d, g in enumerate([0.2, 0.6, 0.4, 0.9])]
+    assert efficiency.gap_correlation(records_frame(dist + gaps), 2) == pytest.approx(1.0)
+    assert math.isnan(efficiency.gap_correlation(records_frame(dist), 2))
 
 
 def test_randomized_share_counts_the_fallback():

@@ -2,6 +2,7 @@
 
 - :func:`network_order`: matrix-layer keys from input to output (state dicts are often sorted
   by name, which puts ``_blocks.10`` before ``_blocks.2``);
+- :func:`alpha_grid`: a geometric α grid over a method's range, optionally widened below it;
 - :func:`layer_regexes`, :func:`group_options`: a depth group as ``PactOptions(layers=...)``;
 - :func:`group_task_vectors`: the task vectors PACT gives when only a group of layers is
   filtered, assembled from one filter over every layer (the filter acts layer by layer, so this
@@ -29,8 +30,9 @@ from ..records import make_record
 from ..subspaces import intrusion_energy
 from ..taskvector import TaskVector
 
-__all__ = ["GROUPS", "network_order", "layer_regexes", "group_options", "group_task_vectors", "group_record",
-           "intrusion_records", "group_gains", "condition_table", "intrusion_table", "plot_group_gains", "plot_intrusion", "c9_verdicts"]
+__all__ = ["GROUPS", "network_order", "alpha_grid", "layer_regexes", "group_options", "group_task_vectors",
+           "group_record", "intrusion_records", "group_gains", "condition_table", "intrusion_table",
+           "plot_group_gains", "plot_intrusion", "c9_verdicts"]
 
 #: The conditions of chapter 7, in plotting order: no filter, one depth group, every layer.
 GROUPS = ("none", "early", "middle", "late", "all")
@@ -65,6 +67,27 @@ def network_order(keys: Sequence[str], reference: Sequence[str] | None = None) -
     if missing:
         raise KeyError(f"network_order: key(s) {missing[:3]} not in the reference order")
     return sorted(keys, key=pos.__getitem__)
+
+
+def alpha_grid(method: str, points: int, *, low: float | None = None) -> tuple[float, ...]:
+    """``points`` α values spaced geometrically from ``low`` (default: the start of ``method``'s
+    grid, method.md §5) to the end of the method's grid.
+
+    Geometric spacing puts as many points below 1 as above, where merges of many tasks want their
+    α; ``low`` below the grid's start widens it (method.md §5: widen when the best α is on the edge).
+
+    Raises:
+        ValueError: ``points`` < 2 or ``low`` not in (0, end of the grid).
+    """
+    from ..study import grid
+
+    full = grid(method)
+    low = full[0] if low is None else low
+    if points < 2:
+        raise ValueError(f"alpha_grid: points must be >= 2, got {points}")
+    if not 0 < low < full[-1]:
+        raise ValueError(f"alpha_grid: low must be in (0, {full[-1]}), got {low}")
+    return tuple(round(float(a), 4) for a in np.geomspace(low, full[-1], points))
 
 
 def layer_regexes(keys: Sequence[str]) -> tuple[str, ...]:
@@ -191,25 +214,31 @@ def plot_group_gains(frame: pd.DataFrame, *, ax, suites: Sequence[str], metric: 
     return g
 
 
-def plot_intrusion(frame: pd.DataFrame, *, ax, suites: Sequence[str], bounds: Mapping[str, int] | None = None) -> None:
-    """Intrusion energy (%) against layer depth: mean over tasks and seeds per suite, a band from
-    the smallest to the largest task, and the isotropic reference r_LBW/n (dashed). ``bounds``:
-    {label: depth index where a group starts}, drawn as vertical lines."""
-    f = frame[frame["method"] == "intrusion"]
+def plot_intrusion(frame: pd.DataFrame, *, ax, suites: Sequence[str], bounds: Mapping[str, int] | None = None,
+                   relative: bool = False) -> None:
+    """Intrusion energy against layer depth: mean over tasks and seeds per suite (line) and a band
+    from the smallest to the largest task. Absolute (%, with the isotropic reference r_LBW/n
+    dashed) or, with ``relative``, divided by r_LBW/n (1 = what a random update would give).
+    ``bounds``: {label: depth index where a group starts}, drawn as vertical lines."""
+    f = frame[frame["method"] == "intrusion"].copy()
+    f["value"] = f["metrics.intrusion"] / f["metrics.chance"] if relative else 100 * f["metrics.intrusion"]
     for s in suites:
         sel = f[f["suite"] == s]
-        per_task = sel.groupby(["depth", "task"])[["metrics.intrusion", "metrics.chance"]].mean().reset_index()
+        per_task = sel.groupby(["depth", "task"])[["value", "metrics.chance"]].mean().reset_index()
         g = per_task.groupby("depth")
-        line, = ax.plot(g["metrics.intrusion"].mean().index, 100 * g["metrics.intrusion"].mean(), marker="o", ms=3,
-                        label=f"{s} tasks")
-        ax.fill_between(g.size().index, 100 * g["metrics.intrusion"].min(), 100 * g["metrics.intrusion"].max(),
-                        color=line.get_color(), alpha=0.15, lw=0)
-        ax.plot(g.size().index, 100 * g["metrics.chance"].mean(), ls="--", lw=1, color=line.get_color())
+        x = g.size().index
+        line, = ax.plot(x, g["value"].mean(), marker="o", ms=3, label=f"{s} tasks")
+        ax.fill_between(x, g["value"].min(), g["value"].max(), color=line.get_color(), alpha=0.15, lw=0)
+        if not relative:
+            ax.plot(x, 100 * g["metrics.chance"].mean(), ls="--", lw=1, color=line.get_color())
+    if relative:
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
     for label, x in (bounds or {}).items():
         ax.axvline(x - 0.5, color="grey", lw=0.8, ls=":")
-        ax.text(x - 0.4, ax.get_ylim()[1] * 0.95, label, fontsize=7, va="top", color="grey")
-    ax.set(xlabel="matrix layer (input → output)", ylabel="intrusion energy (%)")
-    ax.legend(title="suite (dashed: r/n)")
+        ax.text(x - 0.4, ax.get_ylim()[1] * 0.98, label, fontsize=7, va="top", color="grey")
+    ax.set(xlabel="matrix layer (input → output)",
+           ylabel="intrusion / (r/n)" if relative else "intrusion energy (%)")
+    ax.legend(title="suite" if relative else "suite (dashed: r/n)", fontsize=7)
 
 
 def _suite_order(t: pd.DataFrame, quantities: Sequence[str]) -> pd.DataFrame:
@@ -220,27 +249,36 @@ def _suite_order(t: pd.DataFrame, quantities: Sequence[str]) -> pd.DataFrame:
 
 def condition_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows: conditions (``GROUPS`` order); columns: (quantity, suite) for the mean test accuracy and
-    normalized accuracy (%) and the chosen α, means over seeds."""
-    runs = frame[frame["group"].notna()]
+    normalized accuracy (%), the chosen α and, when recorded, the share of seeds whose α lies on an
+    edge of the grid (``on_edge``); means over seeds."""
+    runs = frame[frame["group"].notna()].copy()
     quantities = ["metrics.acc", "metrics.norm_acc", "alpha"]
+    if "on_edge" in runs:
+        runs["on_edge"] = runs["on_edge"].astype(float)
+        quantities.append("on_edge")
     t = runs.pivot_table(index="group", columns="suite", values=quantities,
                          aggfunc="mean").reindex([g for g in GROUPS if g in set(runs["group"])])
     for c in ("metrics.acc", "metrics.norm_acc"):
         t[c] = 100 * t[c]
-    return _suite_order(t, quantities).rename(columns=lambda c: {"metrics.acc": "acc %", "metrics.norm_acc": "norm. acc %"}.get(c, c))
+    names = {"metrics.acc": "acc %", "metrics.norm_acc": "norm. acc %", "on_edge": "α on edge"}
+    return _suite_order(t, quantities).rename(columns=lambda c: names.get(c, c))
 
 
 def intrusion_table(frame: pd.DataFrame, groups: Mapping[str, Sequence[str]]) -> pd.DataFrame:
-    """Mean intrusion energy and its reference r/n (%), per depth group (rows) and suite (columns).
+    """Per depth group (rows) and suite (columns): mean intrusion energy (%), its isotropic reference
+    r/n (%) and their ratio (mean over layers and tasks of intrusion / (r/n); 1 = chance).
     ``groups``: {group: keys} as from ``study.depth_groups`` (``"all"`` is skipped)."""
     f = frame[frame["method"] == "intrusion"].copy()
     where = {k: g for g, ks in groups.items() if g != "all" for k in ks}
     f["group"] = f["key"].map(where)
-    t = 100 * f.pivot_table(index="group", columns="suite", values=["metrics.intrusion", "metrics.chance"],
-                            aggfunc="mean")
-    t = _suite_order(t.reindex([g for g in groups if g != "all" and g in set(f["group"])]),
-                     ["metrics.intrusion", "metrics.chance"])
-    return t.rename(columns=lambda c: {"metrics.intrusion": "intrusion %", "metrics.chance": "r/n %"}.get(c, c))
+    f["metrics.intrusion"] *= 100
+    f["metrics.chance"] *= 100
+    f["ratio"] = f["metrics.intrusion"] / f["metrics.chance"]
+    quantities = ["metrics.intrusion", "metrics.chance", "ratio"]
+    t = f.pivot_table(index="group", columns="suite", values=quantities, aggfunc="mean")
+    t = _suite_order(t.reindex([g for g in groups if g != "all" and g in set(f["group"])]), quantities)
+    names = {"metrics.intrusion": "intrusion %", "metrics.chance": "r/n %", "ratio": "intrusion / (r/n)"}
+    return t.rename(columns=lambda c: names.get(c, c))
 
 
 def _share(gains: pd.DataFrame, suite: str) -> dict[str, float]:
@@ -257,7 +295,7 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
       one of the two: partly.
     - ``"whole"`` (last suite, needs two suites): with many tasks the whole network needs filtering:
       filtering every layer beats the best single group, and the early group's share of the full
-      gain is smaller than at the first suite; one of the two: partly.
+      gain, positive at the first suite, is smaller at the last; one of the two: partly.
 
     Returns:
         {"early": {"status", "evidence"}, "whole": {"status", "evidence"}}.
@@ -285,7 +323,7 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
     best_single = max(last["early"], last["middle"], last["late"])
     ok_all = last["all"] > best_single
     share_last = last["early"] / last["all"] if last["all"] > 0 else float("nan")
-    ok_drop = last["all"] > 0 and (not full > 0 or share_last < share)
+    ok_drop = last["all"] > 0 and full > 0 and share > 0 and share_last < share
     n_ok = int(ok_all) + int(ok_drop)
     status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
     out["whole"] = dict(status=status, evidence=(
