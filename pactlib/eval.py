@@ -4,7 +4,10 @@
 - :func:`evaluate` -- one backbone, many tasks (the merged model is shared by every task).
 - :func:`normalized` -- acc(t) / acc_ft(t), the paper's normalized accuracy.
 - :func:`select_alpha` -- evaluate θ0 + α·D over an α grid on validation, pick the α with the
-  best mean normalized accuracy, report test at that α, as one JSON-serialisable record.
+  best mean normalized accuracy, report test at that α, as one JSON-serialisable record. The
+  evaluation is pluggable (``evaluate_fn``), so the CLIP path shares it.
+- :func:`clip_evaluate` / :func:`clip_accuracy` / :func:`clip_evaluator` -- the same for CLIP
+  vision towers (paper scale): one merged tower, one zero-shot head per task.
 
 Speed: the backbone module is built once per resolution and reused (weights are loaded into it
 with ``load_state_dict``), and preprocessed images are cached per task split (keyed by the
@@ -163,7 +166,7 @@ def select_alpha(
     merged_state: Callable[[float], Mapping[str, Tensor]],
     alphas: Sequence[float],
     *,
-    heads: Mapping[str, Head],
+    heads: Mapping[str, Head] | None = None,
     val: Mapping[str, Any],
     test: Mapping[str, Any],
     ft_val: Mapping[str, float],
@@ -175,6 +178,7 @@ def select_alpha(
     batch_size: int = 256,
     limit: int | None = None,
     progress: Callable | None = None,
+    evaluate_fn: Callable[..., Mapping[str, float]] | None = None,
     **extra: Any,
 ) -> dict:
     """Choose α on validation by mean normalized accuracy, then evaluate test at that α (§5).
@@ -182,13 +186,15 @@ def select_alpha(
     Args:
         merged_state: α -> backbone state dict (the caller's θ0 + α·D).
         alphas: the α grid (method.md §5: TA/TIES 0.05..1.0, TSV-M/Iso/LoRA 0.1..3.0).
-        heads: ``{task: Head}``.
+        heads: ``{task: Head}`` for the Lite0 testbed (evaluated with :func:`evaluate`).
         val, test: ``{task: TaskData}`` for the validation and test splits (same tasks).
         ft_val, ft_test: fine-tuned accuracies acc_ft(t) on each split (the normalizers).
         method: what is evaluated (e.g. ``"pact_iso_c"``); ``params``: its settings (α is added).
         seed: the seed of the fine-tuned models (None for deterministic).
         limit: cap on validation examples per task (test is always evaluated in full).
         progress: optional wrapper for the α loop (e.g. ``tqdm``).
+        evaluate_fn: instead of ``heads``: ``fn(state_dict, datas, *, limit) -> {task: acc}``
+            (e.g. :func:`clip_evaluator` for CLIP); ``resolution`` / ``batch_size`` are then unused.
         extra: further top-level fields of the record (``suite=...``, ``kind=...``).
 
     Returns:
@@ -201,9 +207,16 @@ def select_alpha(
         ``extra``. Ties in validation score go to the smaller α.
 
     Raises:
-        ValueError: empty grid, or val and test name different tasks.
+        ValueError: empty grid, val and test name different tasks, or not exactly one of
+            ``heads`` and ``evaluate_fn`` given.
     """
     from pactlib.records import make_record
+
+    if (heads is None) == (evaluate_fn is None):
+        raise ValueError("select_alpha needs exactly one of heads= (Lite0 testbed) and evaluate_fn=")
+    if evaluate_fn is None:
+        def evaluate_fn(sd, datas, *, limit=None):
+            return evaluate(sd, heads, datas, resolution=resolution, batch_size=batch_size, limit=limit)
 
     alphas = [float(a) for a in alphas]
     if not alphas:
@@ -212,14 +225,13 @@ def select_alpha(
         raise ValueError(f"val and test name different tasks: {sorted(set(val) ^ set(test))}")
     curve, best, best_rec = [], None, None
     for a in sorted(alphas) if progress is None else progress(sorted(alphas)):
-        acc = evaluate(merged_state(a), heads, val, resolution=resolution, batch_size=batch_size,
-                       limit=limit)
+        acc = dict(evaluate_fn(merged_state(a), val, limit=limit))
         rec = _split_record(acc, ft_val)
         curve.append({"alpha": a, "mean_acc": rec["mean_acc"], "mean_normalized": rec["mean_normalized"]})
         if best is None or rec["mean_normalized"] > best_rec["mean_normalized"]:
             best, best_rec = a, rec
     test_rec = _split_record(
-        evaluate(merged_state(best), heads, test, resolution=resolution, batch_size=batch_size), ft_test)
+        dict(evaluate_fn(merged_state(best), test, limit=None)), ft_test)
     metrics = {"acc": test_rec["mean_acc"], "norm_acc": test_rec["mean_normalized"],
                "val_acc": best_rec["mean_acc"], "val_norm_acc": best_rec["mean_normalized"]}
     for t in test_rec["acc"]:
@@ -232,3 +244,215 @@ def select_alpha(
         alpha=best, alphas=sorted(alphas), on_edge=len(alphas) > 1 and best in (min(alphas), max(alphas)),
         curve=curve, per_task=per_task, val_limit=limit, **extra,
     )
+
+
+# --------------------------------------------------------------------------- CLIP (paper scale)
+#
+# The paper's models are CLIP image encoders with one fixed zero-shot head per task: every task
+# shares the (merged) vision tower, only the (C, d) class-embedding matrix changes. The functions
+# below load the merged tower once into one ClipClassifier and swap heads per task.
+
+#: What :func:`clip_evaluate` accepts as a task's head: (C, d) class embeddings (the
+#: classifier's scale is used), a ``(embeddings, scale)`` pair as
+#: :func:`pactlib.models.clip.read_head` returns, or a ``ClipClassifier`` (its ``head`` and
+#: ``scale``; its own vision tower is not used).
+ClipHead = Any
+
+
+def _clip_head(task: str, head: ClipHead, default_scale: float, dim: int) -> tuple[Tensor, float]:
+    """(C, d) float head and positive scale of ``task``, checked against the feature dim ``dim``."""
+    from pactlib.models.clip import ClipClassifier
+
+    if isinstance(head, ClipClassifier):
+        h, scale = head.head, head.scale
+    elif isinstance(head, tuple) and len(head) == 2 and isinstance(head[0], Tensor):
+        h, scale = head[0], float(head[1])
+    elif isinstance(head, Tensor):
+        h, scale = head, default_scale
+    else:
+        raise TypeError(f"task {task!r}: a head must be a (C, d) tensor, a (tensor, scale) pair or a "
+                        f"ClipClassifier, got {type(head).__name__}")
+    if h.ndim != 2 or h.shape[0] == 0:
+        raise ValueError(f"task {task!r}: head must be (C, d) with C >= 1, got shape {tuple(h.shape)}")
+    if h.shape[1] != dim:
+        raise ValueError(f"task {task!r}: head has embedding dim {h.shape[1]} but the image features "
+                         f"have {dim} (a head of another CLIP architecture?)")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"task {task!r}: head scale must be finite and > 0, got {scale}")
+    return h.detach().float(), scale
+
+
+def _clip_inputs(task: str, data, num_classes: int, size: int, *, limit: int | None,
+                 resize: bool) -> tuple[Tensor, Tensor]:
+    """Checked (images[:n], labels[:n]) of one split; n = min(N, limit)."""
+    images, labels = data.images, data.labels
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"task {task!r}: images must be (N, 3, H, W), got shape {tuple(images.shape)}")
+    if images.shape[0] != labels.shape[0]:
+        raise ValueError(f"task {task!r}: {images.shape[0]} images but {labels.shape[0]} labels")
+    if limit is not None and int(limit) < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    n = images.shape[0] if limit is None else min(int(limit), images.shape[0])
+    if n == 0:
+        raise ValueError(f"task {task!r}: no examples to evaluate")
+    if len(data.classes) != num_classes:
+        raise ValueError(f"task {task!r} has {len(data.classes)} classes but its head has {num_classes}")
+    y = labels[:n].long()
+    if int(y.min()) < 0 or int(y.max()) >= num_classes:
+        raise ValueError(f"task {task!r}: labels must lie in [0, {num_classes}), found "
+                         f"{int(y.min())}..{int(y.max())}")
+    if tuple(images.shape[-2:]) != (size, size) and not resize:
+        raise ValueError(
+            f"task {task!r}: images are {images.shape[-2]}x{images.shape[-1]} px but the classifier "
+            f"expects {size}x{size}; load the task with image_size={size} (e.g. "
+            f"pactlib.data.paper.load_paper_task(..., image_size={size})) or pass resize=True")
+    return images[:n], y.cpu()
+
+
+@torch.no_grad()
+def clip_evaluate(
+    vision_state_dict,
+    heads: Mapping[str, ClipHead],
+    datas: Mapping[str, Any],
+    *,
+    classifier=None,
+    batch_size: int = 256,
+    limit: int | None = None,
+    device: str | torch.device | None = None,
+    resize: bool = False,
+    progress: bool = True,
+    trust_pickle: bool = False,
+) -> dict[str, float]:
+    """Top-1 accuracy of one CLIP vision tower (θ0, θt or a merge) on several tasks.
+
+    The tower is loaded once into ``classifier`` (its module is reused for every task); each
+    task then gets its own zero-shot head: logits = s · f̂ Hᵀ with f̂ the unit image feature
+    (N, d), H the task's (C, d) class embeddings and s its scale, as in
+    :class:`pactlib.models.clip.ClipClassifier`. Evaluation runs under ``torch.no_grad`` in
+    eval mode (every module's train/eval flag is restored afterwards), in batches.
+    Normalized accuracy (method.md §5) is acc_merged(t) / acc_finetuned(t): pass the result and
+    the fine-tuned accuracies to :func:`normalized`, or use :func:`clip_evaluator` with
+    :func:`select_alpha`.
+
+    Args:
+        vision_state_dict: the image tower to evaluate: keys as
+            :func:`pactlib.models.clip.vision_state_dict` gives them (``visual.*``; Hugging Face
+            ``vision_model.*`` naming and ``model.visual.*`` image-encoder keys are converted),
+            a checkpoint path, or None to evaluate the classifier's current weights. It is loaded
+            *in place* into ``classifier.visual`` (the caller's tensors are not modified).
+        heads: ``{task: head}`` for every task of ``datas``; a head is a (C, d) tensor (scale =
+            ``classifier.scale``), a ``(tensor, scale)`` pair (:func:`~pactlib.models.clip.read_head`)
+            or a ``ClipClassifier`` (its head and scale only).
+        datas: ``{task: TaskData}``: uint8 images (N, 3, S, S) in 0..255 (or float in [0, 1]),
+            int64 labels (N,) in ``0..C-1``, ``classes`` of length C
+            (:func:`pactlib.data.paper.load_paper_task` gives this).
+        classifier: the ``ClipClassifier`` whose vision tower is used; None: the first
+            ``ClipClassifier`` among ``heads``.
+        batch_size: images per forward pass (results do not depend on it).
+        limit: evaluate only the first ``limit`` examples of each task (deterministic subset).
+        device: run there (the classifier is moved, in place); None: where the classifier is.
+            Images are moved batch by batch, so the splits can stay on the CPU.
+        resize: allow images whose side differs from the classifier's ``image_size`` (they are
+            resized, bicubic); by default that is an error, since it usually means the data were
+            decoded at the wrong size.
+        progress: show a tqdm bar over all images (``False`` to disable).
+        trust_pickle: allow a pickled-module checkpoint path (see
+            :func:`~pactlib.models.clip.load_clip_checkpoint`).
+
+    Returns:
+        ``{task: accuracy in [0, 1]}`` in the order of ``datas``.
+
+    Raises:
+        KeyError: a task of ``datas`` has no head.
+        ValueError: no classifier; a head that is not (C, d) with the features' d, or a scale
+            <= 0; a task with no examples, a class count unequal to its head's, labels out of
+            range, images not (N, 3, H, W), or of another side than the classifier's
+            (without ``resize``); ``batch_size`` < 1.
+        TypeError: a head of another type.
+        CheckpointError: the vision state dict does not fit the classifier (keys named).
+    """
+    from pactlib.models.clip import ClipClassifier
+
+    missing = [t for t in datas if t not in heads]
+    if missing:
+        raise KeyError(f"no head for task(s) {missing}")
+    if classifier is None:
+        classifier = next((h for h in heads.values() if isinstance(h, ClipClassifier)), None)
+        if classifier is None:
+            raise ValueError("clip_evaluate needs classifier= (a ClipClassifier whose vision tower is "
+                             "used) when no head is a ClipClassifier")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = int(batch_size)
+    dim = classifier.head.shape[1]
+    tasks = {}
+    for t, d in datas.items():
+        h, scale = _clip_head(t, heads[t], classifier.scale, dim)
+        x, y = _clip_inputs(t, d, h.shape[0], classifier.image_size, limit=limit, resize=resize)
+        tasks[t] = (h, scale, x, y)
+    if device is not None:
+        classifier.to(device)
+    if vision_state_dict is not None:
+        classifier.load_vision(vision_state_dict, trust_pickle=trust_pickle)
+    param = next(classifier.visual.parameters())
+    device, dtype = param.device, param.dtype
+
+    from tqdm.auto import tqdm
+
+    modes = [(m, m.training) for m in classifier.modules()]
+    classifier.eval()
+    bar = tqdm(total=sum(y.numel() for *_, y in tasks.values()), desc="clip eval", unit="img",
+               leave=False, disable=not progress)
+    out = {}
+    try:
+        for t, (h, scale, x, y) in tasks.items():
+            bar.set_postfix_str(t)
+            hd = h.to(device)
+            correct = 0
+            for i in range(0, y.numel(), batch_size):
+                xb = classifier.prepare(x[i:i + batch_size].to(device)).to(dtype)
+                f = torch.nn.functional.normalize(classifier.visual(xb).float(), dim=-1)  # (B, d)
+                pred = (scale * f @ hd.t()).argmax(1).cpu()  # (B,)
+                correct += int((pred == y[i:i + batch_size]).sum())
+                bar.update(pred.numel())
+            out[t] = correct / y.numel()
+    finally:
+        bar.close()
+        for m, mode in modes:  # each module's own train/eval flag, as it was
+            m.training = mode
+    return out
+
+
+def clip_accuracy(classifier, data, *, batch_size: int = 256, limit: int | None = None,
+                  device: str | torch.device | None = None, resize: bool = False,
+                  progress: bool = True) -> float:
+    """Top-1 accuracy in [0, 1] of a ``ClipClassifier`` as it is (its tower and head) on one split.
+
+    ``data``: a ``TaskData`` (uint8 images (N, 3, S, S), int64 labels (N,), C classes). Same
+    arguments and errors as :func:`clip_evaluate` (which this calls with no state dict).
+    """
+    task = getattr(data, "task", "task")
+    return clip_evaluate(None, {task: classifier}, {task: data}, classifier=classifier,
+                         batch_size=batch_size, limit=limit, device=device, resize=resize,
+                         progress=progress)[task]
+
+
+def clip_evaluator(heads: Mapping[str, ClipHead], *, classifier=None, batch_size: int = 256,
+                   device: str | torch.device | None = None, resize: bool = False,
+                   progress: bool = True) -> Callable[..., dict[str, float]]:
+    """An ``evaluate_fn`` for :func:`select_alpha` that evaluates CLIP vision state dicts.
+
+    Returns ``fn(vision_state_dict, datas, *, limit=None) -> {task: acc}`` calling
+    :func:`clip_evaluate` with these ``heads`` and settings (the same classifier module is
+    reused across α). Example::
+
+        rec = select_alpha(lambda a: D.apply_to(pre, a), alphas, val=val, test=test,
+                           ft_val=ft_val, ft_test=ft_test, method="pact_iso_c",
+                           evaluate_fn=clip_evaluator(heads, classifier=clf))
+    """
+
+    def fn(state, datas: Mapping[str, Any], *, limit: int | None = None) -> dict[str, float]:
+        return clip_evaluate(state, heads, datas, classifier=classifier, batch_size=batch_size,
+                             limit=limit, device=device, resize=resize, progress=progress)
+
+    return fn

@@ -543,3 +543,229 @@ def test_decoding_matches_clip_eval_transform(tmp_path):
         idx = paper.SplitIndex("list", (tmp_path / f"{i}.png",), np.zeros(1, np.int64), ("x",))
         got = paper.decode(idx, np.arange(1), 24)[0].permute(1, 2, 0).numpy()
         assert np.array_equal(got, np.asarray(ref_tf(Image.fromarray(arr)))), (w, h)
+
+
+# ----------------------------------------------------------------------------- evaluation loop
+
+from pactlib import eval as E  # noqa: E402
+from pactlib.data.store import TaskData  # noqa: E402
+
+
+def _task(images, labels, C, name="t", split="val"):
+    return TaskData(images=images, labels=labels, classes=tuple(f"c{i}" for i in range(C)), task=name, split=split)
+
+
+@pytest.fixture(scope="module")
+def eval_setup(tiny, full_sd):
+    """A classifier on its own copy of the tiny tower, two tasks with random unit heads, and the
+    predictions of θ0 (= full_sd's tower) per task computed by hand from the original model."""
+    import copy
+
+    model, _ = tiny
+    g = torch.Generator().manual_seed(11)
+    imgs = torch.randint(0, 256, (11, 3, 32, 32), dtype=torch.uint8, generator=g)
+    x = (imgs.float() / 255 - torch.tensor(clip.CLIP_MEAN).view(1, 3, 1, 1)) / torch.tensor(
+        clip.CLIP_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        f = F.normalize(model.encode_image(x), dim=-1)  # (11, 16)
+    # class embeddings = features of some of the images (so each class is predicted at least once)
+    heads = {"a": f[[0, 1, 2]].clone(), "b": f[[3, 4, 5, 6, 7]].clone()}
+    pred = {t: (f @ h.t()).argmax(1) for t, h in heads.items()}
+    assert len(set(pred["a"].tolist())) > 1 and len(set(pred["b"].tolist())) > 1  # not a constant map
+    clf = clip.ClipClassifier.from_clip(copy.deepcopy(model), heads["a"])
+    return clf, imgs, heads, pred, clip.vision_state_dict(full_sd)
+
+
+def _wrong(labels, rows, C):
+    out = labels.clone()
+    out[rows] = (out[rows] + 1) % C
+    return out
+
+
+def test_clip_evaluate_equals_manual_argmax_batching_and_limit(eval_setup):
+    clf, imgs, heads, pred, vis = eval_setup
+    ya = _wrong(pred["a"], [0, 4, 9], 3)  # 8 of 11 right
+    yb = _wrong(pred["b"], [2], 5)  # 10 of 11 right
+    datas = {"b": _task(imgs, yb, 5, "b"), "a": _task(imgs, ya, 3, "a")}
+    hs = {"a": heads["a"], "b": (heads["b"], 50.0)}  # plain tensor (classifier's scale), (H, scale) pair
+    res = E.clip_evaluate(vis, hs, datas, classifier=clf, progress=False)
+    assert res == {"b": 10 / 11, "a": 8 / 11} and list(res) == ["b", "a"]
+    for bs in (1, 7, 64):
+        assert E.clip_evaluate(vis, hs, datas, classifier=clf, batch_size=bs, progress=False) == res
+    lim = E.clip_evaluate(vis, hs, datas, classifier=clf, limit=4, progress=False)
+    assert lim == {"b": 3 / 4, "a": 3 / 4}  # first 4 rows: row 2 of "b" and row 0 of "a" are wrong
+    assert lim == {t: (datas[t].labels[:4] == pred[t][:4]).float().mean().item() for t in datas}
+    # clip_accuracy: the classifier as it is (tower loaded above, its own head = heads["a"])
+    modes = {n: m.training for n, m in clf.named_modules()}
+    assert E.clip_accuracy(clf, datas["a"], batch_size=5) == 8 / 11  # with the tqdm bar
+    assert E.clip_accuracy(clf, datas["a"], limit=1, progress=False) == 0.0
+    assert {n: m.training for n, m in clf.named_modules()} == modes  # train/eval flags restored
+
+
+def test_clip_evaluate_loads_the_tower_into_the_shared_module(eval_setup):
+    clf, imgs, heads, pred, vis = eval_setup
+    datas = {"a": _task(imgs, pred["a"], 3, "a"), "b": _task(imgs, pred["b"], 5, "b")}
+    g = torch.Generator().manual_seed(3)
+    noisy = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in vis.items()}
+    before = {k: v.clone() for k, v in noisy.items()}
+    clf_heads = {"a": heads["a"], "b": heads["b"]}
+    acc_noisy = E.clip_evaluate(noisy, clf_heads, datas, classifier=clf, progress=False)
+    assert min(acc_noisy.values()) < 1.0  # another tower, other predictions
+    assert E.clip_evaluate(vis, clf_heads, datas, classifier=clf, progress=False) == {"a": 1.0, "b": 1.0}
+    assert all(torch.equal(noisy[k], before[k]) for k in noisy)  # inputs not modified
+    # None = the weights already in the classifier; other namings of the same tower
+    assert E.clip_evaluate(None, clf_heads, datas, classifier=clf, progress=False) == {"a": 1.0, "b": 1.0}
+    E.clip_evaluate(noisy, clf_heads, datas, classifier=clf, progress=False)
+    for same in (clip.open_clip_to_hf(vis), {f"model.{k}": v for k, v in vis.items()}):
+        assert E.clip_evaluate(same, clf_heads, datas, classifier=clf, progress=False) == {"a": 1.0, "b": 1.0}
+    # a ClipClassifier as head: its head and scale; it is also the default classifier
+    other = clip.ClipClassifier(clf.visual, heads["b"], scale=3.0, image_size=32)
+    assert E.clip_evaluate(vis, {"a": clf, "b": other}, datas, progress=False) == {"a": 1.0, "b": 1.0}
+
+
+class _ChannelMean(nn.Module):
+    """A stand-in tower: feature = proj(mean pixel per normalised channel), (N, 3) -> (N, 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 3, bias=False)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(3))
+
+    def forward(self, x):
+        return self.proj(x.mean(dim=(2, 3)))
+
+
+def _colour_images(colours, side=8):
+    """Uniform images, image i having channel colours[i] at 255 and the others at 0."""
+    imgs = torch.zeros(len(colours), 3, side, side, dtype=torch.uint8)
+    imgs[torch.arange(len(colours)), torch.tensor(colours)] = 255
+    return imgs
+
+
+def test_clip_evaluate_known_accuracy_with_one_hot_heads():
+    """Channel c bright -> normalised feature largest in dimension c (CLIP mean/std < 1 and > 0),
+    so a head mapping class c to the one-hot embedding e_c predicts the colour exactly."""
+    colours = [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    imgs = _colour_images(colours)
+    clf = clip.ClipClassifier(_ChannelMean(), torch.eye(3), scale=100.0, image_size=8)
+    y = torch.tensor(colours)
+    shifted = torch.eye(3)[[1, 2, 0]]  # class c -> e_{c+1}: predicts class (colour - 1) mod 3
+    datas = {"id": _task(imgs, _wrong(y, [1, 5], 3), 3), "shift_true": _task(imgs, y, 3),
+             "shift_pred": _task(imgs, (y - 1) % 3, 3)}
+    hs = {"id": torch.eye(3), "shift_true": shifted, "shift_pred": shifted}
+    assert E.clip_evaluate(None, hs, datas, classifier=clf, batch_size=4, progress=False) == {
+        "id": 7 / 9, "shift_true": 0.0, "shift_pred": 1.0}
+    # a "merged" tower whose projection permutes the channels moves the predictions with it
+    perm = {"visual.proj.weight": torch.eye(3)[[1, 2, 0]]}  # feature_j = channel_{j+1}
+    assert E.clip_evaluate(perm, {"t": torch.eye(3)}, {"t": _task(imgs, (y - 1) % 3, 3)}, classifier=clf,
+                           progress=False) == {"t": 1.0}
+    # images of another side: an error unless resize=True (uniform images stay uniform)
+    big = _task(_colour_images(colours, side=16), y, 3, "big")
+    with pytest.raises(ValueError, match=r"task 'big': images are 16x16 px but the classifier expects 8x8.*"
+                                         r"image_size=8.*resize=True"):
+        E.clip_evaluate({"visual.proj.weight": torch.eye(3)}, {"big": torch.eye(3)},
+                        {"big": big}, classifier=clf, progress=False)
+    assert E.clip_evaluate({"visual.proj.weight": torch.eye(3)}, {"big": torch.eye(3)}, {"big": big},
+                           classifier=clf, resize=True, progress=False) == {"big": 1.0}
+    assert E.clip_accuracy(clf, big, resize=True, progress=False) == 1.0
+
+
+def test_clip_evaluate_errors(eval_setup):
+    clf, imgs, heads, pred, vis = eval_setup
+    data = {"a": _task(imgs, pred["a"], 3, "a")}
+    with pytest.raises(KeyError, match=r"no head for task\(s\) \['a'\]"):
+        E.clip_evaluate(vis, {"b": heads["b"]}, data, classifier=clf, progress=False)
+    with pytest.raises(ValueError, match="needs classifier="):
+        E.clip_evaluate(vis, {"a": heads["a"]}, data, progress=False)
+    with pytest.raises(ValueError, match="task 'a' has 3 classes but its head has 5"):
+        E.clip_evaluate(vis, {"a": heads["b"]}, data, classifier=clf, progress=False)
+    with pytest.raises(ValueError, match="embedding dim 17 but the image features have 16"):
+        E.clip_evaluate(vis, {"a": torch.randn(3, 17)}, data, classifier=clf, progress=False)
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        E.clip_evaluate(vis, {"a": (heads["a"], -1.0)}, data, classifier=clf, progress=False)
+    with pytest.raises(TypeError, match="got str"):
+        E.clip_evaluate(vis, {"a": "head.pt"}, data, classifier=clf, progress=False)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        E.clip_evaluate(vis, {"a": heads["a"]}, {"a": _task(imgs, pred["a"] + 3, 3, "a")}, classifier=clf,
+                        progress=False)
+    with pytest.raises(ValueError, match="no examples"):
+        E.clip_evaluate(vis, {"a": heads["a"]}, data, classifier=clf, limit=0, progress=False)
+    with pytest.raises(ValueError, match="11 images but 10 labels"):
+        E.clip_evaluate(vis, {"a": heads["a"]}, {"a": _task(imgs, pred["a"][:10], 3, "a")}, classifier=clf,
+                        progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        E.clip_evaluate(vis, {"a": heads["a"]}, data, classifier=clf, batch_size=0, progress=False)
+    bad = dict(vis)
+    del bad["visual.ln_post.bias"]
+    with pytest.raises(CheckpointError, match="ln_post.bias"):
+        E.clip_evaluate(bad, {"a": heads["a"]}, data, classifier=clf, progress=False)
+
+
+def test_select_alpha_with_clip_evaluator(eval_setup):
+    clf, imgs, heads, pred, vis = eval_setup
+    val = {"a": _task(imgs, pred["a"], 3, "a"), "b": _task(imgs, pred["b"], 5, "b")}
+    test = {t: _task(d.images.flip(0), d.labels.flip(0), len(d.classes), t, "test") for t, d in val.items()}
+    g = torch.Generator().manual_seed(4)
+    noisy = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in vis.items()}
+    assert min(E.clip_evaluate(noisy, heads, val, classifier=clf, progress=False).values()) < 1.0
+    asked = []
+
+    def merged(alpha):
+        asked.append(alpha)
+        return vis if alpha == 0.3 else noisy
+
+    fn = E.clip_evaluator(heads, classifier=clf, batch_size=4, progress=False)
+    rec = E.select_alpha(merged, [0.5, 0.1, 0.3], val=val, test=test, ft_val={"a": 1.0, "b": 1.0},
+                         ft_test={"a": 0.8, "b": 1.0}, method="ta", evaluate_fn=fn, limit=6)
+    assert rec["alpha"] == 0.3 and asked == [0.1, 0.3, 0.5, 0.3] and rec["val_limit"] == 6
+    assert rec["metrics"]["acc"] == 1.0 and rec["metrics"]["norm_acc"] == pytest.approx((1 / 0.8 + 1) / 2)
+    assert rec["per_task"]["test"]["normalized"] == {"a": 1 / 0.8, "b": 1.0}
+    json.dumps(rec)
+    with pytest.raises(ValueError, match="exactly one of heads= .* and evaluate_fn="):
+        E.select_alpha(merged, [0.1], heads=heads, val=val, test=test, ft_val={}, ft_test={}, method="x",
+                       evaluate_fn=fn)
+    with pytest.raises(ValueError, match="exactly one of"):
+        E.select_alpha(merged, [0.1], val=val, test=test, ft_val={}, ft_test={}, method="x")
+
+
+# ----------------------------------------------------------------------------- pact merge --trust-pickle
+
+
+def test_cli_merge_trust_pickle_reads_image_encoder_pickles(tmp_path, monkeypatch, fake_repo_module, full_sd,
+                                                            capsys):
+    import pactlib
+    from pactlib.cli import main
+    from pactlib.io import load_state_dict, save_state_dict
+
+    g = torch.Generator().manual_seed(9)
+    sds, paths = [], []
+    for i in range(3):  # θ0 and two fine-tuned towers, each saved as a whole pickled ImageEncoder
+        sd = dict(full_sd) if i == 0 else {
+            k: (v + 0.01 * torch.randn(v.shape, generator=g)) if k.startswith("visual.") else v
+            for k, v in full_sd.items()}
+        model, _ = clip.build_clip(TINY, weights=sd)
+        enc = fake_repo_module.ImageEncoder(model)
+        sds.append({k: v.clone() for k, v in enc.state_dict().items()})
+        paths.append(tmp_path / ("zeroshot.pt" if i == 0 else f"ft{i}.pt"))
+        torch.save(enc, paths[-1])
+    _forget_fake_repo(monkeypatch)  # a user without their src/ package
+    save_state_dict(sds[0], tmp_path / "zeroshot.safetensors")
+    out = tmp_path / "merged.safetensors"
+    common = ["merge", "--method", "iso_c", "--pact", "pact", "--alpha", "0.8", "--out", str(out),
+              "--set", "core_frac=0.2"]
+
+    rc = main([*common, "--pretrained", str(tmp_path / "zeroshot.safetensors"), "--finetuned",
+               *map(str, paths[1:])])
+    err = capsys.readouterr().err
+    assert rc == 2 and "ft1.pt holds pickled Python objects" in err and "--trust-pickle" in err
+    assert not out.exists()
+
+    rc = main([*common, "--pretrained", str(paths[0]), "--finetuned", *map(str, paths[1:]), "--trust-pickle"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["tasks"] == 2
+    want = pactlib.merge("iso_c", sds[0], sds[1:], alpha=0.8, pact="pact", core_frac=0.2)
+    got = load_state_dict(out)
+    assert set(got) == set(want) and all(k.startswith("model.") for k in got)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    assert clip.detect_format(out) == "image_encoder"  # loadable by ClipClassifier.load_vision

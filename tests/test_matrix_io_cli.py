@@ -106,3 +106,52 @@ def test_cli_errors_are_clear(tmp_path, ckpts, capsys):
 def test_cli_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "pactlib.cli", "methods"], capture_output=True, text=True, check=True)
     assert "iso_cts" in r.stdout and "Iso-CTS" in r.stdout
+
+
+def _as_module(sd):
+    """A plain nn.Module tree whose state_dict() is ``sd`` (for a whole-module pickle)."""
+    root = torch.nn.Module()
+    for key, v in sd.items():
+        *path, name = key.split(".")
+        m = root
+        for p in path:
+            if not hasattr(m, p):
+                m.add_module(p, torch.nn.Module())
+            m = getattr(m, p)
+        if v.is_floating_point():
+            m.register_parameter(name, torch.nn.Parameter(v.clone()))
+        else:
+            m.register_buffer(name, v.clone())
+    return root
+
+
+def test_cli_merge_pickled_modules_need_trust_pickle(tmp_path, ckpts, capsys):
+    pre, fts = ckpts
+    torch.save(_as_module(pre), tmp_path / "pre_module.pt")  # torch.save(module): needs unpickling
+    paths = []
+    for i, f in enumerate(fts):
+        torch.save(_as_module(f), tmp_path / f"ft{i}_module.pt")
+        paths.append(str(tmp_path / f"ft{i}_module.pt"))
+    out = tmp_path / "merged.pt"
+    args = ["merge", "--method", "task_arithmetic", "--pact", "s-pact", "--alpha", "0.4", "--pretrained",
+            str(tmp_path / "pre_module.pt"), "--finetuned", *paths, "--out", str(out)]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and "pre_module.pt holds pickled Python objects" in err and "rerun with --trust-pickle" in err
+    assert not out.exists()
+    assert main([*args, "--trust-pickle"]) == 0
+    want = pactlib.merge("task_arithmetic", pre, fts, alpha=0.4, pact="s-pact")
+    got = load_state_dict(out)
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    # the flag changes nothing for plain state dicts
+    save_state_dict(pre, tmp_path / "pre.safetensors")
+    plain = [str(save_state_dict(f, tmp_path / f"ft{i}.pt")) for i, f in enumerate(fts)]
+    out2 = tmp_path / "merged2.pt"
+    assert main(["merge", "--method", "task_arithmetic", "--pact", "s-pact", "--alpha", "0.4", "--pretrained",
+                 str(tmp_path / "pre.safetensors"), "--finetuned", *plain, "--out", str(out2),
+                 "--trust-pickle"]) == 0
+    got2 = load_state_dict(out2)
+    for k in want:
+        torch.testing.assert_close(got2[k], want[k])
