@@ -16,6 +16,7 @@ Book: chapter "The testbed".
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +38,14 @@ class Head:
         weight: float32 (C, D), D = feature dimension (1280 for Lite0).
         bias: float32 (C,).
         classes: the C class names, in label order.
+        normalize: when True the head is a cosine classifier: features are L2-normalised
+            before the linear map (CLIP's zero-shot head; :func:`fit_prototype_head`).
     """
 
     weight: Tensor
     bias: Tensor
     classes: tuple[str, ...]
+    normalize: bool = False
 
     def __post_init__(self):
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
@@ -64,7 +68,24 @@ class Head:
             raise ValueError(
                 f"features must be (N, {self.weight.shape[1]}), got {tuple(features.shape)}"
             )
+        if self.normalize:
+            features = F.normalize(features, dim=1)
         return F.linear(features, self.weight.to(features.dtype), self.bias.to(features.dtype))
+
+
+def _check_fit_inputs(features: Tensor, labels: Tensor, classes) -> None:
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError(
+            f"features must be (N, D) and labels (N,), got {tuple(features.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    C = len(classes)
+    if labels.numel() == 0 or int(labels.min()) < 0 or int(labels.max()) >= C:
+        raise ValueError(f"labels must lie in [0, {C}) for classes {tuple(classes)[:5]}...")
+    counts = torch.bincount(labels, minlength=C)
+    if (counts == 0).any():
+        missing = [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
+        raise ValueError(f"no training example for class(es) {missing}: cannot fit the head")
 
 
 def fit_head(
@@ -97,18 +118,8 @@ def fit_head(
     Raises:
         ValueError: shape mismatch, a label outside [0, C), or a class with no example.
     """
-    if features.ndim != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features must be (N, D) and labels (N,), got {tuple(features.shape)} and "
-            f"{tuple(labels.shape)}"
-        )
+    _check_fit_inputs(features, labels, classes)
     C = len(classes)
-    if labels.numel() == 0 or int(labels.min()) < 0 or int(labels.max()) >= C:
-        raise ValueError(f"labels must lie in [0, {C}) for classes {tuple(classes)[:5]}...")
-    counts = torch.bincount(labels, minlength=C)
-    if (counts == 0).any():
-        missing = [classes[i] for i in (counts == 0).nonzero().flatten().tolist()]
-        raise ValueError(f"no training example for class(es) {missing}: cannot fit the head")
 
     x = features.detach().to(torch.float64)  # (N, D)
     W = torch.zeros(C, x.shape[1], dtype=torch.float64, requires_grad=True)
@@ -128,6 +139,56 @@ def fit_head(
         opt.step(closure)
     W_raw, b_raw = W.detach(), b.detach()
     return Head(W_raw.float().contiguous(), b_raw.float().contiguous(), tuple(classes))
+
+
+def fit_prototype_head(
+    features: Tensor,
+    labels: Tensor,
+    classes: tuple[str, ...] | list[str],
+    *,
+    max_iter: int = 100,
+) -> Head:
+    """A cosine "prototype" head: the CLIP-style zero-shot classifier of the testbed.
+
+    CLIP's zero-shot head is ``s · normalize(text embedding of class c)`` applied to normalised
+    image features, with a fixed logit scale s (method.md §5). The testbed has no text tower, so
+    the class embedding is the normalised mean of the normalised θ0 features of the class's
+    train images, and ``s`` is the one scalar fit (by L-BFGS on log s, from s = 10) to minimise
+    the train cross-entropy. Nothing else is trained: the head is as weak as a nearest-class-mean
+    classifier, which leaves fine-tuning (and merging) the headroom CLIP's zero-shot heads leave.
+
+    Args:
+        features: (N, D) frozen θ0 features (any float dtype).
+        labels: int64 (N,), values in [0, C).
+        classes: the C class names.
+        max_iter: L-BFGS iteration cap for the logit scale.
+
+    Returns:
+        :class:`Head` with ``normalize=True``, weight ``s · P`` (C, D) with unit-norm rows P, bias 0.
+
+    Raises:
+        ValueError: shape mismatch, a label outside [0, C), or a class with no example.
+    """
+    _check_fit_inputs(features, labels, classes)
+    C = len(classes)
+    x = F.normalize(features.detach().to(torch.float64), dim=1)
+    onehot = F.one_hot(labels, C).to(x.dtype)  # (N, C)
+    protos = F.normalize(onehot.T @ x, dim=1)  # (C, D): class sums, then unit rows
+    cos = x @ protos.T  # (N, C)
+    log_s = torch.tensor(math.log(10.0), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10,
+                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(log_s.exp() * cos, labels)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    s = float(log_s.detach().exp())
+    return Head((s * protos).float().contiguous(), torch.zeros(C), tuple(classes), normalize=True)
 
 
 def head_accuracy(head: Head, features: Tensor, labels: Tensor) -> float:
@@ -180,7 +241,8 @@ def file_sha256(path: str | Path) -> str:
 def save_head(head: Head, path: str | Path, **metadata) -> str:
     """Save ``head`` (weight, bias, class names + ``metadata``) atomically; returns its sha256."""
     return save_safetensors(
-        {"weight": head.weight, "bias": head.bias}, path, {"classes": list(head.classes), **metadata}
+        {"weight": head.weight, "bias": head.bias}, path,
+        {"classes": list(head.classes), "normalize": head.normalize, **metadata}
     )
 
 
@@ -194,4 +256,4 @@ def load_head(path: str | Path) -> Head:
     missing = {"weight", "bias"} - tensors.keys()
     if missing or "classes" not in meta:
         raise ValueError(f"head file {path} lacks {sorted(missing) or ['classes metadata']}")
-    return Head(tensors["weight"], tensors["bias"], tuple(meta["classes"]))
+    return Head(tensors["weight"], tensors["bias"], tuple(meta["classes"]), bool(meta.get("normalize", False)))

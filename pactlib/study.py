@@ -216,9 +216,13 @@ class Classifier(nn.Module):
         self.net = backbone
         self.register_buffer("head_w", head.weight.clone())
         self.register_buffer("head_b", head.bias.clone())
+        self.normalize = bool(getattr(head, "normalize", False))
 
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(self.net(x), self.head_w, self.head_b)
+        f = self.net(x)
+        if self.normalize:
+            f = nn.functional.normalize(f, dim=1)
+        return nn.functional.linear(f, self.head_w, self.head_b)
 
 
 def unprefix(d: dict, prefix: str = "net.") -> dict:
@@ -238,12 +242,13 @@ def depth_groups(keys: Sequence[str], parts: Sequence[str] = ("early", "middle",
 #: Zoo profiles a notebook can name: where the zoo lives (under ``$PACT_CACHE``) and its recipe
 #: overrides. ``default`` is what ``make zoo`` builds; ``smoke`` is a seconds-sized zoo for tests.
 #: The default recipe is written out here (not left to ``Recipe``'s defaults) so the book's zoo is
-#: pinned: 80 AdamW steps of batch 64 at 32 px, lr 1e-4 (full) / 1e-3 (LoRA rank 8, alpha 16). With lr 5e-4
-#: every merge stayed at or below the zero-shot model (task vectors too large to add; see the testbed chapter).
+#: pinned: cosine prototype heads, 80 AdamW steps of batch 64 at 32 px, lr 1e-4 (full) / 1e-3 (LoRA rank 8,
+#: alpha 16). Why these and not a trained probe head or lr 5e-4: :class:`pactlib.zoo.Recipe` and the testbed chapter.
 PROFILES: dict[str, dict] = {
     "default": dict(dir="zoo", recipe=dict(resolution=32, steps=80, batch_size=64, optimizer="adamw", lr=1e-4,
                                            lora_lr=1e-3, weight_decay=0.0, warmup=8, lora_rank=8, lora_alpha=16.0,
-                                           augment="none", head_l2=1e-2, head_max_iter=300, data_seed=0)),
+                                           augment="none", head="prototype", head_l2=1e-2, head_max_iter=300,
+                                           data_seed=0)),
     "smoke": dict(dir="zoo-smoke", recipe=dict(steps=3, warmup=1, train_limit=96, eval_limit=48, head_max_iter=15)),
 }
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pactlib import eval as E
-from pactlib.heads import Head, fit_head, head_accuracy, load_head, save_head
+from pactlib.heads import Head, fit_head, fit_prototype_head, head_accuracy, load_head, save_head
 from pactlib.models.efficientnet import backbone_state_dict, preprocess
 
 
@@ -151,6 +151,27 @@ def test_fit_head_errors():
         fit_head(x[:, None], y, ("a", "b", "c"))
 
 
+def test_prototype_head_is_scaled_unit_class_means_on_normalized_features():
+    x, y = _blobs()
+    x = x.abs() + 0.1  # nonnegative, like pooled ReLU6 features
+    h = fit_prototype_head(x, y, ("a", "b", "c"))
+    assert h.normalize and torch.equal(h.bias, torch.zeros(3))
+    xn = torch.nn.functional.normalize(x.double(), dim=1)
+    means = torch.stack([xn[y == c].mean(0) for c in range(3)])
+    protos = torch.nn.functional.normalize(means, dim=1)
+    s = h.weight.double().norm(dim=1)
+    assert torch.allclose(s, s[0].expand(3), rtol=1e-6) and s[0] > 1  # one logit scale for all classes
+    assert torch.allclose(h.weight.double() / s[:, None], protos, atol=1e-6)
+    # a cosine classifier: rescaling an image's features changes nothing
+    assert torch.allclose(h.logits(x * 7.0), h.logits(x), atol=1e-5)
+    # the fitted scale minimises the train cross-entropy (a 10 % larger or smaller one is worse)
+    ce = lambda k: torch.nn.functional.cross_entropy(k * (xn @ protos.T) * s[0], y).item()
+    assert ce(1.0) <= min(ce(0.9), ce(1.1)) + 1e-9
+    assert head_accuracy(h, x, y) == (xn @ protos.T).argmax(1).eq(y).double().mean().item()
+    with pytest.raises(ValueError, match="no training example for class"):
+        fit_prototype_head(x, y, ("a", "b", "c", "d"))
+
+
 def test_head_save_load_roundtrip_and_corruption(tmp_path):
     x, y = _blobs()
     h = fit_head(x, y, ("cat", "dog", "cow"))
@@ -158,6 +179,11 @@ def test_head_save_load_roundtrip_and_corruption(tmp_path):
     save_head(h, path, task="toy")
     back = load_head(path)
     assert back.classes == ("cat", "dog", "cow") and torch.equal(back.weight, h.weight)
+    assert not back.normalize
+    cos = fit_prototype_head(x, y, ("cat", "dog", "cow"))
+    save_head(cos, tmp_path / "c.safetensors")
+    back = load_head(tmp_path / "c.safetensors")
+    assert back.normalize and torch.equal(back.weight, cos.weight)
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(ValueError, match="corrupt or truncated"):
         load_head(path)

@@ -173,6 +173,22 @@ def test_finetuning_keeps_head_and_bn_statistics_frozen():
     assert any(B.abs().sum() > 0 for _, B in ad.values())  # B left zero init
 
 
+def test_classifier_matches_a_cosine_head():
+    from pactlib.heads import fit_prototype_head
+    from pactlib.study import Classifier
+
+    pre = backbone_state_dict()
+    d = fake_loader("squares", "train")
+    x = preprocess(d.images, 32)
+    model = load_backbone(32, dict(pre))
+    with torch.no_grad():
+        f = model(x)
+    head = fit_prototype_head(f, d.labels, d.classes, max_iter=20)
+    with torch.no_grad():
+        assert torch.allclose(Classifier(model, head)(x), head.logits(f), atol=1e-5)
+        assert not torch.allclose(Classifier(model, replace(head, normalize=False))(x), head.logits(f), atol=1e-3)
+
+
 def test_finetuning_is_seeded():
     pre = backbone_state_dict()
     d = fake_loader("squares", "train")
@@ -277,5 +293,7 @@ def test_cli_parses_recipe_overrides():
     assert a.func is Z._cmd_build
     with pytest.raises(ValueError, match="optimizer"):
         Z.Recipe(optimizer="lion")
+    with pytest.raises(ValueError, match="Recipe.head must be"):
+        Z.Recipe(head="mlp")
     with pytest.raises(ValueError, match="unknown zoo kind"):
         Z.build_zoo(TASKS, [0], kind=("partial",), loader=fake_loader)
