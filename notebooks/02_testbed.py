@@ -136,10 +136,16 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 # One recipe (`pactlib.zoo.Recipe`) fine-tunes every task: AdamW, a linear warm-up then cosine
 # decay, a fixed number of steps, the head frozen. Full fine-tuning trains every floating
 # backbone parameter; LoRA trains rank-r adapters on the 32 matrix layers only, so its task
-# vectors are exactly scale·BA there and zero elsewhere (chapter 9). The head of a task is an
-# L2-regularised logistic-regression classifier fit once on θ0's features of the train split
-# (`pactlib.heads.fit_head`); its accuracy with θ0 is the task's *zero-shot* accuracy, the
-# analogue of CLIP's zero-shot head.
+# vectors are exactly scale·BA there and zero elsewhere (chapter 9).
+#
+# The head of a task plays the part of CLIP's zero-shot head. CLIP's head is built from class
+# names: one unit-length text embedding per class, applied to the L2-normalised image feature,
+# times a fixed logit scale. Nothing of it is trained on the task. Our backbone has no text
+# tower, so each class gets the normalised mean of θ0's normalised features of its train
+# images instead, and the logit scale is the one number fit to the train split
+# (`pactlib.heads.fit_prototype_head`). The accuracy of θ0 with this head is the task's
+# *zero-shot* accuracy. The section "Why a prototype head" below shows why we did not use a
+# trained linear probe.
 # The table shows the values the runs of this zoo were made with, per kind, beside the recipe
 # of the zoo profile (`pactlib.study.PROFILES`; `make zoo` builds the `default` one). The two
 # agree unless the zoo on disk was built with another recipe.
@@ -177,6 +183,34 @@ with plotting.figure("zero-shot-vs-finetuned", chapter=2, number=2, size=(9, 3.6
 plotting.table(testbed.timing_table(runs), chapter=2, number=7, floatfmt="{:.1f}",
                caption="Fine-tuning time per run on the 2-core build machine (seconds; heads and evaluation not "
                        "included).")
+
+# %% [markdown]
+# ## Why a prototype head
+#
+# Our first zoo used a stronger head: a ridge logistic regression trained on θ0's raw
+# features (`Recipe(head="probe")`). With it, Task Arithmetic barely beat the zero-shot model,
+# and its best α sat at the bottom of the grid: adding the task vectors hurt almost as soon as
+# it helped. Fine-tuning through a frozen linear head on *unnormalised* features grows the
+# features (their norm doubled on other tasks' images) and shifts them all the same way, and
+# that shift breaks the other tasks' heads. CLIP's head normalises the features, so only their
+# direction counts. The prototype head does the same, and it also starts weaker, as CLIP's
+# zero-shot heads do, which leaves fine-tuning and merging room to differ.
+#
+# The table and figure come from `bench/bench_heads.py`, which builds both zoos (seed 0, full
+# fine-tunes, otherwise the same recipe) and merges them. Its records are in
+# `book/data/head_choice.jsonl`; re-run the script to refresh them.
+
+# %%
+head_frame = testbed.head_choice_frame()
+plotting.table(testbed.head_choice_table(head_frame), chapter=2, number=8,
+               caption="Mean test accuracy and normalized accuracy (%) with each head kind, seed 0: zero-shot θ0, "
+                       "Task Arithmetic and Iso-C (α chosen on validation), and the α chosen.")
+
+# %%
+with plotting.figure("head-choice", chapter=2, number=3, size="wide",
+                     caption="Task Arithmetic's validation normalized accuracy against α, per head kind and "
+                             "suite; the dashed lines are the zero-shot models.") as (fig, ax):
+    testbed.plot_head_choice(head_frame, ax=ax)
 
 # %% [markdown]
 # ## Verdict

@@ -2,14 +2,19 @@
 
 CLIP classifies with a head built from class names, before any fine-tuning; fine-tuning then
 moves only the image encoder and the head stays frozen (method.md §5). The Lite0 testbed has no
-text tower, so its analogue is a linear classifier ``features (N, 1280) -> logits (N, C)`` fit
-once per task on the *pre-trained* backbone's features of the task's train split, then frozen
-for every fine-tuning run, every seed and every merge. Its accuracy on θ0 is the "zero-shot"
-accuracy acc_0(t).
+text tower, so its analogue is a classifier ``features (N, 1280) -> logits (N, C)`` built once
+per task from the *pre-trained* backbone's features of the task's train split, then frozen for
+every fine-tuning run, every seed and every merge. Its accuracy on θ0 is the "zero-shot"
+accuracy acc_0(t). Two kinds (``pactlib.zoo.Recipe.head``):
 
-The fit is L2-regularised multinomial logistic regression, full batch, by L-BFGS with a
-strong-Wolfe line search, in float64, started from zero: deterministic and needing no random
-numbers, on the raw features (no standardisation: see :func:`fit_head`).
+- ``"prototype"`` (the default, :func:`fit_prototype_head`): CLIP's form, a cosine classifier
+  ``s · normalize(class mean) · normalize(feature)`` with one fitted logit scale ``s``;
+- ``"probe"`` (:func:`fit_head`): L2-regularised multinomial logistic regression on the raw
+  features, by full-batch L-BFGS in float64 from zero. Stronger at θ0, but fine-tuning through
+  it grows the unnormalised features and breaks the other tasks' heads, so Task Arithmetic
+  barely beats zero-shot (measured: ``bench/bench_heads.py``).
+
+Both fits are deterministic (no random numbers).
 
 Book: chapter "The testbed".
 """

@@ -169,7 +169,10 @@ def _valid(record: dict | None, ckpt: Path, wanted: Mapping[str, Any]) -> str | 
     """None when ``record`` describes ``ckpt`` made with ``wanted``; else why not."""
     if record is None:
         return "no record"
-    if record.get("recipe") != dict(wanted):
+    got = dict(record.get("recipe") or {})
+    if "head" in wanted and "head" not in got:  # records older than Recipe.head: made with the probe head
+        got["head"] = "probe"
+    if got != dict(wanted):
         return "recipe changed"
     if not ckpt.is_file():
         return "checkpoint missing"

@@ -382,3 +382,38 @@ def test_paper_parameter_sets_are_valid_and_point_at_the_right_suite(n):
     assert all(not jobs[name].overrides for name in jobs if name != "12_paper_scale")
     text = path.read_text()
     assert all(t in text for t in paper.paper_tasks(n))
+
+
+def _head_records():
+    out = []
+    for head, zs, ta, a in (("probe", 0.8, 0.82, 0.03), ("prototype", 0.7, 0.8, 0.2)):
+        common = dict(params={"head": head}, seed=0, suite="8", head=head)
+        out.append(records.make_record("zero-shot", metrics={"acc": zs * 0.9, "norm_acc": zs}, **common))
+        out.append(records.make_record("fine-tuned", metrics={"acc": 0.9, "norm_acc": 1.0}, **common))
+        curve = [{"alpha": x, "mean_acc": 0.0, "mean_normalized": ta - abs(x - a)} for x in (0.01, 0.03, 0.2, 1.0)]
+        for m, bonus in (("task_arithmetic", 0.0), ("iso_c", 0.05)):
+            out.append(records.make_record(m, metrics={"acc": (ta + bonus) * 0.9, "norm_acc": ta + bonus},
+                                           alpha=a, curve=curve, **common))
+    return out
+
+
+def test_head_choice_table_and_plot(tmp_path):
+    path = records.write_records(tmp_path / "h.jsonl", _head_records())
+    frame = testbed.head_choice_frame(path)
+    tab = testbed.head_choice_table(frame)
+    assert list(tab.index) == [("probe", 8), ("prototype", 8)]
+    assert tab.loc[("prototype", 8), "zero-shot norm"] == pytest.approx(70.0)
+    assert tab.loc[("prototype", 8), "Task Arithmetic norm"] == pytest.approx(80.0)
+    assert tab.loc[("probe", 8), "Iso-C norm"] == pytest.approx(87.0)
+    assert tab.loc[("probe", 8), "Task Arithmetic α"] == pytest.approx(0.03)
+    assert tab.loc[("probe", 8), "fine-tuned acc"] == pytest.approx(90.0)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    testbed.plot_head_choice(frame, ax=ax)
+    lines = [l for l in ax.get_lines() if l.get_label().endswith("tasks")]
+    assert len(lines) == 2 and max(lines[1].get_ydata()) == pytest.approx(80.0)
+    assert len(ax.get_lines()) == 4  # + two zero-shot reference lines
+    plt.close(fig)
+    with pytest.raises(FileNotFoundError, match="bench_heads.py"):
+        testbed.head_choice_frame(tmp_path / "none.jsonl")

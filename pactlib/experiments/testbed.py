@@ -20,7 +20,11 @@ from torch import Tensor
 from ..matrix import DEFAULT_RULE, MatrixRule
 
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
-           "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics"]
+           "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
+           "head_choice_table", "plot_head_choice"]
+
+#: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
+HEAD_CHOICE = Path(__file__).resolve().parents[2] / "book" / "data" / "head_choice.jsonl"
 
 KIND_LABEL = {"zero-shot": "zero-shot (θ0 + head)", "full": "full fine-tune", "lora": "LoRA fine-tune"}
 
@@ -277,3 +281,57 @@ def frozen_statistics(pretrained: Mapping[str, Tensor], finetuned: Mapping[str, 
                 continue
             out[group] = max(out[group], d)
     return out
+
+
+# ----------------------------------------------------------------------------- head choice
+def head_choice_frame(path: str | Path = HEAD_CHOICE) -> pd.DataFrame:
+    """The records of ``bench/bench_heads.py`` as a frame (``method``, ``head``, ``suite``,
+    ``alpha``, ``curve``, ``metrics.acc``, ``metrics.norm_acc``, ...).
+
+    Raises:
+        FileNotFoundError: no records at ``path`` (names the script that writes them).
+    """
+    from ..records import records_frame
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no head-choice records at {path}; run bench/bench_heads.py to write them")
+    return records_frame(path)
+
+
+_HEAD_METHODS = {"zero-shot": "zero-shot", "task_arithmetic": "Task Arithmetic", "iso_c": "Iso-C"}
+
+
+def head_choice_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows (head, suite); per method (zero-shot, TA, Iso-C) test accuracy and normalized accuracy
+    in percent, and the α chosen on validation for TA and Iso-C."""
+    rows = []
+    for (head, suite), g in frame.groupby(["head", "suite"], sort=False):
+        row = {"head": head, "tasks": int(suite), "fine-tuned acc": 100 * g[g["method"] == "fine-tuned"]["metrics.acc"].mean()}
+        for m, label in _HEAD_METHODS.items():
+            r = g[g["method"] == m]
+            row[f"{label} acc"] = 100 * r["metrics.acc"].mean()
+            row[f"{label} norm"] = 100 * r["metrics.norm_acc"].mean()
+            if m != "zero-shot":
+                row[f"{label} α"] = r["alpha"].mean()
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["head", "tasks"])
+
+
+def plot_head_choice(frame: pd.DataFrame, *, ax) -> None:
+    """Task Arithmetic's validation normalized accuracy (%) against α (log axis), one line per
+    (head, suite); dashed horizontal lines at each zero-shot's test normalized accuracy."""
+    ta = frame[frame["method"] == "task_arithmetic"]
+    colors = {h: f"C{i}" for i, h in enumerate(dict.fromkeys(frame["head"]))}
+    styles = ["-", "--", ":", "-."]
+    suites = list(dict.fromkeys(frame["suite"]))
+    for _, r in ta.iterrows():
+        a = [c["alpha"] for c in r["curve"]]
+        v = [100 * c["mean_normalized"] for c in r["curve"]]
+        ax.plot(a, v, styles[suites.index(r["suite"]) % 4], marker="o", ms=3, color=colors[r["head"]],
+                label=f"{r['head']} head, {r['suite']} tasks")
+    for _, r in frame[frame["method"] == "zero-shot"].iterrows():
+        ax.axhline(100 * r["metrics.norm_acc"], color=colors[r["head"]], lw=0.8, ls=(0, (2, 3)), alpha=0.7)
+    ax.set_xscale("log")
+    ax.set(xlabel="α (log scale)", ylabel="validation normalized accuracy (%)")
+    ax.legend(fontsize=7, frameon=False)
