@@ -33,14 +33,14 @@
 zoo_profile = "default"         # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
 suite = "8"                     # the 8-task suite: every claim here is per task, eight are plenty
 n_tasks = 0                     # 0 = every task of the suite; >0 = the first n (smoke runs)
-seeds = [0]                     # one fine-tuning seed fits the CPU budget; [0, 1, 2] takes about 3x longer
+seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
 fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
 empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
 quantile = 0.1                  # U_t, H_t = lowest / top 10 % (method.md §3)
 touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (see "A tie at zero" below)
 perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
 draws = 1                       # sign / entry draws per condition in C2 and C3 (CPU time)
-alpha_points = 4                # α grid points for Task Arithmetic in C3 (0.05 … 1.0)
+alpha_points = 6                # α grid points for Task Arithmetic in C3 (0.05 … 1.0, widened at an edge)
 val_limit = 64                  # validation images per task: the Fisher examples and the α search
 test_limit = 128                # test images per task for every accuracy and loss below (CPU time)
 

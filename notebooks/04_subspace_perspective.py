@@ -30,7 +30,7 @@
 zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
 suite = "8"              # C4 is a per-task claim: the eight tasks of the first suite
 n_tasks = 0              # 0 = every task of the suite; >0 = the first n (smoke runs)
-seeds = [0]              # one fine-tuning seed: 8 tasks x 14 evaluations fill the 1.5-minute budget
+seeds = [0, 1, 2]        # three fine-tuning seeds (about 40 s each): claims rest on >= 3
 draws = 2                # random subspaces per control and task: enough to see the controls' spread
 strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.25 = a dose below saturation
 margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points

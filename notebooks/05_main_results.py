@@ -35,9 +35,9 @@ n_tasks = 0                    # 0 = every task of each suite; >0 = the first n 
 seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first suite
 seeds_large = [0]              # the 14- and 20-task rows: one seed (CPU time)
 methods = ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]  # M1–M5
-alpha_points = 6               # evenly spaced α over each method's grid (method.md §5 ranges)
-val_limit = 160                # validation images per task for the α search
-test_limit = 500               # test images per task
+alpha_points = 5               # evenly spaced α over each method's grid (method.md §5 ranges)
+val_limit = 100                # validation images per task for the α search (CPU time)
+test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
 from pactlib import params, plotting, records, report, study

@@ -76,7 +76,10 @@ def features(backbone_state_dict: Mapping[str, Tensor], x: Tensor, *, resolution
 
 
 def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int):
-    model = backbone_for(resolution)
+    # channels_last: the depthwise/pointwise convolutions of Lite0 run about 2x faster on CPU in
+    # this layout (measured: 554 -> 1110 images/s at 32 px, batch 256, 2 threads); the values
+    # loaded are the same, only their memory layout differs.
+    model = backbone_for(resolution).to(memory_format=torch.channels_last)
     model.load_state_dict(dict(backbone_state_dict), strict=True)
     return model
 
@@ -93,7 +96,8 @@ def _acc_loaded(model, head: Head, data, *, resolution: int, batch_size: int, li
         )
     correct = 0
     for i in range(0, x.shape[0], batch_size):
-        pred = head.logits(model(x[i : i + batch_size])).argmax(1)
+        xb = x[i : i + batch_size].contiguous(memory_format=torch.channels_last)
+        pred = head.logits(model(xb)).argmax(1)
         correct += int((pred == y[i : i + batch_size]).sum())
     return correct / y.numel()
 
@@ -132,8 +136,27 @@ def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head
     if missing:
         raise KeyError(f"no head for task(s) {missing}")
     model = _load(backbone_state_dict, resolution)
-    return {t: _acc_loaded(model, heads[t], d, resolution=resolution, batch_size=batch_size, limit=limit)
-            for t, d in datas.items()}
+    # The backbone is shared: run every task's images through it in full batches, then apply
+    # each task's head to its own slice of the features.
+    xs, ys = {}, {}
+    for t, d in datas.items():
+        xs[t], ys[t] = _inputs(d, resolution, limit)
+        if ys[t].numel() == 0:
+            raise ValueError(f"task {t!r}: no examples to evaluate")
+        if len(d.classes) != heads[t].num_classes:
+            raise ValueError(f"task {t!r} has {len(d.classes)} classes but the head has {heads[t].num_classes}")
+    x = torch.cat(list(xs.values()))
+    with torch.no_grad():
+        feats = torch.cat([model(x[i : i + batch_size].contiguous(memory_format=torch.channels_last))
+                           for i in range(0, x.shape[0], batch_size)])
+    out, start = {}, 0
+    for t in xs:
+        n = ys[t].numel()
+        with torch.no_grad():
+            pred = heads[t].logits(feats[start : start + n]).argmax(1)
+        out[t] = int((pred == ys[t]).sum()) / n
+        start += n
+    return out
 
 
 def normalized(acc: Mapping[str, float], acc_ft: Mapping[str, float]) -> dict[str, float]:
@@ -179,9 +202,15 @@ def select_alpha(
     limit: int | None = None,
     progress: Callable | None = None,
     evaluate_fn: Callable[..., Mapping[str, float]] | None = None,
+    widen: int = 0,
+    widen_factor: float = 1.5,
     **extra: Any,
 ) -> dict:
     """Choose α on validation by mean normalized accuracy, then evaluate test at that α (§5).
+
+    method.md §5: the grid is widened when the best α sits on its edge. With ``widen > 0``,
+    while the best α is the largest (smallest) α evaluated, one more α = largest × ``widen_factor``
+    (smallest / ``widen_factor``) is evaluated, at most ``widen`` extra points in all.
 
     Args:
         merged_state: α -> backbone state dict (the caller's θ0 + α·D).
@@ -195,20 +224,22 @@ def select_alpha(
         progress: optional wrapper for the α loop (e.g. ``tqdm``).
         evaluate_fn: instead of ``heads``: ``fn(state_dict, datas, *, limit) -> {task: acc}``
             (e.g. :func:`clip_evaluator` for CLIP); ``resolution`` / ``batch_size`` are then unused.
+        widen: most extra α values evaluated beyond the grid's edges (0: the grid as given).
+        widen_factor: geometric step (> 1) of those extra values.
         extra: further top-level fields of the record (``suite=...``, ``kind=...``).
 
     Returns:
         A record in :mod:`pactlib.records` form: ``method``, ``params`` (with ``alpha``),
         ``seed``, ``metrics`` = {``acc``, ``norm_acc`` (test means at the chosen α), ``val_acc``,
         ``val_norm_acc``, and per task ``acc:<task>``, ``norm_acc:<task>`` (test)}, plus
-        ``alpha``, ``alphas``, ``on_edge`` (chosen α is the first or last grid point: widen the
-        grid), ``curve`` (per α: validation mean acc and mean normalized acc), ``per_task``
+        ``alpha``, ``alphas`` (every α evaluated, extra ones included), ``widened`` (the extra α
+        values), ``on_edge`` (the chosen α is still the first or last α evaluated), ``curve`` (per α: validation mean acc and mean normalized acc), ``per_task``
         (``val`` / ``test`` -> ``acc`` / ``normalized`` -> {task: value}), ``val_limit`` and
         ``extra``. Ties in validation score go to the smaller α.
 
     Raises:
-        ValueError: empty grid, val and test name different tasks, or not exactly one of
-            ``heads`` and ``evaluate_fn`` given.
+        ValueError: empty grid, val and test name different tasks, not exactly one of
+            ``heads`` and ``evaluate_fn`` given, ``widen`` < 0 or ``widen_factor`` <= 1.
     """
     from pactlib.records import make_record
 
@@ -223,13 +254,34 @@ def select_alpha(
         raise ValueError("select_alpha needs at least one alpha")
     if set(val) != set(test):
         raise ValueError(f"val and test name different tasks: {sorted(set(val) ^ set(test))}")
+    if widen < 0 or widen_factor <= 1:
+        raise ValueError(f"select_alpha: widen must be >= 0 and widen_factor > 1, got {widen}, {widen_factor}")
     curve, best, best_rec = [], None, None
-    for a in sorted(alphas) if progress is None else progress(sorted(alphas)):
-        acc = dict(evaluate_fn(merged_state(a), val, limit=limit))
-        rec = _split_record(acc, ft_val)
+
+    def score(a: float) -> None:
+        nonlocal best, best_rec
+        rec = _split_record(dict(evaluate_fn(merged_state(a), val, limit=limit)), ft_val)
         curve.append({"alpha": a, "mean_acc": rec["mean_acc"], "mean_normalized": rec["mean_normalized"]})
-        if best is None or rec["mean_normalized"] > best_rec["mean_normalized"]:
+        better = best is None or rec["mean_normalized"] > best_rec["mean_normalized"] or (
+            rec["mean_normalized"] == best_rec["mean_normalized"] and a < best)
+        if better:
             best, best_rec = a, rec
+
+    for a in sorted(alphas) if progress is None else progress(sorted(alphas)):
+        score(a)
+    widened: list[float] = []
+    while len(alphas) > 1 and len(widened) < widen:
+        lo, hi = min(alphas + widened), max(alphas + widened)
+        if best == hi:
+            a = round(hi * widen_factor, 6)
+        elif best == lo and lo > 0:
+            a = round(lo / widen_factor, 6)
+        else:
+            break
+        widened.append(a)
+        score(a)
+    curve.sort(key=lambda c: c["alpha"])
+    grid_all = sorted(alphas + widened)
     test_rec = _split_record(
         dict(evaluate_fn(merged_state(best), test, limit=None)), ft_test)
     metrics = {"acc": test_rec["mean_acc"], "norm_acc": test_rec["mean_normalized"],
@@ -241,8 +293,8 @@ def select_alpha(
                 for s, r in (("val", best_rec), ("test", test_rec))}
     return make_record(
         method, params={**(params or {}), "alpha": best}, seed=seed, metrics=metrics,
-        alpha=best, alphas=sorted(alphas), on_edge=len(alphas) > 1 and best in (min(alphas), max(alphas)),
-        curve=curve, per_task=per_task, val_limit=limit, **extra,
+        alpha=best, alphas=grid_all, widened=widened,
+        on_edge=len(grid_all) > 1 and best in (grid_all[0], grid_all[-1]), curve=curve, per_task=per_task, val_limit=limit, **extra,
     )
 
 

@@ -46,6 +46,18 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not yet tested")
 
 
+def repo_path(relative: str | Path) -> Path:
+    """A file shipped in the repository (e.g. ``book/data/...``), found from this package.
+
+    Raises:
+        FileNotFoundError: no such file (names it).
+    """
+    path = Path(__file__).resolve().parents[1] / relative
+    if not path.exists():
+        raise FileNotFoundError(f"no file {relative} in the repository ({path})")
+    return path
+
+
 def _rc() -> dict[str, Any]:
     """The book's matplotlib settings (seaborn's whitegrid / paper / colorblind), applied only
     inside :func:`figure` through ``plt.rc_context``: the caller's global style is untouched."""

@@ -116,8 +116,12 @@ class Testbed:
 
     def run(self, method: str, *, pact: str | None = None, options: PactOptions | None = None,
             alphas: Sequence[float] | None = None, label: str | None = None,
-            task_vectors: Sequence[TaskVector] | None = None, **params) -> dict:
+            task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, **params) -> dict:
         """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
+
+        ``widen``: when the best α sits on an edge of the grid, up to this many more α values are
+        tried beyond it (×1.5 each; method.md §5 "wider if the best α sits on the edge"); the
+        record lists them in ``widened``.
 
         The record (see :func:`pactlib.eval.select_alpha`) carries ``suite``, ``kind``, ``base``
         (method), ``pact`` (mode or None), the PACT options, the cap-binding rate and the time.
@@ -137,7 +141,7 @@ class Testbed:
         name = label or (f"{pact}-{method}" if pact else method)
         rec = ev.select_alpha(
             lambda a: D.apply_to(self.pretrained, a), alphas or grid(method), heads=self.heads, val=self.val,
-            test=self.test, ft_val=self.ft_val, ft_test=self.ft_test, method=name,
+            test=self.test, ft_val=self.ft_val, ft_test=self.ft_test, method=name, widen=widen,
             params={**params, **({k: v for k, v in vars(opts).items()} if opts else {})}, seed=self.seed,
             resolution=self.resolution, suite=self.suite, kind=self.kind, base=method, pact=pact,
             cap_binding_rate=report.cap_binding_rate() if report else None, merge_seconds=t_merge,

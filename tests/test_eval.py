@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -121,6 +122,28 @@ def test_select_alpha_picks_best_val_alpha_and_reports_test(pre, images, feats):
     assert tie["alpha"] == 0.1 and tie["on_edge"] is True  # ties -> smaller α, flagged on the edge
     with pytest.raises(ValueError, match="at least one alpha"):
         E.select_alpha(lambda a: pre, [], heads={"t": head}, val=val, test=test, ft_val={}, ft_test={}, method="x")
+
+
+def test_select_alpha_widens_the_grid_at_an_edge():
+    val = {"t": FakeData(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), ("a",))}
+    test = {"t": FakeData(val["t"].images, val["t"].labels, ("a",), split="test")}
+
+    def run(peak, grid, **kw):  # validation accuracy 1 - |log(α / peak)| / 10: one peak at α = peak
+        fn = lambda a, datas, limit=None: {"t": 1 - abs(math.log(a / peak)) / 10}
+        return E.select_alpha(lambda a: a, grid, evaluate_fn=fn, val=val, test=test, ft_val={"t": 1.0},
+                              ft_test={"t": 1.0}, method="m", **kw)
+
+    up = run(4.5, [1.0, 2.0], widen=4)  # walks up 3, 4.5, then 6.75 is worse: stops
+    assert up["widened"] == [3.0, 4.5, 6.75] and up["alpha"] == 4.5 and up["on_edge"] is False
+    assert up["alphas"] == [1.0, 2.0, 3.0, 4.5, 6.75] and [c["alpha"] for c in up["curve"]] == up["alphas"]
+    down = run(0.01, [0.1, 0.2], widen=2, widen_factor=2.0)  # the budget ends the walk, still on the edge
+    assert down["widened"] == [0.05, 0.025] and down["alpha"] == 0.025 and down["on_edge"] is True
+    inner = run(2.0, [1.0, 2.0, 3.0], widen=3)
+    assert inner["widened"] == [] and inner["alpha"] == 2.0
+    assert run(4.5, [1.0, 2.0])["widened"] == [] and run(4.5, [1.0, 2.0])["on_edge"] is True  # widen=0: as given
+    with pytest.raises(ValueError, match="widen_factor"):
+        run(1.0, [1.0], widen=1, widen_factor=1.0)
+
 
 
 # ----------------------------------------------------------------------------- heads
