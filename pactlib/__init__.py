@@ -4,7 +4,13 @@ Task vectors, matrix views, LBW subspaces, shields, the PACT filter, merges (Tas
 TIES, TSV-M, Iso-C, Iso-CTS), randomized SVD, Fisher/enrichment, evaluation, models and data.
 Specification: ``method.md`` (equations P1–P7, M1–M5, S1–S2). Book: ``_build/html``.
 """
-from . import merges
+import warnings as _warnings
+
+# tqdm.auto falls back to text bars in headless kernels (papermill) and says so on every import;
+# the text bars are what the book wants, so the notice is noise in every executed chapter.
+_warnings.filterwarnings("ignore", message="IProgress not found")
+
+from . import merges  # noqa: E402
 from .api import merge, merged_update, task_vectors_from
 from .checks import CheckpointError
 from .io import load_state_dict, save_state_dict

@@ -68,6 +68,7 @@ class Testbed:
     val_limit: int | None = None
     test_limit: int | None = None
     zoo: object = field(default=None, repr=False)
+    zoo_dir: object = field(default=None, repr=False)
 
     @classmethod
     def load(cls, suite: str, seed: int = 0, kind: str = "full", *, zoo_dir=None, data_dir=None,
@@ -99,7 +100,7 @@ class Testbed:
         zs_test = {t: acc("zero-shot", t, test, test_limit) for t in names}
         memo.save()
         return cls(str(suite), seed, kind, names, zoo.pretrained, zoo.finetuned, zoo.heads, val, test,
-                   ft_val, ft_test, zs_test, res, val_limit, test_limit, zoo)
+                   ft_val, ft_test, zs_test, res, val_limit, test_limit, zoo, zoo_dir)
 
     def task_vectors(self) -> list[TaskVector]:
         """Δt per task in suite order (LoRA: exactly scale·B·A on the adapted layers); computed once."""
@@ -116,12 +117,19 @@ class Testbed:
 
     def run(self, method: str, *, pact: str | None = None, options: PactOptions | None = None,
             alphas: Sequence[float] | None = None, label: str | None = None,
-            task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, **params) -> dict:
+            task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, memo: bool = True,
+            **params) -> dict:
         """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
 
         ``widen``: when the best α sits on an edge of the grid, up to this many more α values are
         tried beyond it (×1.5 each; method.md §5 "wider if the best α sits on the edge"); the
         record lists them in ``widened``.
+
+        ``memo``: records are kept in ``<zoo>/run_memo/<key>.json`` (written atomically) and reused
+        when the same merge is asked again — by another chapter, or after an interruption. The key
+        holds every input: the zoo runs' and heads' sha256, suite, seed, kind, method, PACT mode
+        and options, α grid, ``widen``, caps, label, merge parameters and a hash of pactlib's
+        source. Explicit ``task_vectors`` other than this testbed's own are never memoised.
 
         The record (see :func:`pactlib.eval.select_alpha`) carries ``suite``, ``kind``, ``base``
         (method), ``pact`` (mode or None), the PACT options, the cap-binding rate and the time.
@@ -130,6 +138,14 @@ class Testbed:
 
         t0 = time.perf_counter()
         opts = (options or PactOptions()) if pact else None
+        alphas = tuple(alphas or grid(method))
+        own = task_vectors is None or (
+            len(task_vectors) == len(self.tasks) and all(a is b for a, b in zip(task_vectors, self.task_vectors())))
+        key = self._run_key(method, pact, opts, alphas, label, widen, params) if memo and own else None
+        if key is not None:
+            hit = self._memo_read(key)
+            if hit is not None:
+                return hit
         if task_vectors is None and pact:  # the filter does not depend on the base method: reuse it
             tvs, report = self.filtered(pact, opts)
             D, _ = merged_update(method, self.pretrained, tvs, rule=DEFAULT_RULE, **params)
@@ -140,7 +156,7 @@ class Testbed:
         t_merge = time.perf_counter() - t0
         name = label or (f"{pact}-{method}" if pact else method)
         rec = ev.select_alpha(
-            lambda a: D.apply_to(self.pretrained, a), alphas or grid(method), heads=self.heads, val=self.val,
+            lambda a: D.apply_to(self.pretrained, a), alphas, heads=self.heads, val=self.val,
             test=self.test, ft_val=self.ft_val, ft_test=self.ft_test, method=name, widen=widen,
             params={**params, **({k: v for k, v in vars(opts).items()} if opts else {})}, seed=self.seed,
             resolution=self.resolution, suite=self.suite, kind=self.kind, base=method, pact=pact,
@@ -149,7 +165,49 @@ class Testbed:
                             if report and report.layers else None),
             seconds=None)
         rec["seconds"] = time.perf_counter() - t0
+        if key is not None:
+            self._memo_write(key, rec)
         return rec
+
+    def _memo_dir(self):
+        from pathlib import Path
+
+        from .zoo import default_zoo_dir
+
+        return (Path(self.zoo_dir) if self.zoo_dir is not None else default_zoo_dir()) / "run_memo"
+
+    def _run_key(self, method, pact, opts, alphas, label, widen, params) -> str | None:
+        import hashlib
+        import json
+
+        recs = getattr(self.zoo, "records", None) or {}
+        ids = [(t, recs.get(t, {}).get("sha256"), recs.get(t, {}).get("head_sha256")) for t in self.tasks]
+        if any(sha is None for _, sha, _ in ids):
+            return None  # no checkpoint hashes: cannot tell this zoo from another one
+        payload = dict(code=_source_hash(), tasks=ids, suite=self.suite, seed=self.seed, kind=self.kind,
+                       method=method, pact=pact, options=vars(opts) if opts else None,
+                       alphas=[float(a) for a in alphas], label=label, widen=widen, params=params,
+                       val_limit=self.val_limit, test_limit=self.test_limit, resolution=self.resolution)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()[:40]
+
+    def _memo_read(self, key: str) -> dict | None:
+        import json
+
+        try:
+            rec = json.loads((self._memo_dir() / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return rec if isinstance(rec, dict) and "metrics" in rec else None
+
+    def _memo_write(self, key: str, rec: dict) -> None:
+        import json
+
+        from .io import atomic_write
+
+        path = self._memo_dir() / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rec, default=float)
+        atomic_write(path, lambda tmp: tmp.write_text(text))
 
     def filtered(self, mode: str, options: PactOptions | None = None):
         """(filtered task vectors, PactReport) for ``mode``/``options``, computed once per testbed."""
@@ -175,6 +233,24 @@ class Testbed:
         d = (self.val if split == "val" else self.test)[task]
         n = len(d.labels) if limit is None else min(limit, len(d.labels))
         return preprocess(d.images[:n], self.resolution), d.labels[:n]
+
+
+_SOURCE_HASH: str | None = None
+
+
+def _source_hash() -> str:
+    """sha256 of every ``pactlib/**/*.py`` file's bytes (in path order), computed once per process."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        import hashlib
+        from pathlib import Path
+
+        h = hashlib.sha256()
+        root = Path(__file__).resolve().parent
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+        _SOURCE_HASH = h.hexdigest()
+    return _SOURCE_HASH
 
 
 class _AccuracyMemo:

@@ -297,3 +297,34 @@ def test_cli_parses_recipe_overrides():
         Z.Recipe(head="mlp")
     with pytest.raises(ValueError, match="unknown zoo kind"):
         Z.build_zoo(TASKS, [0], kind=("partial",), loader=fake_loader)
+
+
+# ----------------------------------------------------------------------------- run memo
+def test_testbed_run_is_memoised_on_disk_and_keyed_by_its_inputs(built, monkeypatch):
+    from pactlib import eval as E
+    from pactlib import study
+
+    zoo_dir, _ = built
+    zoo = Z.load_zoo(TASKS, seed=0, kind="full", zoo_dir=zoo_dir)
+    val = {t: fake_loader(t, "val") for t in TASKS}
+    test = {t: fake_loader(t, "test") for t in TASKS}
+    ones = {t: 1.0 for t in TASKS}
+    tb = study.Testbed("toy", 0, "full", list(TASKS), zoo.pretrained, zoo.finetuned, zoo.heads, val, test,
+                       ones, ones, ones, 32, None, None, zoo, zoo_dir)
+    calls = []
+    real = E.select_alpha
+    monkeypatch.setattr(E, "select_alpha", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    again = tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    assert len(calls) == 1 and again["metrics"] == first["metrics"] and again["alpha"] == first["alpha"]
+    assert len(list((zoo_dir / "run_memo").glob("*.json"))) == 1
+    tb.run("task_arithmetic", alphas=(0.1, 0.3), widen=0)  # another grid: computed
+    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0, memo=False)  # opted out: computed
+    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0, task_vectors=[tv * 0.5 for tv in tb.task_vectors()])
+    assert len(calls) == 4 and len(list((zoo_dir / "run_memo").glob("*.json"))) == 2
+    # a memo file cut short is ignored (recomputed and rewritten)
+    path = next((zoo_dir / "run_memo").glob("*.json"))
+    path.write_text(path.read_text()[:20])
+    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    tb.run("task_arithmetic", alphas=(0.1, 0.3), widen=0)
+    assert len(calls) == 5
