@@ -1,8 +1,24 @@
 """Shared fixtures: tiny synthetic checkpoints shaped like a small network with every kind of key."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_runner():
+    """``scripts/run_notebooks.py`` executed as a fresh module (registered as ``run_notebooks``
+    the first time, so dataclasses and pickling resolve)."""
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_notebooks", mod)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def planted(m: int, n: int, rank: int, *, gen: torch.Generator, decay: float = 0.7, noise: float = 0.0) -> torch.Tensor:

@@ -4,7 +4,6 @@ rendered by jupyter-book — with its pages, figures and offline MathJax checked
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -24,11 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebooks", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_runner
+
+    return load_runner()
 
 
 # --- records ---------------------------------------------------------------------------------

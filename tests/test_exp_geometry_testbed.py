@@ -2,11 +2,9 @@
 reference numbers, the paper-scale (CLIP) helpers, and the paper-scale parameter sets."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -362,11 +360,9 @@ def test_classifier_accuracy_batches_and_restores_mode():
 # ----------------------------------------------------------------------------- parameter sets
 
 def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebooks", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_runner
+
+    return load_runner()
 
 
 @pytest.mark.parametrize("n", [8, 14, 20])

@@ -6,7 +6,6 @@ the repository to the same rules, so a bad parameter fails here before any heavy
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,11 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebooks", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_runner
+
+    return load_runner()
 
 
 CELL = '''
