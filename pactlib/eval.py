@@ -84,24 +84,6 @@ def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int):
     return model
 
 
-@torch.no_grad()
-def _acc_loaded(model, head: Head, data, *, resolution: int, batch_size: int, limit: int | None) -> float:
-    x, y = _inputs(data, resolution, limit)
-    if y.numel() == 0:
-        raise ValueError(f"task {getattr(data, 'task', '?')!r}: no examples to evaluate")
-    if len(data.classes) != head.num_classes:
-        raise ValueError(
-            f"task {getattr(data, 'task', '?')!r} has {len(data.classes)} classes but the head has "
-            f"{head.num_classes}"
-        )
-    correct = 0
-    for i in range(0, x.shape[0], batch_size):
-        xb = x[i : i + batch_size].contiguous(memory_format=torch.channels_last)
-        pred = head.logits(model(xb)).argmax(1)
-        correct += int((pred == y[i : i + batch_size]).sum())
-    return correct / y.numel()
-
-
 def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, resolution: int = 32,
              batch_size: int = 256, limit: int | None = None) -> float:
     """Top-1 accuracy of backbone + frozen head on one task split.
@@ -120,8 +102,9 @@ def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, res
         ValueError: empty split, or the head's class count differs from the task's.
         RuntimeError: incompatible state dict.
     """
-    model = _load(backbone_state_dict, resolution)
-    return _acc_loaded(model, head, data, resolution=resolution, batch_size=batch_size, limit=limit)
+    task = getattr(data, "task", "?")
+    return evaluate(backbone_state_dict, {task: head}, {task: data}, resolution=resolution,
+                    batch_size=batch_size, limit=limit)[task]
 
 
 def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head],
