@@ -166,7 +166,8 @@ plotting.table(testbed.recipe_table([r for r in zoo_records if r.get("task") in 
 # in parentheses). The figure shows the same numbers per task.
 
 # %%
-records.write_records(path, testbed.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P))
+records.write_records(path, testbed.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
+                                                keep=study.in_book_zoo))
 frame = records.records_frame(path)
 runs = frame[frame["method"].isin(["zero-shot", "full", "lora"])]
 plotting.table(testbed.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 (zero-shot / individual rows)",
@@ -213,6 +214,31 @@ with plotting.figure("head-choice", chapter=2, number=3, size="wide",
     testbed.plot_head_choice(head_frame, ax=ax)
 
 # %% [markdown]
+# ## The testbed shows the problem
+#
+# PACT is a fix for interference: the more task vectors a merge adds, the more each task loses
+# of what its own fine-tune gained. The testbed is only useful if it shows that. We merged the
+# three nested suites with Task Arithmetic and Iso-C, α chosen on validation, on three
+# fine-tuning seeds. The book's own zoo holds the 14- and 20-task suites on seed 0 only;
+# `bench/bench_interference.py` adds seeds 1 and 2 of the 12 extra tasks (24 runs, about 10
+# minutes) and writes `book/data/interference.jsonl`, which this section reads. "First suite"
+# means the 8 tasks every suite shares. Those tasks stay the same as T grows, so their column
+# shows the damage the added task vectors do.
+
+# %%
+growth = testbed.interference_frame()
+plotting.table(testbed.interference_table(growth), chapter=2, number=9,
+               caption="Mean test normalized accuracy (%) against the number of tasks T, over all T tasks and over "
+                       "the first suite's 8 tasks, mean ± std over the fine-tuning seeds; zero-shot θ0, Task "
+                       "Arithmetic and Iso-C with α chosen on validation (mean α).")
+
+# %%
+with plotting.figure("interference-vs-T", chapter=2, number=4, size="wide", ncols=2, sharey=True,
+                     caption="Test normalized accuracy against T (mean ± std over seeds). Left: all T tasks. Right: "
+                             "the 8 tasks every suite shares.") as (fig, axes):
+    testbed.plot_interference(growth, axes=axes)
+
+# %% [markdown]
 # ## Verdict
 #
 # The precondition of the merging chapters: on every task the full fine-tune beats the
@@ -232,3 +258,14 @@ plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
                  f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
                  + (", ".join(f"{t} {g:+.1f}" for t, g in small.items()) or "none")
                  + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %.")
+
+# %%
+ta_first = 100 * growth[growth["method"] == "task_arithmetic"].groupby(growth["suite"].astype(int))["first_norm"].mean()
+ta_all = 100 * growth[growth["method"] == "task_arithmetic"].groupby(growth["suite"].astype(int))["metrics.norm_acc"].mean()
+falls = [bool(b < a) for a, b in zip(ta_first.values[:-1], ta_first.values[1:])]
+plotting.verdict("the testbed's problem (Task Arithmetic loses more as T grows)",
+                 "reproduced" if all(falls) and ta_all.iloc[0] < 90 else ("partly reproduced" if any(falls) else "not reproduced"),
+                 "Task Arithmetic's normalized accuracy on the 8 shared tasks: "
+                 + " → ".join(f"{v:.1f} % (T = {t})" for t, v in ta_first.items())
+                 + "; over all T tasks: " + " → ".join(f"{v:.1f} %" for v in ta_all.values)
+                 + f" (mean of {growth['seed'].nunique()} seeds, `book/data/interference.jsonl`).")

@@ -168,6 +168,11 @@ def _split_record(acc: dict[str, float], acc_ft: Mapping[str, float]) -> dict:
     return {"acc": acc, "normalized": norm, "mean_acc": mean(acc), "mean_normalized": mean(norm)}
 
 
+def _midpoint(a: float, b: float) -> float:
+    """Geometric midpoint √(a·b) of two α values (arithmetic when one is <= 0), rounded to 6 places."""
+    return round(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2, 6)
+
+
 def select_alpha(
     merged_state: Callable[[float], Mapping[str, Tensor]],
     alphas: Sequence[float],
@@ -187,6 +192,7 @@ def select_alpha(
     evaluate_fn: Callable[..., Mapping[str, float]] | None = None,
     widen: int = 0,
     widen_factor: float = 1.5,
+    refine: int = 0,
     **extra: Any,
 ) -> dict:
     """Choose α on validation by mean normalized accuracy, then evaluate test at that α (§5).
@@ -194,6 +200,12 @@ def select_alpha(
     method.md §5: the grid is widened when the best α sits on its edge. With ``widen > 0``,
     while the best α is the largest (smallest) α evaluated, one more α = largest × ``widen_factor``
     (smallest / ``widen_factor``) is evaluated, at most ``widen`` extra points in all.
+
+    Coarse to fine: with ``refine > 0``, after the grid (and any widening) each round evaluates
+    the midpoints between the best α and its two neighbours among the α values evaluated so far —
+    geometric midpoints √(a·b) (α is a scale; arithmetic when an end is 0) — at most 2 new α per
+    round. A 4-point grid with 2 rounds places α to within a factor ≈ (spacing ratio)^¼ of the
+    validation optimum with 8 evaluations instead of the 20–30 of a 0.05 / 0.1-step grid.
 
     Args:
         merged_state: α -> backbone state dict (the caller's θ0 + α·D).
@@ -209,6 +221,7 @@ def select_alpha(
             (e.g. :func:`clip_evaluator` for CLIP); ``resolution`` / ``batch_size`` are then unused.
         widen: most extra α values evaluated beyond the grid's edges (0: the grid as given).
         widen_factor: geometric step (> 1) of those extra values.
+        refine: rounds of coarse-to-fine refinement around the best α (0: none).
         extra: further top-level fields of the record (``suite=...``, ``kind=...``).
 
     Returns:
@@ -216,13 +229,14 @@ def select_alpha(
         ``seed``, ``metrics`` = {``acc``, ``norm_acc`` (test means at the chosen α), ``val_acc``,
         ``val_norm_acc``, and per task ``acc:<task>``, ``norm_acc:<task>`` (test)}, plus
         ``alpha``, ``alphas`` (every α evaluated, extra ones included), ``widened`` (the extra α
-        values), ``on_edge`` (the chosen α is still the first or last α evaluated), ``curve`` (per α: validation mean acc and mean normalized acc), ``per_task``
+        values beyond the edges), ``refined`` (the α added by refinement), ``on_edge`` (the chosen α is still the first or last α evaluated), ``curve`` (per α: validation mean acc and mean normalized acc), ``per_task``
         (``val`` / ``test`` -> ``acc`` / ``normalized`` -> {task: value}), ``val_limit`` and
         ``extra``. Ties in validation score go to the smaller α.
 
     Raises:
         ValueError: empty grid, val and test name different tasks, not exactly one of
-            ``heads`` and ``evaluate_fn`` given, ``widen`` < 0 or ``widen_factor`` <= 1.
+            ``heads`` and ``evaluate_fn`` given, ``widen`` < 0, ``widen_factor`` <= 1 or
+            ``refine`` < 0.
     """
     from pactlib.records import make_record
 
@@ -239,6 +253,8 @@ def select_alpha(
         raise ValueError(f"val and test name different tasks: {sorted(set(val) ^ set(test))}")
     if widen < 0 or widen_factor <= 1:
         raise ValueError(f"select_alpha: widen must be >= 0 and widen_factor > 1, got {widen}, {widen_factor}")
+    if refine < 0:
+        raise ValueError(f"select_alpha: refine must be >= 0, got {refine}")
     curve, best, best_rec = [], None, None
 
     def score(a: float) -> None:
@@ -263,8 +279,20 @@ def select_alpha(
             break
         widened.append(a)
         score(a)
+    refined: list[float] = []
+    for _ in range(refine):
+        pts = sorted(set(alphas + widened + refined))
+        i = pts.index(best)
+        new = [m for m in (_midpoint(pts[i - 1], best) if i > 0 else None,
+                           _midpoint(best, pts[i + 1]) if i + 1 < len(pts) else None)
+               if m is not None and m not in pts]
+        if not new:
+            break
+        for a in new:
+            refined.append(a)
+            score(a)
     curve.sort(key=lambda c: c["alpha"])
-    grid_all = sorted(alphas + widened)
+    grid_all = sorted(set(alphas + widened + refined))
     test_rec = _split_record(
         dict(evaluate_fn(merged_state(best), test, limit=None)), ft_test)
     metrics = {"acc": test_rec["mean_acc"], "norm_acc": test_rec["mean_normalized"],
@@ -276,7 +304,7 @@ def select_alpha(
                 for s, r in (("val", best_rec), ("test", test_rec))}
     return make_record(
         method, params={**(params or {}), "alpha": best}, seed=seed, metrics=metrics,
-        alpha=best, alphas=grid_all, widened=widened,
+        alpha=best, alphas=grid_all, widened=widened, refined=refined,
         on_edge=len(grid_all) > 1 and best in (grid_all[0], grid_all[-1]), curve=curve, per_task=per_task, val_limit=limit, **extra,
     )
 

@@ -198,6 +198,34 @@ def alpha_table(frame) -> pd.DataFrame:
     return pd.DataFrame(out).T
 
 
+def alpha_search_table(frame, *, reference: str = "full") -> pd.DataFrame:
+    """Compare α searches (``bench/bench_alpha_search.py`` records, one per merge × ``search``).
+
+    Rows: the searches. Columns: merges compared, mean validation evaluations per merge, and
+    against the ``reference`` search on the same merge (suite, method): the mean and the worst
+    difference in validation normalized accuracy, and the mean and mean absolute difference in
+    test normalized accuracy (points).
+
+    Raises:
+        ValueError: no record of the ``reference`` search, or a merge without one.
+    """
+    f = _frame(frame).copy()
+    f["val"], f["test"] = 100 * f["metrics.val_norm_acc"], 100 * f["metrics.norm_acc"]
+    ref = f[f["search"] == reference].set_index(["suite", "method"])
+    if ref.empty:
+        raise ValueError(f"no records of the reference search {reference!r}")
+    rows = {}
+    for search, g in f.groupby("search", sort=False):
+        g = g.set_index(["suite", "method"])
+        missing = g.index.difference(ref.index)
+        if len(missing):
+            raise ValueError(f"search {search!r}: merges without a {reference!r} record: {list(missing)}")
+        dv, dt = g["val"] - ref.loc[g.index, "val"], g["test"] - ref.loc[g.index, "test"]
+        rows[search] = {"merges": len(g), "evaluations": g["n_evals"].mean(), "Δ val (mean)": dv.mean(),
+                        "Δ val (worst)": dv.min(), "Δ test (mean)": dt.mean(), "|Δ test| (mean)": dt.abs().mean()}
+    return pd.DataFrame(rows).T.rename_axis("search")
+
+
 def _sweep_rows(frame, knob: str) -> pd.DataFrame:
     f = _frame(frame)
     base = f[f["method"] == f[f["knob"] == knob]["base"].iloc[0]] if "knob" in f and (f["knob"] == knob).any() else None

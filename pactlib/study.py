@@ -24,6 +24,13 @@ from .matrix import DEFAULT_RULE
 from .pact import PactOptions
 from .taskvector import TaskVector
 
+#: Rounds of coarse-to-fine α refinement in :meth:`Testbed.run` (``pactlib.eval.select_alpha``'s
+#: ``refine``). 0, by measurement (``bench/bench_alpha_search.py``, 14 merges, seed 0, chapter 5):
+#: refining a 4-point grid twice reaches a higher validation score than the 5-point grid, but not
+#: a higher test score (both within ±0.6 points of the full 0.05 / 0.1-step grid on average),
+#: and it costs 9 evaluations per merge instead of 5.6.
+REFINE = 0
+
 
 def grid(method: str, points: int | None = None, *, lo: float | None = None, hi: float | None = None) -> tuple[float, ...]:
     """α grid of ``method`` (method.md §5), or ``points`` evenly spaced values over its range.
@@ -117,13 +124,15 @@ class Testbed:
 
     def run(self, method: str, *, pact: str | None = None, options: PactOptions | None = None,
             alphas: Sequence[float] | None = None, label: str | None = None,
-            task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, memo: bool = True,
-            **params) -> dict:
+            task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, refine: int = REFINE,
+            memo: bool = True, **params) -> dict:
         """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
 
         ``widen``: when the best α sits on an edge of the grid, up to this many more α values are
         tried beyond it (×1.5 each; method.md §5 "wider if the best α sits on the edge"); the
-        record lists them in ``widened``.
+        record lists them in ``widened``. ``refine``: rounds of coarse-to-fine search around the best
+        α (:func:`pactlib.eval.select_alpha`; the default :data:`REFINE` was chosen by
+        ``bench/bench_alpha_search.py``); the record lists the added α in ``refined``.
 
         ``memo``: records are kept in ``<zoo>/run_memo/<key>.json`` (written atomically) and reused
         when the same merge is asked again — by another chapter, or after an interruption. The key
@@ -141,7 +150,7 @@ class Testbed:
         alphas = tuple(alphas or grid(method))
         own = task_vectors is None or (
             len(task_vectors) == len(self.tasks) and all(a is b for a, b in zip(task_vectors, self.task_vectors())))
-        key = self._run_key(method, pact, opts, alphas, label, widen, params) if memo and own else None
+        key = self._run_key(method, pact, opts, alphas, label, (widen, refine), params) if memo and own else None
         if key is not None:
             hit = self._memo_read(key)
             if hit is not None:
@@ -157,7 +166,7 @@ class Testbed:
         name = label or (f"{pact}-{method}" if pact else method)
         rec = ev.select_alpha(
             lambda a: D.apply_to(self.pretrained, a), alphas, heads=self.heads, val=self.val,
-            test=self.test, ft_val=self.ft_val, ft_test=self.ft_test, method=name, widen=widen,
+            test=self.test, ft_val=self.ft_val, ft_test=self.ft_test, method=name, widen=widen, refine=refine,
             params={**params, **({k: v for k, v in vars(opts).items()} if opts else {})}, seed=self.seed,
             resolution=self.resolution, suite=self.suite, kind=self.kind, base=method, pact=pact,
             cap_binding_rate=report.cap_binding_rate() if report else None, merge_seconds=t_merge,
@@ -412,6 +421,16 @@ def paired_gain(records, base: str, treated: str, metric: str = "norm_acc", by: 
 #: What the default book needs: (suite, seeds, kinds). Nested suites share runs: the 20-task
 #: build reuses the 8-task suite's seed-0 full fine-tunes.
 BOOK_ZOO = (("8", (0,), ("full", "lora")), ("20", (0,), ("full",)), ("8", (1, 2), ("full", "lora")))
+
+
+def in_book_zoo(task: str, seed: int, kind: str, plan=BOOK_ZOO) -> bool:
+    """Whether ``make zoo`` builds this run (``plan``: :data:`BOOK_ZOO`). Benchmarks may add runs
+    to the same zoo (e.g. ``bench/bench_interference.py``: the 20-task suite on seeds 1 and 2);
+    chapters that list the zoo's runs keep to the planned ones, so the book reads the same on a
+    fresh clone."""
+    from .data import suite_tasks
+
+    return any(task in suite_tasks(suite) and int(seed) in seeds and kind in kinds for suite, seeds, kinds in plan)
 
 
 def build_book_zoo(profile: str = "default", plan=BOOK_ZOO, progress: bool = True) -> list[dict]:

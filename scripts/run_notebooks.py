@@ -56,6 +56,9 @@ DEFAULT_SET = "default"
 TOC_PREFIX = "book/_executed/default/"
 KEY_VERSION = 1
 KERNEL = "python3"
+#: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
+#: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
+AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 #: Tags that make a browser fetch something; none of them may point off the machine.
 FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
                    re.I)
@@ -351,6 +354,77 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
     return seconds
 
 
+def _last_seconds(job: Job, out_dir: Path) -> float:
+    """Seconds the notebook took last time (its key file), +inf when unknown: schedules it first."""
+    try:
+        return float(json.loads((out_dir / f"{job.name}.key").read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
+
+
+def _child(job: Job, out_dir: Path, set_name: str, threads: int, queue) -> None:
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel inherits it; torch sizes its pool by it
+    try:
+        queue.put((job.name, execute(job, out_dir, set_name, progress=False), None))
+    except RunError as exc:
+        queue.put((job.name, None, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent, which fails the run
+        queue.put((job.name, None, f"notebook {job.name}: {type(exc).__name__}: {exc}"))
+
+
+def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, jobs: int,
+                     total: int, index: dict[str, int]) -> None:
+    """Execute ``work`` ((job, why) pairs) in up to ``jobs`` forked workers, longest first.
+
+    Each worker runs :func:`execute` with ``OMP_NUM_THREADS = max(1, cores // jobs)``. A job
+    waits for the jobs :data:`AFTER` names when they are part of ``work``. After a failure no
+    new job starts; the running ones finish, then :class:`RunError` lists every failure.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pending = sorted(work, key=lambda jw: -_last_seconds(jw[0], out_dir))
+    running: dict[str, tuple[Any, float]] = {}
+    errors: list[str] = []
+    suspects: set[str] = set()
+    tag = lambda name: f"[{index[name]:2d}/{total}] {name:<26}"  # noqa: E731
+    while pending or running:
+        while pending and len(running) < jobs and not errors:
+            waiting = {j.name for j, _ in pending} | set(running)
+            ready = [jw for jw in pending if not set(AFTER.get(jw[0].name, ())) & (waiting - {jw[0].name})]
+            if not ready:
+                break
+            job, why = ready[0]
+            pending.remove((job, why))
+            proc = ctx.Process(target=_child, args=(job, out_dir, set_name, threads, queue), daemon=False)
+            proc.start()
+            running[job.name] = (proc, time.perf_counter())
+            print(f"{tag(job.name)} executing with {set_name} ({why}; {threads} thread(s)) ...", flush=True)
+        if not running:
+            break
+        try:
+            name, seconds, err = queue.get(timeout=2)
+        except Exception:  # queue.Empty: look for a worker that died without reporting
+            # a worker reports before it exits: dead and still silent one timeout later = died
+            dead = {n for n, (proc, _) in running.items() if not proc.is_alive()}
+            for n in dead & suspects:
+                proc = running.pop(n)[0]
+                proc.join()
+                errors.append(f"notebook {n}: its worker died without a report (exit code {proc.exitcode})")
+            suspects = dead
+            continue
+        running.pop(name)[0].join()
+        if err:
+            errors.append(err)
+            print(f"{tag(name)} FAILED", flush=True)
+        else:
+            print(f"{tag(name)} done in {seconds:.1f} s", flush=True)
+    if errors:
+        raise RunError("\n".join(errors))
+
+
 # ---------------------------------------------------------------------------------------------
 # rendering
 
@@ -437,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="files whose content is part of every notebook's key (zoo/data "
                          "manifests); default: $PACT_BOOK_INPUTS (space-separated globs)")
     ap.add_argument("--force", action="store_true", help="re-execute even when up to date")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("PACT_BOOK_JOBS", "1")),
+                    help="notebooks executed at once, each kernel with cores/jobs threads "
+                         "(default: $PACT_BOOK_JOBS or 1)")
     ap.add_argument("--no-render", action="store_true", help="execute only")
     ap.add_argument("--render-only", action="store_true", help="render what is executed")
     ap.add_argument("--path-output", type=Path, default=None,
@@ -464,16 +541,28 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.get("PACT_BOOK_INPUTS", "").split()
             shared = shared_inputs(patterns)
             progress = sys.stderr.isatty()
+            if args.jobs < 1:
+                raise RunError(f"--jobs must be >= 1, got {args.jobs}")
+            work, index = [], {}
             for i, job in enumerate(jobs, 1):
                 compute_key(job, shared)
-                tag = f"[{i:2d}/{len(jobs)}] {job.name:<26}"
+                index[job.name] = i
                 why = "--force" if args.force else stale_reason(job, out_dir)
                 if why is None:
-                    print(f"{tag} up to date", flush=True)
-                    continue
-                print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
-                seconds = execute(job, out_dir, set_name, progress=progress)
-                print(f"{tag} done in {seconds:.1f} s", flush=True)
+                    print(f"[{i:2d}/{len(jobs)}] {job.name:<26} up to date", flush=True)
+                else:
+                    work.append((job, why))
+            t_exec = time.perf_counter()
+            if args.jobs > 1 and len(work) > 1:
+                execute_parallel(work, out_dir, set_name, args.jobs, len(jobs), index)
+            else:
+                for job, why in work:
+                    tag = f"[{index[job.name]:2d}/{len(jobs)}] {job.name:<26}"
+                    print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
+                    seconds = execute(job, out_dir, set_name, progress=progress)
+                    print(f"{tag} done in {seconds:.1f} s", flush=True)
+            if work:
+                print(f">> executed {len(work)} notebook(s) in {time.perf_counter() - t_exec:.1f} s", flush=True)
         if not args.no_render:
             html = render(set_name, args.path_output)
             check_html(html, set_name)

@@ -8,6 +8,7 @@ import json
 import math
 import multiprocessing as mp
 import re
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -268,6 +269,46 @@ def test_executed_notebook_is_reused_until_an_input_changes(tmp_path):
     assert rn.stale_reason(job, out) == "changed: notebook"
 
 
+@pytest.mark.slow
+def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path, monkeypatch):
+    rn = _runner()
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    body = ('# %% tags=["parameters"]\nsize = 1  # unused\n\n# %%\nimport os, time\n'
+            'open(os.path.join({d!r}, "{n}.start"), "w").write(str(time.time()))\n'
+            'threads = os.environ.get("OMP_NUM_THREADS")\ntime.sleep({sleep})\n{extra}'
+            'open(os.path.join({d!r}, "{n}.end"), "w").write(str(time.time()) + " " + str(threads))\n')
+    srcs = []
+    for n, sleep, extra in (("a", 2, ""), ("b", 0, ""), ("c", 0, ""), ("d", 0, "raise ValueError('d breaks')\n")):
+        src = tmp_path / f"{n}.py"
+        src.write_text(body.format(d=str(stamps), n=n, sleep=sleep, extra=extra))
+        srcs.append(src)
+    set_path = tmp_path / "set.yaml"
+    set_path.write_text(json.dumps({"common": {}, **{n: {} for n in "abcd"}}))
+    jobs = rn.prepare(srcs, set_path, {})
+    for job in jobs:
+        rn.compute_key(job, {})
+    monkeypatch.setattr(rn, "AFTER", {"c": ("a",)})
+    out = tmp_path / "out"
+    with pytest.raises(rn.RunError, match="d breaks") as err:
+        rn.execute_parallel([(j, "new") for j in jobs], out, "t", 2, len(jobs), {j.name: i for i, j in enumerate(jobs, 1)})
+    assert "d.py failed in the cell" in str(err.value) and "a.py" not in str(err.value)  # only d failed
+    assert (out / "d.failed.ipynb").is_file() and not (out / "d.ipynb").exists()
+    finished = {p.stem for p in stamps.glob("*.end")}
+    assert {"a", "b"} <= finished  # running jobs finish after d fails
+    if "c" in finished:  # c may not start once d failed; when it did, it waited for a
+        assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
+    cpus = os.cpu_count() or 1
+    assert (stamps / "a.end").read_text().split()[1] == str(max(1, cpus // 2))  # cores / jobs threads per kernel
+    # without the failing notebook everything runs, c after a, and every key is written
+    monkeypatch.setattr(rn, "AFTER", {"c": ("a",)})
+    for f in stamps.iterdir():
+        f.unlink()
+    rn.execute_parallel([(j, "new") for j in jobs[:3]], out, "t", 2, 3, {j.name: i for i, j in enumerate(jobs, 1)})
+    assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
+    assert all((out / f"{n}.key").is_file() and rn.stale_reason(j, out) is None for n, j in zip("abc", jobs))
+
+
 def _write_set(tmp_path, name, section):
     path = tmp_path / "set.yaml"
     path.write_text(json.dumps({"common": {}, name: section}))
@@ -280,7 +321,7 @@ def test_smoke_book_builds_end_to_end(tmp_path):
     rn = _runner()
     out = tmp_path / "book"
     cmd = [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--params", "smoke",
-           "--path-output", str(out)]
+           "--path-output", str(out), "--jobs", "2"]  # as `make book` runs it (mk/book.mk BOOK_JOBS)
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     html = out / "_build" / "html"

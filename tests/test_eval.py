@@ -145,6 +145,37 @@ def test_select_alpha_widens_the_grid_at_an_edge():
         run(1.0, [1.0], widen=1, widen_factor=1.0)
 
 
+def test_select_alpha_refines_around_the_best_point_by_geometric_midpoints():
+    val = {"t": FakeData(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), ("a",))}
+    test = {"t": FakeData(val["t"].images, val["t"].labels, ("a",), split="test")}
+    asked = []
+
+    def run(peak, grid, **kw):  # one peak at α = peak on a log scale
+        def fn(a, datas, limit=None):
+            asked.append(a)
+            return {"t": 1 - abs(math.log(max(a, 1e-9) / peak)) / 10}
+        return E.select_alpha(lambda a: a, grid, evaluate_fn=fn, val=val, test=test, ft_val={"t": 1.0},
+                              ft_test={"t": 1.0}, method="m", **kw)
+
+    # grid 0.1, 0.4, 1.6 -> best 0.4; round 1: √(0.04) = 0.2, √(0.64) = 0.8 -> best 0.2 (peak 0.25);
+    # round 2 around 0.2 (neighbours 0.1, 0.4): √0.02 = 0.141421, √0.08 = 0.282843 -> best 0.282843
+    rec = run(0.25, [0.1, 0.4, 1.6], refine=2)
+    assert rec["refined"] == [0.2, 0.8, 0.141421, 0.282843] and rec["alpha"] == 0.282843
+    assert rec["alphas"] == [0.1, 0.141421, 0.2, 0.282843, 0.4, 0.8, 1.6] and rec["on_edge"] is False
+    assert asked == [0.1, 0.4, 1.6, 0.2, 0.8, 0.141421, 0.282843, 0.282843]  # 7 val, 1 test
+    # closer than the coarse grid could get: |log(α/peak)| 0.123 vs 0.47 for 0.4
+    assert abs(math.log(rec["alpha"] / 0.25)) < abs(math.log(0.4 / 0.25)) / 3
+    # at an edge: widening first, then refinement only on the side that has a neighbour
+    edge = run(10.0, [1.0, 2.0], widen=1, refine=1)
+    assert edge["widened"] == [3.0] and edge["refined"] == [2.44949] and edge["alpha"] == 3.0
+    # a 0 in the grid: arithmetic midpoint
+    zero = run(0.01, [0.0, 1.0], refine=1)
+    assert zero["refined"] == [0.5] and zero["alpha"] == 0.5
+    assert run(0.25, [0.1, 0.4, 1.6])["refined"] == []  # refine=0: the grid as given
+    with pytest.raises(ValueError, match="refine"):
+        run(0.25, [0.1], refine=-1)
+
+
 
 # ----------------------------------------------------------------------------- heads
 def _blobs(n=60, C=3, D=16, seed=0):
@@ -212,3 +243,24 @@ def test_head_save_load_roundtrip_and_corruption(tmp_path):
         load_head(path)
     with pytest.raises(FileNotFoundError):
         load_head(tmp_path / "none.safetensors")
+
+
+def test_alpha_search_table_compares_each_search_with_the_full_grid():
+    from pactlib import records, report
+
+    recs = []
+    for method, (full_v, full_t) in {"ta": (0.80, 0.78), "iso_c": (0.86, 0.85)}.items():
+        for search, dv, dt, n in (("full", 0.0, 0.0, 20), ("grid5", -0.01, 0.004, 5), ("grid4+refine2", 0.002, -0.006, 9)):
+            recs.append(records.make_record(method, params={}, seed=0, suite="8", search=search, n_evals=n,
+                                            metrics={"val_norm_acc": full_v + dv, "norm_acc": full_t + dt}))
+    tab = report.alpha_search_table(recs)
+    assert list(tab.index) == ["full", "grid5", "grid4+refine2"]
+    assert tab.loc["full", "Δ val (mean)"] == 0 and tab.loc["full", "evaluations"] == 20
+    assert tab.loc["grid5", "Δ val (mean)"] == pytest.approx(-1.0) and tab.loc["grid5", "Δ val (worst)"] == pytest.approx(-1.0)
+    assert tab.loc["grid4+refine2", "Δ test (mean)"] == pytest.approx(-0.6)
+    assert tab.loc["grid4+refine2", "|Δ test| (mean)"] == pytest.approx(0.6) and tab.loc["grid5", "merges"] == 2
+    with pytest.raises(ValueError, match="reference search 'exhaustive'"):
+        report.alpha_search_table(recs, reference="exhaustive")
+    with pytest.raises(ValueError, match="without a 'full' record"):
+        report.alpha_search_table(recs + [records.make_record("ties", params={}, seed=0, suite="8", search="grid5",
+                                                              n_evals=5, metrics={"val_norm_acc": 0.8, "norm_acc": 0.8})])

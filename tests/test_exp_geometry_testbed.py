@@ -413,3 +413,49 @@ def test_head_choice_table_and_plot(tmp_path):
     plt.close(fig)
     with pytest.raises(FileNotFoundError, match="bench_heads.py"):
         testbed.head_choice_frame(tmp_path / "none.jsonl")
+
+
+def _interference_records():
+    """Two seeds; suite 2 = tasks a, b; suite 3 adds c. Task a loses 0.1 per added task under TA."""
+    out = []
+    for seed in (0, 1):
+        for suite, tasks in (("2", "ab"), ("3", "abc")):
+            common = dict(params={}, seed=seed, suite=suite)
+            lose = 0.1 * (len(tasks) - 2) + 0.02 * seed
+            per = {"zero-shot": {t: 0.6 for t in tasks},
+                   "task_arithmetic": {"a": 0.9 - lose, "b": 0.8, "c": 0.7},
+                   "iso_c": {"a": 0.95, "b": 0.85, "c": 0.75}}
+            out.append(records.make_record("fine-tuned", metrics={"acc": 0.9, "norm_acc": 1.0}, **common))
+            for m, vals in per.items():
+                vals = {t: vals[t] for t in tasks}
+                metrics = {"acc": 0.0, "norm_acc": sum(vals.values()) / len(vals),
+                           **{f"norm_acc:{t}": v for t, v in vals.items()}}
+                extra = {} if m == "zero-shot" else {"alpha": 0.1 * (seed + 1)}
+                out.append(records.make_record(m, metrics=metrics, **extra, **common))
+    return out
+
+
+def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
+    path = records.write_records(tmp_path / "i.jsonl", _interference_records())
+    frame = testbed.interference_frame(path)
+    tab = testbed.interference_table(frame)
+    assert list(tab.index) == [2, 3] and list(tab["seeds"]) == [2, 2]
+    # first suite's tasks (a, b): TA (0.9 - 0.02 s + 0.8)/2 -> 84.5 ± 0.7 at T = 2; 0.1 lower on a at T = 3
+    assert tab.loc[2, "Task Arithmetic (first)"] == "84.5 ± 0.7"
+    assert tab.loc[3, "Task Arithmetic (first)"] == "79.5 ± 0.7"
+    assert tab.loc[3, "Task Arithmetic (all)"] == "76.3 ± 0.5"  # (0.8 - 0.02 s + 0.8 + 0.7) / 3
+    assert tab.loc[3, "Iso-C (first)"] == "90.0 ± 0.0" and tab.loc[2, "Task Arithmetic α"] == pytest.approx(0.15)
+    assert tab.loc[3, "zero-shot (all)"] == "60.0 ± 0.0"
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2)
+    testbed.plot_interference(frame, axes=axes)
+    ta_first = [c for c in axes[1].containers][1]  # zero-shot, TA, Iso-C
+    assert list(ta_first.lines[0].get_ydata()) == pytest.approx([84.5, 79.5])
+    plt.close(fig)
+    with pytest.raises(FileNotFoundError, match="bench_interference.py"):
+        testbed.interference_frame(tmp_path / "none.jsonl")
+    bad = [r for r in _interference_records() if not (r["method"] == "iso_c" and r["suite"] == "3")]
+    bad.append(records.make_record("iso_c", params={}, seed=0, suite="3", metrics={"acc": 0.0, "norm_acc": 0.5}))
+    with pytest.raises(ValueError, match="per-task"):
+        testbed.interference_frame(records.write_records(tmp_path / "bad.jsonl", bad))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +21,12 @@ from ..matrix import DEFAULT_RULE, MatrixRule
 
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
-           "head_choice_table", "plot_head_choice"]
+           "head_choice_table", "plot_head_choice",
+           "INTERFERENCE", "interference_frame", "interference_table", "plot_interference"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
 HEAD_CHOICE = Path(__file__).resolve().parents[2] / "book" / "data" / "head_choice.jsonl"
+INTERFERENCE = HEAD_CHOICE.with_name("interference.jsonl")
 
 KIND_LABEL = {"zero-shot": "zero-shot (θ0 + head)", "full": "full fine-tune", "lora": "LoRA fine-tune"}
 
@@ -167,20 +169,21 @@ def recipe_table(records: Iterable[Mapping], *, default=None, label: str = "defa
 
 
 def run_records(zoo_records: Iterable[Mapping], *, tasks: Sequence[str], seeds: Sequence[int],
-                params: Mapping | None = None) -> list[dict]:
+                params: Mapping | None = None, keep: Callable[[str, int, str], bool] | None = None) -> list[dict]:
     """Result records (:func:`pactlib.records.make_record`) of the zoo's runs.
 
     One ``"zero-shot"`` record per task (seed None: θ0 with the task's head) and one record per
     fine-tuning run (method ``"full"`` or ``"lora"``) of ``tasks`` x ``seeds``, in task order.
     Metrics: ``acc`` (test), ``acc_val``, ``train_seconds``, ``n_train``, ``final_loss``.
-    Runs missing from the zoo are simply absent.
+    Runs missing from the zoo are simply absent; ``keep(task, seed, kind)`` (e.g.
+    :func:`pactlib.study.in_book_zoo`) drops the runs it returns False for.
     """
     from ..records import make_record
 
     params = dict(params or {})
     wanted, seeds = set(tasks), set(int(s) for s in seeds)
     runs = [r for r in zoo_records if r.get("kind") in ("full", "lora") and r.get("task") in wanted
-            and int(r.get("seed", -1)) in seeds]
+            and int(r.get("seed", -1)) in seeds and (keep is None or keep(r["task"], int(r["seed"]), r["kind"]))]
     order = {t: i for i, t in enumerate(tasks)}
     runs.sort(key=lambda r: (order[r["task"]], r["kind"], r["seed"]))
     out, seen = [], set()
@@ -291,11 +294,15 @@ def head_choice_frame(path: str | Path = HEAD_CHOICE) -> pd.DataFrame:
     Raises:
         FileNotFoundError: no records at ``path`` (names the script that writes them).
     """
+    return _bench_frame(path, "head-choice", "bench/bench_heads.py")
+
+
+def _bench_frame(path, what: str, script: str) -> pd.DataFrame:
     from ..records import records_frame
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no head-choice records at {path}; run bench/bench_heads.py to write them")
+        raise FileNotFoundError(f"no {what} records at {path}; run {script} to write them")
     return records_frame(path)
 
 
@@ -335,3 +342,62 @@ def plot_head_choice(frame: pd.DataFrame, *, ax) -> None:
     ax.set_xscale("log")
     ax.set(xlabel="α (log scale)", ylabel="validation normalized accuracy (%)")
     ax.legend(fontsize=7, frameon=False)
+
+
+# ----------------------------------------------------------------------------- interference vs T
+_GROWTH_METHODS = {"zero-shot": "zero-shot", "task_arithmetic": "Task Arithmetic", "iso_c": "Iso-C"}
+
+
+def interference_frame(path: str | Path = INTERFERENCE) -> pd.DataFrame:
+    """The records of ``bench/bench_interference.py`` as a frame, one row per (method, suite,
+    seed), with an added ``first_norm``: the mean normalized accuracy (fraction) over the tasks of
+    the smallest suite in the file (the 8 tasks every suite shares), so a task set held fixed can
+    be followed as T grows.
+
+    Raises:
+        FileNotFoundError: no records at ``path`` (names the script that writes them).
+        ValueError: a record lacks the per-task ``norm_acc:<task>`` metrics of that first suite.
+    """
+    frame = _bench_frame(path, "interference", "bench/bench_interference.py")
+    merged = frame[frame["method"] != "fine-tuned"]  # fine-tuned: 1.0 on every task by definition
+    smallest = min(frame["suite"].astype(int))
+    base = merged[merged["suite"].astype(int) == smallest]
+    cols = [c for c in base.columns if c.startswith("metrics.norm_acc:") and base[c].notna().all()]
+    if not cols or merged[cols].isna().any(axis=None):
+        raise ValueError(f"{path}: records without per-task normalized accuracy for the {smallest}-task suite's tasks")
+    frame = frame.copy()
+    frame["first_norm"] = frame[cols].mean(axis=1)
+    frame.loc[frame["method"] == "fine-tuned", "first_norm"] = 1.0
+    return frame
+
+
+def interference_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows: the number of tasks T. Per method (zero-shot, TA, Iso-C): mean normalized accuracy
+    (%) over all T tasks and over the first suite's tasks, as mean ± std over seeds, the seed
+    count, and the mean α chosen."""
+    rows = []
+    for suite, g in frame.groupby(frame["suite"].astype(int), sort=True):
+        row = {"T": suite, "seeds": g["seed"].nunique()}
+        for m, label in _GROWTH_METHODS.items():
+            r = g[g["method"] == m]
+            for col, name in (("metrics.norm_acc", "all"), ("first_norm", "first")):
+                v = 100 * r[col]
+                row[f"{label} ({name})"] = f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v.mean():.1f}"
+            if m != "zero-shot":
+                row[f"{label} α"] = round(float(r["alpha"].mean()), 3)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("T")
+
+
+def plot_interference(frame: pd.DataFrame, *, axes) -> None:
+    """Two panels: normalized accuracy (%) against T over all T tasks (left) and over the first
+    suite's tasks (right); one line per method, mean over seeds with ±1 std error bars."""
+    for ax, col, title in zip(axes, ("metrics.norm_acc", "first_norm"), ("all T tasks", "the first suite's tasks")):
+        for i, (m, label) in enumerate(_GROWTH_METHODS.items()):
+            g = frame[frame["method"] == m].groupby(frame["suite"].astype(int))[col]
+            mean, std = 100 * g.mean(), 100 * g.std(ddof=1).fillna(0)
+            ax.errorbar(mean.index, mean.values, yerr=std.values, marker="o", ms=4, capsize=3, color=f"C{i}",
+                        ls="--" if m == "zero-shot" else "-", label=label)
+        ax.set(xlabel="number of tasks T", title=title, xticks=sorted(frame["suite"].astype(int).unique()))
+    axes[0].set_ylabel("test normalized accuracy (%)")
+    axes[0].legend(fontsize=7, frameon=False)

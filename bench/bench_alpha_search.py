@@ -1,0 +1,62 @@
+"""How should α be searched? A full grid vs a coarse grid refined around its best point.
+
+    .venv/bin/python bench/bench_alpha_search.py                 # suite 8 (all methods) + 20 (TA, Iso-C)
+    .venv/bin/python bench/bench_alpha_search.py --suites 8 --methods iso_c
+
+method.md §5 gives each method an α range (TA/TIES 0.05…1.0, TSV-M/Iso-C/Iso-CTS 0.1…3.0). The
+paper steps through it at 0.05 / 0.1: 20–30 evaluations of the validation split per merge, the
+bulk of a merge's cost on CPU. This compares, for every (suite, method, plain / PACT) merge of
+one seed, three searches (all widened at an edge, ``widen=3``):
+
+- ``full``: the method's whole grid (``pactlib.merges.get(method).alphas``);
+- ``grid5``: 5 evenly spaced points, no refinement (the book's search);
+- ``grid4+refine2``: 4 evenly spaced points, then 2 rounds of geometric midpoints around the
+  best α (``select_alpha(refine=2)``).
+
+Each record (``method`` = the merge, ``search`` = the search) carries the α chosen, the number of
+validation evaluations, and validation / test mean normalized accuracy. The main-results chapter
+reads ``book/data/alpha_search.jsonl``; :data:`pactlib.study.REFINE` is set from it.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from pactlib import merges, records, study
+
+SEARCHES = {"full": (None, 0), "grid5": (5, 0), "grid4+refine2": (4, 2)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suites", nargs="+", default=["8", "20"])
+    p.add_argument("--methods", nargs="+", default=["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"])
+    p.add_argument("--large-methods", nargs="+", default=["task_arithmetic", "iso_c"],
+                   help="methods run on suites other than the first (CPU time)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-limit", type=int, default=100)
+    p.add_argument("--test-limit", type=int, default=300)
+    p.add_argument("--out", default="book/data/alpha_search.jsonl")
+    args = p.parse_args(argv)
+
+    recs = []
+    for i, suite in enumerate(args.suites):
+        tb = study.ensure_testbed("default", suite, args.seed, val_limit=args.val_limit, test_limit=args.test_limit)
+        for method in args.methods if i == 0 else args.large_methods:
+            for pact in (None, "pact"):
+                for search, (points, refine) in SEARCHES.items():
+                    alphas = merges.get(method).alphas if points is None else study.grid(method, points)
+                    t0 = time.perf_counter()
+                    r = tb.run(method, pact=pact, alphas=alphas, refine=refine)
+                    r = {**r, "search": search, "n_evals": len(r["alphas"]), "search_seconds": time.perf_counter() - t0}
+                    recs.append(r)
+                    print(f"suite {suite:>2s} {r['method']:22s} {search:14s} α={r['alpha']:<8g} evals {r['n_evals']:2d} "
+                          f"val {r['metrics']['val_norm_acc']:.3f} test {r['metrics']['norm_acc']:.3f}", flush=True)
+    out = records.write_records(Path(args.out), recs, replace=True)
+    print(f"wrote {len(recs)} records to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

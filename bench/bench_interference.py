@@ -1,0 +1,65 @@
+"""Does the testbed show the problem PACT solves? Merging loss against the number of tasks T.
+
+    .venv/bin/python bench/bench_interference.py                   # suites 8/14/20, seeds 0 1 2
+    .venv/bin/python bench/bench_interference.py --seeds 0
+
+For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
+recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
+seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges the 8-, 14- and
+20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
+(M1) and Iso-C (M4), α chosen on validation with the book's search (5-point grid over method.md
+§5's range, widened at an edge: chapter 5's protocol). Records
+(zero-shot, fine-tuned, TA, Iso-C per suite × seed, per-task metrics included, so the first 8
+tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
+``book/data/interference.jsonl``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pactlib import records, study
+from pactlib.zoo import build_zoo
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suites", nargs="+", default=["8", "14", "20"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=["task_arithmetic", "iso_c"])
+    p.add_argument("--alpha-points", type=int, default=5)
+    p.add_argument("--val-limit", type=int, default=100)
+    p.add_argument("--test-limit", type=int, default=300)
+    p.add_argument("--out", default="book/data/interference.jsonl")
+    args = p.parse_args(argv)
+
+    zoo_dir, recipe = study.zoo_profile("default")
+    largest = max(args.suites, key=int)
+    build_zoo(largest, args.seeds, kind=["full"], zoo_dir=zoo_dir, recipe=recipe, progress=True)
+    recs = []
+    for seed in args.seeds:
+        for suite in args.suites:
+            tb = study.Testbed.load(suite, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
+                                    test_limit=args.test_limit)
+            common = dict(params={}, seed=seed, suite=suite, kind="full")
+            for name, accs in (("zero-shot", tb.zs_test), ("fine-tuned", tb.ft_test)):
+                metrics = {"acc": float(np.mean([accs[t] for t in tb.tasks])),
+                           "norm_acc": float(np.mean([accs[t] / tb.ft_test[t] for t in tb.tasks]))}
+                metrics.update({f"norm_acc:{t}": accs[t] / tb.ft_test[t] for t in tb.tasks})
+                recs.append(records.make_record(name, metrics=metrics, **common))
+            for method in args.methods:
+                t0 = time.perf_counter()
+                r = tb.run(method, alphas=study.grid(method, args.alpha_points))
+                recs.append(r)
+                print(f"seed {seed} suite {suite:>2s} {method:16s} α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} "
+                      f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+    out = records.write_records(Path(args.out), recs, replace=True)
+    print(f"wrote {len(recs)} records to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
