@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_alpha_search.py                 # suite 8 (all methods) + 20 (TA, Iso-C)
     .venv/bin/python bench/bench_alpha_search.py --suites 8 --methods iso_c
+    .venv/bin/python bench/bench_alpha_search.py --searches geo5   # add one search to the records
 
 method.md §5 gives each method an α range (TA/TIES 0.05…1.0, TSV-M/Iso-C/Iso-CTS 0.1…3.0). The
 paper steps through it at 0.05 / 0.1: 20–30 evaluations of the validation split per merge, the
@@ -9,7 +10,8 @@ bulk of a merge's cost on CPU. This compares, for every (suite, method, plain / 
 one seed, three searches (all widened at an edge, ``widen=3``):
 
 - ``full``: the method's whole grid (``pactlib.merges.get(method).alphas``);
-- ``grid5``: 5 evenly spaced points, no refinement (the book's search);
+- ``grid5``: 5 evenly spaced points, no refinement;
+- ``geo5``: 5 geometrically spaced points (constant ratio), no refinement;
 - ``grid4+refine2``: 4 evenly spaced points, then 2 rounds of geometric midpoints around the
   best α (``select_alpha(refine=2)``).
 
@@ -25,7 +27,9 @@ from pathlib import Path
 
 from pactlib import merges, records, study
 
-SEARCHES = {"full": (None, 0), "grid5": (5, 0), "grid4+refine2": (4, 2)}
+#: name -> (points (None: the full grid), spacing, refinement rounds)
+SEARCHES = {"full": (None, "linear", 0), "grid5": (5, "linear", 0), "geo5": (5, "geometric", 0),
+            "grid4+refine2": (4, "linear", 2)}
 
 
 def main(argv=None) -> int:
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
+    p.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES),
+                   help="searches to run; records of other searches already in --out are kept")
     p.add_argument("--out", default="book/data/alpha_search.jsonl")
     args = p.parse_args(argv)
 
@@ -45,15 +51,19 @@ def main(argv=None) -> int:
         tb = study.ensure_testbed("default", suite, args.seed, val_limit=args.val_limit, test_limit=args.test_limit)
         for method in args.methods if i == 0 else args.large_methods:
             for pact in (None, "pact"):
-                for search, (points, refine) in SEARCHES.items():
-                    alphas = merges.get(method).alphas if points is None else study.grid(method, points)
+                for search in args.searches:
+                    points, spacing, refine = SEARCHES[search]
+                    alphas = merges.get(method).alphas if points is None else study.grid(method, points, spacing=spacing)
                     t0 = time.perf_counter()
                     r = tb.run(method, pact=pact, alphas=alphas, refine=refine)
                     r = {**r, "search": search, "n_evals": len(r["alphas"]), "search_seconds": time.perf_counter() - t0}
                     recs.append(r)
                     print(f"suite {suite:>2s} {r['method']:22s} {search:14s} α={r['alpha']:<8g} evals {r['n_evals']:2d} "
                           f"val {r['metrics']['val_norm_acc']:.3f} test {r['metrics']['norm_acc']:.3f}", flush=True)
-    out = records.write_records(Path(args.out), recs, replace=True)
+    out = Path(args.out)
+    if out.is_file():  # keep the other searches' records
+        recs = [r for r in records.read_records(out) if r.get("search") not in args.searches] + recs
+    out = records.write_records(out, recs, replace=True)
     print(f"wrote {len(recs)} records to {out}")
     return 0
 

@@ -107,23 +107,26 @@ plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), c
 # validation split per merge, which is most of a merge's cost on a CPU. We use 5 evenly spaced
 # points instead, widened past an edge when the best α sits there. Is that enough?
 # `bench/bench_alpha_search.py` ran 14 merges (8 tasks: all ten; 20 tasks: TA and Iso-C, plain
-# and PACT; seed 0) with three searches: the full grid, our 5 points, and 4 points refined
-# twice around the best one by geometric midpoints (`select_alpha(refine=2)`). The records are
-# in `book/data/alpha_search.jsonl`.
+# and PACT; seed 0) with four searches: the full grid; our 5 evenly spaced points; 5 points
+# spaced geometrically, which puts more of them at small α, where TA lands with many tasks; and
+# 4 points refined twice around the best one by geometric midpoints (`select_alpha(refine=2)`).
+# The records are in `book/data/alpha_search.jsonl`.
 
 # %%
 alpha_search = records.records_frame(plotting.repo_path("book/data/alpha_search.jsonl"))
 plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, floatfmt="{:.2f}",
-               caption="Three α searches against the full grid of method.md §5 on the same merges: validation "
+               caption="α searches against the full grid of method.md §5 on the same merges: validation "
                        "evaluations per merge, and the difference in mean normalized accuracy (points) on "
                        "validation (the score searched) and on test.")
 
 # %% [markdown]
 # Refinement finds a better validation score than the 5-point grid, and sometimes a better one
 # than the full grid, since its midpoints fall between the grid's steps. It does not find a
-# better *test* score: all three searches land within about half a point of each other on
-# test, which is the noise of choosing α on 100 validation images per task. So the book keeps
-# the 5-point grid (`pactlib.study.REFINE = 0`), the cheapest of the three.
+# better *test* score, and neither does geometric spacing: all the searches land within about
+# half a point of the full grid on test, on average. That is the noise of choosing α on 100
+# validation images per task, and a finer search cannot remove it. So the book keeps 5 evenly
+# spaced points (`pactlib.study.GRID_SPACING = "linear"`, `REFINE = 0`), the cheapest search
+# of the four.
 
 # %% [markdown]
 # ## Verdicts

@@ -32,7 +32,7 @@
 zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
 suites = ["8", "20"]     # few and many tasks: the two halves of C9
 n_tasks = 0              # 0 = every task of each suite; >0 = the first n (smoke runs)
-seeds = [0]              # fine-tuning seeds of the first suite (the 20-task suite always uses the first)
+seeds = [0, 1, 2]        # fine-tuning seeds of the first suite (the 20-task suite always uses the first)
 method = "iso_c"         # base merge: Iso-C, the merge PACT is paired with in the headline results
 alpha_points = 6         # α values, geometrically spaced from alpha_min to 3.0 (the end of Iso-C's grid)
 alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (method.md §5)

@@ -58,6 +58,8 @@ KEY_VERSION = 1
 KERNEL = "python3"
 #: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
 #: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
+#: Seconds between the "... running:" lines of a parallel run.
+STATUS_EVERY = 60
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 #: Tags that make a browser fetch something; none of them may point off the machine.
 FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
@@ -381,6 +383,7 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     new job starts; the running ones finish, then :class:`RunError` lists every failure.
     """
     import multiprocessing as mp
+    import queue as queue_mod
 
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -389,6 +392,7 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     running: dict[str, tuple[Any, float]] = {}
     errors: list[str] = []
     suspects: set[str] = set()
+    last_status = time.perf_counter()
     tag = lambda name: f"[{index[name]:2d}/{total}] {name:<26}"  # noqa: E731
     while pending or running:
         while pending and len(running) < jobs and not errors:
@@ -406,7 +410,12 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
             break
         try:
             name, seconds, err = queue.get(timeout=2)
-        except Exception:  # queue.Empty: look for a worker that died without reporting
+        except queue_mod.Empty:  # show what runs now and then; look for a worker that died
+            now = time.perf_counter()
+            if now - last_status >= STATUS_EVERY:
+                last_status = now
+                print("   ... running: " + ", ".join(f"{n} ({now - t0:.0f} s)" for n, (_, t0) in running.items())
+                      + (f"; waiting: {len(pending)}" if pending else ""), flush=True)
             # a worker reports before it exits: dead and still silent one timeout later = died
             dead = {n for n, (proc, _) in running.items() if not proc.is_alive()}
             for n in dead & suspects:
@@ -421,6 +430,8 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
             print(f"{tag(name)} FAILED", flush=True)
         else:
             print(f"{tag(name)} done in {seconds:.1f} s", flush=True)
+    if pending and not errors:  # only a cycle in AFTER leaves jobs that can never start
+        errors.append(f"cannot order {[j.name for j, _ in pending]}: they wait for each other (AFTER)")
     if errors:
         raise RunError("\n".join(errors))
 

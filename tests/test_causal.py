@@ -74,6 +74,12 @@ def test_first_order_check_on_a_quadratic():
 
 def test_grid_and_depth_groups():
     assert grid("task_arithmetic")[0] == 0.05 and len(grid("task_arithmetic")) == 20
-    assert grid("iso_c", 4) == (0.1, 1.0667, 2.0333, 3.0)
+    assert grid("iso_c", 4, spacing="linear") == (0.1, 1.0667, 2.0333, 3.0)
+    geo = grid("task_arithmetic", 5, spacing="geometric")  # ratio (1.0 / 0.05)^(1/4) = 2.1147
+    assert geo == (0.05, 0.1057, 0.2236, 0.4729, 1.0)
+    assert all(b / a == pytest.approx(20 ** 0.25, rel=1e-3) for a, b in zip(geo, geo[1:]))
+    assert grid("iso_c", 3, lo=0.0, hi=2.0, spacing="geometric") == (0.0, 1.0, 2.0)  # from 0: linear
+    with pytest.raises(ValueError, match="spacing"):
+        grid("iso_c", 4, spacing="log")
     g = depth_groups([f"k{i}" for i in range(7)])
     assert g["early"] == ["k0", "k1", "k2"] and g["late"] == ["k5", "k6"] and len(g["all"]) == 7

@@ -493,6 +493,9 @@ def test_c10_verdict_halves():
     assert efficiency.c10_verdict(ok, speedup=3.0, bench=None)["status"] == "reproduced"
     v = efficiency.c10_verdict(ok, speedup=1.1, bench={"speedup_rsvd": 6.0, "blocks": 12}, rsvd_share=0.5)
     assert v["status"] == "partly reproduced" and "6.0× faster" in v["evidence"] and "50 %" in v["evidence"]
+    v = efficiency.c10_verdict(ok, speedup=3.0, bench={"speedup_rsvd": 3.2, "blocks": 12, "lbw_projector_distance_mean": 0.424,
+                                                       "filtered_rel_change_mean": 0.175})
+    assert "projector distance / √r 0.42" in v["evidence"] and "change by 18 %" in v["evidence"]
     assert efficiency.c10_verdict(off, speedup=3.0, bench=None)["status"] == "partly reproduced"
     v = efficiency.c10_verdict(off, speedup=0.9, bench=None)
     assert v["status"] == "not reproduced" and "outside" in v["evidence"] and "not run" in v["evidence"]

@@ -326,6 +326,10 @@ def c10_verdict(check: Mapping, *, speedup: float, bench: Mapping | None, min_sp
     if bench_speed is not None:
         text += (f". Synthetic ViT-B/32-shaped benchmark ({bench.get('blocks')} blocks): {bench_speed:.1f}× "
                  f"faster")
+        if bench.get("lbw_projector_distance_mean") is not None and bench.get("filtered_rel_change_mean") is not None:
+            text += (f", but its LBW bases are off (projector distance / √r {bench['lbw_projector_distance_mean']:.2f}, "
+                     f"0 = the exact ones) and the filtered task vectors change by "
+                     f"{100 * bench['filtered_rel_change_mean']:.0f} %")
     else:
         text += ". Synthetic benchmark: not run"
     return dict(status=status, evidence=text + ".")
