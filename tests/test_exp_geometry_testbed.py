@@ -446,6 +446,12 @@ def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
     assert tab.loc[3, "Task Arithmetic (all)"] == "76.3 ± 0.5"  # (0.8 - 0.02 s + 0.8 + 0.7) / 3
     assert tab.loc[3, "Iso-C (first)"] == "90.0 ± 0.0" and tab.loc[2, "Task Arithmetic α"] == pytest.approx(0.15)
     assert tab.loc[3, "zero-shot (all)"] == "60.0 ± 0.0"
+    steps = testbed.interference_steps(frame)
+    ta = steps[steps["method"] == "Task Arithmetic"].iloc[0]
+    assert (ta["T_from"], ta["T_to"]) == (2, 3) and ta["drop"] == pytest.approx(5.0) and ta["grows"]
+    assert ta["spread"] == pytest.approx(100 * 0.01 / 2 ** 0.5)  # first-suite means 0.85, 0.84: std 0.71 points
+    iso = steps[steps["method"] == "Iso-C"].iloc[0]
+    assert iso["drop"] == pytest.approx(0.0) and not iso["grows"]
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2)

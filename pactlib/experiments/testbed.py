@@ -22,7 +22,7 @@ from ..matrix import DEFAULT_RULE, MatrixRule
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
            "head_choice_table", "plot_head_choice",
-           "INTERFERENCE", "interference_frame", "interference_table", "plot_interference"]
+           "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "plot_interference"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
 HEAD_CHOICE = Path(__file__).resolve().parents[2] / "book" / "data" / "head_choice.jsonl"
@@ -387,6 +387,26 @@ def interference_table(frame: pd.DataFrame) -> pd.DataFrame:
                 row[f"{label} α"] = round(float(r["alpha"].mean()), 3)
         rows.append(row)
     return pd.DataFrame(rows).set_index("T")
+
+
+def interference_steps(frame: pd.DataFrame, column: str = "first_norm") -> pd.DataFrame:
+    """One row per (method, consecutive pair of suites) for Task Arithmetic and Iso-C: the mean
+    ``column`` (%, over seeds) before and after, ``drop`` = before − after (points), ``spread`` =
+    the larger standard deviation over seeds of the two (0 with one seed), and ``grows`` =
+    ``drop > spread``. Columns: ``method`` (display name), ``T_from``, ``T_to``, ``before``,
+    ``after``, ``drop``, ``spread``, ``grows``."""
+    rows = []
+    for m, label in _GROWTH_METHODS.items():
+        if m == "zero-shot":
+            continue
+        g = frame[frame["method"] == m].groupby(frame["suite"].astype(int))[column]
+        mean, std = 100 * g.mean(), (100 * g.std(ddof=1)).fillna(0.0)
+        ts = list(mean.index)
+        for a, b in zip(ts, ts[1:]):
+            drop, spread = mean[a] - mean[b], max(std[a], std[b])
+            rows.append(dict(method=label, T_from=a, T_to=b, before=mean[a], after=mean[b], drop=drop, spread=spread,
+                             grows=bool(drop > spread)))
+    return pd.DataFrame(rows, columns=["method", "T_from", "T_to", "before", "after", "drop", "spread", "grows"])
 
 
 def plot_interference(frame: pd.DataFrame, *, axes) -> None:
