@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_interference.py                   # suites 8/14/20, seeds 0 1 2
     .venv/bin/python bench/bench_interference.py --seeds 0
+    .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=3e-5 --out /tmp/lr3e-5.jsonl   # another recipe
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
 recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
@@ -12,6 +13,9 @@ seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges
 (zero-shot, fine-tuned, TA, Iso-C per suite × seed, per-task metrics included, so the first 8
 tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
 ``book/data/interference.jsonl``.
+
+``--set name=value`` changes fields of the recipe (``pactlib.zoo.Recipe``); the runs then go to a
+zoo of their own, ``$PACT_CACHE/zoo-<name><value>...``, never into the book's.
 """
 from __future__ import annotations
 
@@ -33,10 +37,25 @@ def main(argv=None) -> int:
     p.add_argument("--alpha-points", type=int, default=5)
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")
     p.add_argument("--out", default="book/data/interference.jsonl")
     args = p.parse_args(argv)
 
     zoo_dir, recipe = study.zoo_profile("default")
+    if args.set:
+        import yaml
+        from dataclasses import fields, replace
+
+        known = {f.name for f in fields(recipe)}
+        changes = {}
+        for item in args.set:
+            name, sep, value = item.partition("=")
+            if not sep or name not in known:
+                p.error(f"--set {item!r}: expected NAME=VALUE with NAME one of {sorted(known)}")
+            current = getattr(recipe, name)  # YAML reads "3e-5" as a string: convert by the field's type
+            changes[name] = type(current)(value) if isinstance(current, (int, float, str)) else yaml.safe_load(value)
+        recipe = replace(recipe, **changes)
+        zoo_dir = zoo_dir.with_name("zoo-" + "-".join(f"{k}{v}" for k, v in changes.items()))
     largest = max(args.suites, key=int)
     build_zoo(largest, args.seeds, kind=["full"], zoo_dir=zoo_dir, recipe=recipe, progress=True)
     recs = []
@@ -44,7 +63,7 @@ def main(argv=None) -> int:
         for suite in args.suites:
             tb = study.Testbed.load(suite, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
                                     test_limit=args.test_limit)
-            common = dict(params={}, seed=seed, suite=suite, kind="full")
+            common = dict(params={}, seed=seed, suite=suite, kind="full", recipe=recipe.relevant("full"))
             for name, accs in (("zero-shot", tb.zs_test), ("fine-tuned", tb.ft_test)):
                 metrics = {"acc": float(np.mean([accs[t] for t in tb.tasks])),
                            "norm_acc": float(np.mean([accs[t] / tb.ft_test[t] for t in tb.tasks]))}
