@@ -465,3 +465,18 @@ def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
     bad.append(records.make_record("iso_c", params={}, seed=0, suite="3", metrics={"acc": 0.0, "norm_acc": 0.5}))
     with pytest.raises(ValueError, match="per-task"):
         testbed.interference_frame(records.write_records(tmp_path / "bad.jsonl", bad))
+
+
+def test_cosine_matrix_over_all_entries():
+    a = {"w": torch.tensor([[1.0, 0.0]]), "b": torch.tensor([0.0])}
+    b = {"w": torch.tensor([[1.0, 1.0]]), "b": torch.tensor([0.0])}
+    c = {"w": torch.tensor([[0.0, 0.0]]), "b": torch.tensor([2.0])}
+    cos = testbed.cosine_matrix([a, b, c], ["a", "b", "c"])
+    assert cos.loc["a", "b"] == pytest.approx(2 ** -0.5) and cos.loc["b", "a"] == cos.loc["a", "b"]
+    assert cos.loc["a", "c"] == 0.0 and list(cos.values.diagonal()) == pytest.approx([1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="zero task vector"):
+        testbed.cosine_matrix([a, {"w": torch.zeros(1, 2), "b": torch.zeros(1)}], ["a", "z"])
+    with pytest.raises(ValueError, match="keys and shapes"):
+        testbed.cosine_matrix([a, {"w": torch.ones(2, 1), "b": torch.zeros(1)}], ["a", "bad"])
+    with pytest.raises(ValueError, match="2 names for 3"):
+        testbed.cosine_matrix([a, b, c], ["a", "b"])

@@ -22,7 +22,8 @@ from ..matrix import DEFAULT_RULE, MatrixRule
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
            "head_choice_table", "plot_head_choice",
-           "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "plot_interference"]
+           "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "plot_interference",
+           "cosine_matrix"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
 HEAD_CHOICE = Path(__file__).resolve().parents[2] / "book" / "data" / "head_choice.jsonl"
@@ -421,3 +422,29 @@ def plot_interference(frame: pd.DataFrame, *, axes) -> None:
         ax.set(xlabel="number of tasks T", title=title, xticks=sorted(frame["suite"].astype(int).unique()))
     axes[0].set_ylabel("test normalized accuracy (%)")
     axes[0].legend(fontsize=7, frameon=False)
+
+
+def cosine_matrix(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> pd.DataFrame:
+    """Pairwise cosine similarity ⟨Δs, Δt⟩ / (‖Δs‖ ‖Δt‖) of task vectors over all their entries
+    (float64 sums), as a T × T frame indexed by ``names``; 1 on the diagonal.
+
+    Raises:
+        ValueError: ``names`` and ``task_vectors`` differ in length, the task vectors do not share
+            their keys and shapes, or one of them is zero.
+    """
+    if len(names) != len(task_vectors):
+        raise ValueError(f"{len(names)} names for {len(task_vectors)} task vectors")
+    keys = list(task_vectors[0].keys())
+    for name, tv in zip(names, task_vectors):
+        if set(tv.keys()) != set(keys) or any(tv[k].shape != task_vectors[0][k].shape for k in keys):
+            raise ValueError(f"task vector {name!r} does not have the keys and shapes of {names[0]!r}")
+    T = len(task_vectors)
+    gram = torch.zeros(T, T, dtype=torch.float64)
+    for k in keys:
+        X = torch.stack([tv[k].reshape(-1).to(torch.float64) for tv in task_vectors])
+        gram += X @ X.T
+    norms = gram.diagonal().sqrt()
+    if bool((norms == 0).any()):
+        raise ValueError(f"zero task vector(s): {[n for n, z in zip(names, (norms == 0).tolist()) if z]}")
+    cos = gram / (norms[:, None] * norms[None, :])
+    return pd.DataFrame(cos.numpy(), index=list(names), columns=list(names))
