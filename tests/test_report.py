@@ -1,0 +1,62 @@
+"""pactlib.report: gains, the main table and the verdicts of C5–C8 on records with known values."""
+import pytest
+
+from pactlib import records, report
+
+
+def _rec(method, suite, seed, acc, norm):
+    return records.make_record(method, params={}, seed=seed, suite=suite, alpha=0.3,
+                               metrics={"acc": acc, "norm_acc": norm})
+
+
+def _main_records(pact_gain_by_suite):
+    """TA / TSV-M / Iso-C on suites 8 and 14, seeds 0 and 1; PACT adds ``gain`` (fraction) to both
+    metrics, except TSV-M, which it lowers by 0.01 everywhere."""
+    out = []
+    for suite, gain in pact_gain_by_suite.items():
+        for seed in (0, 1):
+            out += [_rec("zero-shot", suite, seed, 0.5, 0.6), _rec("fine-tuned", suite, seed, 0.9, 1.0)]
+            for m, base in (("task_arithmetic", 0.70), ("tsv_m", 0.78), ("iso_c", 0.80)):
+                g = -0.01 if m == "tsv_m" else gain + 0.002 * seed
+                out += [_rec(m, suite, seed, base, base + 0.1), _rec(f"pact-{m}", suite, seed, base + g, base + 0.1 + g)]
+    return out
+
+
+def test_gains_are_per_seed_differences_in_points():
+    g = report.gains(_main_records({"8": 0.02}), base_methods=["iso_c"], suites=["8"])
+    assert list(g["seed"]) == [0, 1] and list(g["gain"]) == pytest.approx([2.0, 2.2])
+    assert report.gains(_main_records({"8": 0.02}), base_methods=["ties"], suites=["8"]).empty
+
+
+def test_main_verdicts_count_cases_and_read_the_trend_over_T():
+    v = report.main_verdicts(_main_records({"8": 0.01, "14": 0.03}), suites=["8", "14"])
+    # TA and Iso-C gain in both suites, TSV-M loses: 4 of 6 cases
+    assert v["C5"]["status"] == "partly reproduced" and "4/6 cases" in v["C5"]["evidence"]
+    assert "TSV-M T=8: -1.00 abs / -1.00 norm" in v["C5"]["evidence"]
+    # best absolute accuracy: PACT-Iso-C (0.81 / 0.83) in both suites
+    assert v["C6"]["status"] == "reproduced" and "T=14: best PACT-Iso-C (83.1)" in v["C6"]["evidence"]
+    # mean gain over the three bases: (1.1 + 1.1 - 1) / 3 = 0.4 at T = 8, (3.1 + 3.1 - 1) / 3 = 1.73 at T = 14
+    assert v["C7"]["status"] == "reproduced" and "T=8: +0.40, T=14: +1.73" in v["C7"]["evidence"]
+    shrinking = report.main_verdicts(_main_records({"8": 0.03, "14": 0.01}), suites=["8", "14"])
+    assert shrinking["C7"]["status"] == "not reproduced"
+    one = report.main_verdicts(_main_records({"8": 0.03}), suites=["8"])
+    assert one["C7"]["status"] == "not yet tested" and one["C5"]["status"] == "partly reproduced"
+
+
+def test_static_vs_dynamic_verdict_compares_mean_gains():
+    recs = _main_records({"8": 0.02})
+    for r in [r for r in recs if r["method"].startswith("pact-")]:
+        s = dict(r, method="s-" + r["method"], metrics={k: v - 0.005 for k, v in r["metrics"].items()})
+        recs.append(s)
+    v = report.static_vs_dynamic_verdict(recs, methods=["task_arithmetic", "iso_c"], suite="8")
+    assert v["status"] == "reproduced" and "Iso-C: S-PACT +1.60 vs PACT +2.10" in v["evidence"]
+    assert "mean over 2 seed(s)" in v["evidence"]
+
+
+def test_main_table_rows_in_paper_order_with_seed_counts():
+    from pactlib import study
+
+    frame = records.records_frame(_main_records({"8": 0.02}))
+    tab = report.main_table(study.summarize(frame, by=("method", "suite")), suites=["8"])
+    assert list(tab.index)[:4] == ["Zero-shot (θ0)", "Individual fine-tuned", "Task Arithmetic", "PACT-Task Arithmetic"]
+    assert tab.loc["PACT-Iso-C", "8 tasks"] == "82.1 ± 0.1 (92.1)" and tab.loc["Iso-C", "seeds (8)"] == 2
