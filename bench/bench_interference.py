@@ -10,8 +10,8 @@ seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges
 20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
 (M1) and Iso-C (M4), α chosen on validation with the book's search (5-point grid over method.md
 §5's range, widened at an edge: chapter 5's protocol). Records
-(zero-shot, fine-tuned, TA, Iso-C per suite × seed, per-task metrics included, so the first 8
-tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
+(zero-shot, fine-tuned with the mean task-vector norm ``tv_norm``, TA, Iso-C per suite × seed,
+per-task metrics included, so the first 8 tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
 ``book/data/interference.jsonl``.
 
 ``--set name=value`` changes fields of the recipe (``pactlib.zoo.Recipe``); the runs then go to a
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
                 metrics = {"acc": float(np.mean([accs[t] for t in tb.tasks])),
                            "norm_acc": float(np.mean([accs[t] / tb.ft_test[t] for t in tb.tasks]))}
                 metrics.update({f"norm_acc:{t}": accs[t] / tb.ft_test[t] for t in tb.tasks})
+                if name == "fine-tuned":  # the size of the updates: mean Frobenius norm of Δt
+                    metrics["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
                 recs.append(records.make_record(name, metrics=metrics, **common))
             for method in args.methods:
                 t0 = time.perf_counter()
