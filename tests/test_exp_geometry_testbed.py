@@ -180,6 +180,20 @@ def test_run_records_accuracy_and_timing_tables():
     assert timing.loc["LoRA fine-tune", "mean s"] == pytest.approx(10.0)
     only_seed0 = testbed.run_records(_zoo_records(), tasks=["optdigits"], seeds=[0])
     assert [r["method"] for r in only_seed0] == ["zero-shot", "full"]
+    planned = testbed.run_records(_zoo_records(), tasks=["mnist", "optdigits"], seeds=[0, 1],
+                                  keep=lambda task, seed, kind: not (task == "mnist" and seed == 1))
+    assert [(r["task"], r["seed"]) for r in planned if r["method"] == "full"] == [
+        ("mnist", 0), ("optdigits", 0), ("optdigits", 1)]
+
+
+def test_in_book_zoo_follows_the_plan():
+    from pactlib import study
+
+    # suite 8 (mnist): seeds 0-2, full and LoRA; tasks only in the 14/20 suites (lfw_faces): seed 0, full
+    assert study.in_book_zoo("mnist", 2, "lora") and study.in_book_zoo("lfw_faces", 0, "full")
+    assert not study.in_book_zoo("lfw_faces", 1, "full") and not study.in_book_zoo("lfw_faces", 0, "lora")
+    assert not study.in_book_zoo("mnist", 3, "full")
+    assert study.in_book_zoo("lfw_faces", 1, "full", plan=(("20", (1,), ("full",)),))
 
 
 def test_recipe_table_and_accuracy_plot(tmp_path):
