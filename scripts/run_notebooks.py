@@ -376,7 +376,8 @@ def _child(job: Job, out_dir: Path, set_name: str, threads: int, queue) -> None:
 
 def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, jobs: int,
                      total: int, index: dict[str, int]) -> None:
-    """Execute ``work`` ((job, why) pairs) in up to ``jobs`` forked workers, longest first.
+    """Execute ``work`` ((job, why) pairs) in up to ``jobs`` forked workers, longest first (by the
+    time each took last; never-timed notebooks that others wait for start before the rest).
 
     Each worker runs :func:`execute` with ``OMP_NUM_THREADS = max(1, cores // jobs)``. A job
     waits for the jobs :data:`AFTER` names when they are part of ``work``. After a failure no
@@ -388,7 +389,9 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    pending = sorted(work, key=lambda jw: -_last_seconds(jw[0], out_dir))
+    # longest first; among notebooks never timed, those that others wait for (AFTER) first
+    waited_for = {dep for deps in AFTER.values() for dep in deps}
+    pending = sorted(work, key=lambda jw: (-_last_seconds(jw[0], out_dir), jw[0].name not in waited_for))
     running: dict[str, tuple[Any, float]] = {}
     errors: list[str] = []
     suspects: set[str] = set()

@@ -307,6 +307,15 @@ def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path
     rn.execute_parallel([(j, "new") for j in jobs[:3]], out, "t", 2, 3, {j.name: i for i, j in enumerate(jobs, 1)})
     assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
     assert all((out / f"{n}.key").is_file() and rn.stale_reason(j, out) is None for n, j in zip("abc", jobs))
+    # order: longest last time first; never timed: the one others wait for first (one worker)
+    for f in stamps.iterdir():
+        f.unlink()
+    (out / "a.key").unlink()  # a and b: never timed, and c waits for a; c: timed
+    (out / "b.key").unlink()
+    rn.execute_parallel([(jobs[1], "new"), (jobs[2], "new"), (jobs[0], "new")], out, "t", 1, 3,
+                        {j.name: i for i, j in enumerate(jobs, 1)})
+    starts = {n: float((stamps / f"{n}.start").read_text()) for n in "abc"}
+    assert starts["a"] < starts["b"] < starts["c"]
 
 
 def _write_set(tmp_path, name, section):
