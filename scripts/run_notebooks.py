@@ -56,10 +56,10 @@ DEFAULT_SET = "default"
 TOC_PREFIX = "book/_executed/default/"
 KEY_VERSION = 1
 KERNEL = "python3"
-#: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
-#: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
 #: Seconds between the "... running:" lines of a parallel run.
 STATUS_EVERY = 60
+#: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
+#: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 #: Tags that make a browser fetch something; none of them may point off the machine.
 FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
