@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--suites", nargs="+", default=["8", "14", "20"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=["task_arithmetic", "iso_c"])
-    p.add_argument("--alpha-points", type=int, default=5)
+    p.add_argument("--alpha-points", type=int, default=5,
+                   help="α values over each method's range (method.md §5); 0: the paper's full grid")
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
                 recs.append(records.make_record(name, metrics=metrics, **common))
             for method in args.methods:
                 t0 = time.perf_counter()
-                r = tb.run(method, alphas=study.grid(method, args.alpha_points))
+                r = tb.run(method, alphas=study.grid(method, args.alpha_points or None))
                 recs.append(r)
                 print(f"seed {seed} suite {suite:>2s} {method:16s} α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} "
                       f"[{time.perf_counter() - t0:.0f} s]", flush=True)

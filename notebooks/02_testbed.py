@@ -290,6 +290,21 @@ print(f"off-diagonal cosines: mean {off.mean():.3f}, median |cos| {off.abs().med
       f"{off[pair]:.2f} ({pair[0]} / {pair[1]})")
 
 # %% [markdown]
+# Is the plateau an artefact of our 5-point α grid, which jumps from 0.05 to 0.29? We ran the
+# same merges with the paper's full grid (0.05 to 1.0 in steps of 0.05 for TA, 0.1 to 3.0 in
+# steps of 0.1 for Iso-C; `bench/bench_interference.py --alpha-points 0`, records in
+# `book/data/interference_fullgrid.jsonl`). TA's α now falls step by step with T, and the
+# plateau stays:
+
+# %%
+full_grid = testbed.interference_frame(plotting.repo_path("book/data/interference_fullgrid.jsonl"))
+for r in testbed.interference_steps(full_grid).itertuples():
+    print(f"full grid, {r.method}, 8 shared tasks, T = {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % "
+          f"(drop {r.drop:+.1f}, seed spread {r.spread:.1f})")
+alphas = full_grid[full_grid["method"] == "task_arithmetic"].groupby(full_grid["suite"].astype(int))["alpha"].mean()
+print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, a in alphas.items()))
+
+# %% [markdown]
 # Would another recipe let Task Arithmetic keep losing past 14 tasks? The issue behind this
 # testbed asked us to try. A learning rate of 3·10⁻⁵ instead of 10⁻⁴ gives smaller task vectors
 # and keeps fine-tuning closer to linear, the regime in which task vectors add up best. We
