@@ -20,7 +20,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
 
 from pactlib import records, study
 from pactlib.zoo import Recipe, build_zoo
@@ -48,15 +47,8 @@ def main(argv=None) -> int:
             tb = study.Testbed.load(suite, args.seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
                                     test_limit=args.test_limit)
             extra = dict(suite=suite, kind="full", head=head, recipe=recipe.relevant("full"))
-            common = dict(params={"head": head}, seed=args.seed, **extra)
-            zs = {t: tb.zs_test[t] for t in tb.tasks}
-            zs_rec = records.make_record(
-                "zero-shot", metrics={"acc": float(np.mean(list(zs.values()))),
-                                      "norm_acc": float(np.mean([zs[t] / tb.ft_test[t] for t in tb.tasks]))},
-                **common)
-            recs.append(zs_rec)
-            recs.append(records.make_record(
-                "fine-tuned", metrics={"acc": float(np.mean(list(tb.ft_test.values()))), "norm_acc": 1.0}, **common))
+            zs_rec, ft_rec = tb.reference_records(params={"head": head}, **extra)
+            recs += [zs_rec, ft_rec]
             for method, alphas in (("task_arithmetic", TA_GRID), ("iso_c", None)):
                 t0 = time.perf_counter()
                 r = tb.run(method, alphas=alphas)

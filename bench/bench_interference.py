@@ -64,14 +64,10 @@ def main(argv=None) -> int:
         for suite in args.suites:
             tb = study.Testbed.load(suite, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
                                     test_limit=args.test_limit)
-            common = dict(params={}, seed=seed, suite=suite, kind="full", recipe=recipe.relevant("full"))
-            for name, accs in (("zero-shot", tb.zs_test), ("fine-tuned", tb.ft_test)):
-                metrics = {"acc": float(np.mean([accs[t] for t in tb.tasks])),
-                           "norm_acc": float(np.mean([accs[t] / tb.ft_test[t] for t in tb.tasks]))}
-                metrics.update({f"norm_acc:{t}": accs[t] / tb.ft_test[t] for t in tb.tasks})
-                if name == "fine-tuned":  # the size of the updates: mean Frobenius norm of Δt
-                    metrics["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
-                recs.append(records.make_record(name, metrics=metrics, **common))
+            zs_rec, ft_rec = tb.reference_records(per_task=True, kind="full", recipe=recipe.relevant("full"))
+            # the size of the updates: mean Frobenius norm of Δt
+            ft_rec["metrics"]["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
+            recs += [zs_rec, ft_rec]
             for method in args.methods:
                 t0 = time.perf_counter()
                 r = tb.run(method, alphas=study.grid(method, args.alpha_points or None))

@@ -301,7 +301,7 @@ full_grid = testbed.interference_frame(plotting.repo_path("book/data/interferenc
 for r in testbed.interference_steps(full_grid).itertuples():
     print(f"full grid, {r.method}, 8 shared tasks, T = {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % "
           f"(drop {r.drop:+.1f}, seed spread {r.spread:.1f})")
-alphas = full_grid[full_grid["method"] == "task_arithmetic"].groupby(full_grid["suite"].astype(int))["alpha"].mean()
+alphas = full_grid[full_grid["method"] == "task_arithmetic"].groupby("T")["alpha"].mean()
 print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, a in alphas.items()))
 
 # %% [markdown]
@@ -317,7 +317,7 @@ print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, 
 other = testbed.interference_frame(plotting.repo_path("book/data/interference_lr3e-5.jsonl"))
 plotting.table(testbed.interference_table(other), chapter=2, number=10,
                caption="As table 2.9 with learning rate 3e-5 (seed 0 only; the book's recipe uses 1e-4).")
-size = {name: f[(f["method"] == "fine-tuned") & (f["suite"].astype(int) == 20)] for name, f in
+size = {name: f[(f["method"] == "fine-tuned") & (f["T"] == 20)] for name, f in
         (("1e-4", growth[growth["seed"] == 0]), ("3e-5", other))}
 print("mean ‖Δt‖ over the 20 tasks, seed 0: " + ", ".join(f"lr {k}: {v['metrics.tv_norm'].iloc[0]:.2f}" for k, v in size.items())
       + "; mean fine-tuned test accuracy: " + ", ".join(f"lr {k}: {100 * v['metrics.acc'].iloc[0]:.1f} %" for k, v in size.items()))

@@ -65,11 +65,7 @@ for suite, seed in tqdm(runs, desc="testbeds"):
     for method in tqdm(methods, desc=f"suite {suite} seed {seed}", leave=False):
         for pact in (None, "pact"):
             recs.append(tb.run(method, pact=pact, alphas=study.grid(method, alpha_points)))
-    recs.append(records.make_record("zero-shot", params={}, seed=seed, suite=suite, base="zero-shot", pact=None,
-                                    metrics={"acc": sum(tb.zs_test.values()) / len(tb.tasks),
-                                             "norm_acc": sum(tb.zs_test[t] / tb.ft_test[t] for t in tb.tasks) / len(tb.tasks)}))
-    recs.append(records.make_record("fine-tuned", params={}, seed=seed, suite=suite, base="fine-tuned", pact=None,
-                                    metrics={"acc": sum(tb.ft_test.values()) / len(tb.tasks), "norm_acc": 1.0}))
+    recs += tb.reference_records(pact=None)  # zero-shot θ0 and the fine-tuned models
 path = records.records_path("05_main_results")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

@@ -107,6 +107,7 @@ def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, res
                     batch_size=batch_size, limit=limit)[task]
 
 
+@torch.no_grad()
 def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head],
              datas: Mapping[str, Any], *, resolution: int = 32, batch_size: int = 256,
              limit: int | None = None) -> dict[str, float]:
@@ -129,14 +130,12 @@ def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head
         if len(d.classes) != heads[t].num_classes:
             raise ValueError(f"task {t!r} has {len(d.classes)} classes but the head has {heads[t].num_classes}")
     x = torch.cat(list(xs.values()))
-    with torch.no_grad():
-        feats = torch.cat([model(x[i : i + batch_size].contiguous(memory_format=torch.channels_last))
-                           for i in range(0, x.shape[0], batch_size)])
+    feats = torch.cat([model(x[i : i + batch_size].contiguous(memory_format=torch.channels_last))
+                       for i in range(0, x.shape[0], batch_size)])
     out, start = {}, 0
     for t in xs:
         n = ys[t].numel()
-        with torch.no_grad():
-            pred = heads[t].logits(feats[start : start + n]).argmax(1)
+        pred = heads[t].logits(feats[start : start + n]).argmax(1)
         out[t] = int((pred == ys[t]).sum()) / n
         start += n
     return out

@@ -153,7 +153,7 @@ class Testbed:
         ``memo``: records are kept in ``<zoo>/run_memo/<key>.json`` (written atomically) and reused
         when the same merge is asked again — by another chapter, or after an interruption. The key
         holds every input: the zoo runs' and heads' sha256, suite, seed, kind, method, PACT mode
-        and options, α grid, ``widen``, caps, label, merge parameters and a hash of pactlib's
+        and options, α grid, ``widen``, ``refine``, caps, label, merge parameters and a hash of pactlib's
         source. Explicit ``task_vectors`` other than this testbed's own are never memoised.
 
         The record (see :func:`pactlib.eval.select_alpha`) carries ``suite``, ``kind``, ``base``
@@ -166,7 +166,7 @@ class Testbed:
         alphas = tuple(alphas or grid(method))
         own = task_vectors is None or (
             len(task_vectors) == len(self.tasks) and all(a is b for a, b in zip(task_vectors, self.task_vectors())))
-        key = self._run_key(method, pact, opts, alphas, label, (widen, refine), params) if memo and own else None
+        key = self._run_key(method, pact, opts, alphas, label, widen, refine, params) if memo and own else None
         if key is not None:
             hit = self._memo_read(key)
             if hit is not None:
@@ -201,7 +201,7 @@ class Testbed:
 
         return (Path(self.zoo_dir) if self.zoo_dir is not None else default_zoo_dir()) / "run_memo"
 
-    def _run_key(self, method, pact, opts, alphas, label, widen, params) -> str | None:
+    def _run_key(self, method, pact, opts, alphas, label, widen, refine, params) -> str | None:
         import hashlib
         import json
 
@@ -211,7 +211,7 @@ class Testbed:
             return None  # no checkpoint hashes: cannot tell this zoo from another one
         payload = dict(code=_source_hash(), tasks=ids, suite=self.suite, seed=self.seed, kind=self.kind,
                        method=method, pact=pact, options=vars(opts) if opts else None,
-                       alphas=[float(a) for a in alphas], label=label, widen=widen, params=params,
+                       alphas=[float(a) for a in alphas], label=label, widen=widen, refine=refine, params=params,
                        val_limit=self.val_limit, test_limit=self.test_limit, resolution=self.resolution)
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()[:40]
 
@@ -233,6 +233,28 @@ class Testbed:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(rec, default=float)
         atomic_write(path, lambda tmp: tmp.write_text(text))
+
+    def reference_records(self, *, params=None, per_task: bool = False, **fields) -> list[dict]:
+        """The two reference rows of a results table, as records on this testbed's test split:
+        ``"zero-shot"`` (θ0 with each task's head) and ``"fine-tuned"`` (each task's own θt).
+
+        Metrics: ``acc`` (mean test accuracy over the tasks) and ``norm_acc`` (mean of acc/acc_ft;
+        1 for the fine-tuned row by definition, method.md §5); ``per_task`` adds
+        ``norm_acc:<task>``. Each record has ``seed``, ``suite``, ``base`` (= its method) and the
+        extra ``fields``; ``params`` defaults to ``{}``.
+        """
+        from .records import make_record
+
+        out = []
+        for name, accs in (("zero-shot", self.zs_test), ("fine-tuned", self.ft_test)):
+            norm = {t: 1.0 if name == "fine-tuned" else accs[t] / self.ft_test[t] for t in self.tasks}
+            metrics = {"acc": sum(accs[t] for t in self.tasks) / len(self.tasks),
+                       "norm_acc": sum(norm.values()) / len(self.tasks)}
+            if per_task:
+                metrics.update({f"norm_acc:{t}": v for t, v in norm.items()})
+            out.append(make_record(name, params=dict(params or {}), seed=self.seed,
+                                   metrics=metrics, **{"suite": self.suite, "base": name, **fields}))
+        return out
 
     def filtered(self, mode: str, options: PactOptions | None = None):
         """(filtered task vectors, PactReport) for ``mode``/``options``, computed once per testbed."""

@@ -356,6 +356,11 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
     return seconds
 
 
+def _tag(i: int, total: int, name: str) -> str:
+    """The prefix of a notebook's log lines: ``[ 5/12] 05_main_results   ``."""
+    return f"[{i:2d}/{total}] {name:<26}"
+
+
 def _last_seconds(job: Job, out_dir: Path) -> float:
     """Seconds the notebook took last time (its key file), +inf when unknown: schedules it first."""
     try:
@@ -396,7 +401,7 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     errors: list[str] = []
     suspects: set[str] = set()
     last_status = time.perf_counter()
-    tag = lambda name: f"[{index[name]:2d}/{total}] {name:<26}"  # noqa: E731
+    tag = lambda name: _tag(index[name], total, name)  # noqa: E731
     while pending or running:
         while pending and len(running) < jobs and not errors:
             waiting = {j.name for j, _ in pending} | set(running)
@@ -563,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                 index[job.name] = i
                 why = "--force" if args.force else stale_reason(job, out_dir)
                 if why is None:
-                    print(f"[{i:2d}/{len(jobs)}] {job.name:<26} up to date", flush=True)
+                    print(f"{_tag(i, len(jobs), job.name)} up to date", flush=True)
                 else:
                     work.append((job, why))
             t_exec = time.perf_counter()
@@ -571,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 execute_parallel(work, out_dir, set_name, args.jobs, len(jobs), index)
             else:
                 for job, why in work:
-                    tag = f"[{index[job.name]:2d}/{len(jobs)}] {job.name:<26}"
+                    tag = _tag(index[job.name], len(jobs), job.name)
                     print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
                     seconds = execute(job, out_dir, set_name, progress=progress)
                     print(f"{tag} done in {seconds:.1f} s", flush=True)

@@ -328,3 +328,17 @@ def test_testbed_run_is_memoised_on_disk_and_keyed_by_its_inputs(built, monkeypa
     tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
     tb.run("task_arithmetic", alphas=(0.1, 0.3), widen=0)
     assert len(calls) == 5
+
+
+def test_reference_records_are_the_zero_shot_and_fine_tuned_rows():
+    from pactlib import study
+
+    zs, ft = {"stripes": 0.4, "squares": 0.6}, {"stripes": 0.8, "squares": 1.0}
+    tb = study.Testbed("toy", 3, "full", list(TASKS), {}, {}, {}, {}, {}, ft, ft, zs, 32)
+    zero, tuned = tb.reference_records(pact=None)
+    assert (zero["method"], zero["base"], zero["seed"], zero["suite"], zero["pact"]) == ("zero-shot", "zero-shot", 3, "toy", None)
+    assert zero["metrics"] == pytest.approx({"acc": 0.5, "norm_acc": (0.5 + 0.6) / 2}) and zero["params"] == {}
+    assert tuned["method"] == "fine-tuned" and tuned["metrics"] == pytest.approx({"acc": 0.9, "norm_acc": 1.0})
+    zero, tuned = tb.reference_records(params={"head": "x"}, per_task=True, suite="other")
+    assert zero["metrics"]["norm_acc:stripes"] == pytest.approx(0.5) and tuned["metrics"]["norm_acc:squares"] == 1.0
+    assert zero["suite"] == "other" and zero["params"] == {"head": "x"}

@@ -351,22 +351,22 @@ _GROWTH_METHODS = {"zero-shot": "zero-shot", "task_arithmetic": "Task Arithmetic
 
 def interference_frame(path: str | Path = INTERFERENCE) -> pd.DataFrame:
     """The records of ``bench/bench_interference.py`` as a frame, one row per (method, suite,
-    seed), with an added ``first_norm``: the mean normalized accuracy (fraction) over the tasks of
-    the smallest suite in the file (the 8 tasks every suite shares), so a task set held fixed can
-    be followed as T grows.
+    seed), with two added columns: ``T`` (the suite as an int) and ``first_norm``, the mean
+    normalized accuracy (fraction) over the tasks of the smallest suite in the file (the 8 tasks
+    every suite shares), so a task set held fixed can be followed as T grows.
 
     Raises:
         FileNotFoundError: no records at ``path`` (names the script that writes them).
         ValueError: a record lacks the per-task ``norm_acc:<task>`` metrics of that first suite.
     """
-    frame = _bench_frame(path, "interference", "bench/bench_interference.py")
+    frame = _bench_frame(path, "interference", "bench/bench_interference.py").copy()
+    frame["T"] = frame["suite"].astype(int)
     merged = frame[frame["method"] != "fine-tuned"]  # fine-tuned: 1.0 on every task by definition
-    smallest = min(frame["suite"].astype(int))
-    base = merged[merged["suite"].astype(int) == smallest]
+    smallest = frame["T"].min()
+    base = merged[merged["T"] == smallest]
     cols = [c for c in base.columns if c.startswith("metrics.norm_acc:") and base[c].notna().all()]
     if not cols or merged[cols].isna().any(axis=None):
         raise ValueError(f"{path}: records without per-task normalized accuracy for the {smallest}-task suite's tasks")
-    frame = frame.copy()
     frame["first_norm"] = frame[cols].mean(axis=1)
     frame.loc[frame["method"] == "fine-tuned", "first_norm"] = 1.0
     return frame
@@ -377,8 +377,8 @@ def interference_table(frame: pd.DataFrame) -> pd.DataFrame:
     (%) over all T tasks and over the first suite's tasks, as mean ± std over seeds, the seed
     count, and the mean α chosen."""
     rows = []
-    for suite, g in frame.groupby(frame["suite"].astype(int), sort=True):
-        row = {"T": suite, "seeds": g["seed"].nunique()}
+    for T, g in frame.groupby("T", sort=True):
+        row = {"T": T, "seeds": g["seed"].nunique()}
         for m, label in _GROWTH_METHODS.items():
             r = g[g["method"] == m]
             for col, name in (("metrics.norm_acc", "all"), ("first_norm", "first")):
@@ -388,6 +388,13 @@ def interference_table(frame: pd.DataFrame) -> pd.DataFrame:
                 row[f"{label} α"] = round(float(r["alpha"].mean()), 3)
         rows.append(row)
     return pd.DataFrame(rows).set_index("T")
+
+
+def _by_T(frame: pd.DataFrame, method: str, column: str) -> tuple[pd.Series, pd.Series]:
+    """Mean and standard deviation over seeds (0 with one seed) of ``column`` for ``method``, in
+    percent, indexed by T."""
+    g = frame[frame["method"] == method].groupby("T")[column]
+    return 100 * g.mean(), (100 * g.std(ddof=1)).fillna(0.0)
 
 
 def interference_steps(frame: pd.DataFrame, column: str = "first_norm") -> pd.DataFrame:
@@ -400,8 +407,7 @@ def interference_steps(frame: pd.DataFrame, column: str = "first_norm") -> pd.Da
     for m, label in _GROWTH_METHODS.items():
         if m == "zero-shot":
             continue
-        g = frame[frame["method"] == m].groupby(frame["suite"].astype(int))[column]
-        mean, std = 100 * g.mean(), (100 * g.std(ddof=1)).fillna(0.0)
+        mean, std = _by_T(frame, m, column)
         ts = list(mean.index)
         for a, b in zip(ts, ts[1:]):
             drop, spread = mean[a] - mean[b], max(std[a], std[b])
@@ -415,11 +421,10 @@ def plot_interference(frame: pd.DataFrame, *, axes) -> None:
     suite's tasks (right); one line per method, mean over seeds with ±1 std error bars."""
     for ax, col, title in zip(axes, ("metrics.norm_acc", "first_norm"), ("all T tasks", "the first suite's tasks")):
         for i, (m, label) in enumerate(_GROWTH_METHODS.items()):
-            g = frame[frame["method"] == m].groupby(frame["suite"].astype(int))[col]
-            mean, std = 100 * g.mean(), 100 * g.std(ddof=1).fillna(0)
+            mean, std = _by_T(frame, m, col)
             ax.errorbar(mean.index, mean.values, yerr=std.values, marker="o", ms=4, capsize=3, color=f"C{i}",
                         ls="--" if m == "zero-shot" else "-", label=label)
-        ax.set(xlabel="number of tasks T", title=title, xticks=sorted(frame["suite"].astype(int).unique()))
+        ax.set(xlabel="number of tasks T", title=title, xticks=sorted(frame["T"].unique()))
     axes[0].set_ylabel("test normalized accuracy (%)")
     axes[0].legend(fontsize=7, frameon=False)
 
