@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_interference.py                   # suites 8/14/20, seeds 0 1 2
     .venv/bin/python bench/bench_interference.py --seeds 0
     .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=3e-5 --out /tmp/lr3e-5.jsonl   # another recipe
+    .venv/bin/python bench/bench_interference.py --draws 4 --out book/data/interference_draws.jsonl
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
 recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
@@ -13,6 +14,12 @@ seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges
 (zero-shot, fine-tuned with the mean task-vector norm ``tv_norm``, TA, Iso-C per suite × seed,
 per-task metrics included, so the first 8 tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
 ``book/data/interference.jsonl``.
+
+``--draws N`` asks a question the nested suites cannot: does the loss grow with T whichever
+tasks join? The extra tasks enter the 14-task suite in one fixed order; with ``--draws`` the
+script merges, for each T in ``--sizes``, N random sets of T − 8 of the 12 extra tasks (the
+same sets for every seed; records carry ``draw`` and ``tasks``), besides the 8- and 20-task
+suites.
 
 ``--set name=value`` changes fields of the recipe (``pactlib.zoo.Recipe``); the runs then go to a
 zoo of their own, ``$PACT_CACHE/zoo-<name><value>...``, never into the book's.
@@ -26,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from pactlib import records, study
+from pactlib.data.suites import suite_tasks
+from pactlib.experiments.testbed import random_task_sets
 from pactlib.zoo import build_zoo
 
 
@@ -39,6 +48,10 @@ def main(argv=None) -> int:
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")
+    p.add_argument("--draws", type=int, default=0,
+                   help="random orders: for each T in --sizes, merge this many random sets of the extra tasks "
+                        "(beyond the smallest suite) instead of the named suites in between")
+    p.add_argument("--sizes", nargs="+", type=int, default=[11, 14, 17], help="T values of the random sets")
     p.add_argument("--out", default="book/data/interference.jsonl")
     args = p.parse_args(argv)
 
@@ -59,21 +72,34 @@ def main(argv=None) -> int:
         zoo_dir = zoo_dir.with_name("zoo-" + "-".join(f"{k}{v}" for k, v in changes.items()))
     largest = max(args.suites, key=int)
     build_zoo(largest, args.seeds, kind=["full"], zoo_dir=zoo_dir, recipe=recipe, progress=True)
+    slices = [(suite, None, None) for suite in args.suites]  # (suite label, tasks, draw)
+    if args.draws:
+        try:
+            sets = random_task_sets(suite_tasks(min(args.suites, key=int)), suite_tasks(largest), args.sizes, args.draws)
+        except ValueError as e:
+            p.error(f"--sizes / --draws: {e}")
+        slices = [(min(args.suites, key=int), None, None), (largest, None, None)]
+        slices += [(str(T), tasks, i) for T, i, tasks in sets]
     recs = []
     for seed in args.seeds:
-        for suite in args.suites:
+        for suite, tasks, draw in slices:
             tb = study.Testbed.load(suite, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
-                                    test_limit=args.test_limit)
+                                    test_limit=args.test_limit, tasks=tasks)
             zs_rec, ft_rec = tb.reference_records(per_task=True, kind="full", recipe=recipe.relevant("full"))
             # the size of the updates: mean Frobenius norm of Δt
             ft_rec["metrics"]["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
-            recs += [zs_rec, ft_rec]
+            out = [zs_rec, ft_rec]
             for method in args.methods:
                 t0 = time.perf_counter()
                 r = tb.run(method, alphas=study.grid(method, args.alpha_points or None))
-                recs.append(r)
-                print(f"seed {seed} suite {suite:>2s} {method:16s} α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} "
-                      f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+                out.append(r)
+                print(f"seed {seed} suite {suite:>2s}{'' if draw is None else f' set {draw}'} {method:16s} "
+                      f"α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} [{time.perf_counter() - t0:.0f} s]",
+                      flush=True)
+            if draw is not None:
+                for r in out:
+                    r.update(draw=draw, tasks=list(tb.tasks))
+            recs += out
     out = records.write_records(Path(args.out), recs, replace=True)
     print(f"wrote {len(recs)} records to {out}")
     return 0

@@ -152,6 +152,8 @@ def fit_prototype_head(
     classes: tuple[str, ...] | list[str],
     *,
     max_iter: int = 100,
+    shots: int | None = None,
+    seed: int = 0,
 ) -> Head:
     """A cosine "prototype" head: the CLIP-style zero-shot classifier of the testbed.
 
@@ -167,18 +169,37 @@ def fit_prototype_head(
         labels: int64 (N,), values in [0, C).
         classes: the C class names.
         max_iter: L-BFGS iteration cap for the logit scale.
+        shots: build each class embedding from only this many train images of the class, drawn
+            at random (``seed``); None: all of them. The logit scale is still fit on every
+            example. Few shots give a weaker head, closer to how far CLIP's zero-shot heads sit
+            from fine-tuned accuracy.
+        seed: seed of the draw of ``shots`` images per class.
 
     Returns:
         :class:`Head` with ``normalize=True``, weight ``s · P`` (C, D) with unit-norm rows P, bias 0.
 
     Raises:
-        ValueError: shape mismatch, a label outside [0, C), or a class with no example.
+        ValueError: shape mismatch, a label outside [0, C), a class with no example, ``shots`` < 1,
+            or a class with fewer than ``shots`` examples.
     """
     _check_fit_inputs(features, labels, classes)
     C = len(classes)
     x = F.normalize(features.detach().to(torch.float64), dim=1)
-    onehot = F.one_hot(labels, C).to(x.dtype)  # (N, C)
-    protos = F.normalize(onehot.T @ x, dim=1)  # (C, D): class sums, then unit rows
+    keep = torch.ones_like(labels, dtype=torch.bool)
+    if shots is not None:
+        if shots < 1:
+            raise ValueError(f"shots must be >= 1 or None, got {shots}")
+        counts = torch.bincount(labels, minlength=C)
+        if int(counts.min()) < shots:
+            few = [classes[i] for i in (counts < shots).nonzero().flatten().tolist()]
+            raise ValueError(f"shots={shots} but class(es) {few} have fewer train examples")
+        g = torch.Generator().manual_seed(seed)
+        keep = torch.zeros_like(keep)
+        for c in range(C):
+            idx = (labels == c).nonzero().flatten()
+            keep[idx[torch.randperm(idx.numel(), generator=g)[:shots]]] = True
+    onehot = F.one_hot(labels[keep], C).to(x.dtype)  # (n, C)
+    protos = F.normalize(onehot.T @ x[keep], dim=1)  # (C, D): class sums, then unit rows
     cos = x @ protos.T  # (N, C)
     log_s = torch.tensor(math.log(10.0), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10,

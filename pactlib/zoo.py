@@ -90,6 +90,8 @@ class Recipe:
         head: ``"probe"`` (ridge logistic regression on raw θ0 features, :func:`pactlib.heads.fit_head`)
             or ``"prototype"`` (cosine class-mean head, CLIP-like, :func:`pactlib.heads.fit_prototype_head`).
         head_l2, head_max_iter: ridge strength (probe) and L-BFGS cap of the head fit.
+        head_shots: prototype head only: class embeddings from this many train images per class
+            (None: all); see :func:`pactlib.heads.fit_prototype_head`.
         data_seed: seed of the data splits (``load_task(..., seed=data_seed)``).
         train_limit, eval_limit: caps on train / val+test examples per task (None: all); for
             tests and quick looks only.
@@ -109,6 +111,7 @@ class Recipe:
     head: str = "prototype"
     head_l2: float = 1e-2
     head_max_iter: int = 300
+    head_shots: int | None = None
     data_seed: int = 0
     train_limit: int | None = None
     eval_limit: int | None = None
@@ -125,14 +128,20 @@ class Recipe:
                 raise ValueError(f"Recipe.{name} must be >= 1, got {getattr(self, name)}")
 
     #: fields that decide a head, and in addition a full / LoRA run.
-    HEAD_FIELDS = ("resolution", "head", "head_l2", "head_max_iter", "data_seed", "train_limit", "eval_limit")
+    HEAD_FIELDS = ("resolution", "head", "head_l2", "head_max_iter", "head_shots", "data_seed", "train_limit",
+                   "eval_limit")
     RUN_FIELDS = ("steps", "batch_size", "optimizer", "weight_decay", "warmup", "augment")
     KIND_FIELDS = {"full": ("lr",), "lora": ("lora_lr", "lora_rank", "lora_alpha")}
 
+    #: fields added after zoos were built: listed only when set, so older records stay valid.
+    OPTIONAL_FIELDS = ("head_shots",)
+
     def relevant(self, kind: str) -> dict[str, Any]:
-        """The recipe fields a ``kind`` ("head", "full", "lora") depends on, as a dict."""
+        """The recipe fields a ``kind`` ("head", "full", "lora") depends on, as a dict
+        (an :attr:`OPTIONAL_FIELDS` entry only when it is not None)."""
         names = self.HEAD_FIELDS if kind == "head" else self.HEAD_FIELDS + self.RUN_FIELDS + self.KIND_FIELDS[kind]
-        return {n: getattr(self, n) for n in names}
+        return {n: getattr(self, n) for n in names
+                if not (n in self.OPTIONAL_FIELDS and getattr(self, n) is None)}
 
 
 # ----------------------------------------------------------------------------- paths, records
@@ -345,7 +354,8 @@ def ensure_head(zoo_dir: Path, data: _Data, pretrained: Mapping[str, Tensor], re
     tr = data.split("train")
     feats = features(pretrained, x, resolution=recipe.resolution)
     if recipe.head == "prototype":
-        head = fit_prototype_head(feats, y, tr.classes, max_iter=recipe.head_max_iter)
+        head = fit_prototype_head(feats, y, tr.classes, max_iter=recipe.head_max_iter, shots=recipe.head_shots,
+                                  seed=recipe.data_seed)
     else:
         head = fit_head(feats, y, tr.classes, l2=recipe.head_l2, max_iter=recipe.head_max_iter)
     zs = {s: accuracy(pretrained, head, data.split(s), resolution=recipe.resolution) for s in ("val", "test")}

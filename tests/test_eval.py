@@ -226,6 +226,39 @@ def test_prototype_head_is_scaled_unit_class_means_on_normalized_features():
         fit_prototype_head(x, y, ("a", "b", "c", "d"))
 
 
+def test_prototype_head_with_shots_uses_that_many_images_per_class_and_all_for_the_scale():
+    x, y = _blobs()
+    x = x.abs() + 0.1
+    k = 2
+    h = fit_prototype_head(x, y, ("a", "b", "c"), shots=k, seed=3)
+    xn = torch.nn.functional.normalize(x.double(), dim=1)
+    protos = torch.nn.functional.normalize(h.weight.double(), dim=1)
+    # each prototype is the normalised sum of exactly k of its class's normalised features
+    g = torch.Generator().manual_seed(3)
+    for c in range(3):
+        idx = (y == c).nonzero().flatten()
+        pick = idx[torch.randperm(idx.numel(), generator=g)[:k]]
+        want = torch.nn.functional.normalize(xn[pick].sum(0), dim=0)
+        assert torch.allclose(protos[c], want, atol=1e-6)
+        assert not torch.allclose(protos[c], torch.nn.functional.normalize(xn[idx].sum(0), dim=0), atol=1e-3)
+    # the logit scale minimises the cross-entropy over all examples, not only the k shots
+    s = h.weight.double().norm(dim=1)[0]
+    ce = lambda m: torch.nn.functional.cross_entropy(m * s * (xn @ protos.T), y).item()
+    assert ce(1.0) <= min(ce(0.9), ce(1.1)) + 1e-9
+    # deterministic in the seed, different across seeds
+    assert torch.equal(fit_prototype_head(x, y, ("a", "b", "c"), shots=k, seed=3).weight, h.weight)
+    assert not torch.equal(fit_prototype_head(x, y, ("a", "b", "c"), shots=k, seed=4).weight, h.weight)
+    # balanced classes of 20: shots = 20 is the all-images head
+    n_min = int(torch.bincount(y).min())
+    assert n_min == int(torch.bincount(y).max()) == 20
+    assert torch.allclose(fit_prototype_head(x, y, ("a", "b", "c"), shots=n_min).weight,
+                          fit_prototype_head(x, y, ("a", "b", "c")).weight, atol=1e-5)
+    with pytest.raises(ValueError, match="shots must be >= 1"):
+        fit_prototype_head(x, y, ("a", "b", "c"), shots=0)
+    with pytest.raises(ValueError, match="fewer train examples"):
+        fit_prototype_head(x, y, ("a", "b", "c"), shots=n_min + 1)
+
+
 def test_head_save_load_roundtrip_and_corruption(tmp_path):
     x, y = _blobs()
     h = fit_head(x, y, ("cat", "dog", "cow"))

@@ -481,6 +481,62 @@ def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
         testbed.interference_frame(records.write_records(tmp_path / "bad.jsonl", bad))
 
 
+def test_random_task_sets_keep_the_first_suite_and_are_fixed_by_size_and_draw():
+    first, last = list("abc"), list("abcdefgh")
+    sets = testbed.random_task_sets(first, last, [4, 6], 3)
+    assert [(T, i) for T, i, _ in sets] == [(4, 0), (4, 1), (4, 2), (6, 0), (6, 1), (6, 2)]
+    for T, i, tasks in sets:
+        assert len(tasks) == T and tasks[:3] == first and len(set(tasks)) == T
+        assert set(tasks[3:]) <= set("defgh") and tasks[3:] == sorted(tasks[3:])  # the last suite's order
+    assert sets == testbed.random_task_sets(first, last, [4, 6], 3)  # same sets on every call
+    assert len({tuple(t) for T, _, t in sets if T == 6}) > 1  # draws differ
+    # the draw does not depend on which other sizes are asked for
+    assert testbed.random_task_sets(first, last, [6], 1)[0] == sets[3]
+    with pytest.raises(ValueError, match="strictly between 3 and 8"):
+        testbed.random_task_sets(first, last, [8], 1)
+    with pytest.raises(ValueError, match="not the start"):
+        testbed.random_task_sets(list("xa"), last, [4], 1)
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        testbed.random_task_sets(first, last, [4], 0)
+
+
+def test_alpha_curves_average_the_validation_curves_on_common_alphas():
+    def rec(T, seed, pts):
+        return records.make_record("task_arithmetic", params={}, seed=seed, suite=str(T), alpha=pts[0][0],
+                                   curve=[{"alpha": a, "mean_acc": 0.0, "mean_normalized": v} for a, v in pts],
+                                   metrics={"acc": 0.0, "norm_acc": 0.5, "norm_acc:a": 0.5})
+    recs = [rec(2, 0, [(0.1, 0.80), (0.2, 0.70)]), rec(2, 1, [(0.1, 0.84), (0.2, 0.74), (0.3, 0.6)]),
+            rec(3, 0, [(0.1, 0.60), (0.2, 0.50)])]
+    frame = pd.DataFrame([{**r, "T": int(r["suite"])} for r in recs])
+    cur = testbed.alpha_curves(frame)
+    t2 = cur[cur["T"] == 2].set_index("alpha")
+    assert list(t2.index) == [0.1, 0.2]  # 0.3 only on one seed: dropped
+    assert t2.loc[0.1, "mean"] == pytest.approx(82.0) and t2.loc[0.1, "std"] == pytest.approx(4 * 2 ** -0.5)
+    assert t2.loc[0.2, "n"] == 2 and cur[cur["T"] == 3]["std"].tolist() == [0.0, 0.0]
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    testbed.plot_alpha_curves(cur, ax=ax, zero_shot={2: 60.0})
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([82.0, 72.0])
+    assert ax.lines[1].get_xdata()[0] == pytest.approx(0.1)  # the best α of T = 2, starred
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no 'iso_c' records"):
+        testbed.alpha_curves(frame, "iso_c")
+
+
+def test_interference_table_counts_random_task_sets(tmp_path):
+    recs = _interference_records()
+    for r in recs:
+        if r["suite"] == "3":
+            r["draw"] = 0
+    extra = [dict(r, draw=1) for r in recs if r["suite"] == "3"]  # a second set at T = 3
+    frame = testbed.interference_frame(records.write_records(tmp_path / "d.jsonl", recs + extra))
+    tab = testbed.interference_table(frame)
+    assert list(tab["sets"]) == [1, 2] and list(tab["seeds"]) == [2, 2]
+    assert "sets" not in testbed.interference_table(testbed.interference_frame(
+        records.write_records(tmp_path / "n.jsonl", _interference_records())))
+
+
 def test_cosine_matrix_over_all_entries():
     a = {"w": torch.tensor([[1.0, 0.0]]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([[1.0, 1.0]]), "b": torch.tensor([0.0])}

@@ -342,3 +342,15 @@ def test_reference_records_are_the_zero_shot_and_fine_tuned_rows():
     zero, tuned = tb.reference_records(params={"head": "x"}, per_task=True, suite="other")
     assert zero["metrics"]["norm_acc:stripes"] == pytest.approx(0.5) and tuned["metrics"]["norm_acc:squares"] == 1.0
     assert zero["suite"] == "other" and zero["params"] == {"head": "x"}
+
+
+def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid(tmp_path):
+    base = Z.Recipe()
+    assert "head_shots" not in base.relevant("head") and "head_shots" not in base.relevant("full")
+    few = replace(base, head_shots=2)
+    assert few.relevant("head")["head_shots"] == 2 and few.relevant("lora")["head_shots"] == 2
+    ckpt = tmp_path / "x.safetensors"
+    ckpt.write_bytes(b"abc")
+    rec = {"recipe": base.relevant("full"), "sha256": file_sha256(ckpt)}
+    assert Z._valid(rec, ckpt, base.relevant("full")) is None  # a record written before head_shots existed
+    assert Z._valid(rec, ckpt, few.relevant("full")) == "recipe changed"

@@ -374,11 +374,15 @@ def interference_frame(path: str | Path = INTERFERENCE) -> pd.DataFrame:
 
 def interference_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows: the number of tasks T. Per method (zero-shot, TA, Iso-C): mean normalized accuracy
-    (%) over all T tasks and over the first suite's tasks, as mean ± std over seeds, the seed
+    (%) over all T tasks and over the first suite's tasks, as mean ± std over seeds (and over
+    the random task sets of ``--draws`` records: then a ``sets`` column counts them), the seed
     count, and the mean α chosen."""
     rows = []
+    draws = "draw" in frame and frame["draw"].notna().any()
     for T, g in frame.groupby("T", sort=True):
         row = {"T": T, "seeds": g["seed"].nunique()}
+        if draws:
+            row["sets"] = max(1, g["draw"].nunique())
         for m, label in _GROWTH_METHODS.items():
             r = g[g["method"] == m]
             for col, name in (("metrics.norm_acc", "all"), ("first_norm", "first")):
@@ -427,6 +431,74 @@ def plot_interference(frame: pd.DataFrame, *, axes) -> None:
         ax.set(xlabel="number of tasks T", title=title, xticks=sorted(frame["T"].unique()))
     axes[0].set_ylabel("test normalized accuracy (%)")
     axes[0].legend(fontsize=7, frameon=False)
+
+
+def random_task_sets(first: Sequence[str], last: Sequence[str], sizes: Sequence[int], draws: int
+                     ) -> list[tuple[int, int, list[str]]]:
+    """Random task sets between two nested suites: for each T in ``sizes`` and each draw
+    i < ``draws``, the tasks of ``first`` followed by T − len(first) of ``last``'s other tasks
+    (in ``last``'s order), drawn without replacement by ``numpy.random.default_rng([T, i])`` —
+    the same sets on every call, so fine-tuning seeds can be paired.
+
+    Returns:
+        [(T, i, tasks)], sizes outer, draws inner.
+
+    Raises:
+        ValueError: ``first`` is not a prefix of ``last``, a size outside (len(first), len(last)),
+            or ``draws`` < 1.
+    """
+    first, last = list(first), list(last)
+    if last[:len(first)] != first:
+        raise ValueError(f"the first suite {first} is not the start of the last suite {last}")
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    extras = last[len(first):]
+    out = []
+    for T in sizes:
+        if not len(first) < T < len(last):
+            raise ValueError(f"size {T}: must lie strictly between {len(first)} and {len(last)} tasks")
+        for i in range(draws):
+            pick = np.random.default_rng([T, i]).choice(len(extras), T - len(first), replace=False)
+            out.append((T, i, first + [extras[j] for j in sorted(pick)]))
+    return out
+
+
+def alpha_curves(frame: pd.DataFrame, method: str = "task_arithmetic") -> pd.DataFrame:
+    """The validation curves the α search of ``method`` walked: one row per (T, α) with the mean
+    and standard deviation (over seeds and, with ``--draws`` records, task sets) of the
+    validation normalized accuracy over all T tasks, in percent, and ``n`` the curves averaged.
+    Only α values every curve of that T visited are kept (a widened or refined point that some
+    curves lack would mix different runs).
+
+    Raises:
+        ValueError: no ``method`` records with a ``curve``.
+    """
+    rows = frame[(frame["method"] == method) & frame["curve"].notna()] if "curve" in frame else frame.iloc[:0]
+    if rows.empty:
+        raise ValueError(f"no {method!r} records with an α curve in the frame")
+    out = []
+    for T, g in rows.groupby("T", sort=True):
+        curves = [{round(c["alpha"], 6): 100 * c["mean_normalized"] for c in cur} for cur in g["curve"]]
+        common = sorted(set.intersection(*(set(c) for c in curves)))
+        for a in common:
+            v = np.array([c[a] for c in curves])
+            out.append(dict(T=int(T), alpha=a, mean=v.mean(), std=v.std(ddof=1) if len(v) > 1 else 0.0, n=len(v)))
+    return pd.DataFrame(out, columns=["T", "alpha", "mean", "std", "n"])
+
+
+def plot_alpha_curves(curves: pd.DataFrame, *, ax, zero_shot: Mapping[int, float] | None = None) -> None:
+    """One line per T from :func:`alpha_curves` (validation normalized accuracy, %, against α),
+    a band of ±1 std, the best α of the mean curve marked; optional dashed zero-shot levels
+    ({T: %})."""
+    for i, (T, g) in enumerate(curves.groupby("T", sort=True)):
+        ax.plot(g["alpha"], g["mean"], marker="o", ms=3, color=f"C{i}", label=f"T = {T}")
+        ax.fill_between(g["alpha"], g["mean"] - g["std"], g["mean"] + g["std"], color=f"C{i}", alpha=0.15, lw=0)
+        best = g.loc[g["mean"].idxmax()]
+        ax.plot(best["alpha"], best["mean"], "*", ms=11, color=f"C{i}", mec="black", mew=0.6)
+        if zero_shot and T in zero_shot:
+            ax.axhline(zero_shot[T], color=f"C{i}", lw=0.8, ls=(0, (2, 3)))
+    ax.set(xlabel="α", ylabel="validation normalized accuracy (%)")
+    ax.legend(fontsize=7, frameon=False)
 
 
 def cosine_matrix(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> pd.DataFrame:
