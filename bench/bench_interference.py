@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_interference.py                   # suites 8/14/20, seeds 0 1 2
     .venv/bin/python bench/bench_interference.py --seeds 0
     .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=3e-5 --out /tmp/lr3e-5.jsonl   # another recipe
-    .venv/bin/python bench/bench_interference.py --draws 4 --out book/data/interference_draws.jsonl
+    .venv/bin/python bench/bench_interference.py --draws 4 --alpha-points 0 --out book/data/interference_draws.jsonl
+    .venv/bin/python bench/bench_interference.py --add-one 0.2 --out book/data/interference_add_one.jsonl
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
 recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
@@ -52,6 +53,9 @@ def main(argv=None) -> int:
                    help="random orders: for each T in --sizes, merge this many random sets of the extra tasks "
                         "(beyond the smallest suite) instead of the named suites in between")
     p.add_argument("--sizes", nargs="+", type=int, default=[11, 14, 17], help="T values of the random sets")
+    p.add_argument("--add-one", type=float, default=None, metavar="ALPHA",
+                   help="instead: the cost to the smallest suite's tasks of adding each extra task alone to "
+                        "its Task Arithmetic merge at this α (test split)")
     p.add_argument("--out", default="book/data/interference.jsonl")
     args = p.parse_args(argv)
 
@@ -72,6 +76,11 @@ def main(argv=None) -> int:
         zoo_dir = zoo_dir.with_name("zoo-" + "-".join(f"{k}{v}" for k, v in changes.items()))
     largest = max(args.suites, key=int)
     build_zoo(largest, args.seeds, kind=["full"], zoo_dir=zoo_dir, recipe=recipe, progress=True)
+    if args.add_one is not None:
+        recs = add_one(args, zoo_dir, largest)
+        out = records.write_records(Path(args.out), recs, replace=True)
+        print(f"wrote {len(recs)} records to {out}")
+        return 0
     slices = [(suite, None, None) for suite in args.suites]  # (suite label, tasks, draw)
     if args.draws:
         try:
@@ -103,6 +112,31 @@ def main(argv=None) -> int:
     out = records.write_records(Path(args.out), recs, replace=True)
     print(f"wrote {len(recs)} records to {out}")
     return 0
+
+
+def add_one(args, zoo_dir, largest: str) -> list[dict]:
+    """Per seed: TA of the smallest suite at α = ``args.add_one`` (``added`` None), then the same
+    merge plus one extra task vector (``added`` = its name); test normalized accuracy over the
+    smallest suite's tasks, per task too."""
+    from pactlib.taskvector import TaskVector
+
+    first = suite_tasks(min(args.suites, key=int))
+    recs = []
+    for seed in args.seeds:
+        tb = study.Testbed.load(largest, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
+                                test_limit=args.test_limit)
+        tvs = dict(zip(tb.tasks, tb.task_vectors()))
+        base = TaskVector.sum([tvs[t] for t in first])
+        for added in [None] + [t for t in tb.tasks if t not in first]:
+            delta = base if added is None else base + tvs[added]
+            acc = tb.evaluate(delta.apply_to(tb.pretrained, args.add_one), "test", first)
+            norm = {t: acc[t] / tb.ft_test[t] for t in first}
+            recs.append(records.make_record(
+                "task_arithmetic", params={"alpha": args.add_one}, seed=seed, suite=largest, added=added,
+                alpha=args.add_one, metrics={"norm_acc": float(np.mean(list(norm.values()))),
+                                             **{f"norm_acc:{t}": v for t, v in norm.items()}}))
+            print(f"seed {seed} + {added or '(none)':18s} norm {recs[-1]['metrics']['norm_acc']:.4f}", flush=True)
+    return recs
 
 
 if __name__ == "__main__":

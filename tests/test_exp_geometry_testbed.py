@@ -537,6 +537,24 @@ def test_interference_table_counts_random_task_sets(tmp_path):
         records.write_records(tmp_path / "n.jsonl", _interference_records())))
 
 
+def test_add_one_table_costs_against_each_seeds_base(tmp_path):
+    recs = []
+    for seed, base in ((0, 0.80), (1, 0.78)):
+        mk = lambda added, v: records.make_record("task_arithmetic", params={"alpha": 0.2}, seed=seed, added=added,
+                                                  metrics={"norm_acc": v})
+        recs += [mk(None, base), mk("x", base - 0.01 - 0.01 * seed), mk("y", base - 0.03)]
+    path = records.write_records(tmp_path / "a.jsonl", recs)
+    tab = testbed.add_one_table(path, joins={"x": "14", "y": "20"})
+    assert list(tab.index) == ["y", "x"] and list(tab["joins"]) == ["20", "14"]
+    assert tab.loc["y", "cost"] == pytest.approx(3.0) and tab.loc["y", "std"] == pytest.approx(0.0, abs=1e-9)
+    assert tab.loc["x", "cost"] == pytest.approx(1.5) and tab.loc["x", "std"] == pytest.approx(2 ** -0.5)
+    assert list(tab["seeds"]) == [2, 2]
+    with pytest.raises(ValueError, match=r"seeds \[1\] have no base"):
+        testbed.add_one_table(records.write_records(tmp_path / "b.jsonl", [r for r in recs if r["added"] or r["seed"] == 0]))
+    with pytest.raises(FileNotFoundError, match="--add-one"):
+        testbed.add_one_table(tmp_path / "none.jsonl")
+
+
 def test_cosine_matrix_over_all_entries():
     a = {"w": torch.tensor([[1.0, 0.0]]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([[1.0, 1.0]]), "b": torch.tensor([0.0])}

@@ -463,6 +463,30 @@ def random_task_sets(first: Sequence[str], last: Sequence[str], sizes: Sequence[
     return out
 
 
+def add_one_table(path: str | Path, joins: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The cost of each extra task vector alone (``bench/bench_interference.py --add-one``):
+    one row per added task, costliest first, with ``cost`` = normalized accuracy (points) of the
+    smallest suite's tasks under its TA merge minus the same with the task added, mean and std
+    over seeds; ``joins`` maps a task to the suite it enters (a column when given).
+
+    Raises:
+        FileNotFoundError: no records at ``path``; ValueError: a seed without its base merge.
+    """
+    frame = _bench_frame(path, "add-one", "bench/bench_interference.py --add-one")
+    base = frame[frame["added"].isna()].set_index("seed")["metrics.norm_acc"]
+    added = frame[frame["added"].notna()]
+    missing = sorted(set(added["seed"]) - set(base.index))
+    if missing:
+        raise ValueError(f"{path}: seeds {missing} have no base merge (added = None)")
+    cost = 100 * (added["seed"].map(base) - added["metrics.norm_acc"])
+    g = cost.groupby(added["added"])
+    out = pd.DataFrame({"cost": g.mean(), "std": g.std(ddof=1).fillna(0.0), "seeds": g.size()})
+    if joins is not None:
+        out.insert(0, "joins", [joins.get(t, "") for t in out.index])
+    out.index.name = "added task"
+    return out.sort_values("cost", ascending=False)
+
+
 def alpha_curves(frame: pd.DataFrame, method: str = "task_arithmetic") -> pd.DataFrame:
     """The validation curves the α search of ``method`` walked: one row per (T, α) with the mean
     and standard deviation (over seeds and, with ``--draws`` records, task sets) of the
