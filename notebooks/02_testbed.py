@@ -268,7 +268,8 @@ plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
 # grid (0.05), so it adds only a twentieth of each task vector and stays a few points above the
 # zero-shot model. Adding more tasks at that α costs little. Over all T tasks its mean even
 # holds level, because the added tasks start from a higher zero-shot normalized accuracy (the
-# dashed line).
+# dashed line). The rest of this section asks why, and whether it depends on which tasks join
+# (it does: see "Whichever tasks join").
 #
 # Is that because the task vectors share one direction, which T of them add up T times? The
 # cosine similarities of the full fine-tunes (first seed, all entries) say no: they are close to
@@ -401,23 +402,32 @@ print("share of the fine-tuning gain Task Arithmetic keeps on the 8 shared tasks
       + ", ".join(f"T = {t}: {k:.0f} %" for t, k in kept.items()))
 
 # %% [markdown]
-# The second verdict asks whether the loss on the shared tasks grows at each step of the
-# book's suites, 8 → 14 and 14 → 20, by more than the seed spread (the larger standard
-# deviation of the two points). It also reports how often the mean falls at all over the random
-# task sets of table 2.13.
+# The second verdict asks whether the loss on the 8 shared tasks grows from 8 to 14 to 20
+# tasks. Every T is measured on the same three fine-tuning seeds, so the test is paired: a step
+# counts when the accuracy falls on every seed. With the suites' fixed order, the six costliest
+# extra tasks come in at 14 and the last step shrinks, so the verdict takes T = 14 from the
+# random task sets (table 2.13, the full α grid), where the order is averaged out; the book's
+# suites are reported beside it. A drop smaller than the spread of the levels over seeds can
+# still fall on every seed: the seeds differ in level more than in slope.
 
 # %%
-steps = testbed.interference_steps(growth)
-n_ok = int(steps["grows"].sum())
-rand = testbed.interference_steps(draws)
+def step_text(st):
+    return "; ".join(f"{r.method} {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % (drop {r.drop:+.1f}, "
+                     f"falls on {r.seeds_falling}/{r.n_seeds} seeds)" for r in st.itertuples())
+
+
+issue_T = [8, 14, 20]
+rand = testbed.interference_steps(draws, T_values=issue_T)
+named = testbed.interference_steps(growth)
+fine = testbed.interference_steps(draws)
+ok = rand["seeds_falling"] == rand["n_seeds"]
 plotting.verdict("the testbed's problem (merging loses more as T grows)",
-                 "reproduced" if n_ok == len(steps) else ("partly reproduced" if n_ok else "not reproduced"),
-                 f"on the 8 shared tasks the normalized accuracy falls by more than the seed spread in {n_ok}/{len(steps)} "
-                 "steps: " + "; ".join(f"{r.method} T = {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % "
-                                      f"(drop {r.drop:+.1f}, spread {r.spread:.1f})" for r in steps.itertuples())
-                 + f". Mean of {growth['seed'].nunique()} seeds (`book/data/interference.jsonl`). Random task sets, "
-                 f"full α grid (T = {', '.join(str(t) for t in sorted(draws['T'].unique()))}): the mean falls at "
-                 f"{int((rand['drop'] > 0).sum())}/{len(rand)} steps, by more than the spread at "
-                 f"{int(rand['grows'].sum())}; " + "; ".join(
-                     f"{m} {' → '.join(f'{v:.1f}' for v in [g['before'].iloc[0], *g['after']])} %"
-                     for m, g in rand.groupby("method", sort=False)) + ".")
+                 "reproduced" if ok.all() else ("partly reproduced" if ok.any() else "not reproduced"),
+                 f"8 shared tasks, random sets at T = 14, full α grid: the loss grows at {int(ok.sum())}/{len(rand)} "
+                 f"steps on every seed: {step_text(rand)}. The book's suites (5-point α grid): {step_text(named)}. "
+                 f"Finer steps (T = {', '.join(str(t) for t in sorted(draws['T'].unique()))}): the mean falls at "
+                 f"{int((fine['drop'] > 0).sum())}/{len(fine)} steps, on every seed at "
+                 f"{int((fine['seeds_falling'] == fine['n_seeds']).sum())}. The stricter unpaired test (drop larger "
+                 f"than the spread of the levels) passes {int(rand['grows'].sum())}/{len(rand)} steps with random sets "
+                 f"and {int(named['grows'].sum())}/{len(named)} with the book's suites. Seeds: {draws['seed'].nunique()} "
+                 "(`book/data/interference_draws.jsonl`, `book/data/interference.jsonl`).")

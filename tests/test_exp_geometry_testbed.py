@@ -464,8 +464,10 @@ def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
     ta = steps[steps["method"] == "Task Arithmetic"].iloc[0]
     assert (ta["T_from"], ta["T_to"]) == (2, 3) and ta["drop"] == pytest.approx(5.0) and ta["grows"]
     assert ta["spread"] == pytest.approx(100 * 0.01 / 2 ** 0.5)  # first-suite means 0.85, 0.84: std 0.71 points
+    assert (ta["seeds_falling"], ta["n_seeds"]) == (2, 2)  # a loses 0.1 on both seeds
     iso = steps[steps["method"] == "Iso-C"].iloc[0]
-    assert iso["drop"] == pytest.approx(0.0) and not iso["grows"]
+    assert iso["drop"] == pytest.approx(0.0) and not iso["grows"] and iso["seeds_falling"] == 0
+    assert testbed.interference_steps(frame, T_values=[2]).empty  # one T: no step
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2)
@@ -533,6 +535,15 @@ def test_interference_table_counts_random_task_sets(tmp_path):
     frame = testbed.interference_frame(records.write_records(tmp_path / "d.jsonl", recs + extra))
     tab = testbed.interference_table(frame)
     assert list(tab["sets"]) == [1, 2] and list(tab["seeds"]) == [2, 2]
+    # seed 1's second set loses nothing on a: its mean over sets still falls, by half as much
+    for r in extra:
+        if r["seed"] == 1 and r["method"] == "task_arithmetic":
+            r["metrics"] = {**r["metrics"], "norm_acc:a": 0.88}
+    frame = testbed.interference_frame(records.write_records(tmp_path / "d2.jsonl", recs + extra))
+    ta = testbed.interference_steps(frame).iloc[0]
+    assert (ta["seeds_falling"], ta["n_seeds"]) == (2, 2)
+    # rows at T = 3: 0.80, 0.80 (seed 0), 0.79, 0.84 (seed 1) -> 80.75; at T = 2: 85, 84 -> 84.5
+    assert ta["drop"] == pytest.approx(3.75)
     assert "sets" not in testbed.interference_table(testbed.interference_frame(
         records.write_records(tmp_path / "n.jsonl", _interference_records())))
 

@@ -401,23 +401,36 @@ def _by_T(frame: pd.DataFrame, method: str, column: str) -> tuple[pd.Series, pd.
     return 100 * g.mean(), (100 * g.std(ddof=1)).fillna(0.0)
 
 
-def interference_steps(frame: pd.DataFrame, column: str = "first_norm") -> pd.DataFrame:
-    """One row per (method, consecutive pair of suites) for Task Arithmetic and Iso-C: the mean
-    ``column`` (%, over seeds) before and after, ``drop`` = before − after (points), ``spread`` =
-    the larger standard deviation over seeds of the two (0 with one seed), and ``grows`` =
-    ``drop > spread``. Columns: ``method`` (display name), ``T_from``, ``T_to``, ``before``,
-    ``after``, ``drop``, ``spread``, ``grows``."""
+def interference_steps(frame: pd.DataFrame, column: str = "first_norm", T_values: Sequence[int] | None = None
+                       ) -> pd.DataFrame:
+    """One row per (method, consecutive pair of T values) for Task Arithmetic and Iso-C.
+
+    Columns: ``method`` (display name), ``T_from``, ``T_to``; ``before`` and ``after``, the mean
+    ``column`` (%, over seeds and task sets); ``drop`` = before − after (points); ``spread``, the
+    larger standard deviation (over seeds and sets; 0 with one) of the two; ``grows`` =
+    ``drop > spread``; and the paired view, since every T is measured on the same fine-tuning
+    seeds: ``seeds_falling``, the number of seeds whose own drop (means over task sets) is
+    positive, out of ``n_seeds`` seeds present at both T.
+
+    Args:
+        T_values: only these T (e.g. ``[8, 14, 20]``); None: every T in the frame.
+    """
     rows = []
+    if T_values is not None:
+        frame = frame[frame["T"].isin(list(T_values))]
     for m, label in _GROWTH_METHODS.items():
         if m == "zero-shot":
             continue
         mean, std = _by_T(frame, m, column)
+        per_seed = 100 * frame[frame["method"] == m].groupby(["seed", "T"])[column].mean().unstack("T")
         ts = list(mean.index)
         for a, b in zip(ts, ts[1:]):
             drop, spread = mean[a] - mean[b], max(std[a], std[b])
+            d = (per_seed[a] - per_seed[b]).dropna()
             rows.append(dict(method=label, T_from=a, T_to=b, before=mean[a], after=mean[b], drop=drop, spread=spread,
-                             grows=bool(drop > spread)))
-    return pd.DataFrame(rows, columns=["method", "T_from", "T_to", "before", "after", "drop", "spread", "grows"])
+                             grows=bool(drop > spread), seeds_falling=int((d > 0).sum()), n_seeds=len(d)))
+    return pd.DataFrame(rows, columns=["method", "T_from", "T_to", "before", "after", "drop", "spread", "grows",
+                                       "seeds_falling", "n_seeds"])
 
 
 def plot_interference(frame: pd.DataFrame, *, axes) -> None:
