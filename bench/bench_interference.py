@@ -97,18 +97,18 @@ def main(argv=None) -> int:
             zs_rec, ft_rec = tb.reference_records(per_task=True, kind="full", recipe=recipe.relevant("full"))
             # the size of the updates: mean Frobenius norm of Δt
             ft_rec["metrics"]["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
-            out = [zs_rec, ft_rec]
+            batch = [zs_rec, ft_rec]
             for method in args.methods:
                 t0 = time.perf_counter()
                 r = tb.run(method, alphas=study.grid(method, args.alpha_points or None))
-                out.append(r)
+                batch.append(r)
                 print(f"seed {seed} suite {suite:>2s}{'' if draw is None else f' set {draw}'} {method:16s} "
                       f"α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} [{time.perf_counter() - t0:.0f} s]",
                       flush=True)
             if draw is not None:
-                for r in out:
+                for r in batch:
                     r.update(draw=draw, tasks=list(tb.tasks))
-            recs += out
+            recs += batch
     out = records.write_records(Path(args.out), recs, replace=True)
     print(f"wrote {len(recs)} records to {out}")
     return 0
