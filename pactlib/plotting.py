@@ -169,16 +169,21 @@ def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | N
           floatfmt: str = "{:.3f}") -> None:
     """Show a DataFrame (built from records) as a numbered, captioned table.
 
-    Numeric columns are formatted with ``floatfmt``; the frame itself is not modified.
+    Float columns are formatted with ``floatfmt``, integer columns (counts, seeds) as integers;
+    the frame itself is not modified.
 
     Raises:
         ValueError: an empty caption.
     """
     text = _caption("Table", chapter, number, caption, paper)
-    styler = frame.style.format(floatfmt, subset=list(frame.select_dtypes("number").columns))
     from IPython.display import Markdown
 
-    _show(Markdown(text), styler)
+    _show(Markdown(text), table_style(frame, floatfmt))
+
+
+def table_style(frame: Any, floatfmt: str = "{:.3f}"):
+    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only."""
+    return frame.style.format(floatfmt, subset=list(frame.select_dtypes("floating").columns))
 
 
 def verdict_text(claim: str, status: str, evidence: str) -> str:

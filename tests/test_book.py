@@ -180,6 +180,16 @@ def test_figure_rejects_bad_arguments(tmp_path, kwargs, exc, fragment):
     assert not list(tmp_path.iterdir())
 
 
+def test_table_formats_floats_not_counts():
+    import pandas as pd
+
+    frame = pd.DataFrame({"cost": [1.23456, 0.5], "seeds": [3, 12], "joins": ["14", "20"]})
+    html = plotting.table_style(frame, "{:.2f}").to_html()
+    assert ">1.23<" in html and ">0.50<" in html and ">3<" in html and ">12<" in html
+    assert "3.00" not in html and "1.23456" not in html
+    assert frame["cost"].iloc[0] == 1.23456  # the frame is not modified
+
+
 def test_verdict_text():
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
         "**Verdict on C5: reproduced.** +2.0 pts"
