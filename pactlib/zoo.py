@@ -126,6 +126,11 @@ class Recipe:
         for name in ("steps", "batch_size", "lora_rank", "resolution"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Recipe.{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_shots is not None:
+            if self.head != "prototype":
+                raise ValueError(f"Recipe.head_shots applies to the prototype head only, got head={self.head!r}")
+            if self.head_shots < 1:
+                raise ValueError(f"Recipe.head_shots must be >= 1 or None, got {self.head_shots}")
 
     #: fields that decide a head, and in addition a full / LoRA run.
     HEAD_FIELDS = ("resolution", "head", "head_l2", "head_max_iter", "head_shots", "data_seed", "train_limit",

@@ -354,3 +354,7 @@ def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid
     rec = {"recipe": base.relevant("full"), "sha256": file_sha256(ckpt)}
     assert Z._valid(rec, ckpt, base.relevant("full")) is None  # a record written before head_shots existed
     assert Z._valid(rec, ckpt, few.relevant("full")) == "recipe changed"
+    with pytest.raises(ValueError, match="prototype head only"):
+        Z.Recipe(head="probe", head_shots=2)
+    with pytest.raises(ValueError, match="head_shots must be >= 1"):
+        Z.Recipe(head_shots=0)
