@@ -20,7 +20,6 @@ import argparse
 import time
 from pathlib import Path
 
-
 from pactlib import records, study
 from pactlib.zoo import Recipe, build_zoo
 

@@ -296,9 +296,7 @@ print(f"off-diagonal cosines: mean {off.mean():.3f}, median |cos| {off.abs().med
 
 # %%
 full_grid = testbed.interference_frame(plotting.repo_path("book/data/interference_fullgrid.jsonl"))
-for r in testbed.interference_steps(full_grid).itertuples():
-    print(f"full grid, {r.method}, 8 shared tasks, T = {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % "
-          f"(drop {r.drop:+.1f}, seed spread {r.spread:.1f})")
+print("full grid, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(full_grid), sep="\n"))
 alphas = full_grid[full_grid["method"] == "task_arithmetic"].groupby("T")["alpha"].mean()
 print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, a in alphas.items()))
 
@@ -393,9 +391,7 @@ with plotting.figure("interference-random-sets", chapter=2, number=7, size="wide
                      caption="As figure 2.4 with random sets of the extra tasks between 8 and 20 (error bars: ±1 std "
                              "over seeds and sets).") as (fig, axes):
     testbed.plot_interference(draws, axes=axes)
-for r in testbed.interference_steps(draws).itertuples():
-    print(f"random sets, {r.method}, 8 shared tasks, T = {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % "
-          f"(drop {r.drop:+.1f}, spread {r.spread:.1f})")
+print("random sets, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(draws), sep="\n"))
 ta_d = draws[draws["method"] == "task_arithmetic"].groupby("T")["first_norm"].mean()
 zs_d = draws[draws["method"] == "zero-shot"].groupby("T")["first_norm"].mean()
 kept = 100 * (ta_d - zs_d) / (1 - zs_d)
@@ -430,19 +426,14 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 # sets (table 2.13; at T = 14 each seed's level is the mean of its four sets).
 
 # %%
-def step_text(st):
-    return "; ".join(f"{r.method} {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % (drop {r.drop:+.1f}, "
-                     f"spread {r.spread:.1f}, falls on {r.seeds_falling}/{r.n_seeds} seeds)" for r in st.itertuples())
-
-
 steps = testbed.interference_steps(growth)
 rand = testbed.interference_steps(draws, T_values=[8, 14, 20])
 n_ok = int(steps["grows"].sum())
 plotting.verdict("the testbed's problem (merging loses more as T grows)",
                  "reproduced" if n_ok == len(steps) else ("partly reproduced" if n_ok else "not reproduced"),
                  f"On the 8 shared tasks the normalized accuracy falls by more than the seed spread at {n_ok}/{len(steps)} "
-                 f"steps of the book's suites (5-point α grid, {growth['seed'].nunique()} seeds): {step_text(steps)}. "
-                 f"With random sets at T = 14 and the full α grid: {step_text(rand)}. Task Arithmetic's last step: "
+                 f"steps of the book's suites (5-point α grid, {growth['seed'].nunique()} seeds): {testbed.steps_text(steps)}. "
+                 f"With random sets at T = 14 and the full α grid: {testbed.steps_text(rand)}. Task Arithmetic's last step: "
                  + " and ".join(f"{r.drop:+.1f} points {'beyond' if r.grows else 'within'} the spread ({name})"
                                 for name, st in (("book's suites", steps), ("random sets", rand))
                                 for r in st[(st["method"] == "Task Arithmetic") & (st["T_to"] == 20)].itertuples())

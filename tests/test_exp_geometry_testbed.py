@@ -468,6 +468,9 @@ def test_interference_table_follows_the_first_suite_as_T_grows(tmp_path):
     iso = steps[steps["method"] == "Iso-C"].iloc[0]
     assert iso["drop"] == pytest.approx(0.0) and not iso["grows"] and iso["seeds_falling"] == 0
     assert testbed.interference_steps(frame, T_values=[2]).empty  # one T: no step
+    assert testbed.steps_text(steps) == ("Task Arithmetic 2 → 3: 84.5 → 79.5 % (drop +5.0, spread 0.7, falls on 2/2 "
+                                         "seeds); Iso-C 2 → 3: 90.0 → 90.0 % (drop +0.0, spread 0.0, falls on 0/2 seeds)")
+    assert testbed.steps_text(steps, sep="\n").count("\n") == 1
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2)

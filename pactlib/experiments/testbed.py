@@ -22,7 +22,8 @@ from ..matrix import DEFAULT_RULE, MatrixRule
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
            "head_choice_table", "plot_head_choice",
-           "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "plot_interference",
+           "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "steps_text",
+           "plot_interference", "random_task_sets", "add_one_table", "alpha_curves", "plot_alpha_curves",
            "cosine_matrix"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
@@ -431,6 +432,13 @@ def interference_steps(frame: pd.DataFrame, column: str = "first_norm", T_values
                              grows=bool(drop > spread), seeds_falling=int((d > 0).sum()), n_seeds=len(d)))
     return pd.DataFrame(rows, columns=["method", "T_from", "T_to", "before", "after", "drop", "spread", "grows",
                                        "seeds_falling", "n_seeds"])
+
+
+def steps_text(steps: pd.DataFrame, sep: str = "; ") -> str:
+    """The rows of :func:`interference_steps` as text, joined by ``sep``, one per step:
+    ``"Task Arithmetic 8 → 14: 81.3 → 77.0 % (drop +4.3, spread 0.9, falls on 3/3 seeds)"``."""
+    return sep.join(f"{r.method} {r.T_from} → {r.T_to}: {r.before:.1f} → {r.after:.1f} % (drop {r.drop:+.1f}, "
+                    f"spread {r.spread:.1f}, falls on {r.seeds_falling}/{r.n_seeds} seeds)" for r in steps.itertuples())
 
 
 def plot_interference(frame: pd.DataFrame, *, axes) -> None:
