@@ -551,6 +551,22 @@ def test_interference_table_counts_random_task_sets(tmp_path):
         records.write_records(tmp_path / "n.jsonl", _interference_records())))
 
 
+def test_recipe_variants_table_one_row_per_recipe(tmp_path):
+    frame = testbed.interference_frame(records.write_records(tmp_path / "i.jsonl", _interference_records()))
+    seed0 = frame[frame["seed"] == 0]
+    tab = testbed.recipe_variants_table({"book": frame, "seed 0 only": seed0})
+    assert list(tab.index) == ["book", "seed 0 only"] and list(tab["seeds"]) == [2, 1]
+    # first suite (a, b): TA 84.5 -> 79.5 over both seeds, 85.0 -> 80.0 on seed 0; Iso-C 90 at both T
+    assert tab.loc["book", "Task Arithmetic T=2"] == pytest.approx(84.5)
+    assert tab.loc["seed 0 only", "Task Arithmetic T=3"] == pytest.approx(80.0)
+    assert tab.loc["book", "Task Arithmetic last step"] == pytest.approx(5.0)
+    assert tab.loc["book", "Iso-C last step"] == pytest.approx(0.0) and tab.loc["book", "zero-shot"] == pytest.approx(60.0)
+    with pytest.raises(ValueError, match="different T values"):
+        testbed.recipe_variants_table({"book": frame, "T = 2 only": frame[frame["T"] == 2]})
+    with pytest.raises(ValueError, match="no frames"):
+        testbed.recipe_variants_table({})
+
+
 def test_add_one_table_costs_against_each_seeds_base(tmp_path):
     recs = []
     for seed, base in ((0, 0.80), (1, 0.78)):

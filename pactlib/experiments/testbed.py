@@ -23,6 +23,7 @@ __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "r
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
            "head_choice_table", "plot_head_choice",
            "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "steps_text",
+           "recipe_variants_table",
            "plot_interference", "random_task_sets", "add_one_table", "alpha_curves", "plot_alpha_curves",
            "cosine_matrix"]
 
@@ -432,6 +433,42 @@ def interference_steps(frame: pd.DataFrame, column: str = "first_norm", T_values
                              grows=bool(drop > spread), seeds_falling=int((d > 0).sum()), n_seeds=len(d)))
     return pd.DataFrame(rows, columns=["method", "T_from", "T_to", "before", "after", "drop", "spread", "grows",
                                        "seeds_falling", "n_seeds"])
+
+
+def recipe_variants_table(frames: Mapping[str, pd.DataFrame], column: str = "first_norm") -> pd.DataFrame:
+    """One row per recipe: how Task Arithmetic and Iso-C fare as T grows under each.
+
+    Args:
+        frames: label -> :func:`interference_frame` of one recipe's records (all on the same T
+            values, e.g. suites 8 / 14 / 20).
+        column: the accuracy followed (default ``first_norm``: the first suite's tasks).
+
+    Returns:
+        Rows in the order of ``frames``; columns ``seeds``, ``zero-shot`` (at the smallest T),
+        then per method ``<method> T=<T>`` for each T and ``<method> last step``, the mean at the
+        second-largest T minus the mean at the largest (points: positive when the accuracy still
+        falls), all in percent, means over seeds (and task sets).
+
+    Raises:
+        ValueError: ``frames`` is empty, or the frames do not share the same T values.
+    """
+    if not frames:
+        raise ValueError("recipe_variants_table: no frames given")
+    Ts = {label: tuple(sorted(f["T"].unique())) for label, f in frames.items()}
+    if len(set(Ts.values())) != 1:
+        raise ValueError(f"recipe_variants_table: the frames have different T values: {Ts}")
+    T_values = next(iter(Ts.values()))
+    rows = []
+    for label, frame in frames.items():
+        row = {"recipe": label, "seeds": frame["seed"].nunique(),
+               "zero-shot": _by_T(frame, "zero-shot", column)[0].loc[T_values[0]]}
+        for method, name in list(_GROWTH_METHODS.items())[1:]:
+            mean = _by_T(frame, method, column)[0]
+            row.update({f"{name} T={T}": mean.loc[T] for T in T_values})
+            if len(T_values) > 1:
+                row[f"{name} last step"] = mean.loc[T_values[-2]] - mean.loc[T_values[-1]]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("recipe")
 
 
 def steps_text(steps: pd.DataFrame, sep: str = "; ") -> str:
