@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=3e-5 --out /tmp/lr3e-5.jsonl   # another recipe
     .venv/bin/python bench/bench_interference.py --draws 4 --alpha-points 0 --out book/data/interference_draws.jsonl
     .venv/bin/python bench/bench_interference.py --add-one 0.2 --out book/data/interference_add_one.jsonl
+    .venv/bin/python bench/bench_interference.py --alpha-points 5 --alpha-spacing geometric   # 5 geometric α values
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
 recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", nargs="+", default=["task_arithmetic", "iso_c"])
     p.add_argument("--alpha-points", type=int, default=5,
                    help="α values over each method's range (method.md §5); 0: the paper's full grid")
+    p.add_argument("--alpha-spacing", choices=["linear", "geometric"], default=None,
+                   help="spacing of the --alpha-points grid (default: pactlib.study.GRID_SPACING)")
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
             batch = [zs_rec, ft_rec]
             for method in args.methods:
                 t0 = time.perf_counter()
-                r = tb.run(method, alphas=study.grid(method, args.alpha_points or None))
+                r = tb.run(method, alphas=study.grid(method, args.alpha_points or None, spacing=args.alpha_spacing))
                 batch.append(r)
                 print(f"seed {seed} suite {suite:>2s}{'' if draw is None else f' set {draw}'} {method:16s} "
                       f"α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} [{time.perf_counter() - t0:.0f} s]",
