@@ -374,7 +374,7 @@ plotting.table(testbed.interference_table(small_lr), chapter=2, number=11,
                caption="As table 2.9 with learning rate 3e-5 and the full α grid (the book's recipe uses 1e-4 and a "
                        "5-point grid; `book/data/interference_lr3e-5.jsonl`).")
 lr_steps = testbed.interference_steps(small_lr)
-print(f"lr 3e-5, full α grid, 8 shared tasks:\n" + testbed.steps_text(lr_steps, sep="\n"))
+print("lr 3e-5, full α grid, 8 shared tasks:\n" + testbed.steps_text(lr_steps, sep="\n"))
 grid5 = testbed.interference_frame(plotting.repo_path("book/data/interference_lr3e-5_grid5.jsonl"))
 a5 = grid5[grid5["method"] == "task_arithmetic"].set_index("T")
 print("lr 3e-5 on the 5-point grid (seed 0), Task Arithmetic on the 8 shared tasks: "
@@ -392,11 +392,11 @@ for label, name in (("lr 3e-5", "lr3e-5_geom5"), ("the book's recipe (lr 1e-4)",
 # falls to 0.05 from 14 tasks on and its last step nearly vanishes, as with the book's recipe.
 # At 14 and 20 tasks its best α (table 2.11) lies between the 5-point grid's two smallest
 # points. Five geometric α values over the same range (printed above; `--alpha-spacing
-# geometric`, records `interference_lr3e-5_geom5.jsonl`) resolve
-# it at the 5-point grid's cost: every step again falls beyond the spread on every seed, Task
-# Arithmetic's last step only just. The grid alone is not enough: the book's recipe on the
-# geometric grid (`interference_geom5.jsonl`) keeps its small last step. It is the smaller
-# learning rate, with a grid that can find a small α, that makes the loss keep growing.
+# geometric`, records `interference_lr3e-5_geom5.jsonl`) resolve it at the 5-point grid's cost:
+# every step again falls beyond the spread on every seed, Task Arithmetic's last step only
+# just. The grid alone is not enough: the book's recipe on the geometric grid
+# (`interference_geom5.jsonl`) keeps its small last step. It is the smaller learning rate, with
+# a grid that can find a small α, that makes the loss keep growing.
 #
 # The book's chapters still use lr 10⁻⁴ and the linear 5-point grid. Moving the whole book to
 # this recipe is the next step (see the verdict).
