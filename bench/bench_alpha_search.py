@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_alpha_search.py                 # suite 8 (all methods) + 20 (TA, Iso-C)
     .venv/bin/python bench/bench_alpha_search.py --suites 8 --methods iso_c
     .venv/bin/python bench/bench_alpha_search.py --searches geo5   # add one search to the records
+    .venv/bin/python bench/bench_alpha_search.py --set lr=3e-5 --out /tmp/alpha_lr3e-5.jsonl   # another recipe
 
 method.md §5 gives each method an α range (TA/TIES 0.05…1.0, TSV-M/Iso-C/Iso-CTS 0.1…3.0). The
 paper steps through it at 0.05 / 0.1: 20–30 evaluations of the validation split per merge, the
@@ -43,12 +44,19 @@ def main(argv=None) -> int:
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES),
                    help="searches to run; records of other searches already in --out are kept")
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="recipe fields to change (pactlib.study.recipe_variant: the runs go to a zoo of their own)")
     p.add_argument("--out", default="book/data/alpha_search.jsonl")
     args = p.parse_args(argv)
+    try:
+        study.recipe_variant("default", args.set)  # a bad setting is a usage error, before any work
+    except ValueError as e:
+        p.error(str(e))
 
     recs = []
     for i, suite in enumerate(args.suites):
-        tb = study.ensure_testbed("default", suite, args.seed, val_limit=args.val_limit, test_limit=args.test_limit)
+        tb = study.ensure_testbed("default", suite, args.seed, val_limit=args.val_limit, test_limit=args.test_limit,
+                                  settings=args.set, progress=bool(args.set))
         for method in args.methods if i == 0 else args.large_methods:
             for pact in (None, "pact"):
                 for search in args.searches:

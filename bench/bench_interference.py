@@ -62,21 +62,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="book/data/interference.jsonl")
     args = p.parse_args(argv)
 
-    zoo_dir, recipe = study.zoo_profile("default")
-    if args.set:
-        import yaml
-        from dataclasses import fields, replace
-
-        known = {f.name for f in fields(recipe)}
-        changes = {}
-        for item in args.set:
-            name, sep, value = item.partition("=")
-            if not sep or name not in known:
-                p.error(f"--set {item!r}: expected NAME=VALUE with NAME one of {sorted(known)}")
-            current = getattr(recipe, name)  # YAML reads "3e-5" as a string: convert by the field's type
-            changes[name] = type(current)(value) if isinstance(current, (int, float, str)) else yaml.safe_load(value)
-        recipe = replace(recipe, **changes)
-        zoo_dir = zoo_dir.with_name("zoo-" + "-".join(f"{k}{v}" for k, v in changes.items()))
+    try:
+        zoo_dir, recipe = study.recipe_variant("default", args.set)
+    except ValueError as e:
+        p.error(str(e))
     largest = max(args.suites, key=int)
     build_zoo(largest, args.seeds, kind=["full"], zoo_dir=zoo_dir, recipe=recipe, progress=True)
     if args.add_one is not None:

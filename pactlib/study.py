@@ -398,6 +398,46 @@ def zoo_profile(name: str):
     return root / p["dir"], Recipe(**p["recipe"])
 
 
+def recipe_variant(name: str, settings: Sequence[str]):
+    """(zoo directory, :class:`pactlib.zoo.Recipe`) of profile ``name`` with some recipe fields
+    changed, for benches that try another recipe without touching the profile's zoo.
+
+    Args:
+        name: a profile of :data:`PROFILES`.
+        settings: ``"FIELD=VALUE"`` strings (e.g. ``["lr=3e-5", "steps=160"]``); each value is
+            converted by the field's current type (int, float, str), else read as YAML.
+
+    Returns:
+        With no settings, :func:`zoo_profile`'s pair. Otherwise the changed recipe and a sibling
+        directory ``zoo-<field><value>-...`` of the profile's zoo, so the runs never mix.
+
+    Raises:
+        KeyError: unknown profile. ValueError: a setting is not ``FIELD=VALUE`` with FIELD a recipe
+        field (names the setting and the known fields), or its value does not convert.
+    """
+    from dataclasses import fields, replace
+
+    import yaml
+
+    zoo_dir, recipe = zoo_profile(name)
+    if not settings:
+        return zoo_dir, recipe
+    known = {f.name for f in fields(recipe)}
+    changes = {}
+    for item in settings:
+        field_name, sep, value = item.partition("=")
+        if not sep or field_name not in known:
+            raise ValueError(f"recipe setting {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+        current = getattr(recipe, field_name)  # YAML reads "3e-5" as a string: convert by the field's type
+        try:
+            changes[field_name] = (type(current)(value) if isinstance(current, (int, float, str))
+                                   else yaml.safe_load(value))
+        except ValueError as e:
+            raise ValueError(f"recipe setting {item!r}: {value!r} is not of type {type(current).__name__}") from e
+    recipe = replace(recipe, **changes)  # Recipe.__post_init__ checks the combination
+    return zoo_dir.with_name("zoo-" + "-".join(f"{k}{v}" for k, v in changes.items())), recipe
+
+
 def suite_subset(suite: str, n_tasks: int = 0) -> list[str]:
     """The first ``n_tasks`` tasks of ``suite`` (all of them for 0)."""
     from .data import suite_tasks
@@ -409,11 +449,14 @@ def suite_subset(suite: str, n_tasks: int = 0) -> list[str]:
 
 
 def ensure_testbed(profile: str, suite: str, seed: int = 0, kind: str = "full", *, n_tasks: int = 0,
-                   progress: bool = False, **load_kw) -> Testbed:
-    """Build what is missing of the zoo slice (a no-op when ``make zoo`` ran), then load it."""
+                   progress: bool = False, settings: Sequence[str] = (), **load_kw) -> Testbed:
+    """Build what is missing of the zoo slice (a no-op when ``make zoo`` ran), then load it.
+
+    ``settings``: recipe changes (``"FIELD=VALUE"``, :func:`recipe_variant`); the slice then
+    lives in that variant's own zoo."""
     from .zoo import build_zoo
 
-    zoo_dir, recipe = zoo_profile(profile)
+    zoo_dir, recipe = recipe_variant(profile, settings)
     tasks = suite_subset(suite, n_tasks)
     build_zoo(tasks, [seed], kind=[kind], zoo_dir=zoo_dir, recipe=recipe, progress=progress)
     return Testbed.load(str(suite), seed, kind, zoo_dir=zoo_dir, tasks=tasks, **load_kw)

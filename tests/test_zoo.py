@@ -358,3 +358,24 @@ def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid
         Z.Recipe(head="probe", head_shots=2)
     with pytest.raises(ValueError, match="head_shots must be >= 1"):
         Z.Recipe(head_shots=0)
+
+
+def test_recipe_variant_changes_fields_in_a_zoo_of_its_own(monkeypatch, tmp_path):
+    from pactlib import study
+
+    monkeypatch.setenv("PACT_CACHE", str(tmp_path))
+    base_dir, base = study.zoo_profile("default")
+    assert study.recipe_variant("default", []) == (base_dir, base)
+    zoo_dir, recipe = study.recipe_variant("default", ["lr=3e-5", "steps=160", "head_shots=2"])
+    assert recipe == replace(base, lr=3e-5, steps=160, head_shots=2)  # "3e-5" read as a float, not YAML's string
+    assert isinstance(recipe.steps, int) and zoo_dir == tmp_path / "zoo-lr3e-05-steps160-head_shots2"
+    with pytest.raises(ValueError, match="'lrate=1'.*FIELD one of"):
+        study.recipe_variant("default", ["lrate=1"])
+    with pytest.raises(ValueError, match="'steps=many'.*not of type int"):
+        study.recipe_variant("default", ["steps=many"])
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        study.recipe_variant("default", ["lr"])
+    with pytest.raises(ValueError, match="head_shots"):  # Recipe checks the combination: shots need the prototype head
+        study.recipe_variant("default", ["head=probe", "head_shots=2"])
+    with pytest.raises(KeyError, match="unknown zoo profile"):
+        study.recipe_variant("nope", ["lr=1"])
