@@ -462,7 +462,9 @@ def recipe_variants_table(frames: Mapping[str, pd.DataFrame], column: str = "fir
     for label, frame in frames.items():
         row = {"recipe": label, "seeds": frame["seed"].nunique(),
                "zero-shot": _by_T(frame, "zero-shot", column)[0].loc[T_values[0]]}
-        for method, name in list(_GROWTH_METHODS.items())[1:]:
+        for method, name in _GROWTH_METHODS.items():
+            if method == "zero-shot":
+                continue
             mean = _by_T(frame, method, column)[0]
             row.update({f"{name} T={T}": mean.loc[T] for T in T_values})
             if len(T_values) > 1:
