@@ -283,6 +283,18 @@ def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeyp
                 loader=fake_loader, progress=False)
     assert changed.calls == 1 and file_sha256(Z.head_path(tmp_path, "stripes")) == head_sha
 
+    # a head fit again (here: its file replaced by another valid head) makes the runs through it stale
+    other = Z.head_path(tmp_path, "squares")
+    Z.head_path(tmp_path, "stripes").write_bytes(other.read_bytes())
+    rec = json.loads(Z.head_path(tmp_path, "stripes").with_suffix(".json").read_text())
+    rec["sha256"] = file_sha256(other)
+    Z.head_path(tmp_path, "stripes").with_suffix(".json").write_text(json.dumps(rec))
+    refit = Counter()
+    monkeypatch.setattr(Z, "train_loop", refit)
+    recs3 = Z.build_zoo(TASKS[:1], [0], kind=("full",), zoo_dir=tmp_path, recipe=replace(r, lr=2e-4),
+                        loader=fake_loader, progress=False)  # the recipe of the last build: only the head differs
+    assert refit.calls == 1 and recs3[0]["head_sha256"] == file_sha256(other) != head_sha
+
 
 def test_cli_parses_recipe_overrides():
     p = argparse.ArgumentParser()
