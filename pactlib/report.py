@@ -40,9 +40,9 @@ def _cell(row, metric: str = "acc") -> str:
 
 
 def main_table(summary: pd.DataFrame, *, suites: Sequence[str]) -> pd.DataFrame:
-    """Rows: methods (paper order, PACT variant under its base); columns: one per suite holding
-    ``abs ± std (normalized)`` in percent, plus the seed count per suite."""
-    order = ["zero-shot", "fine-tuned"]
+    """Rows: methods (paper order, PACT variant under its base; only those in ``summary``); columns:
+    one per suite holding ``abs ± std (normalized)`` in percent, plus the seed count per suite."""
+    order = [m for m in ("zero-shot", "fine-tuned") if m in set(summary["method"])]
     bases = [m for m in merges.names() if m in set(summary["method"])]
     for b in bases:
         order += [x for x in (b, f"s-pact-{b}", f"pact-{b}") if x in set(summary["method"])]
@@ -94,9 +94,10 @@ def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, pref
 
 
 def per_task_table(frame, *, suite: str, methods: Sequence[str]) -> pd.DataFrame:
-    """Rows: methods (plain and PACT); columns: tasks; test accuracy in percent, mean over seeds."""
+    """Rows: methods (plain and PACT); columns: the suite's tasks (those with a ``metrics.acc:<task>``
+    value in its records); test accuracy in percent, mean over seeds."""
     f = _frame(frame)
-    f = f[f["suite"] == suite]
+    f = f[f["suite"] == suite].dropna(axis=1, how="all")  # other suites' tasks are columns of the frame too
     task_cols = [c for c in f.columns if c.startswith("metrics.acc:")]
     rows = {}
     for m in [x for b in methods for x in (b, f"pact-{b}")]:

@@ -60,3 +60,17 @@ def test_main_table_rows_in_paper_order_with_seed_counts():
     tab = report.main_table(study.summarize(frame, by=("method", "suite")), suites=["8"])
     assert list(tab.index)[:4] == ["Zero-shot (θ0)", "Individual fine-tuned", "Task Arithmetic", "PACT-Task Arithmetic"]
     assert tab.loc["PACT-Iso-C", "8 tasks"] == "82.1 ± 0.1 (92.1)" and tab.loc["Iso-C", "seeds (8)"] == 2
+    merges_only = frame[~frame["method"].isin(["zero-shot", "fine-tuned"])]
+    tab = report.main_table(study.summarize(merges_only, by=("method", "suite")), suites=["8"])
+    assert list(tab.index)[:2] == ["Task Arithmetic", "PACT-Task Arithmetic"] and tab["seeds (8)"].dtype.kind == "i"
+
+
+def test_per_task_table_keeps_the_suites_own_tasks():
+    recs = []
+    for suite, tasks in (("2", ["a", "b"]), ("3", ["a", "b", "c"])):
+        for seed, acc in ((0, 0.5), (1, 0.7)):
+            recs.append(records.make_record("iso_c", params={}, seed=seed, suite=suite, alpha=1.0,
+                                            metrics={"acc": acc, **{f"acc:{t}": acc for t in tasks}}))
+    tab = report.per_task_table(records.records_frame(recs), suite="2", methods=["iso_c"])
+    assert list(tab.columns) == ["a", "b"] and list(tab.index) == ["Iso-C"]
+    assert tab.loc["Iso-C", "a"] == pytest.approx(60.0)
