@@ -18,7 +18,8 @@ one seed, three searches (all widened at an edge, ``widen=3``):
 
 Each record (``method`` = the merge, ``search`` = the search) carries the α chosen, the number of
 validation evaluations, and validation / test mean normalized accuracy. The main-results chapter
-reads ``book/data/alpha_search.jsonl``; :data:`pactlib.study.REFINE` is set from it.
+reads ``book/data/alpha_search.jsonl``; :data:`pactlib.study.REFINE` and
+:data:`pactlib.study.GRID_SPACING` are set from it.
 """
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ and the recipe) go to ``--out``; the testbed chapter reads ``book/data/head_choi
 
 Zoos: ``prototype`` uses the book's zoo (``$PACT_CACHE/zoo``, the same recipe), ``probe`` uses
 ``$PACT_CACHE/zoo-probe`` (built here when missing: about 4 min per 8 tasks on 2 cores).
+The records in the book were made with the first default recipe (lr 1e-4, their ``recipe``
+field); a run today uses the current default, and the probe zoo's runs are rebuilt to match it.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ For each seed this builds (or reuses) the full fine-tunes of the 20-task suite w
 recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
 seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges the 8-, 14- and
 20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
-(M1) and Iso-C (M4), α chosen on validation with the book's search (5-point grid over method.md
-§5's range, widened at an edge: chapter 5's protocol). Records
+(M1) and Iso-C (M4), α chosen on validation with the book's search (5 geometric α values over
+method.md §5's range, widened at an edge: chapter 5's protocol). Records
 (zero-shot, fine-tuned with the mean task-vector norm ``tv_norm``, TA, Iso-C per suite × seed,
 per-task metrics included, so the first 8 tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
 ``book/data/interference.jsonl``.

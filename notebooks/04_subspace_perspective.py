@@ -120,8 +120,8 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
 # %% [markdown]
 # The ratio r_LBW / K says how much of the core survives in the LBW. Where the active subspace
 # of a task overlaps the core, survival values fall below τ and the LBW shrinks; a ratio of 1
-# everywhere means that the few directions each fine-tuning used (k is a tenth of the rank) lie
-# almost orthogonal to the core. The LBW is then the whole pre-trained core, and C4 becomes a
+# everywhere means that the few directions each fine-tuning used (k is 5 % of the rank, K is
+# 10 %) lie almost orthogonal to the core. The LBW is then the whole pre-trained core, and C4 becomes a
 # test of the core itself, for every task alike.
 #
 # ## Removing the LBW subspace from θt (C4)

@@ -71,8 +71,28 @@ with plotting.figure("spact-vs-pact", chapter=6, number=2, size="wide", paper="T
     report.plot_mode_gains(frame, methods, suite=suite, modes=("s-pact", "pact"), ax=ax)
 
 # %% [markdown]
-# How much each filter removes tells part of the story: S-PACT deletes every task's component
-# along the whole core, PACT only the part of the core that *other* tasks leave untouched.
+# How much each filter removes tells part of the story. S-PACT deletes every task's component
+# along the core V0,K, a tenth of each layer's input directions. PACT's shield for task t is
+# the union of the *other* tasks' LBW subspaces. Each of them is almost the whole core, turned
+# away from its own task's active directions (chapter 4), so together they can span more
+# directions than the core (the cap is half the input space). The filter's records say how much
+# of each task vector's energy (matrix layers) each mode removes, and which α the search then
+# picks:
+
+# %%
+filt = frame[frame["pact"].notna()]
+for mode, g in filt.groupby("pact"):
+    print(f"{'PACT' if mode == 'pact' else 'S-PACT'}: removes {100 * g['removed_energy'].mean():.0f} % of the "
+          f"task vectors' energy (mean over layers, tasks, methods and seeds); cap binding in "
+          f"{100 * g['cap_binding_rate'].mean():.0f} % of the shields; mean α "
+          + ", ".join(f"{report.pretty(b)} {a:.2f}" for b, a in g.groupby("base")["alpha"].mean().items()))
+plain = frame[frame["pact"].isna() & frame["method"].isin(methods)].groupby("method")["alpha"].mean()
+print("plain methods, mean α: " + ", ".join(f"{report.pretty(m)} {a:.2f}" for m, a in plain.items()))
+
+# %% [markdown]
+# PACT removes far more than S-PACT, and the search answers with a larger α: the merge scales up
+# what is left. What PACT keeps of a task vector is then worth more to the merge than what
+# S-PACT keeps, although S-PACT keeps more of it.
 
 # %%
 v = report.static_vs_dynamic_verdict(frame, methods=methods, suite=suite)

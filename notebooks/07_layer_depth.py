@@ -78,8 +78,8 @@ if threads:
 # grid. Iso-C flattens the spectrum of the summed update, which spreads every task's update over
 # many directions: that is where interference between tasks, and so the filter, matters most.
 #
-# **The α grid.** Iso-C's grid in method.md §5 runs from 0.1 to 3.0. In a first run with five
-# evenly spaced points, every unfiltered or partly filtered merge of the 20 tasks chose α = 0.1,
+# **The α grid.** Iso-C's grid in method.md §5 runs from 0.1 to 3.0. In a first run (on the
+# book's first recipe, learning rate 10⁻⁴) with five evenly spaced points, every unfiltered or partly filtered merge of the 20 tasks chose α = 0.1,
 # the edge of the grid, with validation accuracy still rising towards it. As §5 asks, we widen
 # the grid: `alpha_points` values spaced geometrically from `alpha_min` to 3.0, which also puts
 # more points at small α. The table below flags any choice that still falls on an edge.

@@ -61,9 +61,7 @@ for seed in tqdm(seeds, desc="seeds"):
     for method in tqdm(methods, desc=f"seed {seed}", leave=False):
         for mode in (None, "pact"):
             recs.append(tb.run(method, pact=mode, alphas=study.grid(method, alpha_points, lo=0.1, hi=alpha_max)))
-    recs.append(records.make_record("fine-tuned", params={}, seed=seed, suite=suite, base="fine-tuned", pact=None,
-                                    kind="lora", metrics={"acc": sum(tb.ft_test.values()) / len(tb.tasks),
-                                                          "norm_acc": 1.0}))
+    recs += tb.reference_records(pact=None, kind="lora")  # zero-shot θ0 and the LoRA fine-tunes
 path = records.records_path("09_lora")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

@@ -64,8 +64,8 @@ P
 # change L_t(θ0 + Δ̃t) − L_t(θt). Prediction and measurement use the same batch, so the
 # comparison between them carries no sampling noise; a batch of 64 images is enough for that
 # and keeps the chapter within its CPU budget. The accuracy of θ0 + Δ̃t on task t's test images
-# gives the self-degradation in the unit that matters. By default one fine-tuning seed is run
-# (CPU time); the verdict counts (task, seed) cases, so more seeds simply add cases.
+# gives the self-degradation in the unit that matters. The verdict counts (task, seed) cases
+# over the `seeds` run (three by default).
 
 # %%
 from tqdm.auto import tqdm
