@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_interference.py                   # suites 8/14/20, seeds 0 1 2
     .venv/bin/python bench/bench_interference.py --seeds 0
-    .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=3e-5 --out /tmp/lr3e-5.jsonl   # another recipe
+    .venv/bin/python bench/bench_interference.py --seeds 0 --set lr=1e-4 --out /tmp/lr1e-4.jsonl   # another recipe
     .venv/bin/python bench/bench_interference.py --draws 4 --alpha-points 0 --out book/data/interference_draws.jsonl
     .venv/bin/python bench/bench_interference.py --add-one 0.2 --out book/data/interference_add_one.jsonl
     .venv/bin/python bench/bench_interference.py --alpha-points 5 --alpha-spacing geometric   # 5 geometric α values
