@@ -382,14 +382,14 @@ plotting.table(testbed.interference_table(first), chapter=2, number=11,
 ta = first[first["method"] == "task_arithmetic"].pivot_table(index="seed", columns="T", values="first_norm")
 print("lr 1e-4, Task Arithmetic's drop from 14 to 20 tasks by seed (points): "
       + ", ".join(f"seed {seed}: {100 * (r[14] - r[20]):+.1f}" for seed, r in ta.iterrows()))
-for label, name in (("lr 1e-4, full grid", "lr1e-4"), ("lr 1e-4, 5 evenly spaced α values", "lr1e-4_grid5"),
-                    ("lr 1e-4, 5 geometric α values", "lr1e-4_geom5")):
-    st = testbed.interference_steps(testbed.interference_frame(plotting.repo_path(f"book/data/interference_{name}.jsonl")))
-    print(f"{label}, 8 shared tasks:\n" + testbed.steps_text(st, sep="\n"))
-print("5 evenly spaced α values: " + "; ".join(f"{name} {study.grid(m, 5, spacing='linear')}"
-                                              for m, name in (("task_arithmetic", "Task Arithmetic"), ("iso_c", "Iso-C"))))
-print("5 geometric α values: " + "; ".join(f"{name} {study.grid(m, 5, spacing='geometric')}"
-                                          for m, name in (("task_arithmetic", "Task Arithmetic"), ("iso_c", "Iso-C"))))
+first_grids = {"full grid": first} | {
+    label: testbed.interference_frame(plotting.repo_path(f"book/data/interference_lr1e-4_{name}.jsonl"))
+    for label, name in (("5 evenly spaced α values", "grid5"), ("5 geometric α values", "geom5"))}
+for label, f in first_grids.items():
+    print(f"lr 1e-4, {label}, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(f), sep="\n"))
+for spacing, label in (("linear", "5 evenly spaced α values"), ("geometric", "5 geometric α values")):
+    print(f"{label}: " + "; ".join(f"{name} {study.grid(m, 5, spacing=spacing)}"
+                                   for m, name in (("task_arithmetic", "Task Arithmetic"), ("iso_c", "Iso-C"))))
 linear5 = testbed.interference_frame(plotting.repo_path("book/data/interference_linear5.jsonl"))
 a5 = linear5[linear5["method"] == "task_arithmetic"].set_index("T")
 print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 shared tasks: "

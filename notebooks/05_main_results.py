@@ -132,13 +132,10 @@ plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, flo
 # (`pactlib.study.GRID_SPACING = "geometric"`, `REFINE = 0`).
 
 # %%
-gap = alpha_search[alpha_search["search"] != "full"].merge(
-    alpha_search[alpha_search["search"] == "full"][["suite", "method", "alpha", "metrics.norm_acc"]],
-    on=["suite", "method"], suffixes=("", "_full"))
-gap["Δ test"] = 100 * (gap["metrics.norm_acc"] - gap["metrics.norm_acc_full"])
-worst = gap.loc[gap["Δ test"].abs().idxmax()]
+gaps = report.alpha_search_gaps(alpha_search)
+worst = gaps.loc[gaps["Δ test"].abs().idxmax()]
 print(f"largest test gap: {worst['method']} on {worst['suite']} tasks, {worst['search']} picks α = {worst['alpha']:.3g}, "
-      f"the full grid α = {worst['alpha_full']:.3g}: {worst['Δ test']:+.1f} points on test")
+      f"the full grid α = {worst['alpha_ref']:.3g}: {worst['Δ test']:+.1f} points on test")
 geo8 = alpha_search.query("search == 'geo5' and suite == '8'").set_index("method")["alpha"]
 print("α picked by the geometric grid on 8 tasks, plain → PACT: "
       + ", ".join(f"{m} {geo8[m]:.3g} → {geo8['pact-' + m]:.3g}" for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")))

@@ -82,7 +82,7 @@ with plotting.figure("spact-vs-pact", chapter=6, number=2, size="wide", paper="T
 # %%
 filt = frame[frame["pact"].notna()]
 for mode, g in filt.groupby("pact"):
-    print(f"{'PACT' if mode == 'pact' else 'S-PACT'}: removes {100 * g['removed_energy'].mean():.0f} % of the "
+    print(f"{mode.upper()}: removes {100 * g['removed_energy'].mean():.0f} % of the "
           f"task vectors' energy (mean over layers, tasks, methods and seeds); cap binding in "
           f"{100 * g['cap_binding_rate'].mean():.0f} % of the shields; mean α "
           + ", ".join(f"{report.pretty(b)} {a:.2f}" for b, a in g.groupby("base")["alpha"].mean().items()))

@@ -42,10 +42,10 @@ def _cell(row, metric: str = "acc") -> str:
 def main_table(summary: pd.DataFrame, *, suites: Sequence[str]) -> pd.DataFrame:
     """Rows: methods (paper order, PACT variant under its base; only those in ``summary``); columns:
     one per suite holding ``abs ± std (normalized)`` in percent, plus the seed count per suite."""
-    order = [m for m in ("zero-shot", "fine-tuned") if m in set(summary["method"])]
-    bases = [m for m in merges.names() if m in set(summary["method"])]
-    for b in bases:
-        order += [x for x in (b, f"s-pact-{b}", f"pact-{b}") if x in set(summary["method"])]
+    present = set(summary["method"])
+    order = [m for m in ("zero-shot", "fine-tuned") if m in present]
+    for b in [m for m in merges.names() if m in present]:
+        order += [x for x in (b, f"s-pact-{b}", f"pact-{b}") if x in present]
     rows = []
     for m in order:
         row = {"method": pretty(m)}
@@ -199,13 +199,14 @@ def alpha_table(frame) -> pd.DataFrame:
     return pd.DataFrame(out).T
 
 
-def alpha_search_table(frame, *, reference: str = "full") -> pd.DataFrame:
-    """Compare α searches (``bench/bench_alpha_search.py`` records, one per merge × ``search``).
+def alpha_search_gaps(frame, *, reference: str = "full") -> pd.DataFrame:
+    """Each α search against the ``reference`` search on the same merge (suite, method), from
+    ``bench/bench_alpha_search.py`` records (one per merge × ``search``).
 
-    Rows: the searches. Columns: merges compared, mean validation evaluations per merge, and
-    against the ``reference`` search on the same merge (suite, method): the mean and the worst
-    difference in validation normalized accuracy, and the mean and mean absolute difference in
-    test normalized accuracy (points).
+    Returns:
+        One row per record: ``search``, ``suite``, ``method``, ``n_evals``, ``alpha`` and the
+        reference's ``alpha_ref`` (when the records carry ``alpha``), and the differences ``Δ val``
+        and ``Δ test`` in validation / test normalized accuracy (points).
 
     Raises:
         ValueError: no record of the ``reference`` search, or a merge without one.
@@ -215,15 +216,36 @@ def alpha_search_table(frame, *, reference: str = "full") -> pd.DataFrame:
     ref = f[f["search"] == reference].set_index(["suite", "method"])
     if ref.empty:
         raise ValueError(f"no records of the reference search {reference!r}")
-    rows = {}
+    parts = []
     for search, g in f.groupby("search", sort=False):
         g = g.set_index(["suite", "method"])
         missing = g.index.difference(ref.index)
         if len(missing):
             raise ValueError(f"search {search!r}: merges without a {reference!r} record: {list(missing)}")
-        dv, dt = g["val"] - ref.loc[g.index, "val"], g["test"] - ref.loc[g.index, "test"]
-        rows[search] = {"merges": len(g), "evaluations": g["n_evals"].mean(), "Δ val (mean)": dv.mean(),
-                        "Δ val (worst)": dv.min(), "Δ test (mean)": dt.mean(), "|Δ test| (mean)": dt.abs().mean()}
+        r = ref.loc[g.index]
+        out = g[["search", "n_evals"] + (["alpha"] if "alpha" in g else [])].copy()
+        if "alpha" in g:
+            out["alpha_ref"] = r["alpha"].to_numpy()
+        out["Δ val"], out["Δ test"] = (g["val"] - r["val"]).to_numpy(), (g["test"] - r["test"]).to_numpy()
+        parts.append(out.reset_index())
+    return pd.concat(parts, ignore_index=True)
+
+
+def alpha_search_table(frame, *, reference: str = "full") -> pd.DataFrame:
+    """Compare α searches (``bench/bench_alpha_search.py`` records, one per merge × ``search``).
+
+    Rows: the searches. Columns: merges compared, mean validation evaluations per merge, and
+    against the ``reference`` search on the same merge (suite, method; :func:`alpha_search_gaps`):
+    the mean and the worst difference in validation normalized accuracy, and the mean and mean
+    absolute difference in test normalized accuracy (points).
+
+    Raises:
+        ValueError: as :func:`alpha_search_gaps`.
+    """
+    rows = {search: {"merges": len(g), "evaluations": g["n_evals"].mean(), "Δ val (mean)": g["Δ val"].mean(),
+                     "Δ val (worst)": g["Δ val"].min(), "Δ test (mean)": g["Δ test"].mean(),
+                     "|Δ test| (mean)": g["Δ test"].abs().mean()}
+            for search, g in alpha_search_gaps(frame, reference=reference).groupby("search", sort=False)}
     return pd.DataFrame(rows).T.rename_axis("search")
 
 

@@ -278,6 +278,19 @@ def test_head_save_load_roundtrip_and_corruption(tmp_path):
         load_head(tmp_path / "none.safetensors")
 
 
+def test_alpha_search_gaps_pairs_each_record_with_the_reference_merge():
+    from pactlib import records, report
+
+    recs = [records.make_record(m, params={}, seed=0, suite="8", search=search, n_evals=n, alpha=a,
+                                metrics={"val_norm_acc": v, "norm_acc": t})
+            for m, search, n, a, v, t in (("ta", "full", 20, 0.2, 0.80, 0.78), ("ta", "geo5", 5, 0.22, 0.79, 0.80),
+                                          ("iso_c", "full", 30, 2.9, 0.90, 0.88), ("iso_c", "geo5", 6, 6.75, 0.95, 0.94))]
+    gaps = report.alpha_search_gaps(recs).set_index(["search", "method"])
+    assert gaps.loc[("geo5", "iso_c"), "alpha_ref"] == 2.9 and gaps.loc[("geo5", "iso_c"), "alpha"] == 6.75
+    assert gaps.loc[("geo5", "iso_c"), "Δ test"] == pytest.approx(6.0)
+    assert gaps.loc[("geo5", "ta"), "Δ val"] == pytest.approx(-1.0) and gaps.loc[("full", "ta"), "Δ test"] == 0
+
+
 def test_alpha_search_table_compares_each_search_with_the_full_grid():
     from pactlib import records, report
 
