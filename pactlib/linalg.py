@@ -101,14 +101,84 @@ def orth(A: Tensor, *, tol: float) -> tuple[Tensor, Tensor]:
     return Q.to(A.dtype), sigma.to(A.dtype)
 
 
-def polar(X: Tensor) -> Tensor:
-    """Orthogonal polar factor P Qᵀ of X (m, c) from its thin SVD X = P Σ Qᵀ (M3, M5).
+def default_rtol(shape: tuple[int, ...], dtype: torch.dtype) -> float:
+    """The relative rank tolerance max(m, n)·eps(dtype), as ``torch.linalg.matrix_rank`` and
+    NumPy use by default (half precision counts as float32, the dtype it is computed in)."""
+    dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    return max(shape[-2:]) * torch.finfo(dtype).eps
 
-    The nearest matrix with orthonormal columns (rows, if c > m) in Frobenius norm.
+
+def numerical_rank(S: Tensor, *, scale: float | Tensor, rtol: float) -> int:
+    """Number of singular values S (descending) above ``rtol · scale``; 0 when ``scale`` is 0."""
+    scale = float(scale)
+    if scale <= 0 or S.numel() == 0:
+        return 0
+    return int((S > rtol * scale).sum())
+
+
+def svd(X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Thin SVD X = U diag(S) Vh that does not give up on ill-conditioned input.
+
+    ``torch.linalg.svd`` (LAPACK gesdd on CPU) can fail to converge on matrices with many
+    clustered singular values (e.g. stacks of orthonormal blocks). Then the SVD is retried in
+    float64, and if that fails too it is computed from the eigendecomposition of the Gram
+    matrix in float64 (always converges; exact for σ ≥ ~1e-7·σ_max, smaller values come out as
+    0). The result is in X's compute dtype.
+
+    Returns:
+        U (m, d), S (d,) descending, Vh (d, n) with d = min(m, n).
+
+    Raises:
+        ValueError / TypeError: X not a 2-d floating matrix.
     """
     X = _as_compute(X)
-    P, _, Qh = torch.linalg.svd(X, full_matrices=False)
-    return P @ Qh
+    try:
+        return torch.linalg.svd(X, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        pass
+    X64 = X.double()
+    try:
+        U, S, Vh = torch.linalg.svd(X64, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        U, S, Vh = _svd_by_eigh(X64)
+    return U.to(X.dtype), S.to(X.dtype), Vh.to(X.dtype)
+
+
+def _svd_by_eigh(X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Thin SVD from eigh of the smaller Gram matrix (float64 in, float64 out)."""
+    m, n = X.shape
+    wide = m < n
+    A = X.mT if wide else X  # (p, q) with p >= q
+    lam, Q = torch.linalg.eigh(A.mT @ A)  # ascending (q,)
+    lam, Q = lam.flip(0).clamp(min=0), Q.flip(1)
+    S = lam.sqrt()
+    keep = S > 1e-7 * S[0] if S.numel() else S > 0
+    P = torch.zeros(A.shape[0], len(S), dtype=A.dtype, device=A.device)
+    P[:, keep] = (A @ Q[:, keep]) / S[keep]
+    S = torch.where(keep, S, torch.zeros_like(S))
+    if wide:  # X = Aᵀ = Q S Pᵀ
+        return Q, S, P.mT
+    return P, S, Q.mT
+
+
+def polar(X: Tensor, *, rtol: float | None = None, literal: bool = False) -> Tensor:
+    """Orthogonal polar factor of X (m, c) on its numerical range (M3, M5).
+
+    From the thin SVD X = P Σ Qᵀ (:func:`svd`, which never fails to converge), returns
+    P_r Q_rᵀ over the r singular values above ``rtol · σ_max`` (default
+    :func:`default_rtol`). For X of full rank this is the usual polar factor, the nearest matrix
+    with orthonormal columns (rows, if c > m) in Frobenius norm. For a rank-deficient X it is the
+    canonical partial isometry: the usual factor is not unique there (the SVD pairs the null
+    directions arbitrarily), this one is. ``literal=True`` keeps every direction, as the
+    reference implementations do (P Qᵀ over all min(m, c) of them).
+    """
+    X = _as_compute(X)
+    P, S, Qh = svd(X)
+    if literal:
+        return P @ Qh
+    r = numerical_rank(S, scale=S[0] if S.numel() else 0.0,
+                       rtol=default_rtol(X.shape, X.dtype) if rtol is None else rtol)
+    return P[:, :r] @ Qh[:r]
 
 
 def project_out(X: Tensor, S: Tensor) -> Tensor:

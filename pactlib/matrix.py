@@ -54,11 +54,28 @@ class MatrixRule:
         transposed: regular expressions of 2-d keys stored (in, out); their view is the transpose.
         kxk_conv: if True, k x k convolutions (m, c, k, k) with k > 1 become (m, c*k*k)
             matrices. Default False (method.md §0).
+        conv_1x1: if True (default), 1 x 1 convolutions (m, n, 1, 1) are (m, n) matrices; if
+            False only 2-d tensors can be matrices.
+
+    Named presets: :data:`PRESETS` / :meth:`preset` (e.g. ``MatrixRule.preset("reference_2d")``).
     """
 
     not_matrix: tuple[str, ...] = DEFAULT_NOT_MATRIX
     transposed: tuple[str, ...] = DEFAULT_TRANSPOSED
     kxk_conv: bool = False
+    conv_1x1: bool = True
+
+    @staticmethod
+    def preset(name: str) -> "MatrixRule":
+        """The rule registered as ``name`` in :data:`PRESETS`.
+
+        Raises:
+            KeyError: unknown name (the message lists the presets).
+        """
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise KeyError(f"unknown matrix-rule preset {name!r}; known: {', '.join(PRESETS)}") from None
 
     def kind(self, key: str, tensor: Tensor) -> Kind:
         """Classify one entry. Returns ``"matrix"``, ``"other"`` or ``"buffer"``."""
@@ -70,7 +87,7 @@ class MatrixRule:
             return "matrix"
         if tensor.ndim == 4:
             kh, kw = tensor.shape[-2:]
-            if (kh, kw) == (1, 1) or self.kxk_conv:
+            if ((kh, kw) == (1, 1) and self.conv_1x1) or self.kxk_conv:
                 return "matrix"
         return "other"
 
@@ -111,3 +128,15 @@ class MatrixRule:
 
 
 DEFAULT_RULE = MatrixRule()
+
+#: The rule of the public reference implementations of TSV-M and Iso-C/Iso-CTS (and of the
+#: task-vectors code they build on): every 2-d tensor except ``text_projection`` is merged as a
+#: matrix, as stored. Unlike :data:`DEFAULT_RULE` it also SVD-merges open_clip's
+#: ``positional_embedding`` (a (tokens, d) table) and takes ``visual.proj`` untransposed (stored
+#: (in, out); TSV-M and Iso-C do not care, Iso-CTS and PACT do: they act on one side), and it
+#: leaves 1 x 1 convolutions to the mean. Use it to reproduce the reference merges exactly
+#: (book chapter 12).
+REFERENCE_2D_RULE = MatrixRule(not_matrix=(r"text_projection",), transposed=(), conv_1x1=False)
+
+#: Named matrix rules: ``MatrixRule.preset(name)``.
+PRESETS: dict[str, MatrixRule] = {"default": DEFAULT_RULE, "reference_2d": REFERENCE_2D_RULE}

@@ -14,6 +14,9 @@ from pactlib.merges.tsv_m import tsv_m_kernel
 from pactlib.linalg import polar, projector_distance, top_singular
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_merge.json"
+#: the same cases with null_space="literal" (the reference code's convention): the values pinned
+#: before the numerical-range convention became the default, unchanged
+GOLDEN_LITERAL = Path(__file__).parent / "fixtures" / "golden_merge_literal.json"
 RULE = MatrixRule()
 
 
@@ -132,28 +135,39 @@ def test_every_method_with_and_without_pact(ckpts, method, pact):
                                atol=1e-5, rtol=1e-4)
 
 
-def _golden_case():
+def _golden_case(**params):
     from conftest import make_checkpoints
     pre, fts = make_checkpoints(T=3, seed=42)
     res = {}
     for method in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"):
+        extra = params if method in ("tsv_m", "iso_c", "iso_cts") else {}
         for pact in (None, "pact", "s-pact"):
-            out = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **({"core_frac": 0.3} if pact else {}))
+            out = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **extra,
+                                **({"core_frac": 0.3} if pact else {}))
             res[f"{method}/{pact}"] = {k: round(float((out[k].double() - pre[k].double()).norm()), 6)
                                        for k in ("lin.weight", "pw.weight", "head.weight", "lin.bias")}
     return res
 
 
-def test_golden_case():
-    got = _golden_case()
-    if not GOLDEN.exists():  # pragma: no cover - written once, then pinned in git
-        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True))
+@pytest.mark.parametrize("path, params", [(GOLDEN, {}), (GOLDEN_LITERAL, {"null_space": "literal"})])
+def test_golden_case(path, params):
+    got = _golden_case(**params)
+    if not path.exists():  # pragma: no cover - written once, then pinned in git
+        path.write_text(json.dumps(got, indent=1, sort_keys=True))
         pytest.fail("golden file was missing and has been written; re-run")
-    want = json.loads(GOLDEN.read_text())
+    want = json.loads(path.read_text())
     assert want.keys() == got.keys()
     for case in want:
         for k in want[case]:
             assert got[case][k] == pytest.approx(want[case][k], rel=1e-4, abs=1e-6), (case, k)
+
+
+def test_golden_conventions_differ_only_on_rank_deficient_pact_layers():
+    """Plain merges have full-rank sums: drop == literal. PACT-filtered sums are rank-deficient."""
+    drop, literal = (json.loads(p.read_text()) for p in (GOLDEN, GOLDEN_LITERAL))
+    for case in drop:
+        same = all(drop[case][k] == pytest.approx(literal[case][k], rel=1e-4, abs=1e-6) for k in drop[case])
+        assert same == (case.split("/")[0] in ("task_arithmetic", "ties") or case.endswith("/None")), case
 
 
 def test_pact_improves_nothing_when_tasks_do_not_interfere():

@@ -1,31 +1,75 @@
-"""Shared step of TSV-M and Iso-CTS: per-task singular blocks -> stack -> polar-orthogonalise.
+"""Shared pieces of the SVD-based merges (M3–M5): how null directions are treated, and the
+stack -> polar-orthogonalise step of TSV-M and Iso-CTS.
 
-Both methods build U = [U_1 … U_T] (m, Σ r_t), S and V = [V_1 … V_T] (n, Σ r_t) from per-task
-singular triplets, replace U and V by their orthogonal polar factors, and recombine
+TSV-M and Iso-CTS build U = [U_1 … U_T] (m, Σ r_t), S and V = [V_1 … V_T] (n, Σ r_t) from
+per-task singular triplets, replace U and V by their orthogonal polar factors, and recombine
 D = U⊥ diag(S) V⊥ᵀ.
+
+**Rank-deficient layers.** The PACT filter removes the same directions from every task, and LoRA
+task vectors have rank ≤ r, so the matrices these merges decompose are often exactly
+rank-deficient. Their SVD then pairs the null directions arbitrarily (the pairing changes with the
+order of the tasks), and the reference implementations, which flatten or stack *every* singular
+triplet, write merged weight into those arbitrary directions. ``null_space="drop"`` (default)
+keeps only the numerical range: singular values above ``rank_rtol`` times the layer's scale
+(default ``max(m, n)·eps``, :func:`pactlib.linalg.default_rtol`); the merge is then a function of
+the *set* of task vectors. ``null_space="literal"`` is the reference code's convention, kept so the
+book can show both; on full-rank layers the two agree to float noise.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
 
-from ..linalg import Triplets, polar
+from ..linalg import Triplets, default_rtol, polar
+
+NullSpace = Literal["drop", "literal"]
+NULL_SPACES = ("drop", "literal")
 
 
-def combine_blocks(blocks: Sequence[Triplets], *, values: Tensor | None = None) -> Tensor:
+def check_null_space(null_space: str, rank_rtol: float | None) -> None:
+    """Validate the two rank-deficiency parameters shared by TSV-M, Iso-C and Iso-CTS.
+
+    Raises:
+        ValueError: ``null_space`` not one of ``NULL_SPACES``, or ``rank_rtol`` negative / not finite.
+    """
+    if null_space not in NULL_SPACES:
+        raise ValueError(f"null_space must be one of {NULL_SPACES}, got {null_space!r}")
+    if rank_rtol is not None and not (0 <= float(rank_rtol) < 1):
+        raise ValueError(f"rank_rtol must be in [0, 1) or None, got {rank_rtol!r}")
+
+
+def rank_tol(shape: tuple[int, ...], dtype: torch.dtype, scale: float, rank_rtol: float | None) -> float:
+    """Absolute threshold ``rtol · scale`` under which a singular value counts as zero."""
+    return (default_rtol(shape, dtype) if rank_rtol is None else float(rank_rtol)) * float(scale)
+
+
+def in_range(block: Triplets, tol: float) -> Triplets:
+    """The triplets of ``block`` whose singular value exceeds ``tol`` (values are descending)."""
+    r = int((block.S > tol).sum())
+    return Triplets(block.U[:, :r], block.S[:r], block.V[:, :r])
+
+
+def combine_blocks(blocks: Sequence[Triplets], *, values: Tensor | None = None,
+                   literal: bool = False) -> Tensor:
     """D = polar(U) diag(S) polar(V)ᵀ from stacked blocks (U_i (m, r_i), S_i, V_i (n, r_i)).
 
     Args:
-        blocks: the per-task (or common) singular blocks, stacked in order.
+        blocks: the per-task (or common) singular blocks, stacked in order (a block may be empty).
         values: replacement singular values (Σ r_i,); default the blocks' own values.
+        literal: polar factors over every direction (reference code) instead of the numerical
+            range (:func:`pactlib.linalg.polar`).
 
     Returns:
-        D (m, n). When Σ r_i > min(m, n) the polar factors have orthonormal rows instead of
-        columns (a documented degenerate case of many tasks on a small layer).
+        D (m, n); zero when every block is empty. When Σ r_i > min(m, n) the polar factors have
+        orthonormal rows instead of columns (a documented degenerate case of many tasks on a small
+        layer); when the stacked directions are linearly dependent, the canonical factor (not
+        ``literal``) is a partial isometry that maps the dependent combinations to zero.
     """
     U = torch.cat([b.U for b in blocks], dim=1)  # (m, R)
     V = torch.cat([b.V for b in blocks], dim=1)  # (n, R)
     S = torch.cat([b.S for b in blocks]) if values is None else values  # (R,)
-    return (polar(U) * S) @ polar(V).mT
+    if U.shape[1] == 0:
+        return U.new_zeros(U.shape[0], V.shape[0])
+    return (polar(U, literal=literal) * S) @ polar(V, literal=literal).mT

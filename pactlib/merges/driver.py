@@ -12,12 +12,17 @@ from torch import Tensor
 
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
+from ..threads import map_ordered
 
 
 def map_layers(task_vectors: Sequence[TaskVector], rule: MatrixRule,
-               matrix_fn: Callable[[Tensor], Tensor], other_fn: Callable[[Tensor], Tensor]) -> TaskVector:
+               matrix_fn: Callable[[Tensor], Tensor], other_fn: Callable[[Tensor], Tensor], *,
+               workers: int | None = None) -> TaskVector:
     """Apply ``matrix_fn`` to the (T, m, n) stack of every matrix layer and ``other_fn`` to the
     (T, *shape) stack of every other key; return the merged update D.
+
+    Layers run on ``workers`` threads (default: torch's intra-op thread count), each kernel
+    single-threaded (:mod:`pactlib.threads`): the result is bit-identical for any thread count.
 
     A matrix layer whose updates are all zero (e.g. a frozen CLIP text tower) merges to zero
     without an SVD.
@@ -28,18 +33,19 @@ def map_layers(task_vectors: Sequence[TaskVector], rule: MatrixRule,
     if not task_vectors:
         raise ValueError("no task vectors to merge")
     first = task_vectors[0]
-    out = {}
-    for key, ref in first.items():
+
+    def one(key: str) -> Tensor:
+        ref = first[key]
         stack = torch.stack([tv[key] for tv in task_vectors])  # (T, *shape)
-        if rule.kind(key, ref) == "matrix":
-            if not bool(stack.any()):
-                out[key] = torch.zeros_like(ref)
-                continue
-            mats = rule.view(key, stack, stacked=True)  # (T, m, n)
-            out[key] = rule.unview(key, matrix_fn(mats), ref.shape)
-        else:
-            out[key] = other_fn(stack)
-    return TaskVector._wrap(out)
+        if rule.kind(key, ref) != "matrix":
+            return other_fn(stack)
+        if not bool(stack.any()):
+            return torch.zeros_like(ref)
+        mats = rule.view(key, stack, stacked=True)  # (T, m, n)
+        return rule.unview(key, matrix_fn(mats), ref.shape)
+
+    keys = list(first.keys())
+    return TaskVector._wrap(dict(zip(keys, map_ordered(one, keys, workers or torch.get_num_threads()))))
 
 
 def mean_of(stack: Tensor) -> Tensor:

@@ -8,19 +8,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..linalg import Triplets
+from ..linalg import Triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
-from .blocks import combine_blocks
+from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
 from .driver import map_layers, mean_of
 from .registry import alpha_grid, register
 
 
-def iso_c_kernel(deltas: Tensor) -> Tensor:
-    """(T, m, n) -> (m, n): ΣΔt = U Σ Vᵀ; D = σ̄ U Vᵀ with σ̄ the mean of all min(m, n)
-    singular values (M4). The spectrum of D is flat and D shares singular vectors with ΣΔt."""
-    U, S, Vh = torch.linalg.svd(deltas.sum(0), full_matrices=False)
-    return S.mean() * (U @ Vh)
+def iso_c_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: float | None = None) -> Tensor:
+    """(T, m, n) -> (m, n): ΣΔt = U Σ Vᵀ; D = σ̄ U Vᵀ with a flat spectrum (M4).
+
+    ``null_space="drop"`` (default): only the numerical range of ΣΔt, the r singular values
+    above ``rank_rtol``·σ_max (default max(m, n)·eps), with σ̄ their mean; D keeps the nuclear
+    norm of ΣΔt on the directions the tasks span and is zero on the others. ``"literal"`` (the
+    reference code): σ̄ is the mean of all min(m, n) values and every direction gets it, also the
+    null directions of a rank-deficient sum, whose pairing the SVD picks arbitrarily. On a
+    full-rank sum the two agree.
+    """
+    U, S, Vh = svd(deltas.sum(0))
+    if null_space == "literal":
+        return S.mean() * (U @ Vh)
+    r = int((S > rank_tol(deltas.shape, deltas.dtype, S[0] if S.numel() else 0.0, rank_rtol)).sum())
+    if r == 0:
+        return torch.zeros_like(deltas[0])
+    return S[:r].mean() * (U[:, :r] @ Vh[:r])
 
 
 def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
@@ -33,36 +45,82 @@ def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
     return k, (d - k) // T
 
 
-def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8) -> Tensor:
+def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpace = "drop",
+                   rank_rtol: float | None = None) -> Tensor:
     """(T, m, n) -> (m, n): Iso-CTS (M5).
 
     Top-k common directions of ΣΔt; each task adds (d − k)/T directions from the SVD of its update
     with the common *left* subspace projected out; stack, polar-orthogonalise U and V, and set every
     singular value to the mean of the stacked values.
+
+    ``null_space="drop"`` (default) keeps, in the common block and in each task's block, only
+    directions whose value exceeds ``rank_rtol`` × the layer's scale (the largest singular value
+    of ΣΔt or of any task's residual), and σ̄ is the mean over those; ``"literal"`` keeps k and
+    (d − k)/T directions whatever their values (zeros included in the mean), as the reference code.
     """
     T, m, n = deltas.shape
     d = min(m, n)
     k, per = iso_cts_split(d, T, common_frac)
-    U, S, Vh = torch.linalg.svd(deltas.sum(0), full_matrices=False)
-    Uc = U[:, :k]  # (m, k)
-    blocks = [Triplets(Uc, S[:k], Vh[:k].mT)]
+    U, S, Vh = svd(deltas.sum(0))
+    common = Triplets(U[:, :k], S[:k], Vh[:k].mT)
+    Uc = common.U
+    blocks = []
     if per > 0:
         for delta in deltas:
             resid = delta - Uc @ (Uc.mT @ delta)  # task-specific part (m, n)
-            Ut, St, Vth = torch.linalg.svd(resid, full_matrices=False)
+            Ut, St, Vth = svd(resid)
             blocks.append(Triplets(Ut[:, :per], St[:per], Vth[:per].mT))
+    if null_space == "drop":
+        scale = max([float(S[0]) if S.numel() else 0.0] + [float(b.S[0]) for b in blocks if b.S.numel()])
+        tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
+        common = in_range(common, tol)
+        if common.U.shape[1] < k and per > 0:  # the residuals must not keep ΣΔt's null directions
+            Uc = common.U
+            blocks = []
+            for delta in deltas:
+                Ut, St, Vth = svd(delta - Uc @ (Uc.mT @ delta))
+                blocks.append(Triplets(Ut[:, :per], St[:per], Vth[:per].mT))
+        blocks = [in_range(b, tol) for b in blocks]
+    blocks = [common] + blocks
     values = torch.cat([b.S for b in blocks])
-    return combine_blocks(blocks, values=torch.full_like(values, float(values.mean())))
+    if values.numel() == 0:
+        return torch.zeros_like(deltas[0])
+    return combine_blocks(blocks, values=torch.full_like(values, float(values.mean())),
+                          literal=null_space == "literal")
 
 
 @register("iso_c", pretty="Iso-C", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1))
-def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule) -> TaskVector:
-    """Iso-C (M4) on matrix layers; mean of Δt on every other key."""
-    return map_layers(task_vectors, rule, iso_c_kernel, mean_of)
+def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullSpace = "drop",
+          rank_rtol: float | None = None) -> TaskVector:
+    """Iso-C (M4) on matrix layers; mean of Δt on every other key.
+
+    Args:
+        null_space: ``"drop"`` (default) or ``"literal"`` (:func:`iso_c_kernel`; book chapter 5).
+        rank_rtol: relative tolerance of the numerical range; None = max(m, n)·eps.
+
+    Raises:
+        ValueError: unknown ``null_space`` or ``rank_rtol`` outside [0, 1).
+    """
+    check_null_space(null_space, rank_rtol)
+    return map_layers(task_vectors, rule, lambda x: iso_c_kernel(x, null_space, rank_rtol), mean_of)
 
 
 @register("iso_cts", pretty="Iso-CTS", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1))
-def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: float = 0.8) -> TaskVector:
+def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: float = 0.8,
+            null_space: NullSpace = "drop", rank_rtol: float | None = None) -> TaskVector:
     """Iso-CTS (M5) on matrix layers with common fraction ``common_frac`` (c, default 0.8);
-    mean of Δt on every other key."""
-    return map_layers(task_vectors, rule, lambda x: iso_cts_kernel(x, common_frac), mean_of)
+    mean of Δt on every other key.
+
+    Args:
+        common_frac: c in (0, 1].
+        null_space: ``"drop"`` (default) or ``"literal"`` (:func:`iso_cts_kernel`; book chapter 5).
+        rank_rtol: relative tolerance of the numerical range; None = max(m, n)·eps.
+
+    Raises:
+        ValueError: ``common_frac`` outside (0, 1], unknown ``null_space`` or bad ``rank_rtol``.
+    """
+    check_null_space(null_space, rank_rtol)
+    if not (0 < common_frac <= 1):
+        raise ValueError(f"Iso-CTS common_frac must be in (0, 1], got {common_frac}")
+    return map_layers(task_vectors, rule, lambda x: iso_cts_kernel(x, common_frac, null_space, rank_rtol),
+                      mean_of)
