@@ -1,10 +1,16 @@
 # The book pipeline, included from the Makefile (`include mk/book.mk`).
-# Assumes: $(PY) (the venv's python), $(PARAMS) (default: default) and a `setup` target.
+# Assumes: $(PY) (the venv's python), $(STAMP) (the file that says the venv is ready),
+# $(PARAMS) (default: default) and a `setup` target that includes `book-assets`.
 #
 #   make book                      set up, prepare data + zoo, execute changed notebooks, render
 #   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html)
 #   make chapter NB=05_main_results [ARGS="-p alpha_points=5 --force"]
+#   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
 #   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
+#
+# `book` and `chapter` validate the parameters (params/$(PARAMS).yaml, ARGS) first, with the
+# venv only, and build the data, the zoo and the rest of the setup only once that passed (a
+# sub-make after the check, so the order holds under -j too): a wrong value fails in seconds.
 #
 # BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip.
 # BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
@@ -17,21 +23,27 @@ BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/data/**/manifest
 BOOK_JOBS   ?= 2
 BOOK_RUN     = PACT_BOOK_INPUTS="$(BOOK_INPUTS)" $(PY) scripts/run_notebooks.py --params $(PARAMS) --jobs $(BOOK_JOBS)
 
-.PHONY: book chapter book-assets book-check book-screenshot
+.PHONY: book chapter book-assets book-check chapter-check book-screenshot
 
 book-assets:
 	@bash scripts/setup_book_assets.sh
 
-book: setup $(BOOK_DEPS) book-assets
+book: book-check
+	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
 	$(BOOK_RUN) $(ARGS)
 
-chapter: setup $(BOOK_DEPS) book-assets
-	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
+chapter: chapter-check
+	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
 	$(BOOK_RUN) --only $(NB) $(ARGS)
 
-# Validate every notebook's parameters against params/$(PARAMS).yaml; executes nothing.
-book-check: setup
-	$(BOOK_RUN) --check-only
+# Validate the parameters (names, types and values: scripts/run_notebooks.py --check-only) of
+# every notebook / of notebook $(NB), against params/$(PARAMS).yaml and ARGS; executes nothing.
+book-check: $(STAMP)
+	$(BOOK_RUN) --check-only $(ARGS)
+
+chapter-check: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
+	$(BOOK_RUN) --only $(NB) --check-only $(ARGS)
 
 book-screenshot:
 	PARAMS=$(PARAMS) bash scripts/screenshot.sh $(if $(filter default,$(PARAMS)),_build/html,_build/$(PARAMS)/_build/html)

@@ -51,8 +51,8 @@ from pactlib.experiments import testbed
 from pactlib.models.efficientnet import backbone_state_dict
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), samples_per_task=params.at_least(1),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), samples_per_task=params.at_least(1),
 )
 tasks = study.suite_subset(suite, n_tasks)
 zoo_dir, recipe = study.zoo_profile(zoo_profile)

@@ -48,8 +48,8 @@ test_limit = 128                # test images per task for every accuracy and lo
 from pactlib import params, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), fisher_samples=params.at_least(1),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
     empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
     perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
     val_limit=params.at_least(8), test_limit=params.at_least(8),

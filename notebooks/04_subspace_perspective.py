@@ -44,8 +44,8 @@ import torch
 from pactlib import params, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), draws=params.at_least(1),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), draws=params.at_least(1),
     strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
     threads=params.at_least(0),
 )

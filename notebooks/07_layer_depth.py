@@ -47,10 +47,10 @@ import torch
 from pactlib import params, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suites=params.each(params.one_of("8", "14", "20")),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)),
-    method=params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"), alpha_points=params.at_least(2),
-    alpha_min=params.between(1e-4, 1), most=params.between(0, 1), val_limit=params.at_least(8),
+    globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
+    n_tasks=params.task_count(suites), seeds=params.each(params.at_least(0), unique=True),
+    method=params.merge_method(), alpha_points=params.at_least(2),
+    alpha_min=params.between(1e-4, 1), most=params.fraction(), val_limit=params.at_least(8),
     test_limit=params.at_least(8), threads=params.at_least(0),
 )
 if threads:

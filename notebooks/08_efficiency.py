@@ -53,10 +53,10 @@ import torch
 from pactlib import params, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)),
-    method=params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"),
-    n_iters=params.each(params.at_least(0)), accuracy_n_iter=params.one_of(*n_iters), oversample=params.at_least(0),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    method=params.merge_method(),
+    n_iters=params.each(params.at_least(0), unique=True), accuracy_n_iter=params.one_of(*n_iters), oversample=params.at_least(0),
     timing_repeats=params.at_least(1), min_speedup=params.at_least(1), alpha_points=params.at_least(2),
     val_limit=params.at_least(8), test_limit=params.at_least(8), bench_json=None, threads=params.at_least(0),
 )

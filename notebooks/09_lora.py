@@ -44,9 +44,9 @@ test_limit = 300               # test images per task (one image = 0.33 points)
 from pactlib import params, plotting, records, report, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)),
-    methods=params.each(params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), alpha_max=params.at_least(0.2), val_limit=params.at_least(8),
     test_limit=params.at_least(8),
 )

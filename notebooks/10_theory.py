@@ -48,9 +48,9 @@ test_limit = 200                        # test images per task for the accuracy 
 from pactlib import params, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)), loss_examples=params.at_least(1),
-    fracs=params.each(params.between(0, 1)), val_limit=params.at_least(8), test_limit=params.at_least(8),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), loss_examples=params.at_least(1),
+    fracs=params.each(params.fraction()), val_limit=params.at_least(max(8, loss_examples)), test_limit=params.at_least(8),
 )
 P
 

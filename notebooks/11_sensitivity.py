@@ -52,11 +52,11 @@ test_limit = 300                     # test images per task
 from pactlib import PactOptions, params, plotting, records, report, study
 
 P = params.check(
-    globals(), zoo_profile=params.one_of(*study.PROFILES), suite=params.one_of("8", "14", "20"),
-    n_tasks=params.at_least(0), seeds=params.each(params.at_least(0)),
-    method=params.one_of("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"),
-    core_fracs=params.each(params.between(0.001, 1)), active_fracs=params.each(params.between(0.001, 1)),
-    lbw_tols=params.each(params.between(0, 1)), max_shield_fracs=params.each(params.between(0.001, 1)),
+    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
+    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    method=params.merge_method(),
+    core_fracs=params.each(params.fraction()), active_fracs=params.each(params.fraction()),
+    lbw_tols=params.each(params.between(0, 1)), max_shield_fracs=params.each(params.fraction()),
     shield_tols=params.each(params.between(0, 10)),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )

@@ -13,7 +13,17 @@ notebook (keyed by the notebook's file stem, e.g. ``05_main_results``). The book
 :func:`validate` for every notebook *before* executing any, so a misspelt or mistyped
 parameter fails in a second, not after an hour of work. Inside a notebook, :func:`check`
 verifies value constraints (ranges, choices) and returns the parameter dict that goes into
-result records.
+result records::
+
+    P = params.check(globals(), seeds=params.each(params.at_least(0), unique=True),
+                     methods=params.each(params.merge_method()), alpha_points=params.at_least(2))
+
+That call is the one place a notebook's allowed values are declared. The runner evaluates the
+same rules before executing anything (:func:`check_notebook`), so an unknown merge method,
+suite or zoo profile, a count of zero or a fraction outside (0, 1] fails as fast as a wrong
+type. Choices that the library defines come from its registries (:func:`merge_method`,
+:func:`suite`, :func:`zoo_profile`, :func:`task_count`), never from lists copied into the
+notebooks.
 
 Type rules of :func:`validate` (default type -> accepted override):
 
@@ -29,7 +39,9 @@ Book: "Running the book" page.
 from __future__ import annotations
 
 import ast
+import builtins
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +60,12 @@ __all__ = [
     "at_least",
     "one_of",
     "each",
+    "fraction",
+    "merge_method",
+    "suite",
+    "zoo_profile",
+    "task_count",
+    "check_notebook",
 ]
 
 #: The marker of a required parameter in a ``parameters`` cell (``name = ...``).
@@ -271,8 +289,9 @@ def one_of(*choices: Any) -> Rule:
     return rule
 
 
-def each(inner: Rule, *, nonempty: bool = True) -> Rule:
-    """The value is a list (non-empty unless ``nonempty=False``) whose every element passes."""
+def each(inner: Rule, *, nonempty: bool = True, unique: bool = False) -> Rule:
+    """The value is a list (non-empty unless ``nonempty=False``) whose every element passes
+    (and, with ``unique=True``, in which no element repeats: seeds, suites, methods)."""
     def rule(v: Any) -> str | None:
         if not isinstance(v, (list, tuple)) or (nonempty and not v):
             return "a non-empty list" if nonempty else "a list"
@@ -280,7 +299,73 @@ def each(inner: Rule, *, nonempty: bool = True) -> Rule:
             why = inner(x)
             if why is not None:
                 return f"a list whose every element is {why} (element {i} = {x!r})"
+        if unique:
+            seen: list[Any] = []
+            for i, x in enumerate(v):
+                if x in seen:
+                    return f"a list without repeats (element {i} = {x!r} repeats)"
+                seen.append(x)
         return None
+    return rule
+
+
+def fraction() -> Rule:
+    """The value (a number) lies in (0, 1]: a share of something, never none of it."""
+    def rule(v: Any) -> str | None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+        return None if ok else "a number in (0, 1]"
+    return rule
+
+
+# The choices below come from the library's registries (looked up when the rule runs, so this
+# module imports nothing heavy): a new merge method, suite or zoo profile is allowed everywhere
+# at once, and the runner's pre-run check and the notebook's own check agree.
+
+
+def merge_method() -> Rule:
+    """The value names a registered merge method (:func:`pactlib.merges.names`)."""
+    def rule(v: Any) -> str | None:
+        from pactlib import merges
+
+        return one_of(*merges.names())(v)
+    return rule
+
+
+def suite() -> Rule:
+    """The value names a task suite (:data:`pactlib.data.suites.SUITES`: ``"8"``, ``"14"``, ...)."""
+    def rule(v: Any) -> str | None:
+        from pactlib.data.suites import SUITES
+
+        return one_of(*SUITES)(v)
+    return rule
+
+
+def zoo_profile() -> Rule:
+    """The value names a zoo profile (:data:`pactlib.study.PROFILES`)."""
+    def rule(v: Any) -> str | None:
+        from pactlib.study import PROFILES
+
+        return one_of(*PROFILES)(v)
+    return rule
+
+
+def task_count(suites: Any) -> Rule:
+    """``n_tasks`` of a notebook: 0 (every task of the suite) or an int up to the size of the
+    smallest of ``suites`` (one suite name or a list of them; unknown names are left to their
+    own rule)."""
+    def rule(v: Any) -> str | None:
+        from pactlib.data.suites import SUITES
+
+        names = [suites] if isinstance(suites, str) else list(suites) \
+            if isinstance(suites, (list, tuple)) else []
+        sizes = {str(s): len(SUITES[str(s)]) for s in names if str(s) in SUITES}
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        if not sizes:
+            return None if ok else "an int >= 0 (0 = every task of the suite)"
+        smallest = min(sizes, key=sizes.get)
+        hi = sizes[smallest]
+        return None if ok and v <= hi else \
+            f"an int in [0, {hi}] (0 = every task; suite {smallest!r} has {hi} tasks)"
     return rule
 
 
@@ -321,3 +406,85 @@ def check(namespace: Mapping[str, Any], **rules: Rule | None) -> dict[str, Any]:
     if problems:
         raise ParameterError("; ".join(problems))
     return values
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking values before a run (the runner)
+
+#: What a rule expression may use besides ``params`` and the notebook's parameters.
+RULE_BUILTINS = {name: getattr(builtins, name)
+                 for name in ("abs", "len", "list", "max", "min", "range", "sorted", "str", "tuple")}
+
+
+def _check_call(sources: Iterable[str]) -> ast.Call | None:
+    """The first ``<module>.check(globals(), ...)`` call in ``sources`` (code cells)."""
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # IPython syntax (`!cmd`, `%magic`): no check() call there
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "check" and isinstance(node.func.value, ast.Name)
+                    and node.args and isinstance(node.args[0], ast.Call)
+                    and isinstance(node.args[0].func, ast.Name)
+                    and node.args[0].func.id == "globals"):
+                return node
+    return None
+
+
+def check_notebook(sources: Iterable[str], values: Mapping[str, Any], *,
+                   notebook: str = "notebook") -> dict[str, Any]:
+    """Check a notebook's final parameter values against its own rules, before it runs.
+
+    The rules are those of the notebook's ``params.check(globals(), name=rule, ...)`` call (the
+    one place they are declared): each rule expression is evaluated with ``params`` (this
+    module, under the name the call uses), the parameter values and :data:`RULE_BUILTINS`, so
+    the runner refuses exactly what the notebook's first cells would refuse, in a second
+    instead of after the data and zoo are built. A notebook without such a call has no value
+    rules (its types are still checked by :func:`validate`).
+
+    Args:
+        sources: the notebook's code cells (cells that are not plain Python are skipped).
+        values: every parameter's final value: the defaults updated with the overrides.
+        notebook: a label for error messages.
+
+    Returns:
+        ``{name: value}`` of the checked parameters, as :func:`check` returns them.
+
+    Raises:
+        ParameterError: a value breaks its rule (naming the notebook, the parameter, what is
+            allowed and the value), or a rule cannot be evaluated from the parameters alone.
+    """
+    call = _check_call(sources)
+    if call is None:
+        return {}
+    module = sys.modules[__name__]
+    scope = {"__builtins__": RULE_BUILTINS, call.func.value.id: module}
+    rules: dict[str, Rule | None] = {}
+    problems = []
+    for kw in call.keywords:
+        expr = ast.unparse(kw.value)
+        if kw.arg is None:
+            problems.append(f"check() takes one `name=rule` per parameter, got **{expr}")
+            continue
+        try:
+            rule = eval(compile(ast.Expression(kw.value), notebook, "eval"), scope, dict(values))  # noqa: S307
+        except Exception as exc:  # noqa: BLE001 - reported as a parameter problem
+            problems.append(
+                f"the rule of {kw.arg!r} (`{expr}`) cannot be evaluated before the run "
+                f"({type(exc).__name__}: {exc}); a rule may use only `params.*`, the "
+                f"parameters and {sorted(RULE_BUILTINS)}")
+            continue
+        if rule is not None and not callable(rule):
+            problems.append(f"the rule of {kw.arg!r} (`{expr}`) is not a rule: {rule!r}")
+            continue
+        rules[kw.arg] = rule
+    try:
+        checked = check(values, **rules)
+    except ParameterError as exc:
+        problems.append(str(exc))
+        checked = {}
+    if problems:
+        raise ParameterError(f"{notebook}: " + "; ".join(problems))
+    return checked

@@ -10,8 +10,12 @@ Steps, in order:
 1. For every selected ``notebooks/NN_*.py`` (jupytext percent scripts): read it, find its ONE
    cell tagged ``parameters``, parse the defaults (``pactlib.params.parse_defaults``), load
    ``common`` + its section of ``params/<set>.yaml``, add ``-p name=value`` overrides, and
-   validate them (unknown / wrong type / missing required). All notebooks are validated before
-   any is executed.
+   validate them: names and types (unknown / wrong type / missing required,
+   ``pactlib.params.validate``), then values against the rules of the notebook's own
+   ``params.check(globals(), ...)`` call (unknown merge method, suite or zoo profile, counts and
+   fractions out of range, ``pactlib.params.check_notebook``). All notebooks are validated
+   before any is executed; ``--check-only`` stops there (``make book`` / ``make chapter`` run
+   it before they build data or a zoo).
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
    parameters, every ``pactlib/**/*.py``, ``requirements.lock``, the content of files named
    by path-valued parameters and of the ``--inputs`` files (zoo / data manifests). The result
@@ -19,7 +23,9 @@ Steps, in order:
    atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
    to ``book/_executed/<set>/figures/``. A notebook that raises stops the run: the message
    names the notebook and the failing cell, and the partial notebook is kept as
-   ``<name>.failed.ipynb``.
+   ``<name>.failed.ipynb``. A shell command (``!cmd``) that exits non-zero raises too
+   (``subprocess.CalledProcessError``; the kernel runs with IPython's
+   ``InteractiveShell.system_raise_on_error``).
 3. Render with ``jupyter-book build -W -n --keep-going`` (execution off) into ``_build/html``
    (set ``default``) or ``_build/<set>/_build/html`` (other sets), then check that every
    chapter page exists and that no page loads anything from a CDN (MathJax is local).
@@ -56,6 +62,11 @@ DEFAULT_SET = "default"
 TOC_PREFIX = "book/_executed/default/"
 KEY_VERSION = 1
 KERNEL = "python3"
+#: Arguments of every kernel: its own log (TCP notice, shutdown chatter) is noise, cell errors
+#: are reported from the notebook itself; a shell command (`!cmd`, `x = !cmd`) that exits
+#: non-zero raises CalledProcessError and so fails the notebook (IPython only stores its status
+#: in `_exit_code` by default, and the cell would go on).
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--InteractiveShell.system_raise_on_error=True"]
 #: Seconds between the "... running:" lines of a parallel run.
 STATUS_EVERY = 60
 #: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
@@ -127,13 +138,29 @@ def parameters_cell(nb: Any, where: str) -> Any:
 
 
 def parse_cli(pairs: list[str]) -> dict[str, Any]:
-    """``["alpha_points=5", "methods=[ta, iso_c]"]`` -> values parsed as YAML."""
+    """``["alpha_points=5", "methods=[ties, iso_c]"]`` -> values parsed as YAML.
+
+    Raises:
+        ParameterError: a pair is not ``name=value`` with a Python name, or its value is not
+            YAML (a one-line message: the runner prints it and exits with status 2).
+    """
     out = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or not name.strip():
-            raise pparams.ParameterError(f"-p {pair!r}: expected name=value")
-        out[name.strip()] = yaml.safe_load(raw)
+        name = name.strip()
+        if not sep or not name:
+            raise pparams.ParameterError(f"-p {pair!r}: expected name=value (e.g. -p alpha_points=5)")
+        if not name.isidentifier():
+            raise pparams.ParameterError(f"-p {pair!r}: {name!r} is not a parameter name")
+        try:
+            out[name] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            why = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at column {mark.column + 1}" if mark is not None else ""
+            raise pparams.ParameterError(
+                f"-p {pair!r}: the value {raw!r} is not valid YAML ({why}{at}); quote lists for "
+                f"the shell, e.g. -p \"seeds=[0, 1]\"") from None
     return out
 
 
@@ -151,6 +178,8 @@ def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[J
             overrides = pparams.load_params(params_file, path.stem, declared=defaults)
             overrides.update({k: v for k, v in cli.items() if k in defaults})
             overrides = pparams.validate(defaults, overrides, notebook=where)
+            pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
+                                   {**defaults, **overrides}, notebook=where)
         except (pparams.ParameterError, FileNotFoundError) as exc:
             problems.append(str(exc))
             continue
@@ -333,9 +362,7 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
         result = pm.execute_notebook(
             nb, str(tmp), parameters=job.overrides, kernel_name=KERNEL, cwd=str(ROOT),
             progress_bar=progress, log_output=False, request_save_on_cell_execute=False,
-            # the kernel's own log (TCP notice, shutdown chatter) is noise; cell errors are
-            # reported from the notebook itself
-            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+            extra_arguments=KERNEL_ARGS)
     except Exception as exc:  # papermill wrote the partial notebook to tmp
         if tmp.exists():
             os.replace(tmp, partial)

@@ -328,6 +328,90 @@ def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path
     assert starts["a"] < starts["b"] < starts["c"]
 
 
+@pytest.mark.slow
+def test_failing_shell_command_fails_the_notebook(tmp_path):
+    """`!cmd` exiting non-zero stops the notebook (IPython alone only sets `_exit_code`)."""
+    rn = _runner()
+    src = tmp_path / "97_shell.py"
+    src.write_text('# %% tags=["parameters"]\nsize = 1  # unused\n\n'
+                   '# %%\n!true\nprint("true ran")\n\n'
+                   '# %%\n!false\nprint("after false")\n\n# %%\nprint("next cell")\n')
+    job = rn.prepare([src], _write_set(tmp_path, "97_shell", {}), {})[0]
+    rn.compute_key(job, {})
+    out = tmp_path / "out"
+    with pytest.raises(rn.RunError) as err:
+        rn.execute(job, out, "t", progress=False)
+    msg = str(err.value)
+    assert "97_shell.py failed in the cell at line 9" in msg and "| !false" in msg
+    assert "CalledProcessError: Command 'false' returned non-zero exit status 1." in msg
+    partial = json.loads((out / "97_shell.failed.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in partial["cells"] for o in c.get("outputs", []))
+    assert "true ran" in printed  # `!true` passes
+    assert "after false" not in printed and "next cell" not in printed  # nothing ran after `!false`
+    assert not (out / "97_shell.ipynb").exists() and not (out / "97_shell.key").exists()
+
+
+# --- make: parameters are checked before data or a zoo is built -----------------------------
+
+STUB_MAKEFILE = """\
+SHELL := /bin/bash
+PY := {py}
+STAMP :=
+PARAMS ?= default
+.PHONY: setup data zoo
+setup: ; @echo STEP setup
+data: ; @echo STEP data
+zoo: ; @echo STEP zoo
+include {root}/mk/book.mk
+"""
+# $(PY) of the stub: the real runner for the check, a log line instead of executing notebooks
+STUB_PY = """\
+#!/bin/bash
+case " $* " in *" --check-only "*) exec {python} "$@";; *) echo "STEP run $*";; esac
+"""
+
+
+def _make(tmp_path, *args):
+    """`make ARGS` with mk/book.mk under a stub Makefile whose setup/data/zoo only print."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    py = tmp_path / "py"
+    py.write_text(STUB_PY.format(python=sys.executable))
+    py.chmod(0o755)
+    (tmp_path / "Makefile").write_text(STUB_MAKEFILE.format(py=py, root=ROOT))
+    if not (tmp_path / "scripts").exists():
+        (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_make_chapter_checks_parameters_before_building_anything(tmp_path):
+    bad = _make(tmp_path, "-j4", "chapter", "NB=05_main_results", "ARGS=-p alpha_points=-1 --force")
+    assert bad.returncode != 0
+    assert "05_main_results.py: parameter 'alpha_points' must be a finite number >= 2, got -1" in bad.stderr
+    assert "STEP" not in bad.stdout  # no setup, data, zoo or run
+    good = _make(tmp_path, "-j4", "chapter", "NB=05", "PARAMS=smoke", "ARGS=-p alpha_points=3")
+    assert good.returncode == 0, good.stdout + good.stderr
+    lines = good.stdout.splitlines()
+    checked = next(i for i, line in enumerate(lines) if "parameters of 1 notebook(s) are valid" in line)
+    steps = [line for line in lines[checked:] if line.startswith("STEP")]
+    assert set(steps[:-1]) == {"STEP setup", "STEP data", "STEP zoo"}
+    assert steps[-1].startswith("STEP run scripts/run_notebooks.py --params smoke") \
+        and steps[-1].endswith("--only 05 -p alpha_points=3")
+    assert not [line for line in lines[:checked] if line.startswith("STEP")]
+
+
+def test_make_book_checks_every_notebook_first(tmp_path):
+    bad = _make(tmp_path, "book", "PARAMS=smoke", "ARGS=-p methods=[bogus]")
+    assert bad.returncode != 0 and "STEP" not in bad.stdout
+    assert "parameter 'methods'" in bad.stderr and "'bogus'" in bad.stderr
+    usage = _make(tmp_path, "chapter")
+    assert usage.returncode != 0 and "usage: make chapter NB=" in usage.stderr and "STEP" not in usage.stdout
+
+
 def _write_set(tmp_path, name, section):
     path = tmp_path / "set.yaml"
     path.write_text(json.dumps({"common": {}, name: section}))

@@ -177,6 +177,58 @@ def test_rules_edge_cases():
     assert params.each(params.at_least(0), nonempty=False)([]) is None
 
 
+def test_rules_fraction_unique_and_registry_choices():
+    from pactlib import merges, study
+    from pactlib.data.suites import SUITES
+
+    assert params.fraction()(1) is None and params.fraction()(0.5) is None
+    assert params.fraction()(0) == "a number in (0, 1]" and params.fraction()(1.01) is not None
+    assert params.fraction()(True) is not None
+    assert params.each(params.at_least(0), unique=True)([0, 1]) is None
+    assert "element 2 = 1 repeats" in params.each(params.at_least(0), unique=True)([0, 1, 1])
+    for name in merges.names():
+        assert params.merge_method()(name) is None
+    assert params.merge_method()("nope") == f"one of {list(merges.names())}"
+    assert params.suite()("14") is None and params.suite()(14) == f"one of {list(SUITES)}"
+    assert params.zoo_profile()("smoke") is None and "default" in params.zoo_profile()("x")
+    assert params.task_count("8")(0) is None and params.task_count("8")(8) is None
+    assert params.task_count(["8", "20"])(9) == "an int in [0, 8] (0 = every task; suite '8' has 8 tasks)"
+    assert params.task_count("8")(-1) is not None and params.task_count("8")(True) is not None
+    assert params.task_count("99")(3) is None  # an unknown suite is the suite rule's problem
+    assert study.PROFILES  # the profiles the rule reads
+
+
+NB_CELLS = [
+    "n = 2\nmethods = ['iso_c']\npick = 1",
+    "!echo an IPython line is skipped\n%time x = 1",
+    "from pactlib import params as pp\n"
+    "P = pp.check(globals(), n=pp.at_least(1), methods=pp.each(pp.merge_method()),\n"
+    "             pick=pp.between(0, max(1, n)))",
+]
+
+
+def test_check_notebook_evaluates_the_notebooks_own_rules():
+    values = {"n": 2, "methods": ["iso_c"], "pick": 2}
+    assert params.check_notebook(NB_CELLS, values, notebook="nb.py") == values
+    with pytest.raises(ParameterError) as err:
+        params.check_notebook(NB_CELLS, {"n": 0, "methods": ["x"], "pick": 3}, notebook="nb.py")
+    msg = str(err.value)
+    assert msg.startswith("nb.py: ")
+    assert "parameter 'n' must be a finite number >= 1, got 0" in msg
+    assert "parameter 'methods' must be a list whose every element is one of" in msg
+    assert "parameter 'pick' must be a number in [0, 1], got 3" in msg  # max(1, n) with n = 0
+    assert params.check_notebook(NB_CELLS[:2], {"n": -5}) == {}  # no check() call: no rules
+
+
+def test_check_notebook_reports_rules_it_cannot_evaluate():
+    cells = ["import numpy as np\nP = params.check(globals(), x=params.one_of(*np.arange(3)), y=5)"]
+    with pytest.raises(ParameterError) as err:
+        params.check_notebook(cells, {"x": 1, "y": 1}, notebook="nb.py")
+    msg = str(err.value)
+    assert "the rule of 'x' (`params.one_of(*np.arange(3))`) cannot be evaluated" in msg
+    assert "NameError" in msg and "the rule of 'y' (`5`) is not a rule" in msg
+
+
 # --- the repository's notebooks and parameter sets -------------------------------------------
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -225,7 +277,76 @@ def test_runner_rejects_bad_parameters_before_running_anything(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "05_main_results" in err and "expected int, got float" in err
     assert rn.main(["--only", "05", "--check-only", "-p", "alpha_points=5",
-                    "-p", "methods=[ta, iso_c]"]) == 0
+                    "-p", "methods=[task_arithmetic, iso_c]"]) == 0
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("methods=[task_arithmetic, bogus]", ["parameter 'methods'", "'bogus'", "one of ['task_arithmetic'"]),
+    ("zoo_profile=nosuch", ["parameter 'zoo_profile'", "'nosuch'", "one of ['default', 'smoke']"]),
+    ("suites=['8', '30']", ["parameter 'suites'", "'30'", "one of ['8', '14', '20']"]),
+    ("alpha_points=-1", ["parameter 'alpha_points'", "got -1", ">= 2"]),
+    ("val_limit=0", ["parameter 'val_limit'", "got 0", ">= 8"]),
+    ("seeds=[]", ["parameter 'seeds'", "got []", "a non-empty list"]),
+    ("seeds=[0, 0]", ["parameter 'seeds'", "got [0, 0]", "without repeats"]),
+    ("n_tasks=9", ["parameter 'n_tasks'", "got 9", "[0, 8]"]),
+])
+def test_runner_rejects_bad_values_before_running_anything(override, fragments, capsys):
+    """Values, not only types: the notebook's own check() rules, evaluated before any run."""
+    rn = _runner()
+    assert rn.main(["--only", "05", "--check-only", "-p", override]) == 2
+    err = capsys.readouterr().err
+    assert "notebooks/05_main_results.py" in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_runner_value_rules_use_the_registries_and_other_parameters(capsys):
+    from pactlib import merges
+
+    rn = _runner()
+    assert rn.main(["--only", "07", "--check-only", "-p", "method=top_k", "-p", "most=0"]) == 2
+    err = capsys.readouterr().err
+    assert f"one of {list(merges.names())}, got 'top_k'" in err  # pactlib.merges.names()
+    assert "parameter 'most' must be a number in (0, 1], got 0.0" in err
+    # a rule may depend on another parameter's final value (08: accuracy_n_iter in n_iters)
+    assert rn.main(["--only", "08", "--check-only", "-p", "accuracy_n_iter=3"]) == 2
+    assert "parameter 'accuracy_n_iter' must be one of [1, 2, 4], got 3" in capsys.readouterr().err
+    assert rn.main(["--only", "08", "--check-only", "-p", "accuracy_n_iter=3",
+                    "-p", "n_iters=[1, 3]"]) == 0
+    # 10: val_limit must cover loss_examples
+    assert rn.main(["--only", "10", "--check-only", "-p", "loss_examples=100"]) == 2
+    assert "parameter 'val_limit' must be a finite number >= 100, got 64" in capsys.readouterr().err
+    # problems of every selected notebook are reported together
+    assert rn.main(["--only", "05", "06", "--check-only", "-p", "alpha_points=0"]) == 2
+    err = capsys.readouterr().err
+    assert "05_main_results.py: parameter 'alpha_points'" in err
+    assert "06_static_vs_dynamic.py: parameter 'alpha_points'" in err
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("seeds=[0,", "not valid YAML"),
+    ("seeds={a: [1}", "not valid YAML"),
+    ("nosuchequals", "expected name=value"),
+    ("=5", "expected name=value"),
+    ("two words=5", "is not a parameter name"),
+])
+def test_malformed_cli_value_is_one_line_and_exit_2(override, fragment, capsys):
+    rn = _runner()
+    assert rn.main(["--only", "05", "--check-only", "-p", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: -p ") and fragment in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_malformed_cli_value_from_the_shell():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--only", "05",
+                           "--check-only", "-p", "seeds=[0,"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "-p 'seeds=[0,'" in proc.stderr
 
 
 def test_cli_values_are_yaml():
