@@ -208,6 +208,68 @@ plotting.table(frame[frame["method"] == "key-kinds"].set_index(["tower", "kind"]
                        "matrix-rule kind.")
 
 # %% [markdown]
+# ### Our matrix rule and the reference code's
+#
+# The public TSV-M and Iso-C / Iso-CTS code (and the task-vectors code under it) merges *every*
+# 2-d tensor except `text_projection` by SVD, as stored. Ours (method.md §0) differs on two
+# kinds of key of the vision tower:
+#
+# - `visual.positional_embedding` (tokens × width) is a table of vectors, not a map, so we merge
+#   it by the method's rule for other keys (the mean for TSV-M and Iso-C). The reference code
+#   flattens its spectrum like any weight matrix.
+# - `visual.proj` is used as `x @ proj`: stored (in, out). We view it transposed, so its right
+#   singular vectors live in its input space like every other layer's. TSV-M and Iso-C give the
+#   same merged update either way (an SVD of the transpose is the transpose of the SVD). Iso-CTS
+#   does not: it projects the common subspace out on one side only. PACT does not either: its
+#   subspaces live in the input space.
+#
+# The reference rule is a named preset, `pactlib.MatrixRule.preset("reference_2d")` (in Python,
+# `pactlib.merge(..., rule=MatrixRule.preset("reference_2d"))`); use it to reproduce the
+# reference merges exactly. The table lists the keys of this checkpoint on which the two rules
+# disagree; the next one measures what that changes in the merged update.
+
+# %%
+from pactlib.matrix import MatrixRule, PRESETS
+
+theta0_vision = clip.vision_state_dict(pre_path, trust_pickle=trust_pickle)
+rule_frame = paper_scale.rule_differences(theta0_vision, {"pactlib default": PRESETS["default"],
+                                                          "reference (every 2-d)": PRESETS["reference_2d"]})
+plotting.table(rule_frame, chapter=12, number=7,
+               caption="Vision-tower keys on which pactlib's default matrix rule and the reference code's 2-d "
+                       "rule disagree (block indices folded to *). The reference rule also takes the text "
+                       "tower's 2-d tensors as matrices; their task vectors are zero, so that changes nothing.")
+
+# %% [markdown]
+# Merging the same task vectors under each rule (Iso-C, Iso-CTS, TSV-M and PACT-Iso-C), the relative
+# difference ‖D_ours − D_ref‖ / ‖D_ref‖ of the merged update, over the keys where the rules
+# disagree and over the whole vision tower:
+
+# %%
+import pandas as pd
+
+from pactlib import merged_update
+
+rows = []
+tvs_vision = task_vectors_from(theta0_vision, [clip.vision_state_dict(p, trust_pickle=trust_pickle)
+                                               for p in ft_paths], names=list(tasks))
+differ = [k for k in theta0_vision if len({paper_scale._rule_view(r, k, theta0_vision[k])
+                                          for r in PRESETS.values()}) > 1]
+for method, mode in (("iso_c", None), ("iso_cts", None), ("tsv_m", None), ("iso_c", "pact")):
+    ours, _ = merged_update(method, theta0_vision, tvs_vision, pact=mode, rule=PRESETS["default"])
+    ref, _ = merged_update(method, theta0_vision, tvs_vision, pact=mode, rule=PRESETS["reference_2d"])
+    rel = lambda keys: (sum(float((ours[k] - ref[k]).norm() ** 2) for k in keys)
+                        / max(sum(float(ref[k].norm() ** 2) for k in keys), 1e-30)) ** 0.5
+    rows.append({"merge": f"PACT-{method}" if mode else method,
+                 "keys that differ": rel(differ) if differ else float("nan"), "whole tower": rel(list(ours.keys()))})
+records.write_records(path, [records.make_record("rule-difference", params=P, seed=seed if demo else None,
+                                                 merge=r["merge"], metrics={"rel_keys": r["keys that differ"],
+                                                                            "rel_all": r["whole tower"]})
+                             for r in rows])
+plotting.table(pd.DataFrame(rows), chapter=12, number=8, floatfmt="{:.3f}",
+               caption="Relative difference of the merged update, pactlib's rule vs the reference 2-d rule "
+                       + ("(tiny worked example)." if demo else f"({ckpt_root.name})."))
+
+# %% [markdown]
 # ### What PACT does to every vision layer (data-free)
 #
 # The task vectors are the differences of the vision towers (`pactlib.task_vectors_from`,
@@ -276,7 +338,7 @@ if demo:
     frame = records.records_frame(path)
     plotting.table(frame[frame["method"] == "demo-accuracy"].set_index("task")[
         ["metrics.zero_shot", "metrics.merged", "metrics.n_test"]].rename(columns=lambda c: c.removeprefix("metrics.")),
-        chapter=12, number=7, floatfmt="{:.2f}",
+        chapter=12, number=9, floatfmt="{:.2f}",
         caption="Tiny worked example only (random weights, random images): accuracy of θ0 and of the PACT-Iso-C "
                 "merge written by `pact merge`, per tiny task. Chance is 1/3.")
 
@@ -293,7 +355,7 @@ if data_dir is not None:
     records.write_records(path, [records.make_record("data-check", params=P, seed=None, task=t, status=r.status,
                                                      metrics={"classes": r.classes, "train": r.train, "test": r.test})
                                  for t, r in check.iterrows()])
-    plotting.table(check, chapter=12, number=8 if demo else 7, floatfmt="{:,.0f}",
+    plotting.table(check, chapter=12, number=10 if demo else 9, floatfmt="{:,.0f}",
                    caption="Dataset folders found under data_root: classes, train and test images, status.")
 
 # %% [markdown]

@@ -12,12 +12,13 @@ _warnings.filterwarnings("ignore", message="IProgress not found")
 
 from . import merges  # noqa: E402
 from .api import merge, merged_update, task_vectors_from
-from .checks import CheckpointError
+from .checks import CheckpointError, MergeOverflowError
 from .io import load_state_dict, save_state_dict
 from .matrix import MatrixRule
 from .pact import PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "MatrixRule", "PactOptions", "PactReport", "TaskVector", "load_state_dict",
-           "merge", "merged_update", "merges", "pact_filter", "save_state_dict", "task_vectors_from"]
+__all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "PactOptions", "PactReport", "TaskVector",
+           "load_state_dict", "merge", "merged_update", "merges", "pact_filter", "save_state_dict",
+           "task_vectors_from"]

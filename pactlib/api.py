@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import typing
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -13,19 +14,44 @@ import torch
 from torch import Tensor
 
 from . import merges
-from .checks import check_task_set
+from .checks import check_alpha, check_task_set, check_type
 from .matrix import DEFAULT_RULE, MatrixRule
 from .pact import MODES, PactOptions, PactReport, pact_filter
-from .taskvector import TaskVector
+from .taskvector import TaskVector, check_compute_dtype
 
 log = logging.getLogger(__name__)
 
 
-def split_kwargs(method: str, kw: Mapping) -> tuple[dict, dict]:
-    """Split ``kw`` into (method parameters, PACT options) by name.
+def method_param_types(method: str) -> dict[str, object]:
+    """{parameter: expected type} of a registered method: its annotation, else its default's type."""
+    m = merges.get(method)
+    try:
+        hints = typing.get_type_hints(m.fn)
+    except Exception:  # an annotation that does not resolve: fall back to the defaults
+        hints = {}
+    return {k: hints.get(k, object if d is None else type(d)) for k, d in m.params.items()}
+
+
+def check_method_params(method: str, params: Mapping) -> None:
+    """Check the types of ``method``'s parameters (an int is a valid float, a bool is not).
 
     Raises:
-        TypeError: a name that is neither (listing the valid ones for this method).
+        UnknownMethodError: unknown ``method``.
+        TypeError: a parameter of the wrong type (named, with the expected type).
+    """
+    types_ = method_param_types(method)
+    for k, v in params.items():
+        if k in types_:
+            check_type(method, k, v, types_[k])
+
+
+def split_kwargs(method: str, kw: Mapping) -> tuple[dict, dict]:
+    """Split ``kw`` into (method parameters, PACT options) by name, checking their types against
+    the method's annotations / defaults and :class:`PactOptions`' field types.
+
+    Raises:
+        TypeError: a name that is neither (listing the valid ones for this method), or a value
+            of the wrong type (naming the parameter and its expected type).
     """
     m = merges.get(method)
     mparams, popts = {}, {}
@@ -33,17 +59,42 @@ def split_kwargs(method: str, kw: Mapping) -> tuple[dict, dict]:
         if k in m.params:
             mparams[k] = v
         elif k in PactOptions.field_names():
+            check_type("PACT option", k, v, PactOptions.field_types()[k])
             popts[k] = v
         else:
             valid = sorted(set(m.params) | PactOptions.field_names())
             raise TypeError(f"unknown parameter {k!r} for method {method!r}; valid: {', '.join(valid)}")
+    check_method_params(method, mparams)
     return mparams, popts
+
+
+def resolve_kwargs(method: str, pact: str | None, kw: Mapping) -> tuple[dict, PactOptions | None]:
+    """(method parameters, PACT options or None) from ``merge``'s keyword arguments, all checked
+    (names, types, values) without touching a checkpoint.
+
+    Raises:
+        UnknownMethodError: unknown ``method``.
+        ValueError: unknown ``pact`` mode, or an invalid PACT option value.
+        TypeError: unknown name, wrong type, or PACT options with ``pact=None``.
+    """
+    mparams, popts = split_kwargs(method, kw)
+    if pact is not None and pact not in MODES:
+        raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
+    if popts and pact is None:
+        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None")
+    return mparams, (PactOptions().replace(**popts) if popts else None)
 
 
 def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
                       names: Sequence[str] | None = None, dtype: torch.dtype = torch.float32) -> list[TaskVector]:
     """Δt = θt − θ0 for every fine-tuned checkpoint, after checking them all (keys, shapes,
-    NaN/Inf, named by task). Warns on an all-zero task vector and on identical task vectors."""
+    NaN/Inf, named by task). Warns on an all-zero task vector and on identical task vectors.
+
+    Raises:
+        ValueError: ``dtype`` is not float32 / float64 (checked first).
+        CheckpointError: as :func:`pactlib.checks.check_task_set`.
+    """
+    check_compute_dtype(dtype)
     names = check_task_set(pretrained, finetuned, names)
     tvs = [TaskVector.from_checkpoints(pretrained, ft, name=nm, dtype=dtype) for ft, nm in zip(finetuned, names)]
     for tv in tvs:
@@ -66,9 +117,13 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
     Raises:
         UnknownMethodError: unknown ``method`` (lists the known names).
         ValueError: unknown ``pact`` mode.
-        TypeError: unknown method parameter.
+        TypeError: unknown method parameter, or one of the wrong type (named).
+
+    Warns:
+        UserWarning: PACT changed nothing (see :func:`pactlib.pact.pact_filter`).
     """
     m = merges.get(method)
+    check_method_params(method, method_params)
     report = None
     if pact is not None:
         if pact not in MODES:
@@ -102,15 +157,13 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         non-floating buffers copied from θ0.
 
     Raises:
+        TypeError, ValueError: α not a real number, or NaN / ±Inf (before any work).
         CheckpointError: key/shape mismatch or NaN/Inf in any input (named, before any SVD).
-        UnknownMethodError, TypeError, ValueError: as :func:`merged_update`.
+        MergeOverflowError: a merged value overflows θ0's dtype (fp16), naming key and dtype.
+        UnknownMethodError, TypeError, ValueError: as :func:`resolve_kwargs` (before any work).
     """
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise TypeError(f"alpha must be a number, got {type(alpha).__name__}")
-    mparams, popts = split_kwargs(method, kw)
-    if popts and pact is None:
-        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None")
-    options = PactOptions().replace(**popts) if popts else None
+    alpha = check_alpha(alpha)
+    mparams, options = resolve_kwargs(method, pact, kw)
     dtype = torch.float64 if any(v.dtype == torch.float64 for v in pretrained.values()) else torch.float32
     tvs = task_vectors_from(pretrained, finetuned, names=names, dtype=dtype)
     D, _ = merged_update(method, pretrained, tvs, pact=pact, options=options, rule=rule, **mparams)

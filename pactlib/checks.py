@@ -1,12 +1,17 @@
-"""Input checks shared by the engine: keys, shapes, dtypes and finiteness of checkpoints.
+"""Input checks shared by the engine: keys, shapes, dtypes and finiteness of checkpoints, the
+scaling coefficient α and the types of parameters.
 
-Every check raises :class:`CheckpointError` (a ``ValueError``) with a message naming the task,
-the key(s) and the shapes involved, before any SVD is attempted. Nothing here modifies its
-inputs.
+Every checkpoint check raises :class:`CheckpointError` (a ``ValueError``) with a message naming
+the task, the key(s) and the shapes involved, before any SVD is attempted. Nothing here modifies
+its inputs.
 """
 from __future__ import annotations
 
+import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 
 import torch
 from torch import Tensor
@@ -14,6 +19,75 @@ from torch import Tensor
 
 class CheckpointError(ValueError):
     """A checkpoint (state dict) that cannot be used as given; the message names the problem."""
+
+
+class MergeOverflowError(CheckpointError, OverflowError):
+    """A merged value does not fit the checkpoint's dtype (e.g. beyond fp16's ±65504): it would
+    become ±inf. The message names the key, the dtype and the largest |value|."""
+
+
+def check_alpha(alpha) -> float:
+    """Return α as a float.
+
+    Raises:
+        TypeError: α is not a real number (or is a bool).
+        ValueError: α is NaN or ±Inf.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, Real):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__} {alpha!r}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number, got {alpha}")
+    return float(alpha)
+
+
+def _fits(value, expected) -> bool:
+    """Whether ``value`` fits the annotation ``expected`` (an int fits float; a bool fits only
+    bool; a Literal is checked for its type only, its values by the caller)."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is None or expected is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return any(type(value) is type(a) for a in args)
+    if origin in (tuple, list, Sequence):
+        item = args[0] if args else typing.Any
+        return isinstance(value, (tuple, list)) and all(_fits(v, item) for v in value)
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, Integral) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, Real) and not isinstance(value, bool)
+    return isinstance(value, expected) if isinstance(expected, type) else True
+
+
+def _describe(expected) -> str:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is None or expected is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (tuple, list, Sequence):
+        plural = {str: "strings", int: "integers", float: "numbers"}
+        return f"a list of {plural.get(args[0], 'values') if args else 'values'}"
+    names = {bool: "true or false (bool)", int: "an integer (int)", float: "a number (float)", str: "a string (str)"}
+    return names.get(expected, getattr(expected, "__name__", str(expected)))
+
+
+def check_type(owner: str, name: str, value, expected) -> None:
+    """Check that parameter ``name`` of ``owner`` fits the annotation ``expected`` (float, int,
+    str, bool, None, unions, Literal, ``tuple[X, ...]``); an int is a valid float, a bool is
+    not a number.
+
+    Raises:
+        TypeError: naming ``owner``, ``name``, the expected type and the value given.
+    """
+    if not _fits(value, expected):
+        raise TypeError(f"{owner}: parameter {name!r} must be {_describe(expected)}, "
+                        f"got {type(value).__name__} {value!r}")
 
 
 def _preview(keys, n: int = 5) -> str:

@@ -20,10 +20,16 @@ SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".bin", ".ckpt")
 
 
-def _suffix(path: Path) -> str:
-    s = path.suffix.lower()
+def check_suffix(path: str | os.PathLike) -> str:
+    """The checkpoint extension of ``path`` (lower case).
+
+    Raises:
+        CheckpointError: an extension that is neither safetensors nor torch (the supported ones listed).
+    """
+    s = Path(path).suffix.lower()
     if s not in SAFETENSORS + TORCH:
-        raise CheckpointError(f"{path}: unknown checkpoint extension {s!r}; use one of {SAFETENSORS + TORCH}")
+        raise CheckpointError(f"{path}: unknown checkpoint extension {s or '(none)'!r}; "
+                              f"use one of {', '.join(SAFETENSORS + TORCH)}")
     return s
 
 
@@ -40,7 +46,7 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    suffix = _suffix(path)
+    suffix = check_suffix(path)
     try:
         if suffix in SAFETENSORS:
             from safetensors.torch import load_file
@@ -87,10 +93,11 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
     Tensors are made contiguous copies for safetensors (shared storage is not allowed there).
 
     Raises:
-        CheckpointError: unknown extension or a non-tensor value.
+        CheckpointError: unknown extension (the supported ones listed) or a non-tensor value,
+            before anything is written.
     """
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = check_suffix(path)
     for k, v in sd.items():
         if not isinstance(v, Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from numbers import Integral
 
 import torch
 from torch import Tensor, nn
@@ -31,11 +32,27 @@ from pactlib.matrix import DEFAULT_RULE, MatrixRule
 Adapters = dict[str, tuple[Tensor, Tensor]]
 
 
-def lora_scale(rank: int, alpha: float) -> float:
-    """scale = alpha / rank (method.md C11)."""
+def check_rank(rank) -> int:
+    """Return a LoRA rank r, checked.
+
+    Raises:
+        TypeError: ``rank`` is not an integer (a bool is not one).
+        ValueError: ``rank`` < 1.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, Integral):
+        raise TypeError(f"LoRA rank must be an integer >= 1, got {type(rank).__name__} {rank!r}")
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}")
-    return float(alpha) / rank
+    return int(rank)
+
+
+def lora_scale(rank: int, alpha: float) -> float:
+    """scale = alpha / rank (method.md C11).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_rank`.
+    """
+    return float(alpha) / check_rank(rank)
 
 
 def init_adapters(
@@ -59,7 +76,9 @@ def init_adapters(
 
     Raises:
         KeyError: a requested key is missing. ValueError: it is not a matrix layer.
+        TypeError, ValueError: ``rank`` not an integer >= 1 (:func:`check_rank`).
     """
+    rank = check_rank(rank)
     keys = list(keys) if keys is not None else rule.matrix_keys(state_dict)
     out: Adapters = {}
     for key in keys:
@@ -75,9 +94,15 @@ def init_adapters(
 
 
 def adapter_delta(key: str, A: Tensor, B: Tensor, scale: float, shape, rule: MatrixRule = DEFAULT_RULE) -> Tensor:
-    """scale · B A (m, n) returned in the stored ``shape`` of ``key`` (e.g. (m, n, 1, 1))."""
+    """scale · B A (m, n) returned in the stored ``shape`` of ``key`` (e.g. (m, n, 1, 1)).
+
+    Raises:
+        ValueError: factors not shaped A (r, n), B (m, r) with r >= 1 (key and shapes named).
+    """
     if A.ndim != 2 or B.ndim != 2 or B.shape[1] != A.shape[0]:
         raise ValueError(f"{key}: LoRA factors must be A (r, n), B (m, r); got {tuple(A.shape)}, {tuple(B.shape)}")
+    if A.shape[0] < 1:
+        raise ValueError(f"{key}: LoRA rank must be >= 1, the factors have rank 0: A {tuple(A.shape)}, B {tuple(B.shape)}")
     return rule.unview(key, scale * (B @ A), shape)  # (m, n) -> stored shape
 
 
@@ -102,7 +127,7 @@ def lora_task_vector(
 
     Raises:
         KeyError: an adapter names a key absent from ``pretrained``.
-        ValueError: factor shapes do not match the layer (names key and shapes).
+        ValueError: factor shapes do not match the layer, or rank 0 factors (names key and shapes).
     """
     extra = set(adapters) - set(pretrained)
     if extra:

@@ -9,20 +9,24 @@ same shield S = V0,K for every task. Non-matrix keys pass through unfiltered. Bo
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
+import typing
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
 
-from .checks import CheckpointError
+from .checks import CheckpointError, check_type
 from .linalg import SvdMethod
 from .matrix import DEFAULT_RULE, MatrixRule
 from .shield import build_shield, filter_update, shield_cap
 from .subspaces import LBW, active_subspace, choose_rank, lbw_subspace, pretrained_core
 from .taskvector import TaskVector
+from .threads import map_ordered
 
 Mode = Literal["pact", "s-pact"]
 MODES = ("pact", "s-pact")
@@ -42,6 +46,11 @@ class PactOptions:
     and k = 0.05·r (r = min(m, n)), τ = 0.5 (method.md), cap 0.5·n, shield tolerance 1e-4. A first
     sweep around k = 0.1·r found k = 0.05·r best on validation (86.4 % vs 85.6 % normalized) and
     no other single change better than that; the records are ``book/data/sensitivity_round1.jsonl``.
+
+    Raises:
+        TypeError: a field of the wrong type (named; an int is a valid float, a bool is not).
+        ValueError: a value out of range, both or neither of a frac/energy pair, or a ``layers``
+            entry that is not a valid regular expression (named).
     """
 
     core_frac: float | None = 0.1
@@ -58,6 +67,10 @@ class PactOptions:
     layers: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        if isinstance(self.layers, str):
+            object.__setattr__(self, "layers", (self.layers,))
+        for f in fields(self):
+            check_type("PactOptions", f.name, getattr(self, f.name), self.field_types()[f.name])
         for a, b in (("core_frac", "core_energy"), ("active_frac", "active_energy")):
             va, vb = getattr(self, a), getattr(self, b)
             if (va is None) == (vb is None):
@@ -71,14 +84,23 @@ class PactOptions:
             raise ValueError(f"PactOptions: max_shield_frac must be in (0, 1], got {self.max_shield_frac}")
         if self.svd not in ("exact", "rsvd"):
             raise ValueError(f"PactOptions: svd must be 'exact' or 'rsvd', got {self.svd!r}")
-        if isinstance(self.layers, str):
-            object.__setattr__(self, "layers", (self.layers,))
-        elif self.layers is not None:
+        if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))
+            for pattern in self.layers:
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"PactOptions: layers pattern {pattern!r} is not a regular expression ({e})") from None
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+    @classmethod
+    @functools.cache
+    def field_types(cls) -> dict[str, object]:
+        """{field: annotation}, resolved (used to check the types of options)."""
+        return typing.get_type_hints(cls)
 
     def replace(self, **kw) -> "PactOptions":
         """A copy with some fields changed (validated). Unknown names raise TypeError listing the known ones."""
@@ -193,6 +215,11 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
     Raises:
         ValueError: unknown mode, or no task vectors.
         CheckpointError: a key or shape mismatch between θ0 and a task vector.
+
+    Warns:
+        UserWarning: a ``options.layers`` pattern matches no matrix layer (patterns named), or
+            the filter changed no task vector (no matrix layer, none selected, all deltas zero,
+            or every shield empty, e.g. one task only): the result is the plain merge.
     """
     if mode not in MODES:
         raise ValueError(f"unknown PACT mode {mode!r}; use one of {MODES}")
@@ -201,18 +228,26 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
         raise ValueError("pact_filter: no task vectors")
     report = PactReport(mode, options)
     out = [dict(tv.items()) for tv in tvs]  # shallow: filtered layers get new tensors below
-    for key, ref in tvs[0].items():
-        if rule.kind(key, ref) != "matrix" or not options.selects(key):
-            continue
-        if key not in pretrained or pretrained[key].shape != ref.shape:
+    matrix_keys = [k for k, ref in tvs[0].items() if rule.kind(k, ref) == "matrix"]
+    selected = [k for k in matrix_keys if options.selects(k)]
+    unmatched = [p for p in options.layers or () if not any(re.search(p, k) for k in matrix_keys)]
+    if unmatched:
+        warnings.warn(f"{mode}: layers pattern(s) {unmatched} match no matrix layer "
+                      f"({len(matrix_keys)} matrix layers, e.g. {matrix_keys[:3]})", stacklevel=2)
+    for key in selected:
+        if key not in pretrained or pretrained[key].shape != tvs[0][key].shape:
             raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
+
+    def one(key: str):
+        ref = tvs[0][key]
         W0 = rule.view(key, pretrained[key].to(ref.dtype))  # (m, n)
         deltas = [rule.view(key, tv[key]) for tv in tvs]  # T x (m, n)
         if not any(bool(d.any()) for d in deltas):
-            continue  # e.g. a frozen text tower: nothing to protect against
+            return None  # e.g. a frozen text tower: nothing to protect against
         m, n = W0.shape
         subs = layer_subspaces(W0, deltas, options)
         lr = LayerReport(key, m, n, subs.core.shape[1], shield_cap(n, options.max_shield_frac))
+        filtered_all, shields = [], []
         for t, d in enumerate(deltas):
             if mode == "pact":
                 sh = build_shield([subs.lbw[j].basis for j in range(len(deltas)) if j != t], n,
@@ -220,8 +255,7 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             else:
                 sh = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
             filtered = filter_update(d, sh.basis)
-            if keep:
-                report.shields.setdefault(key, []).append(sh.basis)
+            shields.append(sh.basis)
             e0 = float((d ** 2).sum())
             removed = e0 - float((filtered ** 2).sum())
             lr.active_rank.append(subs.active[t].shape[1])
@@ -230,8 +264,24 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             lr.union_rank.append(sh.union_rank)
             lr.capped.append(sh.capped)
             lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
-            out[t][key] = rule.unview(key, filtered, ref.shape)
+            filtered_all.append(rule.unview(key, filtered, ref.shape))
+        return lr, filtered_all, shields, subs
+
+    # one thread per layer kernel, layers in parallel: bit-identical for any thread count
+    for key, res in zip(selected, map_ordered(one, selected, torch.get_num_threads())):
+        if res is None:
+            continue
+        lr, filtered_all, shields, subs = res
+        for t, filtered in enumerate(filtered_all):
+            out[t][key] = filtered
         report.layers.append(lr)
         if keep:
+            report.shields[key] = shields
             report.subspaces[key] = subs
+    if not any(r for lr in report.layers for r in lr.shield_rank):
+        reason = ("no matrix layer under the matrix rule" if not matrix_keys else
+                  f"the layers patterns {list(options.layers)} select no matrix layer" if not selected else
+                  "every selected layer's task vectors are zero" if not report.layers else
+                  "every shield is empty (one task only, or no load-bearing directions)")
+        warnings.warn(f"{mode} changed no task vector: {reason}; the merge is the plain method's", stacklevel=2)
     return [TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], report

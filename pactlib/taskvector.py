@@ -17,12 +17,19 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from .checks import CheckpointError, check_compatible, check_finite
+from .checks import CheckpointError, MergeOverflowError, check_alpha, check_compatible, check_finite
 
 log = logging.getLogger(__name__)
 _REPORTED_BUFFERS: set[frozenset[str]] = set()
 
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
+
+
+def check_compute_dtype(dtype) -> None:
+    """Raise ValueError unless ``dtype`` is a task vector's dtype (float32 or float64), naming both."""
+    if dtype not in _COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype} "
+                         "(half-precision checkpoints are fine: task vectors are computed in float32)")
 
 
 def _report_buffers(keys: list[str]) -> None:
@@ -51,8 +58,7 @@ class TaskVector(Mapping):
 
     def __init__(self, deltas: Mapping[str, Tensor], *, name: str | None = None,
                  dtype: torch.dtype = torch.float32):
-        if dtype not in _COMPUTE_DTYPES:
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        check_compute_dtype(dtype)
         d = {}
         for k, v in deltas.items():
             if not isinstance(v, Tensor) or not torch.is_floating_point(v):
@@ -69,7 +75,9 @@ class TaskVector(Mapping):
 
         Raises:
             CheckpointError: keys missing or extra, a shape mismatch, NaN/Inf (all named).
+            ValueError: an unsupported ``dtype`` (not float32 / float64).
         """
+        check_compute_dtype(dtype)
         nm = name or "fine-tuned"
         check_compatible(pretrained, finetuned, name=nm)
         check_finite(pretrained, name="pre-trained")
@@ -165,11 +173,16 @@ class TaskVector(Mapping):
         """θ = θ0 + α·Δ, returned as a new state dict in θ0's dtypes (θ0 is not modified).
 
         Non-floating buffers are copied from θ0 (cloned). Floating keys of θ0 absent from the
-        task vector are an error (a task vector covers every floating key).
+        task vector are an error (a task vector covers every floating key). The sum is computed
+        in the task vector's dtype and cast to θ0's; a value that would become ±inf there (fp16
+        holds |x| <= 65504) is an error, never a silent inf.
 
         Raises:
             CheckpointError: floating keys of θ0 missing here, extra keys here, or a shape mismatch.
+            MergeOverflowError: a merged value overflows θ0's dtype (names key, dtype, max |value|).
+            TypeError, ValueError: α not a real number, or NaN / ±Inf.
         """
+        alpha = check_alpha(alpha)
         floats = {k for k, v in pretrained.items() if torch.is_floating_point(v)}
         missing, extra = floats - self.keys(), self.keys() - pretrained.keys()
         if missing or extra:
@@ -180,7 +193,13 @@ class TaskVector(Mapping):
                 d = self._d[k]
                 if d.shape != v.shape:
                     raise CheckpointError(f"apply_to: shape mismatch at key {k!r}: θ0 {tuple(v.shape)} vs Δ {tuple(d.shape)}")
-                out[k] = (v.to(d.dtype) + alpha * d).to(v.dtype)
+                merged = v.to(d.dtype) + alpha * d
+                out[k] = merged.to(v.dtype)
+                if not bool(torch.isfinite(out[k]).all()):
+                    raise MergeOverflowError(
+                        f"apply_to: key {k!r}: merged values reach max |value| {float(merged.abs().max()):.6g}, "
+                        f"beyond the range of {v.dtype} (max {torch.finfo(v.dtype).max:.6g}) at alpha={alpha}; "
+                        "use a smaller alpha or a float32 pre-trained checkpoint")
             else:
                 out[k] = v.clone()
         return out

@@ -14,6 +14,7 @@ from torch import nn
 
 open_clip = pytest.importorskip("open_clip")
 
+import pactlib  # noqa: E402
 from pactlib.checks import CheckpointError  # noqa: E402
 from pactlib.data import paper  # noqa: E402
 from pactlib.matrix import MatrixRule  # noqa: E402
@@ -277,6 +278,34 @@ def test_matrix_rule_per_format(fmt, full_sd):
         assert torch.equal(view, clip.open_clip_to_hf(full_sd)["visual_projection.weight"])
     fused = clip.vision_state_dict(clip.open_clip_to_hf(full_sd), naming="open_clip")
     assert set(rule.matrix_keys(fused)) == _expected_matrix_keys("open_clip")
+
+
+def test_reference_2d_rule_preset_on_open_clip_keys(full_sd):
+    """The reference code's rule: every 2-d tensor but text_projection, as stored."""
+    from pactlib.experiments.paper_scale import rule_differences
+    from pactlib.matrix import PRESETS
+
+    ref = MatrixRule.preset("reference_2d")
+    assert ref is PRESETS["reference_2d"]
+    with pytest.raises(KeyError, match="reference_2d"):
+        MatrixRule.preset("nope")
+    two_d = {k for k, v in full_sd.items() if v.ndim == 2 and "text_projection" not in k}
+    assert set(ref.matrix_keys(full_sd)) == two_d  # text tower, positional tables, proj included
+    assert torch.equal(ref.view("visual.proj", full_sd["visual.proj"]), full_sd["visual.proj"])  # as stored
+    assert ref.kind("x.pw.weight", torch.zeros(8, 4, 1, 1)) == "other"  # 1x1 convs are not 2-d
+    diff = rule_differences(_visual(full_sd), {"ours": MatrixRule(), "ref": ref})
+    got = {r.pattern: (r.ours, r.ref, r.keys) for r in diff.itertuples()}
+    assert got == {"visual.positional_embedding": ("other", f"matrix 17×{WIDTH}", 1),
+                   "visual.proj": (f"matrix {EMBED}×{WIDTH} (transposed)", f"matrix {WIDTH}×{EMBED}", 1)}
+    # Iso-C is transpose-equivariant: visual.proj merges the same under both rules; Iso-CTS is not
+    g = torch.Generator().manual_seed(0)
+    tvs = [pactlib.TaskVector({"visual.proj": torch.randn(WIDTH, EMBED, generator=g)}) for _ in range(3)]
+    a = pactlib.merges.get("iso_c")(tvs, rule=MatrixRule())["visual.proj"]
+    b = pactlib.merges.get("iso_c")(tvs, rule=ref)["visual.proj"]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    a = pactlib.merges.get("iso_cts")(tvs, rule=MatrixRule())["visual.proj"]
+    b = pactlib.merges.get("iso_cts")(tvs, rule=ref)["visual.proj"]
+    assert float((a - b).norm() / b.norm()) > 0.01
 
 
 # ----------------------------------------------------------------------------- heads, classifier

@@ -90,6 +90,27 @@ def test_cli_merge_matches_python_api(tmp_path, ckpts, capsys):
         torch.testing.assert_close(got[k], want[k])
 
 
+def test_cli_rule_preset_matches_python_api(tmp_path, ckpts, capsys):
+    """--rule reference_2d: 1x1 convs are not matrices there, so pw.weight is merged by the mean."""
+    from pactlib.matrix import MatrixRule
+
+    pre, fts = ckpts
+    paths = [str(save_state_dict(f, tmp_path / f"ft{i}.pt")) for i, f in enumerate(fts)]
+    save_state_dict(pre, tmp_path / "pre.pt")
+    out = tmp_path / "merged.safetensors"
+    rc = main(["merge", "--method", "iso_c", "--alpha", "0.5", "--pretrained", str(tmp_path / "pre.pt"),
+               "--finetuned", *paths, "--out", str(out), "--rule", "reference_2d"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["rule"] == "reference_2d"
+    got = load_state_dict(out)
+    want = pactlib.merge("iso_c", pre, fts, alpha=0.5, rule=MatrixRule.preset("reference_2d"))
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    mean = sum(f["pw.weight"] - pre["pw.weight"] for f in fts) / len(fts)
+    torch.testing.assert_close(got["pw.weight"], pre["pw.weight"] + 0.5 * mean)
+    default = pactlib.merge("iso_c", pre, fts, alpha=0.5)
+    assert not torch.allclose(default["pw.weight"], got["pw.weight"])
+
+
 def test_cli_errors_are_clear(tmp_path, ckpts, capsys):
     pre, fts = ckpts
     save_state_dict(pre, tmp_path / "pre.pt")

@@ -12,6 +12,7 @@ Nothing here downloads; checkpoints are read with :mod:`pactlib.models.clip`, da
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,3 +237,31 @@ def classifier_accuracy(classifier: torch.nn.Module, images: Tensor, labels: Ten
     finally:
         classifier.train(was_training)
     return correct / len(images)
+
+
+def _rule_view(rule: MatrixRule, key: str, t: Tensor) -> str:
+    kind = rule.kind(key, t)
+    if kind != "matrix":
+        return kind
+    m, n = rule.view(key, t).shape
+    return f"matrix {m}×{n}" + (" (transposed)" if rule.is_transposed(key) else "")
+
+
+def rule_differences(state_dict: Mapping[str, Tensor], rules: Mapping[str, MatrixRule]) -> pd.DataFrame:
+    """Keys on which matrix rules disagree (kind or view), one row per key pattern.
+
+    Block indices are folded (``resblocks.3.`` -> ``resblocks.*.``) so a 12-block tower gives
+    one row per kind of layer. Columns: ``pattern``, ``keys`` (how many), ``shape`` (stored) and
+    one column per rule name with its view: ``"matrix m×n"`` (``" (transposed)"`` when viewed
+    transposed), ``"other"`` or ``"buffer"``. Empty when the rules agree on every key.
+    """
+    rows: dict[tuple, dict] = {}
+    for key, t in state_dict.items():
+        views = {name: _rule_view(rule, key, t) for name, rule in rules.items()}
+        if len(set(views.values())) == 1:
+            continue
+        pattern = re.sub(r"\.\d+\.", ".*.", key)
+        row = rows.setdefault((pattern, tuple(t.shape), tuple(views.values())),
+                              {"pattern": pattern, "keys": 0, "shape": "×".join(map(str, t.shape)), **views})
+        row["keys"] += 1
+    return pd.DataFrame(list(rows.values()), columns=["pattern", "keys", "shape", *rules])

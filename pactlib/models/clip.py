@@ -157,12 +157,40 @@ _DIR_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model
               "open_clip_pytorch_model.bin")
 
 
+def _index_shards(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's ``*.index.json`` lists in its ``weight_map``.
+
+    Raises:
+        CheckpointError: invalid JSON, no ``weight_map`` mapping (or an empty one), or a shard
+            that is not in the folder (all naming the index file).
+    """
+    try:
+        data = json.loads(index.read_text())
+    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{index}: not a readable JSON index ({type(e).__name__}: {e})") from e
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
+    bad = sorted({repr(f) for f in weight_map.values() if not isinstance(f, str)})
+    if bad:
+        raise CheckpointError(f"{index}: weight_map values must be shard file names, got {', '.join(bad[:3])}")
+    shards = [index.parent / f for f in sorted(set(weight_map.values()))]
+    missing = [f.name for f in shards if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{index}: weight_map names shard(s) missing from {index.parent}: {missing[:5]}")
+    return shards
+
+
 def _checkpoint_files(folder: Path) -> list[Path]:
-    """The weight file(s) of a Hugging Face / open_clip model folder (shards via the index)."""
+    """The weight file(s) of a Hugging Face / open_clip model folder (shards via the index).
+
+    Raises:
+        CheckpointError: a malformed index (see :func:`_index_shards`).
+        FileNotFoundError: no weight file or index in ``folder``.
+    """
     for index in _DIR_INDEXES:
         if (folder / index).is_file():
-            shards = json.loads((folder / index).read_text()).get("weight_map", {}).values()
-            return [folder / f for f in sorted(set(shards))]
+            return _index_shards(folder / index)
     for name in _DIR_FILES:
         if (folder / name).is_file():
             return [folder / name]
@@ -184,7 +212,8 @@ def load_clip_checkpoint(path: PathLike, *, trust_pickle: bool = False) -> dict[
     Raises:
         FileNotFoundError: ``path`` does not exist, or a folder holds no checkpoint (named).
         PickleRefused: the file holds pickled objects and ``trust_pickle`` is False.
-        CheckpointError: an unreadable / corrupt file, or one holding something other than tensors.
+        CheckpointError: an unreadable / corrupt file (also with ``trust_pickle``), one holding
+            something other than tensors, or a malformed ``*.index.json`` (all naming the file).
     """
     path = Path(path)
     if path.is_dir():
@@ -202,7 +231,7 @@ def load_clip_checkpoint(path: PathLike, *, trust_pickle: bool = False) -> dict[
         return _unwrap(_read_file(path, trust_pickle), path)
     except CheckpointError:
         raise
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:  # corrupt / truncated
+    except Exception as err:  # corrupt / truncated / garbage (unpickling can raise anything)
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(err).__name__}: {str(err)[:200]})") from err
 
 
