@@ -40,7 +40,7 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
-from pactlib import params, plotting, records, report, study
+from pactlib import merges, params, plotting, records, report, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
@@ -139,6 +139,41 @@ print(f"largest test gap: {worst['method']} on {worst['suite']} tasks, {worst['s
 geo8 = alpha_search.query("search == 'geo5' and suite == '8'").set_index("method")["alpha"]
 print("α picked by the geometric grid on 8 tasks, plain → PACT: "
       + ", ".join(f"{m} {geo8[m]:.3g} → {geo8['pact-' + m]:.3g}" for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")))
+
+# %% [markdown]
+# ## Rank-deficient layers
+#
+# TSV-M, Iso-C and Iso-CTS decompose matrices by SVD. The PACT filter removes every direction
+# that lies in all the tasks' shields from every task, so the sum of the filtered task vectors is
+# exactly rank-deficient (S-PACT, which uses one shield for all, even more so). LoRA task vectors
+# have rank at most T·r without any filter. On such a matrix the SVD pairs the null directions
+# arbitrarily: the pairing changes with the order of the tasks or with float noise. The reference
+# code flattens (Iso-C) or stacks and orthogonalises (TSV-M, Iso-CTS) *every* singular triplet,
+# so it writes merged weight into those arbitrary directions, and the merge then depends on the
+# task order. That convention is `null_space="literal"`.
+#
+# `null_space="drop"` keeps only the numerical range: singular values above max(m, n)·eps times
+# the layer's largest (the tolerance `torch.linalg.matrix_rank` uses). Iso-C then spreads the
+# sum's nuclear norm evenly over the directions the tasks span and leaves the rest at zero;
+# TSV-M and Iso-CTS drop zero-valued triplets before stacking. The merge is then a function of
+# the *set* of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random
+# orders and thread counts). On full-rank layers the two conventions agree.
+#
+# Which should be the default? `bench/bench_null_space.py` ran each rank-deficient merge of
+# this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α
+# search, and the literal convention a second time with the task order reversed.
+
+# %%
+null_space = records.records_frame(plotting.repo_path("book/data/null_space.jsonl"))
+plotting.table(report.null_space_table(null_space), chapter=5, number=5, floatfmt="{:.1f}",
+               caption="The two conventions for rank-deficient layers on the same merges (mean over seeds): "
+                       "validation and test normalized accuracy (%), their differences (drop − literal, points), "
+                       "and the literal convention's test change when only the task order is reversed (points).")
+choice = report.null_space_choice(null_space)
+default = merges.get("iso_c").params["null_space"]
+print(f"{choice['merges']} merges: 'drop' scores higher on validation in {choice['drop_better']}, 'literal' in "
+      f"{choice['literal_better']}; mean difference {choice['mean_delta_val']:+.2f} points on validation, "
+      f"{choice['mean_delta_test']:+.2f} on test. Validation picks {choice['choice']!r}; pactlib's default is {default!r}.")
 
 # %% [markdown]
 # ## Verdicts

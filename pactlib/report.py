@@ -297,3 +297,56 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
                      "test (best)": round(d.loc[best, "test_abs"], 2),
                      "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)})
     return pd.DataFrame(rows).set_index("knob")
+
+
+def _null_space_pairs(frame) -> pd.DataFrame:
+    """One row per merge (kind, suite, method, seed) with val / test (points) per convention."""
+    f = _frame(frame).copy()
+    if "convention" not in f or not {"drop", "literal"} <= set(f["convention"]):
+        raise ValueError("null-space records need both conventions 'drop' and 'literal' "
+                         "(bench/bench_null_space.py)")
+    f["kind"] = f["kind"] if "kind" in f else "full"
+    f["val"], f["test"] = 100 * f["metrics.val_norm_acc"], 100 * f["metrics.norm_acc"]
+    wide = f.pivot_table(index=["kind", "suite", "method", "seed"], columns="convention", values=["val", "test"],
+                         aggfunc="first")
+    wide.columns = [f"{metric} {conv}" for metric, conv in wide.columns]
+    return wide.dropna(subset=["val drop", "val literal"]).reset_index()
+
+
+def null_space_table(frame) -> pd.DataFrame:
+    """The two rank-deficiency conventions of TSV-M / Iso-C / Iso-CTS (``null_space``) on the same
+    merges, from ``bench/bench_null_space.py`` records (one per merge × ``convention``).
+
+    Rows: (kind, suite, merge). Columns: seeds; mean validation and test normalized accuracy (%)
+    of ``drop`` and ``literal``; their mean differences ``Δ val`` and ``Δ test`` (drop − literal,
+    points); ``order effect``: the mean |test difference| between ``literal`` on the task order
+    and on the reversed order (points; NaN where not run), which ``drop`` does not have.
+
+    Raises:
+        ValueError: records without both conventions.
+    """
+    w = _null_space_pairs(frame)
+    w["Δ val"], w["Δ test"] = w["val drop"] - w["val literal"], w["test drop"] - w["test literal"]
+    if "test literal-reversed" in w:
+        w["order effect"] = (w["test literal-reversed"] - w["test literal"]).abs()
+    else:
+        w["order effect"] = np.nan
+    g = w.groupby(["kind", "suite", "method"], sort=False)
+    out = g[["val drop", "val literal", "Δ val", "test drop", "test literal", "Δ test", "order effect"]].mean()
+    out.insert(0, "seeds", g["seed"].nunique())
+    return out
+
+
+def null_space_choice(frame) -> dict:
+    """Which convention validation prefers over every merge of the records.
+
+    Returns:
+        ``merges`` (merge × seed pairs), ``drop_better`` / ``literal_better`` / ``equal`` (counts
+        on validation), ``mean_delta_val`` and ``mean_delta_test`` (drop − literal, points) and
+        ``choice``: ``"drop"`` when the mean validation difference is >= 0, else ``"literal"``.
+    """
+    w = _null_space_pairs(frame)
+    dv, dt = w["val drop"] - w["val literal"], w["test drop"] - w["test literal"]
+    return {"merges": len(w), "drop_better": int((dv > 0).sum()), "literal_better": int((dv < 0).sum()),
+            "equal": int((dv == 0).sum()), "mean_delta_val": float(dv.mean()), "mean_delta_test": float(dt.mean()),
+            "choice": "drop" if dv.mean() >= 0 else "literal"}

@@ -74,3 +74,27 @@ def test_per_task_table_keeps_the_suites_own_tasks():
     tab = report.per_task_table(records.records_frame(recs), suite="2", methods=["iso_c"])
     assert list(tab.columns) == ["a", "b"] and list(tab.index) == ["Iso-C"]
     assert tab.loc["Iso-C", "a"] == pytest.approx(60.0)
+
+
+def _ns(conv, method, seed, val, test, kind="full"):
+    return records.make_record(method, params={}, seed=seed, suite="8", kind=kind, convention=conv,
+                               metrics={"val_norm_acc": val, "norm_acc": test})
+
+
+def test_null_space_table_and_choice_on_known_values():
+    recs = []
+    for seed in (0, 1):
+        recs += [_ns("drop", "pact-iso_c", seed, 0.90, 0.88), _ns("literal", "pact-iso_c", seed, 0.85, 0.86)]
+        recs += [_ns("drop", "pact-tsv_m", seed, 0.80, 0.80), _ns("literal", "pact-tsv_m", seed, 0.81, 0.79)]
+    recs += [_ns("literal-reversed", "pact-iso_c", 0, 0.0, 0.83)]
+    t = report.null_space_table(recs)
+    row = t.loc[("full", "8", "pact-iso_c")]
+    assert row["seeds"] == 2
+    assert row["Δ val"] == pytest.approx(5.0) and row["Δ test"] == pytest.approx(2.0)
+    assert row["order effect"] == pytest.approx(3.0)  # |83 - 86| on seed 0 only
+    assert t.loc[("full", "8", "pact-tsv_m")]["Δ val"] == pytest.approx(-1.0)
+    c = report.null_space_choice(recs)
+    assert c == {"merges": 4, "drop_better": 2, "literal_better": 2, "equal": 0,
+                 "mean_delta_val": pytest.approx(2.0), "mean_delta_test": pytest.approx(1.5), "choice": "drop"}
+    with pytest.raises(ValueError, match="both conventions"):
+        report.null_space_table([r for r in recs if r["convention"] == "drop"])
