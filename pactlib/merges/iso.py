@@ -53,35 +53,30 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
     with the common *left* subspace projected out; stack, polar-orthogonalise U and V, and set every
     singular value to the mean of the stacked values.
 
-    ``null_space="drop"`` (default) keeps, in the common block and in each task's block, only
-    directions whose value exceeds ``rank_rtol`` × the layer's scale (the largest singular value
-    of ΣΔt or of any task's residual), and σ̄ is the mean over those; ``"literal"`` keeps k and
+    ``null_space="drop"`` (default) keeps common directions only up to the numerical rank of
+    ΣΔt (values above ``rank_rtol``·σ_max(ΣΔt)), and in each task's block only directions whose
+    value exceeds ``rank_rtol`` × the layer's scale (the largest singular value of ΣΔt or of any
+    task's residual); σ̄ is the mean over those; ``"literal"`` keeps k and
     (d − k)/T directions whatever their values (zeros included in the mean), as the reference code.
     """
     T, m, n = deltas.shape
     d = min(m, n)
     k, per = iso_cts_split(d, T, common_frac)
     U, S, Vh = svd(deltas.sum(0))
-    common = Triplets(U[:, :k], S[:k], Vh[:k].mT)
-    Uc = common.U
-    blocks = []
+    top = float(S[0]) if S.numel() else 0.0
+    if null_space == "drop":  # the common block stops at the sum's numerical rank
+        k = min(k, int((S > rank_tol((m, n), deltas.dtype, top, rank_rtol)).sum()))
+    Uc = U[:, :k]  # (m, k)
+    blocks = [Triplets(Uc, S[:k], Vh[:k].mT)]
     if per > 0:
         for delta in deltas:
             resid = delta - Uc @ (Uc.mT @ delta)  # task-specific part (m, n)
             Ut, St, Vth = svd(resid)
             blocks.append(Triplets(Ut[:, :per], St[:per], Vth[:per].mT))
-    if null_space == "drop":
-        scale = max([float(S[0]) if S.numel() else 0.0] + [float(b.S[0]) for b in blocks if b.S.numel()])
+    if null_space == "drop":  # task blocks: values above the tolerance of the layer's scale
+        scale = max([top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
         tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
-        common = in_range(common, tol)
-        if common.U.shape[1] < k and per > 0:  # the residuals must not keep ΣΔt's null directions
-            Uc = common.U
-            blocks = []
-            for delta in deltas:
-                Ut, St, Vth = svd(delta - Uc @ (Uc.mT @ delta))
-                blocks.append(Triplets(Ut[:, :per], St[:per], Vth[:per].mT))
-        blocks = [in_range(b, tol) for b in blocks]
-    blocks = [common] + blocks
+        blocks = blocks[:1] + [in_range(b, tol) for b in blocks[1:]]
     values = torch.cat([b.S for b in blocks])
     if values.numel() == 0:
         return torch.zeros_like(deltas[0])
