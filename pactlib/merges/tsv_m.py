@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..linalg import top_singular
+from ..linalg import Triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
@@ -25,7 +25,10 @@ def tsv_m_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: floa
     """
     T, m, n = deltas.shape
     r = max(1, min(m, n) // T)
-    blocks = [top_singular(d, r) for d in deltas]
+    blocks = []
+    for d in deltas:
+        U, S, Vh = svd(d)  # never fails to converge (float64 / eigh fallback)
+        blocks.append(Triplets(U[:, :r], S[:r], Vh[:r].mT))
     if null_space == "drop":
         scale = max(float(b.S[0]) if b.S.numel() else 0.0 for b in blocks)
         tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
