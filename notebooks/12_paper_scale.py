@@ -252,8 +252,8 @@ from pactlib import merged_update
 rows = []
 tvs_vision = task_vectors_from(theta0_vision, [clip.vision_state_dict(p, trust_pickle=trust_pickle)
                                                for p in ft_paths], names=list(tasks))
-differ = [k for k in theta0_vision if len({paper_scale._rule_view(r, k, theta0_vision[k])
-                                          for r in PRESETS.values()}) > 1]
+differ = [k for k in theta0_vision if paper_scale._rule_view(PRESETS["default"], k, theta0_vision[k])
+          != paper_scale._rule_view(PRESETS["reference_2d"], k, theta0_vision[k])]
 for method, mode in (("iso_c", None), ("iso_cts", None), ("tsv_m", None), ("iso_c", "pact")):
     ours, _ = merged_update(method, theta0_vision, tvs_vision, pact=mode, rule=PRESETS["default"])
     ref, _ = merged_update(method, theta0_vision, tvs_vision, pact=mode, rule=PRESETS["reference_2d"])

@@ -40,6 +40,8 @@ DEFAULT_NOT_MATRIX: tuple[str, ...] = (
     r"^((model|module|_orig_mod)\.)*transformer\.",  # open_clip text tower (visual's is visual.transformer.*)
     r"^((model|module|_orig_mod)\.)*ln_final\.",  # open_clip text tower final norm
     r"logit_scale",
+    r"(^|\.)embed_tokens\.",  # decoder LMs' token table
+    r"(^|\.)lm_head\.",  # decoder LMs' output table (often tied to embed_tokens)
 )
 #: Keys stored (in, out) because the model computes ``x @ W``: their matrix view is W.T.
 DEFAULT_TRANSPOSED: tuple[str, ...] = (r"(^|\.)visual\.proj$",)
@@ -138,5 +140,51 @@ DEFAULT_RULE = MatrixRule()
 #: (book chapter 12).
 REFERENCE_2D_RULE = MatrixRule(not_matrix=(r"text_projection",), transposed=(), conv_1x1=False)
 
-#: Named matrix rules: ``MatrixRule.preset(name)``.
-PRESETS: dict[str, MatrixRule] = {"default": DEFAULT_RULE, "reference_2d": REFERENCE_2D_RULE}
+#: Hugging Face encoders (BERT / MiniLM, ViT): ``nn.Linear`` q/k/v, attention output, the two MLP
+#: weights, pooler and heads are maps stored (out, in); word / position / token-type embedding
+#: tables, ViT's ``cls_token`` and ``position_embeddings`` and its patch convolution are not.
+HF_ENCODER_RULE = MatrixRule(
+    not_matrix=(r"(^|\.)embeddings?\.", r"(^|\.)(word|position|token_type)_embeddings", r"cls_token",
+                r"mask_token", r"(^|\.)relative_attention_bias"),
+    transposed=())
+
+#: GPT-2 (Hugging Face): its ``Conv1D`` layers (``c_attn``, ``c_proj``, ``c_fc``, ``q_attn``) are
+#: stored (in, out), so their view is the transpose; ``wte`` / ``wpe`` tables, the tied
+#: ``lm_head`` (a table of token vectors) and the causal-mask buffers ``attn.bias`` /
+#: ``attn.masked_bias`` are not maps.
+GPT2_RULE = MatrixRule(
+    not_matrix=(r"(^|\.)wte\.", r"(^|\.)wpe\.", r"(^|\.)lm_head\.", r"(^|\.)attn\.(masked_)?bias$",
+                r"(^|\.)score\."),
+    transposed=(r"(^|\.)(c_attn|c_proj|c_fc|q_attn)\.weight$",))
+
+#: Decoder language models in the Llama / Mistral / Qwen layout: q/k/v/o and gate/up/down
+#: projections are maps; the ``embed_tokens`` table and ``lm_head`` (vocabulary × width, often
+#: tied to it) are not.
+DECODER_LM_RULE = MatrixRule(
+    not_matrix=(r"(^|\.)embed_tokens\.", r"(^|\.)lm_head\.", r"(^|\.)embed_positions\.",
+                r"rotary_emb"),
+    transposed=())
+
+#: Named matrix rules: ``MatrixRule.preset(name)``, ``pact merge --rule NAME``. ``default`` is
+#: the rule of method.md §0 for CLIP (open_clip, Hugging Face, task-vectors layouts) and the
+#: book's convolutional testbed (``open_clip`` is an alias of it).
+PRESETS: dict[str, MatrixRule] = {"default": DEFAULT_RULE, "open_clip": DEFAULT_RULE,
+                                  "hf_encoder": HF_ENCODER_RULE, "gpt2": GPT2_RULE,
+                                  "decoder_lm": DECODER_LM_RULE, "reference_2d": REFERENCE_2D_RULE}
+
+
+def detect_preset(state_dict) -> str:
+    """The preset whose family the key names of ``state_dict`` belong to.
+
+    GPT-2 (``.attn.c_attn.weight`` under ``h.N.``), decoder LMs (``embed_tokens``), Hugging Face
+    encoders (``attention.self.query`` / ``attention.attention.query``) and otherwise
+    ``"default"`` (CLIP layouts, convolutional nets). Used by ``pact merge --rule auto``.
+    """
+    keys = list(state_dict)
+    if any(re.search(r"(^|\.)h\.\d+\.attn\.c_attn\.weight$", k) for k in keys):
+        return "gpt2"
+    if any(re.search(r"(^|\.)embed_tokens\.weight$", k) for k in keys):
+        return "decoder_lm"
+    if any(re.search(r"\.attention\.(self|attention)\.query\.weight$", k) for k in keys):
+        return "hf_encoder"
+    return "default"
