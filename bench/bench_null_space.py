@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_null_space.py                     # 8 tasks full + LoRA (3 seeds), 20 tasks (seed 0)
     .venv/bin/python bench/bench_null_space.py --seeds 0 --suites 8
+    .venv/bin/python bench/bench_null_space.py --seeds 1 2 --suites 8 20 --large-seeds 0 --append   # in parts
 
 The PACT filter removes directions shared by every task's shield from every task, and LoRA task
 vectors have rank <= T·r, so the matrices these merges decompose are often exactly
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--suites", nargs="+", default=["8", "20"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the first suite")
+    p.add_argument("--large-seeds", nargs="+", type=int, default=[0], help="seeds of the other suites")
     p.add_argument("--kinds", nargs="+", default=["full", "lora"], help="kinds of the first suite (others: full)")
     p.add_argument("--methods", nargs="+", default=list(METHODS))
     p.add_argument("--reversed-seeds", nargs="+", type=int, default=[0],
@@ -44,10 +46,11 @@ def main(argv=None) -> int:
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--alpha-points", type=int, default=5)
     p.add_argument("--out", default="book/data/null_space.jsonl")
+    p.add_argument("--append", action="store_true", help="add to --out instead of replacing it (runs in parts)")
     args = p.parse_args(argv)
 
     plan = [(s, k, seed) for i, s in enumerate(args.suites) for k in (args.kinds if i == 0 else ["full"])
-            for seed in (args.seeds if i == 0 else [0])]
+            for seed in (args.seeds if i == 0 else args.large_seeds)]
     recs = []
     for suite, kind, seed in tqdm(plan, desc="testbeds"):
         tb = study.ensure_testbed("default", suite, seed, kind=kind, val_limit=args.val_limit,
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
                     m = r["metrics"]
                     tqdm.write(f"suite {suite:>2s} {kind:4s} s{seed} {r['method']:18s} {conv:16s} α={r['alpha']:<7g} "
                                f"val {m['val_norm_acc']:.4f} test {m['norm_acc']:.4f}")
-    out = records.write_records(Path(args.out), recs, replace=True)
+    out = records.write_records(Path(args.out), recs, replace=not args.append)
     print(f"wrote {len(recs)} records to {out}")
     return 0
 
