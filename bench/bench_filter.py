@@ -3,18 +3,45 @@
 Synthetic checkpoints shaped like ViT-B/32's 12 blocks: per block four matrix layers
 (768x768, 2304x768, 3072x768, 768x3072); pre-trained spectra decaying like trained weights
 (a power-law low-rank part on top of a Marchenko–Pastur bulk); task updates low-rank plus noise.
-Eight tasks. Prints the time ratios measured in this one run, the projector distance between
-the exact and randomized LBW bases, and the relative change of the filtered task vectors.
+Eight tasks, one CPU thread by default (``--threads``).
 
-    .venv/bin/python bench/bench_filter.py [--blocks 12] [--tasks 8] [--out book/data/bench_filter.json]
+What it measures, in one run:
+
+1. **Sweep** (first ``--sweep-blocks`` block(s)): every top-r SVD that PACT takes there (the
+   pre-trained core of each layer, the active subspace of each task) with the exact SVD and with
+   each randomized variant (oversampling p, power iterations q, route: ``direct`` through W as
+   ``torch.svd_lowrank``, ``gram`` through the Gram matrix, ``auto`` = the cheaper one by
+   ``linalg.gram_is_cheaper``): the SVDs' time (fastest of ``--sweep-repeat`` per call) and the
+   distance of the cores, active subspaces and LBW bases from the exact ones; and the distance
+   of every layer's core (all blocks), which decides the LBW bases' error.
+2. **Filter**: ``pact_filter`` over all blocks with the exact SVD, with the randomized SVD at
+   ``PactOptions()``'s p and q, and at the previous defaults (p = 10, q = 2), interleaved layer by
+   layer (so that a change in the machine's load hits all three alike), each the fastest of
+   ``--filter-repeat`` runs per layer. It reports the total
+   time, the part spent in the SVDs (the rest: LBW bases, shields, projections), and the
+   distances of all layers' subspaces from the exact ones, and the relative change of the
+   filtered task vectors.
+3. Iso-C alone vs PACT-Iso-C with the randomized SVD.
+
+Times are CPU seconds of the benchmark's process (``time.process_time``; with one thread that is
+the time of its core), so that other work on a shared machine does not count; the wall time of
+the whole run is recorded too (``bench_seconds``).
+
+Distances: ``fro`` = ‖P_exact − P_rsvd‖_F / √r (0 = same subspace, √2 = orthogonal; the
+chapter's measure), ``spectral`` = sine of the largest principal angle (1.0 when the ranks differ).
+
+    .venv/bin/python bench/bench_filter.py [--blocks 12] [--tasks 8] [--threads 1] [--out book/data/bench_filter.json]
 
 The efficiency chapter (8) shows ``book/data/bench_filter.json``, which ships with the repository;
-re-running the script on an idle machine refreshes it. K and k default to ``PactOptions()``'s.
+re-running the script on an idle machine refreshes it (about 10 minutes on one thread). K and k
+default to ``PactOptions()``'s.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -23,12 +50,23 @@ from pathlib import Path
 
 import torch
 
+import pactlib.subspaces
 from pactlib import PactOptions, TaskVector, merged_update, pact_filter
-from pactlib.linalg import projector_distance
-from pactlib.pact import layer_subspaces
+from pactlib.experiments.efficiency import subspace_distances
+from pactlib.linalg import gram_is_cheaper, top_singular
+from pactlib.subspaces import choose_rank, lbw_subspace
 
 SHAPES = {"attn.out_proj.weight": (768, 768), "attn.in_proj_weight": (2304, 768),
           "mlp.c_fc.weight": (3072, 768), "mlp.c_proj.weight": (768, 3072)}
+#: (p, q, route) of the sweep, the same for the core and the task updates; the previous default (10, 2) first
+SWEEP = [(10, 2, "direct"), (10, 4, "direct"), (20, 4, "direct"), (40, 4, "direct"), (80, 4, "auto"),
+         (20, 8, "direct"), (20, 8, "gram"), (40, 8, "direct"), (40, 8, "gram"), (60, 8, "auto"), (80, 6, "auto"),
+         (20, 12, "auto"), (40, 12, "auto"), (20, 16, "auto"), (40, 16, "auto")]
+#: (core (p, q, route), task updates (p, q, route)): what separate settings for P1 and P2 would give
+SWEEP_SPLIT = [((40, 12, "auto"), (10, 2, "direct")), ((40, 12, "auto"), (20, 2, "direct"))]
+PREVIOUS = dict(oversample=10, n_iter=2)
+#: CPU seconds of this process: on a shared machine they leave out the time other processes hold the core
+clock = time.process_time
 
 
 def power_law(m: int, n: int, r: int, scale: float, exponent: float, gen: torch.Generator) -> torch.Tensor:
@@ -67,60 +105,209 @@ def synthetic(blocks: int, tasks: int, seed: int = 0):
 def timed(fn, repeat: int):
     times, out = [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         out = fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times), out
+
+
+def summary(values: list[float], prefix: str) -> dict:
+    return {f"{prefix}_mean": statistics.mean(values), f"{prefix}_max": max(values)}
+
+
+def distances(exact_subs: list, other_subs: list) -> dict[str, list[float]]:
+    """Distances of the cores, active subspaces and LBW bases of ``other_subs`` from ``exact_subs``
+    (lists of pact.LayerSubspaces, one per layer)."""
+    out = {k: [] for k in ("core_fro", "core_spectral", "active_fro", "active_spectral", "lbw_fro", "lbw_spectral")}
+    for e, o in zip(exact_subs, other_subs):
+        pairs = [("core", e.core, o.core)] + [("active", a, b) for a, b in zip(e.active, o.active)] + \
+                [("lbw", a.basis, b.basis) for a, b in zip(e.lbw, o.lbw)]
+        for kind, a, b in pairs:
+            fro, spectral = subspace_distances(a, b)
+            out[f"{kind}_fro"].append(fro / math.sqrt(max(a.shape[1], 1)))
+            out[f"{kind}_spectral"].append(spectral)
+    return out
+
+
+@contextlib.contextmanager
+def svd_clock():
+    """Accumulate the seconds spent in the top-r SVDs of PACT (``pactlib.subspaces.top_singular``)."""
+    spent = [0.0]
+    original = pactlib.subspaces.top_singular
+
+    def clocked(*args, **kw):
+        t0 = clock()
+        try:
+            return original(*args, **kw)
+        finally:
+            spent[0] += clock() - t0
+
+    pactlib.subspaces.top_singular = clocked
+    try:
+        yield spent
+    finally:
+        pactlib.subspaces.top_singular = original
+
+
+def sweep(pre: dict, tvs: list, keys: list[str], options: PactOptions, variants, repeat: int) -> tuple[float, list[dict]]:
+    """SVD time and subspace distances of each randomized variant on the layers ``keys``, and the
+    distance of its pre-trained cores from the exact ones on every layer of ``pre`` (the spectral
+    distance is decided by the closest pair of singular values at the cut, which varies by layer)."""
+    from pactlib.pact import LayerSubspaces
+    mats = []  # (W0, K, [Δt], k) per layer
+    for key in keys:
+        W0, deltas = pre[key], [tv[key] for tv in tvs]
+        mats.append((W0, choose_rank(W0, frac=options.core_frac, energy=options.core_energy), deltas,
+                     choose_rank(deltas[0], frac=options.active_frac, energy=options.active_energy)))
+
+    def run(svd: dict, svd_core: dict | None = None):
+        total, subs = 0.0, []
+        for W0, K, deltas, k in mats:
+            bases = []
+            for i, (W, r) in enumerate([(W0, K)] + [(d, k) for d in deltas]):
+                kw = svd_core if i == 0 and svd_core is not None else svd
+                best = math.inf
+                for _ in range(repeat):
+                    t0 = clock()
+                    V = top_singular(W, r, **kw).V
+                    best = min(best, clock() - t0)
+                total += best
+                bases.append(V)
+            core, actives = bases[0], bases[1:]
+            subs.append(LayerSubspaces(core, actives, [lbw_subspace(core, a, tol=options.lbw_tol) for a in actives]))
+        return total, subs
+
+    t_exact, exact = run(dict(method="exact"))
+    cores = [(W0, choose_rank(W0, frac=options.core_frac, energy=options.core_energy)) for W0 in pre.values()]
+    exact_cores = [top_singular(W0, K).V for W0, K in cores]
+    print(f"sweep: exact SVDs {t_exact:.2f} s", flush=True)
+    rows = []
+    for core_v, active_v in variants:
+        (pc, qc, rc), (p, q, route) = core_v, active_v
+        core_kw = dict(method="rsvd", oversample=pc, n_iter=qc, route=rc, seed=options.seed)
+        t, subs = run(dict(method="rsvd", oversample=p, n_iter=q, route=route, seed=options.seed), core_kw)
+        d = distances(exact, subs)
+        all_cores = [subspace_distances(e, top_singular(W0, K, **core_kw).V)[1] for e, (W0, K) in zip(exact_cores, cores)]
+
+        def used(pp, qq, rr, mm):
+            return sorted({"gram" if rr == "gram" or rr == "auto" and gram_is_cheaper(*W.shape, r + pp, qq) else "direct"
+                           for W, r in mm})
+        row = dict(core_oversample=pc, core_n_iter=qc, core_route=rc, oversample=p, n_iter=q, route=route,
+                   routes_used="+".join(sorted(set(used(pc, qc, rc, [(m[0], m[1]) for m in mats])
+                                                   + used(p, q, route, [(m[2][0], m[3]) for m in mats])))),
+                   t_svd=t, speedup_svd=t_exact / t,
+                   **summary(d["lbw_fro"], "lbw_fro"), **summary(d["lbw_spectral"], "lbw_spectral"),
+                   core_spectral_max=max(d["core_spectral"]), active_spectral_max=max(d["active_spectral"]),
+                   core_spectral_mean_all=statistics.mean(all_cores), core_spectral_max_all=max(all_cores))
+        rows.append(row)
+        label = f"p={p:3d} q={q:3d} {route:6s}" if core_v == active_v else f"core {pc}/{qc}/{rc}, updates {p}/{q}/{route}"
+        print(f"  {label} ({row['routes_used']}) SVDs {t:6.2f} s ({row['speedup_svd']:5.1f}x) | LBW "
+              f"fro/√r mean {row['lbw_fro_mean']:.3f} max {row['lbw_fro_max']:.3f}, spectral mean "
+              f"{row['lbw_spectral_mean']:.3f} max {row['lbw_spectral_max']:.3f} | core {row['core_spectral_max']:.3f} "
+              f"active {row['active_spectral_max']:.3f} | cores of all layers: spectral max {max(all_cores):.3f}", flush=True)
+    return t_exact, rows
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=12)
     p.add_argument("--tasks", type=int, default=8)
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the timing of one core)")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each Iso-C timing (median)")
+    p.add_argument("--filter-repeat", type=int, default=2, help="runs of the filter per layer and variant (fastest)")
+    p.add_argument("--sweep-blocks", type=int, default=1, help="blocks whose SVDs the sweep times (0: no sweep)")
+    p.add_argument("--sweep-repeat", type=int, default=2, help="runs of each SVD in the sweep (fastest)")
     p.add_argument("--core-frac", type=float, default=PactOptions().core_frac)
     p.add_argument("--active-frac", type=float, default=PactOptions().active_frac)
-    p.add_argument("--n-iter", type=int, default=2, help="RSVD power iterations q")
     p.add_argument("--out", default="book/data/bench_filter.json")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    started = time.perf_counter()
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     print(f"threads={torch.get_num_threads()} blocks={a.blocks} tasks={a.tasks}", flush=True)
     pre, tvs = synthetic(a.blocks, a.tasks)
     exact = PactOptions(core_frac=a.core_frac, active_frac=a.active_frac, svd="exact")
-    rsvd = exact.replace(svd="rsvd", n_iter=a.n_iter)
+    rsvd = exact.replace(svd="rsvd")  # PactOptions' p and q
+    previous = exact.replace(svd="rsvd", **PREVIOUS)
+    blocks = [[k for k in pre if k.startswith(f"visual.transformer.resblocks.{b}.")] for b in range(a.blocks)]
 
-    t_exact, (f_exact, rep) = timed(lambda: pact_filter(pre, tvs, options=exact), a.repeat)
-    print(f"PACT filter, exact SVD: {t_exact:.1f} s", flush=True)
-    t_rsvd, (f_rsvd, _) = timed(lambda: pact_filter(pre, tvs, options=rsvd), a.repeat)
-    print(f"PACT filter, RSVD:      {t_rsvd:.1f} s", flush=True)
+    t_sweep_exact, rows = (sweep(pre, tvs, [k for blk in blocks[:a.sweep_blocks] for k in blk], exact,
+                                 [(v, v) for v in SWEEP] + SWEEP_SPLIT, a.sweep_repeat) if a.sweep_blocks else (None, []))
 
-    # subspace error of the LBW bases (first block, every layer and task) and filtered-vector change
-    dists = []
-    for name in SHAPES:
-        key = f"visual.transformer.resblocks.0.{name}"
-        deltas = [tv[key] for tv in tvs]
-        se, sr = layer_subspaces(pre[key], deltas, exact), layer_subspaces(pre[key], deltas, rsvd)
-        dists += [projector_distance(x.basis, y.basis, norm="fro") / max(1, x.basis.shape[1]) ** 0.5
-                  for x, y in zip(se.lbw, sr.lbw)]
-    rel = [(a_ - b_).norm() / a_.norm() for a_, b_ in zip(f_exact, f_rsvd)]
+    # the filter over every layer, the three variants interleaved layer by layer, fastest of --filter-repeat
+    variants = {"exact": exact, "rsvd": rsvd, "previous": previous}
+    t_all = {v: 0.0 for v in variants}
+    t_svd = {v: 0.0 for v in variants}
+    dists = {v: {} for v in ("rsvd", "previous")}
+    change = {v: [[0.0, 0.0] for _ in tvs] for v in ("rsvd", "previous")}  # per task: Σ‖Δ̃e − Δ̃‖², Σ‖Δ̃e‖²
+    cap_flags = []
+    for i, key in enumerate(k for blk in blocks for k in blk):
+        pre_l = {key: pre[key]}
+        tvs_l = [TaskVector({key: tv[key]}, name=tv.name) for tv in tvs]
+        best = {v: (math.inf, 0.0) for v in variants}
+        out = {}
+        for rep in range(a.filter_repeat):
+            for v in (list(variants) if (i + rep) % 2 == 0 else list(reversed(variants))):
+                with svd_clock() as spent:
+                    t0 = clock()
+                    res = pact_filter(pre_l, tvs_l, options=variants[v], keep=True)
+                    elapsed = clock() - t0
+                best[v] = min(best[v], (elapsed, spent[0]))
+                out.setdefault(v, res)
+        for v, (elapsed, svd_s) in best.items():
+            t_all[v] += elapsed
+            t_svd[v] += svd_s
+        f_exact, rep_exact = out["exact"]
+        cap_flags += [c for lr in rep_exact.layers for c in lr.capped]
+        for v in ("rsvd", "previous"):
+            f, rep = out[v]
+            for kind, vals in distances([rep_exact.subspaces[key]], [rep.subspaces[key]]).items():
+                dists[v].setdefault(kind, []).extend(vals)
+            for t, (x, y) in enumerate(zip(f_exact, f)):
+                change[v][t][0] += float((x[key] - y[key]).pow(2).sum())
+                change[v][t][1] += float(x[key].pow(2).sum())
+        if key.endswith(list(SHAPES)[-1]):  # the last layer of a block
+            print(f"{key}: " + ", ".join(f"{v} {t_all[v]:.1f} s (SVDs {t_svd[v]:.1f} s)" for v in variants), flush=True)
 
+    def described(v: str) -> dict:
+        d = dists[v]
+        rel = [math.sqrt(num / den) for num, den in change[v]]
+        return dict(t_filter=t_all[v], t_svd=t_svd[v], t_rest=t_all[v] - t_svd[v], speedup=t_all["exact"] / t_all[v],
+                    speedup_svd=t_svd["exact"] / t_svd[v],
+                    lbw_projector_distance_mean=statistics.mean(d["lbw_fro"]), lbw_projector_distance_max=max(d["lbw_fro"]),
+                    **summary(d["lbw_spectral"], "lbw_spectral_distance"), **summary(d["core_fro"], "core_distance"),
+                    **summary(d["core_spectral"], "core_spectral_distance"), **summary(d["active_fro"], "active_distance"),
+                    **summary(d["active_spectral"], "active_spectral_distance"),
+                    filtered_rel_change_mean=statistics.mean(rel), filtered_rel_change_max=max(rel))
+
+    new, old = described("rsvd"), described("previous")
     t_iso, _ = timed(lambda: merged_update("iso_c", pre, tvs), a.repeat)
     print(f"Iso-C alone:            {t_iso:.1f} s", flush=True)
     t_pact_iso, _ = timed(lambda: merged_update("iso_c", pre, tvs, pact="pact", options=rsvd), a.repeat)
     print(f"PACT-Iso-C (RSVD):      {t_pact_iso:.1f} s", flush=True)
 
-    res = dict(blocks=a.blocks, tasks=a.tasks, n_iter=a.n_iter, threads=torch.get_num_threads(), core_frac=a.core_frac,
-               active_frac=a.active_frac, t_filter_exact=t_exact, t_filter_rsvd=t_rsvd,
-               speedup_rsvd=t_exact / t_rsvd, lbw_projector_distance_mean=statistics.mean(dists),
-               lbw_projector_distance_max=max(dists), filtered_rel_change_max=float(max(rel)),
-               filtered_rel_change_mean=float(statistics.mean(float(r) for r in rel)),
+    res = dict(blocks=a.blocks, tasks=a.tasks, threads=torch.get_num_threads(), core_frac=a.core_frac,
+               active_frac=a.active_frac, oversample=rsvd.oversample, n_iter=rsvd.n_iter,
+               t_filter_exact=t_all["exact"], t_svd_exact=t_svd["exact"], t_rest_exact=t_all["exact"] - t_svd["exact"],
+               t_filter_rsvd=new["t_filter"], t_svd_rsvd=new["t_svd"], t_rest_rsvd=new["t_rest"],
+               speedup_rsvd=new["speedup"], speedup_svd=new["speedup_svd"],
+               rest_share_exact=(t_all["exact"] - t_svd["exact"]) / t_all["exact"],
+               speedup_bound=t_all["exact"] / (t_all["exact"] - t_svd["exact"]),
+               **{k: v for k, v in new.items() if k not in ("t_filter", "t_svd", "t_rest", "speedup", "speedup_svd")},
+               previous=dict(PREVIOUS, **old),
                t_iso_c=t_iso, t_pact_iso_c_rsvd=t_pact_iso, pact_iso_over_iso=t_pact_iso / t_iso,
-               cap_binding_rate=rep.cap_binding_rate(), cpus=os.cpu_count(),
+               cap_binding_rate=sum(cap_flags) / len(cap_flags) if cap_flags else 0.0,
+               filter_repeat=a.filter_repeat, sweep_blocks=a.sweep_blocks, sweep_repeat=a.sweep_repeat, t_svd_exact_sweep=t_sweep_exact, sweep=rows,
+               clock="process_time", cpus=os.cpu_count(), bench_seconds=time.perf_counter() - started,
                measured=time.strftime("%Y-%m-%d %H:%M:%S %Z"), command=" ".join(["bench/bench_filter.py", *(argv or [])]))
-    print(f"RSVD speed-up of the filter: {res['speedup_rsvd']:.1f}x (goal >= 5x)")
-    print(f"LBW basis projector distance (Frobenius, per sqrt(dim)): mean {res['lbw_projector_distance_mean']:.2e}, "
-          f"max {res['lbw_projector_distance_max']:.2e}")
+    print(f"PACT filter: exact {res['t_filter_exact']:.1f} s (SVDs {res['t_svd_exact']:.1f} s), RSVD p={rsvd.oversample} "
+          f"q={rsvd.n_iter} {res['t_filter_rsvd']:.1f} s (SVDs {res['t_svd_rsvd']:.1f} s): {res['speedup_rsvd']:.1f}x "
+          f"(goal >= 5x; SVDs alone {res['speedup_svd']:.1f}x; bound with free SVDs {res['speedup_bound']:.1f}x)")
+    print(f"previous RSVD p=10 q=2: {old['t_filter']:.1f} s, {old['speedup']:.1f}x")
+    print(f"LBW bases, fro/√r: mean {res['lbw_projector_distance_mean']:.2e}, max {res['lbw_projector_distance_max']:.2e} "
+          f"(goal <= 0.1; previous {old['lbw_projector_distance_mean']:.2f}); spectral: mean "
+          f"{res['lbw_spectral_distance_mean']:.2e}, max {res['lbw_spectral_distance_max']:.2e}")
     print(f"relative change of filtered task vectors: mean {res['filtered_rel_change_mean']:.2e}, "
           f"max {res['filtered_rel_change_max']:.2e}")
     print(f"PACT-Iso-C (RSVD) / Iso-C time: {res['pact_iso_over_iso']:.2f}x (goal <= 2x)")

@@ -80,7 +80,8 @@
 # Code: `pactlib.shield.build_shield` (P4), `pactlib.shield.filter_update` (P5, never forming
 # the n×n projector), `pactlib.pact.pact_filter(..., mode="pact" | "s-pact")` (P4–P6 over a
 # whole checkpoint, with `pactlib.PactOptions`), `pactlib.linalg.top_singular(method="rsvd")`
-# (P7, through `torch.svd_lowrank`).
+# (P7, through `torch.svd_lowrank`, or the same iteration through the Gram matrix when that is
+# cheaper).
 #
 # ## The merges PACT wraps
 #

@@ -16,9 +16,10 @@ from .checks import CheckpointError, MergeOverflowError
 from .io import load_state_dict, save_state_dict
 from .matrix import MatrixRule
 from .pact import PactOptions, PactReport, pact_filter
+from .streaming import MergedFiles, merge_files
 from .taskvector import TaskVector
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "PactOptions", "PactReport", "TaskVector",
-           "load_state_dict", "merge", "merged_update", "merges", "pact_filter", "save_state_dict",
-           "task_vectors_from"]
+__all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "MergedFiles", "PactOptions", "PactReport",
+           "TaskVector", "load_state_dict", "merge", "merge_files", "merged_update", "merges", "pact_filter",
+           "save_state_dict", "task_vectors_from"]

@@ -140,6 +140,9 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
     """Merge fine-tuned checkpoints: θ = θ0 + α·D (method.md §4), D from ``method`` after the
     optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
 
+    Everything is in memory (θ0, the T checkpoints, their task vectors, D). For files,
+    :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
+
     Args:
         method: a registered name (``task_arithmetic``, ``ties``, ``tsv_m``, ``iso_c``,
             ``iso_cts``; see :func:`pactlib.merges.names`).

@@ -2,12 +2,18 @@
 
     pact merge --method NAME [--pact pact|s-pact] --alpha A --pretrained FILE \\
                --finetuned FILE [FILE ...] --out FILE [--set key=value ...] [--trust-pickle]
-               [--rule default|reference_2d]
+               [--rule auto|default|hf_encoder|gpt2|decoder_lm|reference_2d] [--max-shard-size 2GB] [--workers N]
     pact methods
     pact data prepare --suite 8            (built-in testbed)
     pact zoo build --suite 8 --seeds 0 1 2 (built-in testbed)
 
-Checkpoints are ``.safetensors`` or ``.pt``/``.pth``/``.bin`` state dicts. With ``--trust-pickle``
+``pact merge`` streams: it reads one key of every checkpoint at a time and writes the merged key
+before reading the next (:func:`pactlib.streaming.merge_files`; the numbers are those of
+:func:`pactlib.merge`), so its memory is about one layer's, whatever the number of tasks.
+Checkpoints are ``.safetensors`` files, sharded checkpoints (their ``*.index.json``, or a model
+folder), or ``.pt``/``.pth``/``.bin`` state dicts, converted once to safetensors in a cache
+(:mod:`pactlib.lazy`). The output is ``.safetensors`` (with ``--max-shard-size``, shards and a
+``*.index.json`` when needed) or ``.pt`` (held in memory). With ``--trust-pickle``
 they are read by :func:`pactlib.models.clip.load_clip_checkpoint`, which also unpickles whole
 saved modules (the task-vectors repositories' ``ImageEncoder`` files; this runs code from the
 files) and takes their state dict, keys unchanged (``model.visual.*``). ``--set`` values are
@@ -34,10 +40,12 @@ from pathlib import Path
 import yaml
 
 from . import merges
-from .api import merge, resolve_kwargs
+from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha
-from .io import check_suffix, load_state_dict, save_state_dict
-from .matrix import PRESETS, MatrixRule
+from .io import load_state_dict
+from .lazy import check_out_suffix, parse_size
+from .matrix import PRESETS, MatrixRule, detect_preset
+from .streaming import merge_files
 
 
 def parse_value(key: str, text: str):
@@ -76,14 +84,16 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
-def check_out_path(out: str, inputs: list[str]) -> None:
-    """Check ``--out`` before any work: a supported extension, and not one of the inputs.
+def check_out_path(out: str, inputs: list[str], max_shard_size=None) -> None:
+    """Check ``--out`` before any work: a supported extension (``.safetensors``, a torch file, or
+    ``*.safetensors.index.json`` for a sharded output), and not one of the inputs.
 
     Raises:
-        CheckpointError: unknown extension (supported ones listed).
+        CheckpointError: unknown extension (supported ones listed), or a torch file with
+            ``--max-shard-size``.
         ValueError: ``out`` is (resolves to, or is the same file as) an input.
     """
-    check_suffix(out)
+    check_out_suffix(out, max_shard_size)
     o = Path(out)
     for p in inputs:
         same = o.resolve() == Path(p).resolve()
@@ -93,10 +103,11 @@ def check_out_path(out: str, inputs: list[str]) -> None:
             raise ValueError(f"--out {out} is the input {p}: writing there would overwrite it; choose another file")
 
 
-def load_checkpoint(path: str, *, trust_pickle: bool = False) -> dict:
-    """State dict of one ``pact merge`` input.
+def load_checkpoint(path: str, *, trust_pickle: bool = False, mmap: bool = False) -> dict:
+    """State dict of one pickled ``pact merge`` input (read to convert it to safetensors once).
 
-    Without ``trust_pickle``: :func:`pactlib.io.load_state_dict` (no pickled code runs). With
+    Without ``trust_pickle``: :func:`pactlib.io.load_state_dict` (no pickled code runs;
+    memory-mapped with ``mmap``). With
     it: :func:`pactlib.models.clip.load_clip_checkpoint` (``trust_pickle=True``), which also
     reads a whole pickled ``nn.Module`` (returning its ``state_dict()``, keys unchanged) and
     model folders.
@@ -111,7 +122,7 @@ def load_checkpoint(path: str, *, trust_pickle: bool = False) -> dict:
 
         return load_clip_checkpoint(path, trust_pickle=True)
     try:
-        return load_state_dict(path)
+        return load_state_dict(path, mmap=mmap)
     except CheckpointError as e:
         if isinstance(e.__cause__, pickle.UnpicklingError):
             raise CheckpointError(
@@ -125,16 +136,26 @@ def load_checkpoint(path: str, *, trust_pickle: bool = False) -> dict:
 def cmd_merge(args) -> int:
     # every check that needs no checkpoint, before loading any
     check_alpha(args.alpha)
-    check_out_path(args.out, [args.pretrained, *args.finetuned])
+    if args.max_shard_size is not None:
+        parse_size(args.max_shard_size)
+    check_out_path(args.out, [args.pretrained, *args.finetuned], args.max_shard_size)
     kw = parse_set(args.set)
     resolve_kwargs(args.method, args.pact, kw)
-    pre = load_checkpoint(args.pretrained, trust_pickle=args.trust_pickle)
-    fts = [load_checkpoint(p, trust_pickle=args.trust_pickle) for p in args.finetuned]
-    out = merge(args.method, pre, fts, alpha=args.alpha, pact=args.pact, names=args.finetuned,
-                rule=MatrixRule.preset(args.rule), **kw)
-    save_state_dict(out, args.out)
-    print(json.dumps({"out": args.out, "method": args.method, "pact": args.pact, "alpha": args.alpha,
-                      "tasks": len(fts), "rule": args.rule, "params": kw}))
+
+    def loader(path):
+        return load_checkpoint(path, trust_pickle=args.trust_pickle, mmap=True)
+
+    loader.cache_tag = "trusted" if args.trust_pickle else "plain"
+    rule = args.rule
+    if rule == "auto":  # from θ0's key names (its header; a pickle is converted here, once)
+        from .lazy import open_checkpoint
+
+        rule = detect_preset(open_checkpoint(args.pretrained, loader=loader).keys())
+    res = merge_files(args.method, args.pretrained, args.finetuned, args.out, alpha=args.alpha, pact=args.pact,
+                      names=args.finetuned, rule=MatrixRule.preset(rule), max_shard_size=args.max_shard_size,
+                      loader=loader, workers=args.workers, **kw)
+    print(json.dumps({"out": str(res.path), "method": args.method, "pact": args.pact, "alpha": args.alpha,
+                      "tasks": res.tasks, "rule": rule, "params": kw, "files": [str(f) for f in res.files]}))
     return 0
 
 
@@ -159,15 +180,24 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--alpha", type=float, required=True, help="scaling coefficient α")
     m.add_argument("--pretrained", required=True, help="θ0 checkpoint file")
     m.add_argument("--finetuned", nargs="+", required=True, help="fine-tuned checkpoint files")
-    m.add_argument("--out", required=True, help="output file (.safetensors or .pt)")
+    m.add_argument("--out", required=True,
+                   help="output file (.safetensors, .pt, or x.safetensors.index.json for a sharded output)")
     m.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="method parameters / PACT options, e.g. k=20 core_frac=0.1 svd=rsvd")
     m.add_argument("--trust-pickle", action="store_true",
                    help="also read checkpoints that are whole pickled modules (task-vectors "
                         "ImageEncoder files); unpickling runs code from the files: trusted files only")
-    m.add_argument("--rule", choices=list(PRESETS), default="default",
-                   help="matrix rule: which keys are merged as matrices (default: pactlib's; reference_2d: "
-                        "every 2-d tensor but text_projection, as the reference TSV-M / Iso-C code)")
+    m.add_argument("--rule", choices=["auto", *PRESETS], default="auto",
+                   help="matrix rule: which keys are merged as matrices. auto (default): the preset of the "
+                        "family the key names belong to (gpt2, decoder_lm, hf_encoder, else default = CLIP / "
+                        "conv nets); reference_2d: every 2-d tensor but text_projection, as the reference "
+                        "TSV-M / Iso-C code")
+    m.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                   help="split a .safetensors output into shards of at most SIZE (e.g. 2GB, 500MB, 1.5GiB, bytes) "
+                        "with a Hugging Face *.index.json, when it needs more than one")
+    m.add_argument("--workers", type=int, default=1,
+                   help="layers merged at once, each on one thread (default 1; same result for any value, "
+                        "memory grows with it)")
     m.set_defaults(func=cmd_merge)
     sub.add_parser("methods", help="list the registered merge methods").set_defaults(func=cmd_methods)
     for module, fn in EXTENSIONS:

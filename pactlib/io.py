@@ -33,10 +33,12 @@ def check_suffix(path: str | os.PathLike) -> str:
     return s
 
 
-def load_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Tensor]:
     """Load a state dict from ``path``.
 
     Accepts a plain ``{name: tensor}`` dict, or one wrapped under ``"state_dict"``/``"model"``.
+    With ``mmap`` a torch file's tensors are memory-mapped (``torch.load(mmap=True)``; a file in
+    the legacy, non-zip format is read whole); safetensors files are read whole either way.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -52,7 +54,7 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             from safetensors.torch import load_file
             sd = load_file(str(path))
         else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = _torch_load(path, mmap)
     except Exception as e:  # corrupt / truncated / pickled module
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
     if isinstance(sd, Mapping):
@@ -66,6 +68,16 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         if not isinstance(v, Tensor):
             raise CheckpointError(f"{path}: key {k!r} holds a {type(v).__name__}, not a tensor")
     return dict(sd)
+
+
+def _torch_load(path: Path, mmap: bool):
+    if mmap:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def atomic_write(path: str | os.PathLike, write_fn) -> Path:

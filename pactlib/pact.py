@@ -14,6 +14,7 @@ import math
 import re
 import typing
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Sequence
 
@@ -47,6 +48,18 @@ class PactOptions:
     sweep around k = 0.1·r found k = 0.05·r best on validation (86.4 % vs 85.6 % normalized) and
     no other single change better than that; the records are ``book/data/sensitivity_round1.jsonl``.
 
+    Randomized SVD (``svd="rsvd"``): p = ``oversample`` = 40, q = ``n_iter`` = 12 (method.md: p = 10,
+    q = 2), chosen on ViT-B/32-shaped layers by ``bench/bench_filter.py`` (record and its ``sweep``:
+    ``book/data/bench_filter.json``). There the LBW bases' error comes from the pre-trained core,
+    whose spectrum decays slowly past K: p = 10, q = 2 leaves them far from the exact ones. (40, 12)
+    is among the cheapest settings of the sweep that keep the LBW bases within 0.05 of the exact
+    ones in both the Frobenius (per √r) and the spectral projector distance, and the cores of all
+    the benchmark's layers too (the spectral distance hinges on the closest pair of singular values
+    at the cut, which varies by layer: (40, 8) was as good on the swept block, not on all). Many
+    iterations are cheap because ``linalg.top_singular`` then iterates with the Gram matrix, whose
+    one-off product dominates the cost. The same p and q serve the task updates (P2), which would
+    need far fewer.
+
     Raises:
         TypeError: a field of the wrong type (named; an int is a valid float, a bool is not).
         ValueError: a value out of range, both or neither of a frac/energy pair, or a ``layers``
@@ -61,8 +74,8 @@ class PactOptions:
     shield_tol: float = 1e-4
     max_shield_frac: float = 0.5
     svd: SvdMethod = "exact"
-    oversample: int = 10
-    n_iter: int = 2
+    oversample: int = 40
+    n_iter: int = 12
     seed: int = 0
     layers: tuple[str, ...] | None = None
 
@@ -194,6 +207,89 @@ def layer_subspaces(W0: Tensor, deltas: Sequence[Tensor], options: PactOptions =
     return LayerSubspaces(core, actives, lbws)
 
 
+def select_layers(refs: Mapping[str, Tensor], *, mode: Mode, options: PactOptions, rule: MatrixRule,
+                  stacklevel: int = 2) -> tuple[list[str], list[str]]:
+    """(matrix keys, keys PACT filters) among ``refs`` (key -> a tensor of that key's shape and
+    dtype; a ``meta`` tensor will do), in their order. Warns when a ``layers`` pattern matches no
+    matrix layer (the patterns named)."""
+    matrix_keys = [k for k, ref in refs.items() if rule.kind(k, ref) == "matrix"]
+    selected = [k for k in matrix_keys if options.selects(k)]
+    unmatched = [p for p in options.layers or () if not any(re.search(p, k) for k in matrix_keys)]
+    if unmatched:
+        warnings.warn(f"{mode}: layers pattern(s) {unmatched} match no matrix layer "
+                      f"({len(matrix_keys)} matrix layers, e.g. {matrix_keys[:3]})", stacklevel=stacklevel)
+    return matrix_keys, selected
+
+
+def warn_if_unchanged(report: PactReport, matrix_keys: Sequence[str], selected: Sequence[str],
+                      stacklevel: int = 2) -> None:
+    """Warn (naming the reason) when the filter changed no task vector: every shield empty."""
+    if not any(r for lr in report.layers for r in lr.shield_rank):
+        options, mode = report.options, report.mode
+        reason = ("no matrix layer under the matrix rule" if not matrix_keys else
+                  f"the layers patterns {list(options.layers)} select no matrix layer" if not selected else
+                  "every selected layer's task vectors are zero" if not report.layers else
+                  "every shield is empty (one task only, or no load-bearing directions)")
+        warnings.warn(f"{mode} changed no task vector: {reason}; the merge is the plain method's",
+                      stacklevel=stacklevel)
+
+
+def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode = "pact",
+                 options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE,
+                 out: Sequence[Tensor] | None = None, keep: bool = True
+                 ) -> tuple[LayerReport, list[Tensor], list[Tensor], LayerSubspaces | None] | None:
+    """PACT (P1–P5) or S-PACT (P6) on one matrix layer: what :func:`pact_filter` does per layer.
+
+    Args:
+        key: the checkpoint key (the matrix view depends on it).
+        W0: θ0's entry, stored shape (cast to the deltas' dtype).
+        deltas: the T tasks' Δt of this key, stored shape, one dtype (not modified unless ``out``
+            aliases them).
+        out: optional T tensors of the stored shape receiving the filtered updates (they may be
+            the ``deltas`` themselves: task t's filter reads only Δt and the subspaces, computed
+            before any is written). The streamed merge filters its (T, …) stack in place this way.
+        keep: also return the shields and the subspaces (else ``[]`` and None: each shield is
+            freed once used; T shields of up to n/2 columns each are T·n²/2 floats).
+
+    Returns:
+        None when every Δt is zero (nothing to protect; nothing written), else (the layer's
+        :class:`LayerReport`, the filtered updates in stored shape (``out`` when given), the
+        shields S_t (n, s_t), the layer's subspaces).
+    """
+    ref = deltas[0]
+    W0 = rule.view(key, W0.to(ref.dtype))  # (m, n)
+    views = [rule.view(key, d) for d in deltas]  # T x (m, n)
+    if not any(bool(d.any()) for d in views):
+        return None  # e.g. a frozen text tower: nothing to protect against
+    m, n = W0.shape
+    subs = layer_subspaces(W0, views, options)
+    lr = LayerReport(key, m, n, subs.core.shape[1], shield_cap(n, options.max_shield_frac))
+    filtered_all, shields = [], []
+    for t, d in enumerate(views):
+        if mode == "pact":
+            sh = build_shield([subs.lbw[j].basis for j in range(len(views)) if j != t], n,
+                              max_frac=options.max_shield_frac, tol=options.shield_tol)
+        else:
+            sh = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
+        filtered = filter_update(d, sh.basis)
+        if keep:
+            shields.append(sh.basis)
+        e0 = float((d ** 2).sum())
+        removed = e0 - float((filtered ** 2).sum())
+        lr.active_rank.append(subs.active[t].shape[1])
+        lr.lbw_rank.append(subs.lbw[t].basis.shape[1])
+        lr.shield_rank.append(sh.basis.shape[1])
+        lr.union_rank.append(sh.union_rank)
+        lr.capped.append(sh.capped)
+        lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
+        filtered = rule.unview(key, filtered, ref.shape)
+        if out is not None:
+            out[t].copy_(filtered)
+            filtered = out[t]
+        filtered_all.append(filtered)
+    return lr, filtered_all, shields, subs if keep else None
+
+
 def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector], *, mode: Mode = "pact",
                 options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE, keep: bool = False
                 ) -> tuple[list[TaskVector], PactReport]:
@@ -228,44 +324,14 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
         raise ValueError("pact_filter: no task vectors")
     report = PactReport(mode, options)
     out = [dict(tv.items()) for tv in tvs]  # shallow: filtered layers get new tensors below
-    matrix_keys = [k for k, ref in tvs[0].items() if rule.kind(k, ref) == "matrix"]
-    selected = [k for k in matrix_keys if options.selects(k)]
-    unmatched = [p for p in options.layers or () if not any(re.search(p, k) for k in matrix_keys)]
-    if unmatched:
-        warnings.warn(f"{mode}: layers pattern(s) {unmatched} match no matrix layer "
-                      f"({len(matrix_keys)} matrix layers, e.g. {matrix_keys[:3]})", stacklevel=2)
+    matrix_keys, selected = select_layers(tvs[0], mode=mode, options=options, rule=rule, stacklevel=3)
     for key in selected:
         if key not in pretrained or pretrained[key].shape != tvs[0][key].shape:
             raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
 
     def one(key: str):
-        ref = tvs[0][key]
-        W0 = rule.view(key, pretrained[key].to(ref.dtype))  # (m, n)
-        deltas = [rule.view(key, tv[key]) for tv in tvs]  # T x (m, n)
-        if not any(bool(d.any()) for d in deltas):
-            return None  # e.g. a frozen text tower: nothing to protect against
-        m, n = W0.shape
-        subs = layer_subspaces(W0, deltas, options)
-        lr = LayerReport(key, m, n, subs.core.shape[1], shield_cap(n, options.max_shield_frac))
-        filtered_all, shields = [], []
-        for t, d in enumerate(deltas):
-            if mode == "pact":
-                sh = build_shield([subs.lbw[j].basis for j in range(len(deltas)) if j != t], n,
-                                  max_frac=options.max_shield_frac, tol=options.shield_tol)
-            else:
-                sh = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
-            filtered = filter_update(d, sh.basis)
-            shields.append(sh.basis)
-            e0 = float((d ** 2).sum())
-            removed = e0 - float((filtered ** 2).sum())
-            lr.active_rank.append(subs.active[t].shape[1])
-            lr.lbw_rank.append(subs.lbw[t].basis.shape[1])
-            lr.shield_rank.append(sh.basis.shape[1])
-            lr.union_rank.append(sh.union_rank)
-            lr.capped.append(sh.capped)
-            lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
-            filtered_all.append(rule.unview(key, filtered, ref.shape))
-        return lr, filtered_all, shields, subs
+        return filter_layer(key, pretrained[key], [tv[key] for tv in tvs], mode=mode, options=options, rule=rule,
+                            keep=keep)
 
     # one thread per layer kernel, layers in parallel: bit-identical for any thread count
     for key, res in zip(selected, map_ordered(one, selected, torch.get_num_threads())):
@@ -278,10 +344,5 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
         if keep:
             report.shields[key] = shields
             report.subspaces[key] = subs
-    if not any(r for lr in report.layers for r in lr.shield_rank):
-        reason = ("no matrix layer under the matrix rule" if not matrix_keys else
-                  f"the layers patterns {list(options.layers)} select no matrix layer" if not selected else
-                  "every selected layer's task vectors are zero" if not report.layers else
-                  "every shield is empty (one task only, or no load-bearing directions)")
-        warnings.warn(f"{mode} changed no task vector: {reason}; the merge is the plain method's", stacklevel=2)
+    warn_if_unchanged(report, matrix_keys, selected, stacklevel=3)
     return [TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], report

@@ -64,6 +64,13 @@ def make_checkpoints(T: int = 3, seed: int = 0, dtype=torch.float32):
     return cast(pre), [cast(f) for f in fts]
 
 
+@pytest.fixture(autouse=True)
+def _conversion_cache(tmp_path_factory, monkeypatch):
+    """``pact merge`` converts .pt inputs to safetensors once, in a cache: a per-session temporary
+    folder in the tests, never the user's or the project's cache."""
+    monkeypatch.setenv("PACT_CONVERT_CACHE", str(tmp_path_factory.getbasetemp() / "converted"))
+
+
 @pytest.fixture
 def ckpts():
     return make_checkpoints()

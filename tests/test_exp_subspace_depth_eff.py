@@ -468,6 +468,20 @@ def test_read_bench_and_table(tmp_path):
     t = efficiency.bench_table(b)
     assert t.loc["speed-up of RSVD", "value"] == "6.2×" and t.loc["PACT filter, exact SVD (s)", "value"] == "80.0"
     assert t.loc["LBW projector distance / √r, mean", "value"] == "1.50e-04" and len(t) == 5
+    assert efficiency.bench_sweep_table(b).empty
+    # nested records (the previous defaults) by dotted key; the sweep as its own table
+    b = {"speedup_rsvd": 2.5, "previous": {"speedup": 3.25, "lbw_projector_distance_mean": 0.42},
+         "sweep": [dict(oversample=10, n_iter=2, route="direct", routes_used="direct", t_svd=1.0, speedup_svd=14.0,
+                        lbw_fro_mean=0.42, lbw_fro_max=0.45, lbw_spectral_mean=0.99, lbw_spectral_max=1.0,
+                        core_spectral_max=1.0, active_spectral_max=0.86),
+                   dict(core_oversample=40, core_n_iter=8, core_route="auto", oversample=10, n_iter=2, route="direct",
+                        routes_used="direct+gram", t_svd=1.5, speedup_svd=9.0, lbw_fro_mean=0.04, lbw_fro_max=0.07,
+                        lbw_spectral_mean=0.15, lbw_spectral_max=0.31, core_spectral_max=0.05, active_spectral_max=0.86)]}
+    t = efficiency.bench_table(b)
+    assert t.loc["previous RSVD (p = 10, q = 2): speed-up", "value"] == "3.2×" and len(t) == 3
+    sw = efficiency.bench_sweep_table(b)
+    assert list(sw["core (p, q, route)"]) == ["10, 2, direct", "40, 8, auto"]
+    assert list(sw["updates (p, q, route)"]) == ["10, 2, direct"] * 2 and sw["LBW /√r max"].tolist() == [0.45, 0.07]
 
 
 def _acc_frame(exact, other, n_test=1000):
@@ -495,7 +509,10 @@ def test_c10_verdict_halves():
     assert v["status"] == "partly reproduced" and "6.0× faster" in v["evidence"] and "50 %" in v["evidence"]
     v = efficiency.c10_verdict(ok, speedup=3.0, bench={"speedup_rsvd": 3.2, "blocks": 12, "lbw_projector_distance_mean": 0.424,
                                                        "filtered_rel_change_mean": 0.175})
-    assert "projector distance / √r 0.42" in v["evidence"] and "change by 18 %" in v["evidence"]
+    assert "projector distance / √r 0.42" in v["evidence"] and "differ by 18 %" in v["evidence"]
+    v = efficiency.c10_verdict(ok, speedup=3.0, bench={"speedup_rsvd": 2.7, "blocks": 12, "oversample": 40, "n_iter": 8,
+                                                       "lbw_projector_distance_mean": 0.011, "filtered_rel_change_mean": 0.004})
+    assert "2.7× faster with p = 40, q = 8" in v["evidence"] and "√r 0.011" in v["evidence"] and "by 0.4 %" in v["evidence"]
     assert efficiency.c10_verdict(off, speedup=3.0, bench=None)["status"] == "partly reproduced"
     v = efficiency.c10_verdict(off, speedup=0.9, bench=None)
     assert v["status"] == "not reproduced" and "outside" in v["evidence"] and "not run" in v["evidence"]

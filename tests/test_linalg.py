@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from pactlib.linalg import orth, polar, project_out, projector_distance, top_singular
+from pactlib import PactOptions
+from pactlib.linalg import gram_is_cheaper, orth, polar, project_out, projector_distance, top_singular
 from conftest import planted
 
 
@@ -29,23 +30,78 @@ def test_rsvd_matches_exact_on_planted_rank(gen, shape):
     torch.testing.assert_close(_proj(Vr).T, _proj(Vr))
 
 
-def test_rsvd_is_seeded_and_leaves_global_rng_alone(gen):
+def _slowly_decaying(m, n, gen):
+    """A trained-weight-like spectrum: σ_i = i^-1/2 over a quarter of the rank (σ_20 / σ_30 ≈ 0.8:
+    no gap at the cut) on top of a small noise bulk; float32, as PACT's layers are."""
+    r = min(m, n) // 4
+    U = torch.linalg.qr(torch.randn(m, r, generator=gen, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(n, r, generator=gen, dtype=torch.float64))[0]
+    S = torch.arange(1, r + 1, dtype=torch.float64) ** -0.5
+    return ((U * S) @ V.T + 0.02 * torch.randn(m, n, generator=gen, dtype=torch.float64) / max(m, n) ** 0.5).float()
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (200, 300)])
+@pytest.mark.parametrize("route", ["direct", "gram"])
+def test_rsvd_defaults_find_the_top_subspace_of_a_slowly_decaying_spectrum(gen, shape, route):
+    W = _slowly_decaying(*shape, gen)
+    r = 20  # 0.1 of the rank, like PACT's core
+    exact = top_singular(W, r).V
+    o = PactOptions()
+    V = top_singular(W, r, method="rsvd", oversample=o.oversample, n_iter=o.n_iter, seed=0, route=route).V
+    # PACT's defaults: sine of the largest principal angle ~2e-3 here (stated tolerance 0.02)
+    assert projector_distance(exact, V) < 0.02
+    # method.md's p = 10, q = 2 cannot separate the top 20 directions from the next ones (measured ~0.4-0.5)
+    assert projector_distance(exact, top_singular(W, r, method="rsvd", oversample=10, n_iter=2, seed=0).V) > 0.3
+
+
+@pytest.mark.parametrize("shape", [(300, 120), (120, 300)])
+@pytest.mark.parametrize("n_iter", [0, 1, 3])
+def test_rsvd_routes_compute_the_same_subspace(gen, shape, n_iter):
+    W = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    a = top_singular(W, 10, method="rsvd", oversample=5, n_iter=n_iter, seed=4, route="direct")
+    b = top_singular(W, 10, method="rsvd", oversample=5, n_iter=n_iter, seed=4, route="gram")
+    assert a.U.shape == b.U.shape == (shape[0], 10) and a.V.shape == b.V.shape == (shape[1], 10)
+    # same random draw, same subspace iteration: equal up to rounding (the spectral distance is
+    # computed from cosines, so it bottoms out near 1e-8 in float64)
+    assert projector_distance(a.V, b.V) < 1e-6 and projector_distance(a.U, b.U) < 1e-6
+    torch.testing.assert_close(a.S, b.S, rtol=1e-10, atol=0)
+    torch.testing.assert_close(b.V.T @ b.V, torch.eye(10, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("route", ["direct", "gram"])
+def test_rsvd_is_seeded_and_leaves_global_rng_alone(gen, route):
     W = torch.randn(300, 200, generator=gen)
     torch.manual_seed(99)
     before = torch.random.get_rng_state()
-    a = top_singular(W, 5, method="rsvd", seed=7).V
+    a = top_singular(W, 5, method="rsvd", seed=7, route=route).V
     assert torch.equal(before, torch.random.get_rng_state())
-    b = top_singular(W, 5, method="rsvd", seed=7).V
+    b = top_singular(W, 5, method="rsvd", seed=7, route=route).V
     assert torch.equal(a, b)
+    c = top_singular(W, 5, method="rsvd", seed=8, route=route).V
+    assert not torch.equal(a, c)  # the seed is used (same subspace up to the noise of the method)
 
 
-def test_rsvd_clamps_to_exact_for_small_matrices(gen):
+@pytest.mark.parametrize("route", ["auto", "direct", "gram"])
+def test_rsvd_clamps_to_exact_for_small_matrices(gen, route):
     W = torch.randn(12, 10, generator=gen, dtype=torch.float64)
     e = top_singular(W, 4)
-    r = top_singular(W, 4, method="rsvd", oversample=10)  # 4 + 10 >= 10: exact fallback
-    torch.testing.assert_close(e.S, r.S)
+    r = top_singular(W, 4, method="rsvd", oversample=6, n_iter=8, route=route)  # 4 + 6 >= 10: exact fallback
+    assert torch.equal(e.S, r.S) and torch.equal(e.V, r.V) and torch.equal(e.U, r.U)
+    # one below the clamp the randomized method runs: another (valid) basis of the same subspace
+    q = top_singular(W, 4, method="rsvd", oversample=5, n_iter=8, route=route)
+    assert not torch.equal(e.V, q.V) and projector_distance(e.V, q.V) < 1e-6
     assert top_singular(W, 50).V.shape == (10, 10)  # r clamped to min(m, n)
     assert top_singular(W, 0).V.shape == (10, 0)
+    with pytest.raises(ValueError, match="route"):
+        top_singular(W, 2, method="rsvd", route="krylov")
+
+
+def test_gram_route_pays_off_with_many_iterations():
+    # ViT-B/32's c_fc (3072, 768): PACT's core with p = 40 (l = 117)
+    assert gram_is_cheaper(3072, 768, 117, 8) and gram_is_cheaper(768, 3072, 117, 8)
+    assert not gram_is_cheaper(3072, 768, 48, 2)  # few iterations: the Gram costs more than it saves
+    flips = [gram_is_cheaper(768, 768, 58, q) for q in range(20)]
+    assert flips == sorted(flips) and flips[-1]  # once cheaper, cheaper for every larger q
 
 
 def test_orth_drops_near_zero_directions(gen):

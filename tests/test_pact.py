@@ -5,6 +5,7 @@ import torch
 from pactlib import PactOptions, TaskVector, pact_filter, task_vectors_from
 from pactlib.linalg import projector_distance
 from pactlib.matrix import MatrixRule
+from pactlib.pact import layer_subspaces
 from pactlib.shield import build_shield, filter_update, shield_cap
 from pactlib.subspaces import active_subspace, choose_rank, intrusion_energy, lbw_subspace, pretrained_core
 
@@ -177,3 +178,25 @@ def test_pact_filter_rejects_unknown_mode(ckpts):
     pre, fts = ckpts
     with pytest.raises(ValueError, match="unknown PACT mode"):
         pact_filter(pre, task_vectors_from(pre, fts), mode="static")
+
+
+def test_pact_rsvd_defaults_keep_the_lbw_bases_of_a_trained_like_layer(gen):
+    # θ0 with a slowly decaying spectrum (σ_i = i^-1/2 over a quarter of the rank + a noise bulk), the hard
+    # case for a range finder; three low-rank-plus-noise task updates. float32, as checkpoints are.
+    m, n = 320, 240
+    r0 = min(m, n) // 4
+    U, V = _basis(m, r0, gen), _basis(n, r0, gen)
+    W0 = ((U * torch.arange(1, r0 + 1, dtype=torch.float64) ** -0.5) @ V.T
+          + 0.02 * torch.randn(m, n, generator=gen, dtype=torch.float64) / m ** 0.5).float()
+    deltas = [((_basis(m, 30, gen) * 0.5 / torch.arange(1, 31, dtype=torch.float64)) @ _basis(n, 30, gen).T
+               + 1e-4 * torch.randn(m, n, generator=gen, dtype=torch.float64)).float() for _ in range(3)]
+    exact = layer_subspaces(W0, deltas, PactOptions())
+    rsvd = layer_subspaces(W0, deltas, PactOptions(svd="rsvd"))  # PactOptions' p and q
+    assert exact.core.shape == rsvd.core.shape == (n, 24)
+    # measured: core and LBW bases within ~1e-3 (sine of the largest principal angle); stated tolerance 0.05
+    assert projector_distance(exact.core, rsvd.core) < 0.05
+    for a, b in zip(exact.lbw, rsvd.lbw):
+        assert a.basis.shape == b.basis.shape and projector_distance(a.basis, b.basis) < 0.05
+    # method.md's p = 10, q = 2 would not be close
+    old = layer_subspaces(W0, deltas, PactOptions(svd="rsvd", oversample=10, n_iter=2))
+    assert max(projector_distance(a.basis, b.basis) for a, b in zip(exact.lbw, old.lbw)) > 0.2

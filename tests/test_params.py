@@ -310,7 +310,7 @@ def test_runner_value_rules_use_the_registries_and_other_parameters(capsys):
     assert "parameter 'most' must be a number in (0, 1], got 0.0" in err
     # a rule may depend on another parameter's final value (08: accuracy_n_iter in n_iters)
     assert rn.main(["--only", "08", "--check-only", "-p", "accuracy_n_iter=3"]) == 2
-    assert "parameter 'accuracy_n_iter' must be one of [1, 2, 4], got 3" in capsys.readouterr().err
+    assert "parameter 'accuracy_n_iter' must be one of [2, 8, 12], got 3" in capsys.readouterr().err
     assert rn.main(["--only", "08", "--check-only", "-p", "accuracy_n_iter=3",
                     "-p", "n_iters=[1, 3]"]) == 0
     # 10: val_limit must cover loss_examples

@@ -36,7 +36,7 @@ def map_layers(task_vectors: Sequence[TaskVector], rule: MatrixRule,
 
     def one(key: str) -> Tensor:
         ref = first[key]
-        stack = torch.stack([tv[key] for tv in task_vectors])  # (T, *shape)
+        stack = stack_rows([tv[key] for tv in task_vectors])  # (T, *shape)
         if rule.kind(key, ref) != "matrix":
             return other_fn(stack)
         if not bool(stack.any()):
@@ -46,6 +46,21 @@ def map_layers(task_vectors: Sequence[TaskVector], rule: MatrixRule,
 
     keys = list(first.keys())
     return TaskVector._wrap(dict(zip(keys, map_ordered(one, keys, workers or torch.get_num_threads()))))
+
+
+def stack_rows(rows: Sequence[Tensor]) -> Tensor:
+    """``torch.stack(rows)``; when the rows already are the consecutive rows of one contiguous
+    (T, *shape) tensor (as the streamed merge passes them, :mod:`pactlib.streaming`), that tensor
+    itself, without a copy. Kernels never write into their input, so both are the same to them."""
+    base = rows[0]._base if rows else None
+    if (base is not None and base.is_contiguous() and base.dim() == rows[0].dim() + 1
+            and base.shape[0] == len(rows) and base.shape[1:] == rows[0].shape
+            and base.dtype == rows[0].dtype):
+        step = base.stride(0) * base.element_size()
+        if all(r._base is base and r.is_contiguous() and r.data_ptr() == base.data_ptr() + i * step
+               for i, r in enumerate(rows)):
+            return base
+    return torch.stack(list(rows))
 
 
 def mean_of(stack: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,7 +27,14 @@ def alpha_grid(lo: float, hi: float, step: float) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class MergeMethod:
-    """A registered merge method. ``fn(task_vectors, *, rule, **params) -> TaskVector``."""
+    """A registered merge method. ``fn(task_vectors, *, rule, **params) -> TaskVector``.
+
+    ``per_key`` (a bool, or a function of the full parameter dict) says whether the merged update
+    of each key depends only on the T task vectors' entries of that key (true of every map_layers
+    method); the streamed merge (:mod:`pactlib.streaming`) then calls ``fn`` on one key at a time.
+    ``elementwise`` says more: each *entry* of D depends only on the tasks' entries at the same
+    position (Task Arithmetic), so large keys may be streamed in chunks of rows.
+    """
 
     name: str
     pretty: str
@@ -35,6 +42,13 @@ class MergeMethod:
     fn: MergeFn
     alphas: tuple[float, ...]
     params: dict = field(default_factory=dict)
+    per_key: bool | Callable[[Mapping], bool] = True
+    elementwise: bool = False
+
+    def is_per_key(self, params: Mapping) -> bool:
+        """Whether the method with ``params`` (defaults filled in) merges every key on its own."""
+        full = {**self.params, **params}
+        return bool(self.per_key(full) if callable(self.per_key) else self.per_key)
 
     def __call__(self, task_vectors: Sequence[TaskVector], *, rule: MatrixRule, **params) -> TaskVector:
         unknown = set(params) - set(self.params)
@@ -52,9 +66,11 @@ class UnknownMethodError(KeyError):
         return str(self.args[0])
 
 
-def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...]):
+def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...],
+             per_key: bool | Callable[[Mapping], bool] = True, elementwise: bool = False):
     """Decorator registering ``fn`` under ``name``; its keyword-only parameters with defaults
-    (other than ``rule``) become the method's tunable parameters."""
+    (other than ``rule``) become the method's tunable parameters. ``per_key`` / ``elementwise``:
+    see :class:`MergeMethod` (a method that is not per key needs its own streamed form)."""
 
     def deco(fn: MergeFn) -> MergeFn:
         if name in _REGISTRY:
@@ -62,7 +78,7 @@ def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...
         sig = inspect.signature(fn)
         params = {p.name: p.default for p in sig.parameters.values()
                   if p.kind is p.KEYWORD_ONLY and p.name != "rule"}
-        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params)
+        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params, per_key, elementwise)
         return fn
 
     return deco

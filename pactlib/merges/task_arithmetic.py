@@ -10,7 +10,7 @@ from .registry import alpha_grid, register
 
 
 @register("task_arithmetic", pretty="Task Arithmetic", reference="Ilharco et al., ICLR 2023",
-          alphas=alpha_grid(0.05, 1.0, 0.05))
+          alphas=alpha_grid(0.05, 1.0, 0.05), elementwise=True)
 def task_arithmetic(task_vectors: list[TaskVector], *, rule: MatrixRule) -> TaskVector:
     """D = Σt Δt (M1); every key, matrix or not. Returns a new task vector."""
     return TaskVector.sum(task_vectors)

@@ -14,17 +14,121 @@ from ..taskvector import TaskVector
 from .registry import alpha_grid, register
 
 
-def trim_mask(x: Tensor, k: float) -> Tensor:
-    """Boolean mask (same shape as x) of exactly ceil(k% · x.numel()) entries of largest |x|
-    (ties broken by position, so the count is exact even with tied magnitudes)."""
+def trim_count(numel: int, k: float) -> int:
+    """How many of ``numel`` entries TIES keeps at ``k`` percent: ceil(k% · numel), at least 1.
+
+    Raises:
+        ValueError: ``k`` outside (0, 100].
+    """
     if not (0 < k <= 100):
         raise ValueError(f"TIES trim percentage k must be in (0, 100], got {k}")
+    return min(numel, max(1, int(-(-k * numel // 100))))
+
+
+def trim_mask(x: Tensor, k: float) -> Tensor:
+    """Boolean mask (same shape as x) of exactly ceil(k% · x.numel()) entries of largest |x|.
+
+    Ties at the threshold are broken by position: with v the ``keep``-th largest |x|, every
+    entry with |x| > v is kept, then the first (in flattened order) entries with |x| = v until
+    the count is exact. The rule is explicit (``torch.topk`` picks tied entries in no specified
+    order), so the streamed merge (:mod:`pactlib.streaming`), which finds v and the tie count in
+    passes over the files, keeps the very same entries.
+
+    Raises:
+        ValueError: ``k`` outside (0, 100].
+    """
     flat = x.reshape(-1).abs()
-    keep = min(flat.numel(), max(1, int(-(-k * flat.numel() // 100))))
-    idx = torch.topk(flat, keep, sorted=False).indices
-    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=x.device)
-    mask[idx] = True
+    keep = trim_count(flat.numel(), k)
+    if keep == 0:
+        return torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    v = torch.topk(flat, keep, sorted=False).values.min()  # the keep-th largest |x| (a value: no tie issue)
+    mask = flat > v
+    need = keep - int(mask.sum())
+    if need > 0:
+        mask[torch.nonzero(flat == v).reshape(-1)[:need]] = True
     return mask.reshape(x.shape)
+
+
+class GlobalThreshold:
+    """The exact TIES trim of T task vectors read in passes, in bounded memory (M2, scope global).
+
+    For each task, the ``keep``-th largest |Δ| over the whole flattened task vector (``keep`` =
+    :func:`trim_count`) is found by radix selection on the bit patterns of |Δ| (for non-negative
+    floats the order of the bit patterns is the order of the values): each pass over the data
+    histograms one 16-bit digit of the entries that share the digits found so far (2 passes for
+    float32, 4 for float64; 65,536 counters per task). The result is v_t and how many entries
+    equal to v_t are kept (the first ones by position), which is what :func:`trim_mask` keeps
+    on the concatenated task vector: :meth:`mask` then trims chunk by chunk, in position order.
+
+    Use: ``observe(t, values)`` for every chunk of every task, then ``end_pass()``; repeat while
+    ``not done``; then ``mask(t, values)`` over every chunk of every task in position order.
+    """
+
+    DIGIT = 16
+
+    def __init__(self, tasks: int, keep: int, dtype: torch.dtype):
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"GlobalThreshold: dtype must be float32 or float64, got {dtype}")
+        self.int_dtype = torch.int32 if dtype == torch.float32 else torch.int64
+        self.bits = 32 if dtype == torch.float32 else 64
+        self.tasks, self.keep = tasks, keep
+        self.shift = self.bits - self.DIGIT  # shift of the digit the current pass histograms
+        self.prefix = [0] * tasks  # bit pattern of v_t found so far (digits above ``shift``)
+        self.rank = [keep] * tasks  # rank (from the top, 1-based) of v_t among entries with that prefix
+        self.above = [0] * tasks  # entries known to be > v_t
+        self.hist = torch.zeros(tasks, 1 << self.DIGIT, dtype=torch.int64)
+        self._left: list[int] | None = None  # ties still to keep, during the masking pass
+
+    @property
+    def done(self) -> bool:
+        return self.shift < 0
+
+    def _bits(self, values: Tensor) -> Tensor:
+        return values.detach().abs().reshape(-1).contiguous().view(self.int_dtype)
+
+    def observe(self, t: int, values: Tensor) -> None:
+        """Count one chunk of task t's entries in this pass's histogram."""
+        b = self._bits(values)
+        top = self.shift + self.DIGIT
+        if top < self.bits:
+            b = b[(b >> top) == self.prefix[t]]
+        digit = (b >> self.shift) & ((1 << self.DIGIT) - 1)
+        self.hist[t] += torch.bincount(digit, minlength=1 << self.DIGIT)
+
+    def end_pass(self) -> None:
+        """Fix one more digit of every task's threshold from this pass's histogram."""
+        for t in range(self.tasks):
+            counts = self.hist[t]
+            at_or_above = counts.flip(0).cumsum(0).flip(0)  # entries with digit >= j
+            j = int((at_or_above >= self.rank[t]).nonzero().max())  # largest digit holding the rank
+            higher = int(at_or_above[j + 1]) if j + 1 < counts.numel() else 0
+            self.above[t] += higher
+            self.rank[t] -= higher
+            self.prefix[t] = (self.prefix[t] << self.DIGIT) | j
+        self.shift -= self.DIGIT
+        self.hist.zero_()
+
+    def threshold(self, t: int) -> Tensor:
+        """v_t, the ``keep``-th largest |Δt| (a 0-d tensor of the task vectors' dtype)."""
+        if not self.done:
+            raise RuntimeError("GlobalThreshold: passes not finished")
+        return torch.tensor(self.prefix[t], dtype=self.int_dtype).view(
+            torch.float32 if self.bits == 32 else torch.float64)
+
+    def mask(self, t: int, values: Tensor) -> Tensor:
+        """The trim mask of the next chunk of task t (chunks must come in position order)."""
+        if not self.done:
+            raise RuntimeError("GlobalThreshold: passes not finished")
+        if self._left is None:
+            self._left = list(self.rank)  # entries equal to v_t still to keep
+        b = self._bits(values)
+        v = self.prefix[t]
+        m = b > v
+        if self._left[t] > 0:
+            idx = torch.nonzero(b == v).reshape(-1)[: self._left[t]]
+            m[idx] = True
+            self._left[t] -= idx.numel()
+        return m.reshape(values.shape)
 
 
 def ties_kernel(stack: Tensor) -> Tensor:
@@ -40,7 +144,8 @@ def ties_kernel(stack: Tensor) -> Tensor:
     return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
 
-@register("ties", pretty="TIES", reference="Yadav et al., NeurIPS 2023", alphas=alpha_grid(0.05, 1.0, 0.05))
+@register("ties", pretty="TIES", reference="Yadav et al., NeurIPS 2023", alphas=alpha_grid(0.05, 1.0, 0.05),
+          per_key=lambda p: p["scope"] == "per_key")
 def ties(task_vectors: list[TaskVector], *, rule: MatrixRule, k: float = 20.0,
          scope: Literal["global", "per_key"] = "global") -> TaskVector:
     """TIES (M2): keep each task's top ``k``% entries by |Δt|, elect signs, disjoint mean.

@@ -1,0 +1,627 @@
+"""Checkpoints read one key at a time, and state dicts written one key at a time: the I/O of the
+streamed merge (:mod:`pactlib.streaming`).
+
+**Reading.** :func:`open_checkpoint` returns a :class:`LazyCheckpoint`: every key's shape and
+dtype from the file headers, and :meth:`LazyCheckpoint.read` for one tensor (or a range of its
+rows) at a time.
+
+- ``.safetensors``: the header is parsed once; each read opens the file with
+  ``safetensors.safe_open`` (a memory map), takes the one tensor and closes it, so the mapping
+  goes away with the tensor. A handle kept open for the whole merge would keep every page it has
+  touched resident: reading an 800 MB file through one open handle raised the process's RSS by
+  800 MB, reopening per tensor by 16 MB (measured on this project's machine, safetensors 0.8).
+- Sharded checkpoints: a ``*.index.json`` with a Hugging Face ``weight_map`` (key -> shard file),
+  or a model folder holding one (or a single ``model.safetensors`` / ``pytorch_model.bin``);
+  each key is read from its shard.
+- ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` (pickles): converted **once** to safetensors in the
+  conversion cache (:func:`conversion_cache_dir`: ``$PACT_CONVERT_CACHE``, else
+  ``$PACT_CACHE/converted``, else ``~/.cache/pactlib/converted``), keyed by the file's resolved
+  path, size and modification time; the file is written to a temporary name in that folder and
+  renamed (atomic), and older conversions of the same source are removed. The conversion reads
+  the pickle with ``torch.load(mmap=True, weights_only=True)``, so its peak is about that one
+  file. ``torch.load(mmap=True)`` alone is not enough for the merge itself: the mapping of the
+  whole file lives as long as any of its tensors, and the pages read stay resident (the same
+  800 MB file: +800 MB RSS), for θ0 and every θt.
+
+Keys come in the order the in-memory loaders give (:func:`pactlib.io.load_state_dict`: a
+safetensors file's data order; shards in sorted file order), which TIES' position tie-break
+depends on.
+
+**Writing.** :class:`CheckpointWriter` writes θ0's keys in order as they are merged: a safetensors
+header (every key's dtype, shape and offsets, known before any tensor) and then each tensor's bytes,
+so it holds no more than the tensor being written. With ``max_shard_size`` the keys are split
+over ``<stem>-00001-of-0000N.safetensors`` files and a Hugging Face ``<out>.index.json``
+(``{"metadata": {"total_size"}, "weight_map"}``). Everything goes to temporary files in the
+destination folder, renamed on :meth:`CheckpointWriter.commit` (shards first, the index last):
+an interrupted or failed run leaves no output file. A ``.pt`` output is the exception: torch's
+format needs the whole state dict, so it is collected in memory (one model) and saved atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import struct
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .checks import CheckpointError
+from .io import SAFETENSORS, TORCH, atomic_write, save_state_dict
+
+#: safetensors dtype names <-> torch dtypes.
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+INDEX_SUFFIX = ".index.json"
+_DIR_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_DIR_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
+_CONVERSION = "v1"  # bump when the conversion changes
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from ``2000000``, ``"500MB"``, ``"2GB"`` (powers of 1000) or ``"1.5GiB"`` (1024).
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"max shard size must be a size such as 2GB, got {size!r}")
+    if isinstance(size, int):
+        n = size
+    else:
+        m = _SIZE.match(str(size))
+        if not m or (m.group(2) or "").lower() not in _UNITS:
+            raise ValueError(f"max shard size must be a number of bytes or e.g. 500MB, 2GB, 1.5GiB; got {size!r}")
+        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if n < 1:
+        raise ValueError(f"max shard size must be positive, got {size!r}")
+    return n
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one key lives: its safetensors file, shape and dtype."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
+    """({key: Entry} in data order, metadata) of a safetensors file, from its header only.
+
+    Raises:
+        CheckpointError: not a readable safetensors file (naming it).
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("file shorter than a safetensors header")
+            n = struct.unpack("<Q", head)[0]
+            if n > min(size - 8, 100 << 20):
+                raise ValueError(f"header length {n} beyond the file")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        meta = header.pop("__metadata__", None) or {}
+        rows = []
+        for key, info in header.items():
+            dtype = DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ValueError(f"key {key!r}: unsupported dtype {info['dtype']!r}")
+            begin, end = info["data_offsets"]
+            if not 0 <= begin <= end <= size - 8 - n:
+                raise ValueError(f"key {key!r}: data offsets {begin, end} beyond the file")
+            rows.append((begin, key, Entry(path, tuple(int(s) for s in info["shape"]), dtype)))
+        from safetensors import safe_open  # the library's own checks (offsets, sizes)
+
+        with safe_open(str(path), framework="pt"):
+            pass
+    except CheckpointError:
+        raise
+    except Exception as e:  # corrupt / truncated / not safetensors
+        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
+    rows.sort(key=lambda r: r[0])
+    return {key: e for _, key, e in rows}, meta
+
+
+class LazyCheckpoint:
+    """A checkpoint's keys, shapes and dtypes, with tensors read one at a time.
+
+    Not a Mapping on purpose: iterating a Mapping's values would read the whole checkpoint.
+    ``meta()`` gives ``meta``-device tensors (shape and dtype, no data) for the key and shape
+    checks of :mod:`pactlib.checks` and for :class:`pactlib.matrix.MatrixRule`.
+    """
+
+    def __init__(self, name: str, entries: Mapping[str, Entry]):
+        self.name = name
+        self._entries = dict(entries)
+
+    def __repr__(self) -> str:
+        return f"LazyCheckpoint({self.name!r}, keys={len(self)})"
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def entry(self, key: str) -> Entry:
+        return self._entries[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._entries[key].shape
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._entries[key].dtype
+
+    @property
+    def files(self) -> list[Path]:
+        return sorted({e.file for e in self._entries.values()})
+
+    def meta(self) -> dict[str, Tensor]:
+        """{key: an empty ``meta`` tensor of the key's shape and dtype}, in order."""
+        return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in self._entries.items()}
+
+    def read(self, key: str, rows: tuple[int, int] | None = None, *, dim: int = 0) -> Tensor:
+        """The tensor of ``key`` (or its index range ``rows`` = (start, stop) along ``dim``, 0 or 1).
+
+        The result is backed by a memory map of the file that lives as long as the tensor; do not
+        write into it.
+
+        Raises:
+            KeyError: unknown key (naming the checkpoint).
+            CheckpointError: the file can no longer be read (naming it and the key).
+        """
+        try:
+            e = self._entries[key]
+        except KeyError:
+            raise KeyError(f"{self.name}: no key {key!r}") from None
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(e.file), framework="pt") as f:
+                if rows is None or not e.shape:
+                    return f.get_tensor(key)
+                sl = f.get_slice(key)
+                return sl[rows[0]:rows[1]] if dim == 0 else sl[:, rows[0]:rows[1]]
+        except Exception as err:
+            raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
+                                  f"({type(err).__name__}: {str(err)[:200]})") from err
+
+
+Loader = Callable[[Path], Mapping[str, Tensor]]
+
+
+def conversion_cache_dir() -> Path:
+    """Where converted ``.pt`` checkpoints are kept: ``$PACT_CONVERT_CACHE``, else
+    ``$PACT_CACHE/converted``, else ``$XDG_CACHE_HOME/pactlib/converted`` (``~/.cache/...``)."""
+    if os.environ.get("PACT_CONVERT_CACHE"):
+        return Path(os.environ["PACT_CONVERT_CACHE"])
+    if os.environ.get("PACT_CACHE"):
+        return Path(os.environ["PACT_CACHE"]) / "converted"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pactlib" / "converted"
+
+
+def default_loader(trust_pickle: bool = False) -> Loader:
+    """How a pickle is read for conversion: :func:`pactlib.io.load_state_dict` memory-mapped
+    (``weights_only``: no pickled code runs), or with ``trust_pickle``
+    :func:`pactlib.models.clip.load_clip_checkpoint`, which also unpickles whole modules."""
+    if trust_pickle:
+        def load(path: Path) -> Mapping[str, Tensor]:
+            from .models.clip import load_clip_checkpoint
+
+            return load_clip_checkpoint(path, trust_pickle=True)
+
+        load.cache_tag = "trusted"
+        return load
+    from .io import load_state_dict
+
+    def load(path: Path) -> Mapping[str, Tensor]:
+        return load_state_dict(path, mmap=True)
+
+    load.cache_tag = "plain"
+    return load
+
+
+def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> Path:
+    """The safetensors copy of the pickled checkpoint ``path`` in the conversion cache, written
+    once (atomically) and reused while the file is unchanged (same resolved path, size and mtime).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: as ``loader`` (default :func:`default_loader`), naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    loader = loader or default_loader()
+    tag = getattr(loader, "cache_tag", getattr(loader, "__qualname__", "loader"))
+    st = path.stat()
+    src = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{tag}|{_CONVERSION}".encode()).hexdigest()[:12]
+    cache = Path(cache_dir) if cache_dir is not None else conversion_cache_dir()
+    stem = re.sub(r"[^\w.-]", "_", path.stem)[:60]
+    dest = cache / f"{stem}-{src}-{version}.safetensors"
+    if dest.is_file():
+        return dest
+    sd = loader(path)
+    entries = []
+    for k, v in sd.items():
+        if not isinstance(v, Tensor):
+            raise CheckpointError(f"{path}: key {k!r} holds a {type(v).__name__}, not a tensor")
+        if v.dtype not in DTYPE_NAMES:
+            raise CheckpointError(f"{path}: key {k!r} has dtype {v.dtype}, which safetensors cannot store")
+        entries.append((k, tuple(v.shape), v.dtype))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with CheckpointWriter(dest, entries) as w:
+            for k, v in sd.items():
+                w.write(k, v)
+            w.commit()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write its safetensors conversion to {cache} ({e}); "
+                              "set PACT_CONVERT_CACHE to a writable folder") from e
+    del sd
+    for old in cache.glob(f"{glob_escape(stem)}-{src}-*.safetensors"):
+        if old != dest:
+            old.unlink(missing_ok=True)
+    return dest
+
+
+def glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[\]])", r"[\1]", s)
+
+
+def _read_index(index: Path) -> dict[str, Path]:
+    """{key: shard path} of a Hugging Face ``*.index.json``.
+
+    Raises:
+        CheckpointError: invalid JSON, no non-empty ``weight_map``, a value that is not a file
+            name, or a shard missing from the folder (all naming the index).
+    """
+    try:
+        data = json.loads(index.read_text())
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{index}: not a readable JSON index ({type(e).__name__}: {e})") from e
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
+    bad = sorted({repr(f) for f in weight_map.values() if not isinstance(f, str)})
+    if bad:
+        raise CheckpointError(f"{index}: weight_map values must be shard file names, got {', '.join(bad[:3])}")
+    out = {k: index.parent / f for k, f in weight_map.items()}
+    missing = sorted({p.name for p in out.values() if not p.is_file()})
+    if missing:
+        raise CheckpointError(f"{index}: weight_map names shard(s) missing from {index.parent}: {missing[:5]}")
+    return out
+
+
+def _open_file(path: Path, loader: Loader | None, cache_dir) -> dict[str, Entry]:
+    suffix = path.suffix.lower()
+    if suffix in SAFETENSORS:
+        return read_header(path)[0]
+    if suffix in TORCH:
+        return read_header(convert_pickle(path, loader=loader, cache_dir=cache_dir))[0]
+    raise CheckpointError(f"{path}: unknown checkpoint extension {suffix or '(none)'!r}; "
+                          f"use one of {', '.join(SAFETENSORS + TORCH)} or a *.index.json")
+
+
+def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
+                    cache_dir: str | os.PathLike | None = None, name: str | None = None) -> LazyCheckpoint:
+    """A :class:`LazyCheckpoint` over a ``.safetensors`` file, a pickle (``.pt``, ``.pth``,
+    ``.bin``, ``.ckpt``: converted once, :func:`convert_pickle`), a sharded checkpoint's
+    ``*.index.json``, or a model folder (an index, else ``model.safetensors`` /
+    ``pytorch_model.bin`` …). Only headers are read here.
+
+    Args:
+        loader: reads a pickle for its conversion (default :func:`default_loader`).
+        cache_dir: the conversion cache (default :func:`conversion_cache_dir`).
+        name: what messages call the checkpoint (default the path).
+
+    Raises:
+        FileNotFoundError: no such file or folder, or a folder without a checkpoint.
+        CheckpointError: an unreadable file, a malformed index, a key of the index missing from
+            its shard, or a key in two shards (all naming the file).
+    """
+    path = Path(path)
+    name = name or str(path)
+    if path.is_dir():
+        for index in _DIR_INDEXES:
+            if (path / index).is_file():
+                return open_checkpoint(path / index, loader=loader, cache_dir=cache_dir, name=name)
+        for f in _DIR_FILES:
+            if (path / f).is_file():
+                return open_checkpoint(path / f, loader=loader, cache_dir=cache_dir, name=name)
+        raise FileNotFoundError(f"no checkpoint in folder {path}: expected one of {_DIR_INDEXES + _DIR_FILES}")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not path.name.endswith(INDEX_SUFFIX):
+        entries = _open_file(path, loader, cache_dir)
+        if not entries:
+            raise CheckpointError(f"{path}: the checkpoint holds no tensors")
+        return LazyCheckpoint(name, entries)
+    weight_map = _read_index(path)
+    entries: dict[str, Entry] = {}
+    for shard in sorted(set(weight_map.values())):  # the order load_clip_checkpoint(folder) gives
+        part = _open_file(shard, loader, cache_dir)
+        dup = entries.keys() & part.keys()
+        if dup:
+            raise CheckpointError(f"{shard}: keys also in another shard: {sorted(dup)[:4]}")
+        entries.update(part)
+    lost = sorted(k for k, shard in weight_map.items() if k not in entries)
+    if lost:
+        raise CheckpointError(f"{path}: {len(lost)} key(s) of the weight_map are in no shard: {lost[:5]}")
+    return LazyCheckpoint(name, entries)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _header(entries: Sequence[tuple[str, tuple[int, ...], torch.dtype]], metadata: Mapping[str, str] | None) -> bytes:
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    off = 0
+    for key, shape, dtype in entries:
+        n = tensor_bytes(shape, dtype)
+        header[key] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class _SafetensorsFile:
+    """One safetensors file written key by key into a temporary file beside ``path``."""
+
+    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]], metadata):
+        self.path, self.entries, self.metadata = path, entries, metadata
+        self.tmp: Path | None = None
+        self._f = None
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        self._f = os.fdopen(fd, "wb")
+        self._f.write(_header(self.entries, self.metadata))
+
+    def write(self, data: Tensor) -> None:
+        if self._f is None:
+            self.open()
+        flat = data.detach().contiguous().reshape(-1)
+        if flat.numel():
+            self._f.write(memoryview(flat.view(torch.uint8).numpy()))
+
+    def close(self) -> None:
+        if self._f is None:
+            self.open()
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def discard(self) -> None:
+        if self._f is not None and not self._f.closed:
+            self._f.close()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def shard_names(out: Path, n: int) -> tuple[Path, list[Path]]:
+    """(index path, shard paths) of an ``n``-shard output ``out`` (``x.safetensors`` or
+    ``x.safetensors.index.json``): ``x-00001-of-0000n.safetensors`` and ``x.safetensors.index.json``."""
+    name = out.name
+    if name.endswith(INDEX_SUFFIX):
+        index = out
+        name = name[: -len(INDEX_SUFFIX)]
+    else:
+        index = out.with_name(name + INDEX_SUFFIX)
+    stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
+    return index, [out.with_name(f"{stem}-{i:05d}-of-{n:05d}.safetensors") for i in range(1, n + 1)]
+
+
+def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:
+    """The kind of output ``out`` names: ``"safetensors"``, ``"torch"`` or ``"index"``.
+
+    Raises:
+        CheckpointError: another extension, or sharding asked for a torch output.
+    """
+    out = Path(out)
+    if out.name.endswith(INDEX_SUFFIX):
+        return "index"
+    s = out.suffix.lower()
+    if s in SAFETENSORS:
+        return "safetensors"
+    if s in TORCH:
+        if max_shard_size is not None:
+            raise CheckpointError(f"{out}: a sharded output is written as safetensors; "
+                                  f"name it *.safetensors (or *.safetensors{INDEX_SUFFIX})")
+        return "torch"
+    raise CheckpointError(f"{out}: unknown checkpoint extension {s or '(none)'!r}; use one of "
+                          f"{', '.join(SAFETENSORS + TORCH)} or *.safetensors{INDEX_SUFFIX}")
+
+
+class CheckpointWriter:
+    """Writes a state dict key by key, in the declared order, atomically (module docstring).
+
+    Args:
+        out: ``*.safetensors`` (one file, or shards + index when the keys exceed
+            ``max_shard_size``), ``*.safetensors.index.json`` (always sharded) or a torch file
+            (collected in memory, saved on commit).
+        entries: (key, shape, dtype) of every key, in the order they will be written.
+        max_shard_size: bytes (or ``"2GB"``, :func:`parse_size`) per shard; a tensor larger than
+            that gets a shard of its own.
+        metadata: safetensors ``__metadata__`` (default ``{"format": "pt"}``, as Hugging Face
+            writes).
+
+    ``write(key, tensor)`` takes a key whole or in consecutive chunks along its first dimension;
+    ``commit()`` publishes the files and returns them (the index last); leaving the ``with``
+    block without a commit (an error, an interrupt) removes every temporary file.
+    """
+
+    def __init__(self, out: str | os.PathLike, entries: Sequence[tuple[str, Sequence[int], torch.dtype]], *,
+                 max_shard_size: int | str | None = None, metadata: Mapping[str, str] | None = None):
+        if sys.byteorder != "little":
+            raise RuntimeError("safetensors data is little-endian; this machine is not")
+        self.out = Path(out)
+        self.kind = check_out_suffix(self.out, max_shard_size)
+        self.entries = [(k, tuple(int(s) for s in shape), dtype) for k, shape, dtype in entries]
+        for k, _, dtype in self.entries:
+            if dtype not in DTYPE_NAMES:
+                raise CheckpointError(f"cannot write key {k!r}: dtype {dtype} has no safetensors name")
+        self.metadata = {"format": "pt"} if metadata is None else dict(metadata)
+        self._sizes = {k: tensor_bytes(s, d) for k, s, d in self.entries}
+        self._pos = -1  # index of the key being written
+        self._done = 0  # bytes of that key written so far
+        self._committed = False
+        self._memory: dict[str, list[Tensor]] | None = {} if self.kind == "torch" else None
+        limit = parse_size(max_shard_size) if max_shard_size is not None else None
+        groups: list[list] = [[]]
+        size = 0
+        for e in self.entries:
+            n = self._sizes[e[0]]
+            if limit is not None and groups[-1] and size + n > limit:
+                groups.append([])
+                size = 0
+            groups[-1].append(e)
+            size += n
+        self.sharded = self.kind == "index" or len(groups) > 1
+        if self.kind == "torch":
+            self.files: list[_SafetensorsFile] = []
+            self.index = None
+        elif self.sharded:
+            self.index, paths = shard_names(self.out, len(groups))
+            self.files = [_SafetensorsFile(p, g, self.metadata) for p, g in zip(paths, groups)]
+        else:
+            self.index = None
+            self.files = [_SafetensorsFile(self.out, groups[0], self.metadata)]
+        self._file_of = {e[0]: i for i, f in enumerate(self.files) for e in f.entries}
+        self._current = -1
+
+    @property
+    def path(self) -> Path:
+        """The output's path: the file, or the index of a sharded output."""
+        return self.index if self.index is not None else self.out
+
+    @property
+    def total_size(self) -> int:
+        return sum(self._sizes.values())
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._committed:
+            self.abort()
+
+    def write(self, key: str, tensor: Tensor) -> None:
+        """Append ``tensor`` (all of ``key``, or its next rows) to the output.
+
+        Raises:
+            ValueError: a key out of order, a wrong dtype, or more bytes than the key holds.
+        """
+        if self._pos < 0 or self._done >= self._sizes[self.entries[self._pos][0]]:
+            if self._pos >= 0 and self._done != self._sizes[self.entries[self._pos][0]]:
+                raise ValueError(f"writer: key {self.entries[self._pos][0]!r} is incomplete")
+            self._pos += 1
+            self._done = 0
+            if self._pos >= len(self.entries):
+                raise ValueError(f"writer: key {key!r} after the last declared key")
+        name, shape, dtype = self.entries[self._pos]
+        if key != name:
+            raise ValueError(f"writer: expected key {name!r}, got {key!r}")
+        if tensor.dtype != dtype:
+            raise ValueError(f"writer: key {key!r} declared {dtype}, got {tensor.dtype}")
+        n = tensor.numel() * tensor.element_size()
+        if self._done + n > self._sizes[key]:
+            raise ValueError(f"writer: key {key!r} gets more than its {tuple(shape)} entries")
+        self._done += n
+        if self._memory is not None:
+            self._memory.setdefault(key, []).append(tensor.detach().clone())
+            return
+        i = self._file_of[key]
+        while self._current < i:  # finish the previous shard, start this one
+            if self._current >= 0:
+                self.files[self._current].close()
+            self._current += 1
+        self.files[i].write(tensor)
+
+    def commit(self) -> list[Path]:
+        """Check that every key was written, then publish the files (index last); return them.
+
+        Raises:
+            ValueError: keys not (fully) written.
+        """
+        written = self._pos + 1 if self._pos >= 0 and self._done == self._sizes[self.entries[self._pos][0]] else self._pos
+        if written < len(self.entries):
+            missing = [e[0] for e in self.entries[max(written, 0):]]
+            raise ValueError(f"writer: {len(missing)} key(s) not written, e.g. {missing[:3]}")
+        if self._memory is not None:
+            sd = {}
+            for k, shape, _ in self.entries:
+                parts = self._memory.pop(k)
+                sd[k] = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(shape)
+            save_state_dict(sd, self.out)
+            self._committed = True
+            return [self.out]
+        for f in self.files[self._current if self._current >= 0 else 0:]:
+            f.close()  # the open one, and empty shards never started (no keys left)
+        published: list[Path] = []
+        try:
+            for f in self.files:
+                os.replace(f.tmp, f.path)
+                published.append(f.path)
+            if self.index is not None:
+                data = {"metadata": {"total_size": self.total_size},
+                        "weight_map": {k: self.files[self._file_of[k]].path.name for k, _, _ in self.entries}}
+                atomic_write(self.index, lambda p: p.write_text(json.dumps(data, indent=2) + "\n"))
+                published.append(self.index)
+        except BaseException:
+            for p in published:
+                p.unlink(missing_ok=True)
+            raise
+        self._committed = True
+        return published
+
+    def abort(self) -> None:
+        """Remove every temporary file; nothing is published."""
+        for f in self.files:
+            f.discard()
+        self._memory = None if self._memory is None else {}

@@ -1,0 +1,395 @@
+"""Streamed merges: checkpoint files in, a merged checkpoint file out, one layer at a time.
+
+:func:`merge_files` computes what :func:`pactlib.merge` computes (the same numbers: the same
+kernels on the same values), without holding θ0 and the T fine-tuned checkpoints in memory. For
+every key of θ0, in order: read that key of θ0 and of every θt (:mod:`pactlib.lazy`: memory-mapped
+safetensors, shards, converted pickles), stack the T deltas Δt = θt − θ0 in float32 (float64 when
+θ0 has float64 entries), filter the layer with PACT / S-PACT if asked (P1–P6 are per layer:
+:func:`pactlib.pact.filter_layer`, in place), merge it with the method's own code called on that
+one key, write θ0 + α·D in θ0's dtype to the output, and free it. Peak memory: about one layer's
+(T, m, n) stack and the kernels' work space, whatever the model's size; Task Arithmetic (an
+entry-wise method, :attr:`MergeMethod.elementwise`) and TIES stream large keys in chunks of rows,
+so that their peak does not grow with T either.
+
+**Per-key methods** (:meth:`MergeMethod.is_per_key`: Task Arithmetic, TSV-M, Iso-C, Iso-CTS,
+TIES with ``scope="per_key"``, and any method written with ``map_layers``) are called on T
+one-key task vectors whose tensors are the rows of the stack (``map_layers`` takes the stack
+itself, no copy: :func:`pactlib.merges.driver.stack_rows`).
+
+**TIES with ``scope="global"``** ranks each task's entries over its whole task vector: the trim
+threshold depends on every layer. :class:`pactlib.merges.ties.GlobalThreshold` finds, for every
+task, the exact k%-th largest |Δt| and how many entries tied with it are kept (the first ones by
+position, as :func:`pactlib.merges.ties.trim_mask` keeps them) by radix selection over passes
+through the files (two for float32, four for float64; 65,536 counters per task); a last pass
+trims, elects and merges chunk by chunk. With PACT, the first pass filters every layer and
+writes the filtered task vectors to a temporary file next to the output (T × the filtered
+layers' size on disk, deleted at the end), which the other passes read instead of filtering again.
+
+Checks: every key and shape is compared from the file headers before any data is read (a
+missing key or a shape mismatch names the fine-tuned file and the key); NaN / Inf are checked as
+each key is read (naming the file and the key); the output is written to temporary files renamed
+at the end (:class:`pactlib.lazy.CheckpointWriter`): a failed or interrupted run leaves no output.
+
+Threads: ``workers`` layers are merged at once (default 1), each kernel on one thread
+(:mod:`pactlib.threads`): the result does not depend on ``workers``, memory grows with it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from . import merges
+from .api import resolve_kwargs
+from .checks import CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict
+from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
+from .matrix import DEFAULT_RULE, MatrixRule
+from .merges.ties import GlobalThreshold, ties_kernel, trim_count
+from .pact import PactOptions, PactReport, filter_layer, select_layers, warn_if_unchanged
+from .taskvector import TaskVector
+from .threads import single_threaded
+
+log = logging.getLogger(__name__)
+
+#: Budget of one chunk's (T, rows, …) stack for the entry-wise paths (TA, TIES), in bytes.
+CHUNK_BYTES = 32 << 20
+
+
+@dataclass
+class MergedFiles:
+    """What :func:`merge_files` wrote."""
+
+    path: Path  #: the merged checkpoint: its file, or the index of a sharded output
+    files: list[Path]  #: every file written (shards, then the index)
+    tasks: int
+    report: PactReport | None = None  #: PACT's per-layer report (None without PACT)
+
+
+class _TaskChecks:
+    """The in-memory path's warnings, gathered key by key: all-zero and identical task vectors."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        self.nonzero = [False] * len(names)
+        self.same = {(i, j) for i in range(len(names)) for j in range(i + 1, len(names))}
+        self._lock = threading.Lock()
+
+    def update(self, stack: Tensor) -> None:
+        """Look at one key's (or chunk's) (T, …) stack of unfiltered deltas."""
+        with self._lock:
+            for t in range(len(self.names)):
+                if not self.nonzero[t] and bool(stack[t].any()):
+                    self.nonzero[t] = True
+            self.same = {(i, j) for i, j in self.same if torch.equal(stack[i], stack[j])}
+
+    def warn(self) -> None:
+        for t, nz in enumerate(self.nonzero):
+            if not nz:
+                warnings.warn(f"task vector of {self.names[t]!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
+        for i, j in sorted(self.same):
+            warnings.warn(f"task vectors of {self.names[i]!r} and {self.names[j]!r} are identical", stacklevel=3)
+
+
+class _Inputs:
+    """θ0 and the T fine-tuned checkpoints, checked from their headers; deltas read on demand."""
+
+    def __init__(self, pre: LazyCheckpoint, fts: Sequence[LazyCheckpoint], names: Sequence[str]):
+        self.pre, self.fts, self.names = pre, list(fts), list(names)
+        meta = pre.meta()
+        check_state_dict(meta, name=f"pre-trained ({pre.name})")
+        for ft, nm in zip(self.fts, self.names):
+            check_compatible(meta, ft.meta(), name=nm)
+        self.meta = meta
+        self.dtype = torch.float64 if any(v.dtype == torch.float64 for v in meta.values()) else torch.float32
+        self.floats = [k for k, v in meta.items() if torch.is_floating_point(v)]
+        self.T = len(self.fts)
+
+    def rows(self, key: str, chunked: bool, chunk_bytes: int) -> list[tuple[int, int] | None]:
+        """Row ranges covering ``key`` (``[None]``: the whole key)."""
+        shape = self.pre.shape(key)
+        if not chunked or not shape:
+            return [None]
+        per_row = max(1, self.pre.entry(key).numel // max(shape[0], 1)) * self.dtype.itemsize * self.T
+        step = max(1, chunk_bytes // per_row)
+        if step >= shape[0]:
+            return [None]
+        return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)]
+
+    def deltas(self, key: str, rows: tuple[int, int] | None = None, *, check: bool = True) -> tuple[Tensor, Tensor]:
+        """(θ0's entry (or rows), the (T, …) stack of Δt in the compute dtype), checked finite
+        (unless ``check`` is False: a later pass over data already checked)."""
+        p = self.pre.read(key, rows)
+        if check:
+            check_finite({key: p}, name=f"pre-trained ({self.pre.name})")
+        stack = torch.empty((self.T, *p.shape), dtype=self.dtype)
+        p_c = p.to(self.dtype)
+        for t, (ft, nm) in enumerate(zip(self.fts, self.names)):
+            x = ft.read(key, rows)
+            if check:
+                check_finite({key: x}, name=nm)
+            torch.sub(x.to(self.dtype), p_c, out=stack[t])
+            del x
+        return p, stack
+
+
+def _ordered(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
+    """``consume(item, job(item))`` for every item in order, ``job`` on ``workers`` threads (at
+    most ``workers`` results in flight), each kernel single-threaded."""
+    if workers <= 1:
+        with single_threaded():
+            for it in items:
+                consume(it, job(it))
+        return
+
+    def one(it):
+        torch.set_num_threads(1)
+        return job(it)
+
+    with single_threaded(), ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()
+        try:
+            for it in items:
+                pending.append((it, pool.submit(one, it)))
+                if len(pending) >= workers:
+                    i0, f = pending.popleft()
+                    consume(i0, f.result())
+            while pending:
+                i0, f = pending.popleft()
+                consume(i0, f.result())
+        except BaseException:
+            for _, f in pending:
+                f.cancel()
+            raise
+
+
+def _apply(key: str, p: Tensor, D: Tensor, alpha: float) -> Tensor:
+    """θ0 + α·D for one key (or rows of it), in θ0's dtype: :meth:`TaskVector.apply_to`."""
+    return TaskVector._wrap({key: D}).apply_to({key: p}, alpha)[key]
+
+
+def _probe(m: merges.MergeMethod, rule: MatrixRule, params: dict, dtype: torch.dtype) -> None:
+    """Check the method's parameter values before any file is read: merge a one-entry dummy."""
+    m([TaskVector._wrap({"probe": torch.ones(1, dtype=dtype)}, "probe")], rule=rule, **params)
+
+
+def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[str | os.PathLike],
+                out: str | os.PathLike, *, alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
+                names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
+                trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
+                workers: int = 1, chunk_bytes: int = CHUNK_BYTES, **kw) -> MergedFiles:
+    """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (method.md §4), D from
+    ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
+    about one layer's memory (module docstring).
+
+    Args:
+        method: a registered name (:func:`pactlib.merges.names`).
+        pretrained: θ0: a ``.safetensors`` file, a pickle (``.pt``/``.pth``/``.bin``/``.ckpt``,
+            converted once to safetensors, :func:`pactlib.lazy.convert_pickle`), a sharded
+            checkpoint's ``*.index.json`` or a model folder.
+        finetuned: the T fine-tuned checkpoints, same forms, with θ0's keys and shapes.
+        out: ``*.safetensors``; ``*.safetensors.index.json`` for a sharded output; or a torch
+            file (``.pt``, collected in memory: one model).
+        alpha: scaling coefficient α.
+        pact: ``None``, ``"pact"`` or ``"s-pact"``.
+        rule: the matrix-view rule.
+        names: task names for messages (default the file paths).
+        max_shard_size: split the output into shards of at most this size (bytes or ``"2GB"``),
+            with a Hugging Face ``*.index.json`` (written only when more than one shard is needed,
+            unless ``out`` names the index).
+        trust_pickle: let the conversion of pickles unpickle whole modules (runs code from the
+            files: trusted files only).
+        loader: how pickles are read for their conversion (default
+            :func:`pactlib.lazy.default_loader` of ``trust_pickle``).
+        cache_dir: the conversion cache (default :func:`pactlib.lazy.conversion_cache_dir`).
+        workers: layers merged at once, each kernel single-threaded (same result for any
+            value; memory grows with it).
+        chunk_bytes: budget of one chunk of the entry-wise paths.
+        **kw: method parameters and PACT options, routed by name (as :func:`pactlib.merge`).
+
+    Returns:
+        :class:`MergedFiles` (the output path, the files, PACT's report).
+
+    Raises:
+        TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
+            read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs.
+        FileNotFoundError: a missing input.
+        CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
+            file and key, before any data is read), NaN / Inf (file and key).
+        MergeOverflowError: a merged value overflows θ0's dtype.
+    """
+    alpha = check_alpha(alpha)
+    mparams, options = resolve_kwargs(method, pact, kw)
+    m = merges.get(method)
+    out = Path(out)
+    check_out_suffix(out, max_shard_size)
+    if max_shard_size is not None:
+        from .lazy import parse_size
+
+        parse_size(max_shard_size)
+    if isinstance(finetuned, (str, os.PathLike)):
+        raise CheckpointError("finetuned: expected a list of checkpoint paths, got a single path")
+    finetuned = list(finetuned)
+    if not finetuned:
+        raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
+    for p in [pretrained, *finetuned]:
+        if Path(p).exists() and out.exists() and os.path.samefile(out, p) or out.resolve() == Path(p).resolve():
+            raise ValueError(f"out {out} is the input {p}: writing there would overwrite it; choose another file")
+    names = [str(p) for p in finetuned] if names is None else list(names)
+    if len(names) != len(finetuned):
+        raise CheckpointError(f"names: {len(names)} names for {len(finetuned)} fine-tuned checkpoints")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    per_key = m.is_per_key(mparams)
+    if not per_key and m.name != "ties":
+        raise ValueError(f"merge method {m.name!r} with {mparams} does not merge key by key and has no "
+                         "streamed form; use pactlib.merge (in memory)")
+    _probe(m, rule, mparams, torch.float32)
+
+    loader = loader or default_loader(trust_pickle)
+    pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
+    fts = [open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm) for p, nm in zip(finetuned, names)]
+    inputs = _Inputs(pre, fts, names)
+    selected: list[str] = []
+    report = None
+    matrix_keys: list[str] = []
+    if pact is not None:
+        options = options or PactOptions()
+        report = PactReport(pact, options)
+        matrix_keys, selected = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact,
+                                              options=options, rule=rule, stacklevel=2)
+    entries = [(k, v.shape, v.dtype) for k, v in inputs.meta.items()]
+    checks = _TaskChecks(names)
+    with CheckpointWriter(out, entries, max_shard_size=max_shard_size) as writer:
+        args = dict(inputs=inputs, m=m, mparams=mparams, rule=rule, alpha=alpha, pact=pact, options=options,
+                    selected=set(selected), report=report, checks=checks, writer=writer, workers=workers,
+                    chunk_bytes=chunk_bytes)
+        if per_key:
+            _per_key(**args)
+        else:
+            _ties_global(**args, out=out)
+        checks.warn()
+        if report is not None:
+            warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
+            log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
+        files = writer.commit()
+    return MergedFiles(writer.path, files, inputs.T, report)
+
+
+def _per_key(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
+             workers, chunk_bytes) -> None:
+    T = inputs.T
+
+    def job(key: str):
+        if key not in inputs.floats:
+            return [inputs.pre.read(key)], None
+        outs, lr = [], None
+        for rows in inputs.rows(key, m.elementwise and key not in selected, chunk_bytes):
+            p, stack = inputs.deltas(key, rows)
+            checks.update(stack)  # on the unfiltered deltas, as the in-memory path
+            views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
+            if key in selected:
+                res = filter_layer(key, p, views, mode=pact, options=options, rule=rule, out=views, keep=False)
+                lr = res[0] if res is not None else None
+                del res
+            D = m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, inputs.names)], rule=rule, **mparams)[key]
+            del views, stack
+            outs.append(_apply(key, p, D, alpha))
+        return outs, lr
+
+    def consume(key: str, result) -> None:
+        outs, lr = result
+        if lr is not None:
+            report.layers.append(lr)
+        for o in outs:
+            writer.write(key, o)
+
+    _ordered(job, inputs.pre.keys(), workers, consume)
+
+
+def _ties_global(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
+                 workers, chunk_bytes, out: Path) -> None:
+    T = inputs.T
+    k = float(mparams.get("k", m.params["k"]))
+    N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
+    sel = [key for key in inputs.floats if key in selected]
+    gt = GlobalThreshold(T, trim_count(N, k), inputs.dtype)
+    spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-", dir=out.parent)) if sel else None
+    try:
+        spill = None
+        if sel:
+            # pass 1 over the filtered layers: filter, count, and keep the result for the other passes
+            spill_writer = CheckpointWriter(spill_dir / "filtered.safetensors",
+                                            [(key, (T, *inputs.pre.shape(key)), inputs.dtype) for key in sel],
+                                            metadata={})
+
+            def job(key):
+                p, stack = inputs.deltas(key)
+                checks.update(stack)
+                rows = [stack[t] for t in range(T)]
+                res = filter_layer(key, p, rows, mode=pact, options=options, rule=rule, out=rows, keep=False)
+                return stack, (res[0] if res is not None else None)
+
+            def consume(key, result):
+                stack, lr = result
+                if lr is not None:
+                    report.layers.append(lr)
+                for t in range(T):
+                    gt.observe(t, stack[t])
+                spill_writer.write(key, stack)
+
+            with spill_writer:
+                _ordered(job, sel, workers, consume)
+                spill_writer.commit()
+            spill = open_checkpoint(spill_dir / "filtered.safetensors", name="filtered task vectors")
+
+        def stack(key: str, rows, first: bool) -> tuple[Tensor | None, Tensor]:
+            """(θ0's rows, or None for a filtered layer; the (T, rows…) stack of Δt, filtered or not)."""
+            if spill is not None and key in spill:
+                return None, spill.read(key, rows, dim=1)
+            p, st = inputs.deltas(key, rows, check=first)
+            if first:
+                checks.update(st)
+            return p, st
+
+        with single_threaded():
+            first = True
+            while not gt.done:
+                for key in inputs.floats:
+                    if first and key in selected:
+                        continue  # counted in the filtering pass
+                    for rows in inputs.rows(key, True, chunk_bytes):
+                        _, st = stack(key, rows, first)
+                        for t in range(T):
+                            gt.observe(t, st[t])
+                        del st
+                gt.end_pass()
+                first = False
+            for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
+                if key not in inputs.floats:
+                    writer.write(key, inputs.pre.read(key))
+                    continue
+                for rows in inputs.rows(key, True, chunk_bytes):
+                    p, st = stack(key, rows, False)
+                    if p is None:
+                        p = inputs.pre.read(key, rows)
+                    trimmed = torch.empty_like(st)
+                    for t in range(T):
+                        torch.mul(st[t], gt.mask(t, st[t]), out=trimmed[t])  # = flat * mask in memory
+                    del st
+                    writer.write(key, _apply(key, p, ties_kernel(trimmed), alpha))
+                    del trimmed, p
+    finally:
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)

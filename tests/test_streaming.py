@@ -1,0 +1,296 @@
+"""The streamed merge (pactlib.streaming.merge_files, `pact merge`): the same numbers as the
+in-memory path, bit for bit, for every method with and without PACT / S-PACT, on single-file,
+sharded and pickled inputs, whole or in chunks, into one file or shards; exact TIES trimming;
+lazy reading, the writer, and errors that name the file and the key and leave no output."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import pactlib
+from pactlib import merges
+from pactlib.cli import main
+from pactlib.io import load_state_dict, save_state_dict
+from pactlib.lazy import CheckpointWriter, open_checkpoint, parse_size
+from pactlib.merges.ties import GlobalThreshold, trim_count, trim_mask
+from pactlib.models.clip import load_clip_checkpoint
+
+from conftest import make_checkpoints
+
+CASES = [(m, p, {}) for m in merges.names() for p in (None, "pact", "s-pact")] + \
+        [("ties", p, {"scope": "per_key"}) for p in (None, "pact")] + [("ties", "pact", {"k": 55.0})]
+
+
+def _files(tmp_path: Path, pre, fts, ext=".safetensors"):
+    pp = save_state_dict(pre, tmp_path / f"pre{ext}")
+    return str(pp), [str(save_state_dict(f, tmp_path / f"ft{i}{ext}")) for i, f in enumerate(fts)]
+
+
+def _sharded(tmp_path: Path, sd, name: str) -> str:
+    """``sd`` as two safetensors shards and a Hugging Face index (the first 4 keys, the rest)."""
+    keys = list(sd)
+    parts = {f"{name}-00001-of-00002.safetensors": keys[:4], f"{name}-00002-of-00002.safetensors": keys[4:]}
+    for file, ks in parts.items():
+        save_file({k: sd[k].contiguous() for k in ks}, str(tmp_path / file))
+    index = tmp_path / f"{name}.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {k: f for f, ks in parts.items() for k in ks}}))
+    return str(index)
+
+
+def _read(path) -> dict:
+    ck = open_checkpoint(path)
+    return {k: ck.read(k).clone() for k in ck.keys()}
+
+
+def _assert_identical(got: dict, want: dict):
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert torch.equal(got[k], want[k]), f"{k}: max diff {float((got[k].double() - want[k].double()).abs().max())}"
+
+
+@pytest.mark.parametrize("method,pact,params", CASES, ids=lambda x: str(x))
+def test_streamed_merge_is_bit_identical_to_in_memory(tmp_path, ckpts, method, pact, params):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    want = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, core_frac=0.3, **params) if pact else \
+        pactlib.merge(method, pre, fts, alpha=0.7, **params)
+    kw = dict(core_frac=0.3) if pact else {}
+    res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact=pact, **params, **kw)
+    assert res.path == tmp_path / "out.safetensors" and res.files == [res.path] and res.tasks == 3
+    got = load_file(str(res.path))
+    _assert_identical(got, want)
+    assert list(got) == list(load_state_dict(p0))  # θ0's keys, in θ0's order
+    if pact:
+        _, rep = pactlib.merged_update(method, pre, pactlib.task_vectors_from(pre, fts), pact=pact,
+                                       options=pactlib.PactOptions(core_frac=0.3), **params)
+        by_key = lambda recs: sorted(recs, key=lambda r: (r["key"], r["task"]))  # noqa: E731
+        assert by_key(res.report.to_records()) == by_key(rep.to_records())  # layers in the file's order
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out.safetensors", "pre.safetensors", "ft0.safetensors", "ft1.safetensors", "ft2.safetensors"])
+
+
+@pytest.mark.parametrize("method,pact", [("task_arithmetic", "pact"), ("ties", None), ("ties", "s-pact"),
+                                         ("tsv_m", "pact"), ("iso_c", None), ("iso_cts", "pact")])
+def test_streamed_sharded_inputs_chunks_workers_and_sharded_output(tmp_path, method, pact):
+    """Sharded inputs (index.json), 64-byte chunks, two workers, fp16 θ (deltas in float32) and a
+    sharded output: still the in-memory numbers, and an index Hugging Face can read."""
+    pre, fts = make_checkpoints(T=4, seed=3, dtype=torch.float16)
+    p0 = _sharded(tmp_path, pre, "pre")
+    ps = [_sharded(tmp_path, f, f"ft{i}") for i, f in enumerate(fts)]
+    # the in-memory reference reads the same files, in the same key order (TIES' position tie-break)
+    pre_r, fts_r = _read(p0), [_read(p) for p in ps]
+    assert list(pre_r) == list(load_clip_checkpoint(tmp_path / "pre-00001-of-00002.safetensors")) \
+        + list(load_clip_checkpoint(tmp_path / "pre-00002-of-00002.safetensors"))
+    want = pactlib.merge(method, pre_r, fts_r, alpha=0.6, pact=pact)
+    res = pactlib.merge_files(method, p0, ps, tmp_path / "merged.safetensors", alpha=0.6, pact=pact,
+                              max_shard_size=300, chunk_bytes=64, workers=2)
+    assert res.path == tmp_path / "merged.safetensors.index.json" and res.files[-1] == res.path
+    assert len(res.files) > 3 and not (tmp_path / "merged.safetensors").exists()
+    index = json.loads(res.path.read_text())
+    assert set(index["weight_map"]) == set(pre)
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in pre.values())
+    for f in res.files[:-1]:
+        assert f.stat().st_size <= 300 + 8 + 1024 or len(load_file(str(f))) == 1  # header + data, or one big key
+        assert f.name.startswith("merged-") and f.name.endswith(f"-of-{len(res.files) - 1:05d}.safetensors")
+    _assert_identical(_read(res.path), want)
+
+
+def test_streamed_output_named_by_its_index_is_always_sharded(tmp_path, ckpts):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    res = pactlib.merge_files("iso_c", p0, ps, tmp_path / "m.safetensors.index.json", alpha=1.0)
+    assert [f.name for f in res.files] == ["m-00001-of-00001.safetensors", "m.safetensors.index.json"]
+    _assert_identical(_read(res.path), pactlib.merge("iso_c", pre, fts, alpha=1.0))
+    # a folder holding the index reads the same (as Hugging Face model folders)
+    (tmp_path / "m.safetensors.index.json").rename(tmp_path / "model.safetensors.index.json")
+    _assert_identical(_read(tmp_path), pactlib.merge("iso_c", pre, fts, alpha=1.0))
+
+
+def test_streamed_float64_and_pickled_inputs_converted_once(tmp_path):
+    """.pt inputs (one wrapped in {"state_dict": ...}) are converted to safetensors once, in the
+    cache folder, and reused; float64 θ0 makes the deltas float64 as in memory."""
+    pre, fts = make_checkpoints(T=2, seed=5, dtype=torch.float64)
+    p0 = save_state_dict(pre, tmp_path / "pre.pt")
+    torch.save({"state_dict": fts[0]}, tmp_path / "a.pt")
+    ps = [str(tmp_path / "a.pt"), str(save_state_dict(fts[1], tmp_path / "b.pth"))]
+    cache = tmp_path / "cache"
+    want = pactlib.merge("tsv_m", pre, fts, alpha=0.9, pact="pact")
+    res = pactlib.merge_files("tsv_m", p0, ps, tmp_path / "o.safetensors", alpha=0.9, pact="pact", cache_dir=cache)
+    _assert_identical(load_file(str(res.path)), want)
+    converted = sorted(cache.iterdir())
+    assert len(converted) == 3 and all(f.suffix == ".safetensors" and not f.name.startswith(".") for f in converted)
+    stamps = {f: f.stat().st_mtime_ns for f in converted}
+    res = pactlib.merge_files("tsv_m", p0, ps, tmp_path / "o.pt", alpha=0.9, pact="pact", cache_dir=cache)
+    assert {f: f.stat().st_mtime_ns for f in cache.iterdir()} == stamps  # reused, not rewritten
+    _assert_identical(torch.load(res.path, weights_only=True), want)
+    # a changed file gets a new conversion, and the old one goes
+    torch.save({"state_dict": {k: v + 1 if v.is_floating_point() else v for k, v in fts[0].items()}}, tmp_path / "a.pt")
+    open_checkpoint(tmp_path / "a.pt", cache_dir=cache)
+    assert len(list(cache.iterdir())) == 3 and set(cache.iterdir()) != set(converted)
+
+
+def test_trim_mask_breaks_ties_by_position():
+    x = torch.ones(10)
+    assert trim_mask(x, 20).tolist() == [True, True] + [False] * 8
+    x = torch.tensor([0.5, -2.0, 1.0, -1.0, 1.0, 2.0, 0.0, 1.0])
+    # keep 4: the two |2|, then the first two of the four |1| by position
+    assert trim_mask(x, 50).tolist() == [False, True, True, True, False, True, False, False]
+    assert trim_count(8, 50) == 4 and trim_count(7, 10) == 1 and trim_count(3, 100) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_global_threshold_finds_trim_mask_exactly(dtype, gen):
+    """Radix selection over chunks keeps the entries trim_mask keeps, with many tied values."""
+    T, n = 3, 5000
+    x = (torch.randint(-40, 41, (T, n), generator=gen) / 8).to(dtype)  # many ties, zeros included
+    x[1, :100] = 1e-30
+    for k in (0.01, 7.5, 20.0, 63.0, 100.0):
+        gt = GlobalThreshold(T, trim_count(n, k), dtype)
+        cuts = [0, 1, 700, 701, 2500, n]
+        while not gt.done:
+            for t in range(T):
+                for a, b in zip(cuts, cuts[1:]):
+                    gt.observe(t, x[t, a:b])
+            gt.end_pass()
+        for t in range(T):
+            want = trim_mask(x[t], k)
+            got = torch.cat([gt.mask(t, x[t, a:b]) for a, b in zip(cuts, cuts[1:])])
+            assert torch.equal(got, want), (k, t)
+            assert float(gt.threshold(t)) == float(x[t].abs()[want].min())
+
+
+def test_streamed_ties_with_tied_magnitudes_is_exact(tmp_path):
+    """Quantized updates: thousands of entries tie at every task's threshold; the streamed TIES
+    keeps the same ones (by position across keys and chunks) as the in-memory one."""
+    pre, fts = make_checkpoints(T=3, seed=7)
+    fts = [{k: (pre[k] + torch.round((v - pre[k]) * 200) / 200) if v.is_floating_point() else v
+            for k, v in ft.items()} for ft in fts]
+    p0, ps = _files(tmp_path, pre, fts)
+    pre_r, fts_r = load_state_dict(p0), [load_state_dict(p) for p in ps]
+    tv = pactlib.task_vectors_from(pre_r, fts_r)[0]
+    flat = torch.cat([v.reshape(-1) for v in tv.values()]).abs()
+    v = torch.topk(flat, trim_count(flat.numel(), 30.0)).values.min()
+    assert int((flat == v).sum()) > 10 and int((flat > v).sum()) < trim_count(flat.numel(), 30.0)
+    for chunk in (64, 1 << 20):
+        want = pactlib.merge("ties", pre_r, fts_r, alpha=0.5, k=30.0)
+        res = pactlib.merge_files("ties", p0, ps, tmp_path / "t.safetensors", alpha=0.5, k=30.0, chunk_bytes=chunk)
+        _assert_identical(load_file(str(res.path)), want)
+
+
+def test_writer_streams_chunks_and_checks_order(tmp_path):
+    a, b = torch.arange(12.0).reshape(4, 3), torch.tensor(5, dtype=torch.int64)
+    c = torch.randn(2, 2).to(torch.bfloat16)
+    entries = [("a", a.shape, a.dtype), ("b", b.shape, b.dtype), ("c", c.shape, c.dtype), ("e", (0,), torch.float32)]
+    with CheckpointWriter(tmp_path / "w.safetensors", entries) as w:
+        w.write("a", a[:1])
+        w.write("a", a[1:])
+        w.write("b", b)
+        w.write("c", c)
+        w.write("e", torch.zeros(0))
+        assert not (tmp_path / "w.safetensors").exists()
+        w.commit()
+    got = load_file(str(tmp_path / "w.safetensors"))
+    assert list(got) == ["a", "b", "c", "e"] and torch.equal(got["a"], a) and torch.equal(got["c"], c)
+    assert (tmp_path / "w.safetensors").read_bytes()[:8] != b"" and int.from_bytes(
+        (tmp_path / "w.safetensors").read_bytes()[:8], "little") % 8 == 0
+    with CheckpointWriter(tmp_path / "x.safetensors", entries) as w:
+        with pytest.raises(ValueError, match="expected key 'a', got 'b'"):
+            w.write("b", b)
+        w.write("a", a)
+        with pytest.raises(ValueError, match="declared torch.int64"):
+            w.write("b", b.float())
+        with pytest.raises(ValueError, match="not written"):
+            w.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]  # no temp file left
+    assert parse_size("2GB") == 2 * 10**9 and parse_size("1.5GiB") == 3 * 2**29 and parse_size(123) == 123
+    with pytest.raises(ValueError, match="500MB"):
+        parse_size("lots")
+
+
+def test_streamed_errors_name_file_and_key_and_leave_no_output(tmp_path, ckpts, monkeypatch):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    out = tmp_path / "o.safetensors"
+    short = {k: v for k, v in fts[1].items() if k != "head.weight"}
+    save_state_dict(short, tmp_path / "short.safetensors")
+    with pytest.raises(pactlib.CheckpointError, match=r"short.safetensors: 1 key\(s\) missing: 'head.weight'"):
+        pactlib.merge_files("iso_c", p0, [ps[0], str(tmp_path / "short.safetensors")], out, alpha=1.0)
+    wide = {**fts[1], "lin.weight": torch.zeros(12, 11)}
+    save_state_dict(wide, tmp_path / "wide.safetensors")
+    with pytest.raises(pactlib.CheckpointError, match=r"wide.safetensors: shape mismatch at key 'lin.weight': "
+                                                      r"pre-trained \(12, 10\) vs .*wide.safetensors \(12, 11\)"):
+        pactlib.merge_files("iso_c", p0, [ps[0], str(tmp_path / "wide.safetensors")], out, alpha=1.0)
+    nan = {**fts[1], "logit_scale": torch.tensor(float("nan"))}  # the last key: found after writing others
+    save_state_dict(nan, tmp_path / "nan.safetensors")
+    with pytest.raises(pactlib.CheckpointError, match=r"nan.safetensors: key 'logit_scale' holds 1 NaN"):
+        pactlib.merge_files("task_arithmetic", p0, [ps[0], str(tmp_path / "nan.safetensors")], out, alpha=1.0)
+    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+        pactlib.merge_files("iso_c", p0, [str(tmp_path / "nope.safetensors")], out, alpha=1.0)
+    with pytest.raises(ValueError, match="is the input"):
+        pactlib.merge_files("iso_c", p0, ps, ps[0], alpha=1.0)
+    with pytest.raises(ValueError, match="TIES trim percentage"):  # parameter values, before any file
+        pactlib.merge_files("ties", p0, ps, out, alpha=1.0, k=0)
+    # an interrupted run (here: Ctrl-C while writing the third key) leaves no output, no temp file
+    from pactlib import lazy
+
+    calls = []
+    real = lazy._SafetensorsFile.write
+
+    def interrupted(self, data):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, data)
+
+    monkeypatch.setattr(lazy._SafetensorsFile, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pactlib.merge_files("iso_c", p0, ps, tmp_path / "sharded.safetensors.index.json", alpha=1.0,
+                            max_shard_size=100)
+    before = {"pre.safetensors", "short.safetensors", "wide.safetensors", "nan.safetensors"} | {Path(p).name for p in ps}
+    assert {p.name for p in tmp_path.iterdir()} == before
+
+
+def test_streamed_warnings_match_in_memory(tmp_path, ckpts):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, [fts[0], fts[0], pre])
+    with pytest.warns(UserWarning) as rec:
+        pactlib.merge_files("iso_c", p0, ps, tmp_path / "o.safetensors", alpha=1.0, pact="pact", layers=["nomatch"])
+    msgs = [str(w.message) for w in rec]
+    assert any("is all zero" in m and ps[2] in m for m in msgs)
+    assert any("are identical" in m and ps[0] in m and ps[1] in m for m in msgs)
+    assert any("match no matrix layer" in m for m in msgs) and any("changed no task vector" in m for m in msgs)
+
+
+def test_cli_merge_streams_into_shards(tmp_path, ckpts, capsys):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts, ext=".pt")
+    out = tmp_path / "merged.safetensors"
+    rc = main(["merge", "--method", "ties", "--pact", "s-pact", "--alpha", "0.4", "--pretrained", p0,
+               "--finetuned", *ps, "--out", str(out), "--max-shard-size", "400B", "--set", "k=30"])
+    assert rc == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["out"] == str(tmp_path / "merged.safetensors.index.json") and len(rec["files"]) > 2
+    _assert_identical(_read(rec["out"]), pactlib.merge("ties", pre, fts, alpha=0.4, pact="s-pact", k=30))
+    rc = main(["merge", "--method", "ties", "--alpha", "0.4", "--pretrained", p0, "--finetuned", *ps,
+               "--out", str(tmp_path / "m.pt"), "--max-shard-size", "1GB"])
+    assert rc == 2 and "sharded output is written as safetensors" in capsys.readouterr().err
+    rc = main(["merge", "--method", "ties", "--alpha", "0.4", "--pretrained", p0, "--finetuned", *ps,
+               "--out", str(out), "--max-shard-size", "big"])
+    assert rc == 2 and "max shard size" in capsys.readouterr().err
+
+
+def test_a_method_that_is_not_per_key_needs_a_streamed_form(tmp_path, ckpts, monkeypatch):
+    from pactlib.merges import registry
+
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    whole = registry.MergeMethod("whole", "Whole", "-", lambda tvs, *, rule: pactlib.TaskVector.sum(tvs),
+                                 (1.0,), {}, per_key=False)
+    monkeypatch.setitem(registry._REGISTRY, "whole", whole)
+    with pytest.raises(ValueError, match="'whole' .* does not merge key by key .* use pactlib.merge"):
+        pactlib.merge_files("whole", p0, ps, tmp_path / "o.safetensors", alpha=1.0)
+    assert merges.get("ties").is_per_key({"scope": "per_key"}) and not merges.get("ties").is_per_key({})
+    assert merges.get("task_arithmetic").elementwise and merges.get("iso_c").is_per_key({})
