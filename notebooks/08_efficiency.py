@@ -233,10 +233,10 @@ else:
 
 # %% [markdown]
 # The sweep shows where the error comes from. Its last rows give the pre-trained core its own
-# setting and the task updates a cheap one: in this benchmark the LBW bases then stay close even
-# though the updates' active subspaces are far off near their own cut (P3 builds the LBW bases
-# from the core; the updates' stray directions overlap little with it). The error of the LBW
-# bases follows the core's, and the core's shrinks with both p and q (the convergence factor
+# setting and the task updates a cheap one: in this benchmark the LBW bases then move much less
+# than the updates' active subspaces, which are far off near their own cut (P3 builds the LBW
+# bases from the core; the updates' stray directions overlap little with it). The error of the
+# LBW bases follows the core's, and the core's shrinks with both p and q (the convergence factor
 # σ_(K+p+1)/σ_K raised to the power 2q + 1). With many iterations the Gram route is the cheaper
 # one, and its one-off product dominates the cost, so more iterations cost little.
 # `PactOptions`' p and q are among the cheapest settings of the sweep that keep the LBW bases

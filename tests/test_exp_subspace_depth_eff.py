@@ -449,7 +449,7 @@ def test_randomized_share_counts_the_fallback():
     pre, fts = make_checkpoints(T=2)
     tvs = _tvs(pre, fts)
     opts = PactOptions(core_frac=0.1, active_frac=0.1, svd="rsvd")
-    # layers: lin (12, 10), pw (9, 12), head (4, 9): rank 1 everywhere; r + 10 >= min(m, n): all exact
+    # layers: lin (12, 10), pw (9, 12), head (4, 9): rank 1 everywhere; r + p >= min(m, n): all exact
     assert efficiency.randomized_share(pre, tvs, opts) == 0.0
     assert efficiency.randomized_share(pre, tvs, opts.replace(oversample=5)) == pytest.approx(6 / 9)  # lin, pw: 1+5 < 9, 10
     assert efficiency.randomized_share(pre, tvs, opts.replace(svd="exact", oversample=0)) == 0.0
