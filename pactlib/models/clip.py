@@ -161,24 +161,11 @@ def _index_shards(index: Path) -> list[Path]:
     """The shard files a sharded checkpoint's ``*.index.json`` lists in its ``weight_map``.
 
     Raises:
-        CheckpointError: invalid JSON, no ``weight_map`` mapping (or an empty one), or a shard
-            that is not in the folder (all naming the index file).
+        CheckpointError: as :func:`pactlib.lazy._read_index` (naming the index file).
     """
-    try:
-        data = json.loads(index.read_text())
-    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        raise CheckpointError(f"{index}: not a readable JSON index ({type(e).__name__}: {e})") from e
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
-    bad = sorted({repr(f) for f in weight_map.values() if not isinstance(f, str)})
-    if bad:
-        raise CheckpointError(f"{index}: weight_map values must be shard file names, got {', '.join(bad[:3])}")
-    shards = [index.parent / f for f in sorted(set(weight_map.values()))]
-    missing = [f.name for f in shards if not f.is_file()]
-    if missing:
-        raise CheckpointError(f"{index}: weight_map names shard(s) missing from {index.parent}: {missing[:5]}")
-    return shards
+    from ..lazy import _read_index
+
+    return sorted(set(_read_index(index).values()))
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
