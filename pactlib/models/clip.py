@@ -43,7 +43,6 @@ Book: chapter "Paper scale" (how to run the book on the real checkpoints).
 """
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import re
