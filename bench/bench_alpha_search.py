@@ -18,8 +18,8 @@ one seed, three searches (all widened at an edge, ``widen=3``):
 
 Each record (``method`` = the merge, ``search`` = the search) carries the α chosen, the number of
 validation evaluations, and validation / test mean normalized accuracy. The main-results chapter
-reads ``book/data/alpha_search.jsonl``; :data:`pactlib.study.REFINE` and
-:data:`pactlib.study.GRID_SPACING` are set from it.
+reads ``book/data/alpha_search.jsonl``; :data:`pactlib.book.study.REFINE` and
+:data:`pactlib.book.study.GRID_SPACING` are set from it.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ import argparse
 import time
 from pathlib import Path
 
-from pactlib import merges, records, study
+from pactlib import merges
+from pactlib.book import records, study
 
 #: name -> (points (None: the full grid), spacing, refinement rounds)
 SEARCHES = {"full": (None, "linear", 0), "grid5": (5, "linear", 0), "geo5": (5, "geometric", 0),
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES),
                    help="searches to run; records of other searches already in --out are kept")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
-                   help="recipe fields to change (pactlib.study.recipe_variant: the runs go to a zoo of their own)")
+                   help="recipe fields to change (pactlib.book.study.recipe_variant: the runs go to a zoo of their own)")
     p.add_argument("--out", default="book/data/alpha_search.jsonl")
     args = p.parse_args(argv)
     try:

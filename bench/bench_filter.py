@@ -52,7 +52,7 @@ import torch
 
 import pactlib.subspaces
 from pactlib import PactOptions, TaskVector, merged_update, pact_filter
-from pactlib.experiments.efficiency import subspace_distances
+from pactlib.book.experiments.efficiency import subspace_distances
 from pactlib.linalg import gram_is_cheaper, top_singular
 from pactlib.subspaces import choose_rank, lbw_subspace
 

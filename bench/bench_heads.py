@@ -5,7 +5,7 @@
 
 For each head kind (``Recipe.head``: ``"probe"``, a ridge logistic regression trained on θ0's
 features; ``"prototype"``, the CLIP-like cosine class-mean head) this builds (or reuses) a zoo of
-full fine-tunes with otherwise the book's default recipe (``pactlib.study.PROFILES["default"]``),
+full fine-tunes with otherwise the book's default recipe (``pactlib.book.study.PROFILES["default"]``),
 then measures on each suite: zero-shot and fine-tuned accuracy, Task Arithmetic (M1) and Iso-C
 (M4) with α chosen on validation (method.md §5; TA's grid extended below 0.05 to see where a
 probe head's best α lands). Records (one per head × suite × method, with the α curve, the seed
@@ -22,8 +22,8 @@ import argparse
 import time
 from pathlib import Path
 
-from pactlib import records, study
-from pactlib.zoo import Recipe, build_zoo
+from pactlib.book import records, study
+from pactlib.testbeds.lite0.zoo import Recipe, build_zoo
 
 TA_GRID = (0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 

@@ -8,7 +8,7 @@
     .venv/bin/python bench/bench_interference.py --alpha-points 5 --alpha-spacing geometric   # 5 geometric α values
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
-recipe (``pactlib.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
+recipe (``pactlib.book.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
 seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges the 8-, 14- and
 20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
 (M1) and Iso-C (M4), α chosen on validation with the book's search (5 geometric α values over
@@ -23,7 +23,7 @@ script merges, for each T in ``--sizes``, N random sets of T − 8 of the 12 ext
 same sets for every seed; records carry ``draw`` and ``tasks``), besides the 8- and 20-task
 suites.
 
-``--set name=value`` changes fields of the recipe (``pactlib.zoo.Recipe``); the runs then go to a
+``--set name=value`` changes fields of the recipe (``pactlib.testbeds.lite0.zoo.Recipe``); the runs then go to a
 zoo of their own, ``$PACT_CACHE/zoo-<name><value>...``, never into the book's.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pactlib import records, study
+from pactlib.book import records, study
 from pactlib.data.suites import suite_tasks
-from pactlib.experiments.testbed import random_task_sets
-from pactlib.zoo import build_zoo
+from pactlib.book.experiments.testbed import random_task_sets
+from pactlib.testbeds.lite0.zoo import build_zoo
 
 
 def main(argv=None) -> int:
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--alpha-points", type=int, default=5,
                    help="α values over each method's range (method.md §5); 0: the paper's full grid")
     p.add_argument("--alpha-spacing", choices=["linear", "geometric"], default=None,
-                   help="spacing of the --alpha-points grid (default: pactlib.study.GRID_SPACING)")
+                   help="spacing of the --alpha-points grid (default: pactlib.book.study.GRID_SPACING)")
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")

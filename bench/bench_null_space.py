@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from pactlib import records, study
+from pactlib.book import records, study
 
 METHODS = ("tsv_m", "iso_c", "iso_cts")
 

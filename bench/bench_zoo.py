@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_zoo.py                       # suite 8, seed 0, full + LoRA
     .venv/bin/python bench/bench_zoo.py --suites 8 14 20 --ta # + TA merged accuracy on 8/14/20
 
-Builds (or resumes) the zoo with the default :class:`pactlib.zoo.Recipe` in ``--zoo-dir``
+Builds (or resumes) the zoo with the default :class:`pactlib.testbeds.lite0.zoo.Recipe` in ``--zoo-dir``
 (default ``$PACT_CACHE/zoo-bench``, so a bench never rewrites the book's zoo; with ``--no-build``
 it only reads an existing zoo, e.g. ``--zoo-dir .cache/zoo``), prints per-run seconds and zero-shot -> fine-tuned accuracy per task,
 extrapolates the book's zoo time (3 seeds x suite 8 x full+LoRA, plus seed 0 of the 14/20
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from pactlib import zoo as Z
+from pactlib.testbeds.lite0 import zoo as Z
 from pactlib.eval import select_alpha
 
 

@@ -114,8 +114,9 @@ rsvd_shape = [512, 256]       # planted-rank matrix of the P7 check: large enoug
 # %%
 import torch
 
-from pactlib import merges, params, plotting, records, report
-from pactlib.experiments import geometry
+from pactlib import merges
+from pactlib.book import params, plotting, records, report
+from pactlib.book.experiments import geometry
 
 torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
 

@@ -27,7 +27,7 @@
 #
 # Everything on this page is read from the data cache and from the zoo's records; nothing is
 # trained or evaluated here. Code: `pactlib.data` (tasks and suites), `pactlib.models.efficientnet`
-# (backbone), `pactlib.zoo` (`Recipe`, `build_zoo`, `load_records`), `pactlib.experiments.testbed`
+# (backbone), `pactlib.testbeds.lite0.zoo` (`Recipe`, `build_zoo`, `load_records`), `pactlib.book.experiments.testbed`
 # (the tables and the figure of this page).
 
 # %% tags=["parameters"]
@@ -44,10 +44,11 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notic
 import numpy as np
 import seaborn as sns
 
-from pactlib import params, plotting, records, reference, study, task_vectors_from
-from pactlib import zoo as zoo_mod
+from pactlib import task_vectors_from
+from pactlib.book import params, plotting, records, reference, study
+from pactlib.testbeds.lite0 import zoo as zoo_mod
 from pactlib.data import SUITES, load_task
-from pactlib.experiments import testbed
+from pactlib.book.experiments import testbed
 from pactlib.models.efficientnet import backbone_state_dict
 
 P = params.check(
@@ -136,7 +137,7 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 # %% [markdown]
 # ## The recipe
 #
-# One recipe (`pactlib.zoo.Recipe`) fine-tunes every task: AdamW, a linear warm-up then cosine
+# One recipe (`pactlib.testbeds.lite0.zoo.Recipe`) fine-tunes every task: AdamW, a linear warm-up then cosine
 # decay, a fixed number of steps, the head frozen. Its learning rate, 3·10⁻⁵, is the one that
 # made the testbed show the problem PACT addresses (section "How the recipe was chosen"). Full fine-tuning trains every floating
 # backbone parameter; LoRA trains rank-r adapters on the 32 matrix layers only, so its task
@@ -147,11 +148,11 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 # times a fixed logit scale. Nothing of it is trained on the task. Our backbone has no text
 # tower, so each class gets the normalised mean of θ0's normalised features of its train
 # images instead, and the logit scale is the one number fit to the train split
-# (`pactlib.heads.fit_prototype_head`). The accuracy of θ0 with this head is the task's
+# (`pactlib.testbeds.lite0.heads.fit_prototype_head`). The accuracy of θ0 with this head is the task's
 # *zero-shot* accuracy. The section "Why a prototype head" below shows why we did not use a
 # trained linear probe.
 # The table shows the values the runs of this zoo were made with, per kind, beside the recipe
-# of the zoo profile (`pactlib.study.PROFILES`; `make zoo` builds the `default` one). The two
+# of the zoo profile (`pactlib.book.study.PROFILES`; `make zoo` builds the `default` one). The two
 # agree unless the zoo on disk was built with another recipe.
 
 # %%
@@ -402,7 +403,7 @@ print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 s
 # spaced grid's two smallest values, 0.05 and 0.29. On that grid the small learning rate's α
 # falls to 0.05 from 14 tasks on and its last step nearly vanishes (printed above). The
 # geometric grid puts three of its five values below 0.25 and finds it, at the same cost. So
-# the book uses both: lr 3·10⁻⁵ and geometric α values (`pactlib.study.GRID_SPACING`; chapter 5
+# the book uses both: lr 3·10⁻⁵ and geometric α values (`pactlib.book.study.GRID_SPACING`; chapter 5
 # checks this search against the full grid for every method).
 
 # %% [markdown]

@@ -27,7 +27,7 @@
 #   into the merged model recovers a measurable part of task t's loss.
 #
 # Code: `pactlib.fisher` (S1, S2), `pactlib.causal` (`perturb`, `random_masks_like`, `restore`),
-# glued together in `pactlib.experiments.scalar`.
+# glued together in `pactlib.book.experiments.scalar`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"         # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
@@ -45,7 +45,7 @@ val_limit = 64                  # validation images per task: the Fisher example
 test_limit = 128                # test images per task for every accuracy and loss below (CPU time)
 
 # %%
-from pactlib import params, study
+from pactlib.book import params, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
@@ -89,8 +89,8 @@ P
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import records
-from pactlib.experiments import scalar
+from pactlib.book import records
+from pactlib.book.experiments import scalar
 
 runs, recs, lbw, sens, pool = {}, [], {}, {}, {}
 for seed in tqdm(seeds, desc="seeds"):
@@ -109,7 +109,7 @@ records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
 # %%
-from pactlib import plotting
+from pactlib.book import plotting
 
 plotting.table(scalar.enrichment_table(frame), chapter=3, number=1, floatfmt="{:.3g}",
                caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "

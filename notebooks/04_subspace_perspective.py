@@ -24,7 +24,7 @@
 #   orthogonal complement of Vt,k.
 #
 # Code: `pactlib.pact.layer_subspaces` (P1–P3), `pactlib.causal.ablate_subspaces` and
-# `random_basis`, glued together in `pactlib.experiments.subspace`.
+# `random_basis`, glued together in `pactlib.book.experiments.subspace`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
@@ -41,7 +41,7 @@ threads = 1              # one BLAS thread: two spin against each other when the
 # %%
 import torch
 
-from pactlib import params, study
+from pactlib.book import params, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
@@ -83,8 +83,8 @@ opts = PactOptions()
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import records
-from pactlib.experiments import subspace
+from pactlib.book import records
+from pactlib.book.experiments import subspace
 
 beds, subs, recs = {}, {}, []
 for seed in tqdm(seeds, desc="seeds"):
@@ -98,7 +98,7 @@ records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
 # %%
-from pactlib import plotting
+from pactlib.book import plotting
 
 with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2,
                      caption="Subspaces of the backbone's 32 matrix layers, input to output. Left: input "

@@ -25,7 +25,7 @@
 # - **C6**: PACT-Iso-C is the best method in every setting.
 # - **C7**: the gain of PACT grows with the number of tasks T.
 #
-# Code: `pactlib.study.Testbed.run` (merge → `pactlib.eval.select_alpha`), `pactlib.merged_update`,
+# Code: `pactlib.book.study.Testbed.run` (merge → `pactlib.eval.select_alpha`), `pactlib.merged_update`,
 # `pactlib.pact_filter`.
 
 # %% tags=["parameters"]
@@ -40,7 +40,8 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
-from pactlib import merges, params, plotting, records, report, study
+from pactlib import merges
+from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
@@ -129,7 +130,7 @@ plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, flo
 # Between the two five-point grids the test scores do not decide. The geometric one loses less
 # validation score in the worst case, and in chapter 2 it is the one that finds Task
 # Arithmetic's small α at 14 and 20 tasks. So the book uses 5 geometric points
-# (`pactlib.study.GRID_SPACING = "geometric"`, `REFINE = 0`).
+# (`pactlib.book.study.GRID_SPACING = "geometric"`, `REFINE = 0`).
 
 # %%
 gaps = report.alpha_search_gaps(alpha_search)

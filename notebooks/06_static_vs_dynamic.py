@@ -24,7 +24,7 @@
 # **C8**: S-PACT gains less than PACT. Both use the same K, k and shield cap (`PactOptions()`),
 # and the same α search, so the only difference is which directions are protected.
 #
-# Code: `pactlib.pact_filter(mode="s-pact")`, `pactlib.study.Testbed.run(pact="s-pact")`.
+# Code: `pactlib.pact_filter(mode="s-pact")`, `pactlib.book.study.Testbed.run(pact="s-pact")`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"        # the zoo `make zoo` builds
@@ -37,7 +37,7 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
-from pactlib import params, plotting, records, report, study
+from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),

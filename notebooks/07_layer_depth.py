@@ -25,8 +25,8 @@
 # might matter we also measure, layer by layer, how much of the other tasks' updates lands in
 # each task's LBW subspace: the intrusion energy of method.md §6.
 #
-# Code: `pactlib.study.depth_groups`, `pactlib.pact.PactOptions(layers=...)`,
-# `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.experiments.depth`.
+# Code: `pactlib.book.study.depth_groups`, `pactlib.pact.PactOptions(layers=...)`,
+# `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.book.experiments.depth`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
@@ -44,7 +44,7 @@ threads = 1              # one BLAS thread: two spin against each other when the
 # %%
 import torch
 
-from pactlib import params, study
+from pactlib.book import params, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
@@ -85,7 +85,7 @@ if threads:
 # more points at small α. The table below flags any choice that still falls on an edge.
 
 # %%
-from pactlib.experiments import depth
+from pactlib.book.experiments import depth
 from pactlib.models.efficientnet import matrix_keys
 
 keys = depth.network_order(matrix_keys())
@@ -102,7 +102,7 @@ groups = study.depth_groups(keys)
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import records
+from pactlib.book import records
 from pactlib.pact import PactOptions, pact_filter
 
 opts = PactOptions()
@@ -124,7 +124,7 @@ frame = records.records_frame(path)
 # ## Gains by depth group
 
 # %%
-from pactlib import plotting
+from pactlib.book import plotting
 
 with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
                      caption="Gain in mean normalized test accuracy (points) over plain Iso-C when PACT filters "

@@ -27,7 +27,7 @@
 # merge. Then we read the engine's benchmark on layers shaped like the paper's ViT-B/32.
 #
 # Code: `pactlib.linalg.top_singular` (exact and randomized, P7), `pactlib.pact_filter`,
-# `pactlib.linalg.projector_distance`, glued together in `pactlib.experiments.efficiency`;
+# `pactlib.linalg.projector_distance`, glued together in `pactlib.book.experiments.efficiency`;
 # benchmark: `bench/bench_filter.py`.
 
 # %% tags=["parameters"]
@@ -50,7 +50,7 @@ threads = 1                              # one BLAS thread: timings repeatable; 
 # %%
 import torch
 
-from pactlib import params, study
+from pactlib.book import params, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
@@ -86,8 +86,8 @@ if threads:
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import records
-from pactlib.experiments import depth, efficiency
+from pactlib.book import records
+from pactlib.book.experiments import depth, efficiency
 from pactlib.models.efficientnet import matrix_keys
 from pactlib.pact import PactOptions
 
@@ -126,7 +126,7 @@ frame = records.records_frame(path)
 # compared by ‖Δ̃exact − Δ̃rsvd‖_F / ‖Δ̃exact‖_F over the matrix layers.
 
 # %%
-from pactlib import plotting
+from pactlib.book import plotting
 
 plotting.table(efficiency.summary_table(frame), chapter=8, number=1, floatfmt="{:.3g}",
                caption="PACT filter on the backbone (8 tasks): time (s, fastest of the repeats, mean over seeds), "

@@ -27,7 +27,7 @@
 # LoRA merge searches α over 0.1…3.0 (isotropic merges of LoRA vectors are known to want large α;
 # a chosen α on the grid's edge is flagged in the table).
 #
-# Code: `pactlib.lora.lora_task_vector`, `pactlib.study.ensure_testbed(kind="lora")`.
+# Code: `pactlib.lora.lora_task_vector`, `pactlib.book.study.ensure_testbed(kind="lora")`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"        # the zoo `make zoo` builds (it holds LoRA runs for the 8-task suite)
@@ -41,7 +41,7 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
-from pactlib import params, plotting, records, report, study
+from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),

@@ -32,7 +32,7 @@
 # that filtering preserves each task's own performance.
 #
 # Code: `pactlib.pact.pact_filter(..., keep=True)` (shields), `pactlib.causal.first_order_check`,
-# `pactlib.experiments.theory`.
+# `pactlib.book.experiments.theory`.
 
 # %% tags=["parameters"]
 zoo_profile = "default"                 # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
@@ -45,7 +45,7 @@ val_limit = 64                          # validation images loaded per task (>= 
 test_limit = 200                        # test images per task for the accuracy change
 
 # %%
-from pactlib import params, study
+from pactlib.book import params, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
@@ -70,8 +70,8 @@ P
 # %%
 from tqdm.auto import tqdm
 
-from pactlib import records
-from pactlib.experiments import theory
+from pactlib.book import records
+from pactlib.book.experiments import theory
 from pactlib.pact import pact_filter
 
 recs = []
@@ -88,7 +88,7 @@ records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
 
 # %%
-from pactlib import plotting
+from pactlib.book import plotting
 
 with plotting.figure("first-order", chapter=10, number=1, size="wide",
                      caption="Change of task t's loss when its own filter is applied: the measured change "

@@ -49,7 +49,8 @@ val_limit = 100                      # validation images per task
 test_limit = 300                     # test images per task
 
 # %%
-from pactlib import PactOptions, params, plotting, records, report, study
+from pactlib import PactOptions
+from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
     globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),

@@ -49,9 +49,10 @@ from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
 torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
-from pactlib import PactOptions, cli, pact_filter, params, plotting, records, reference, task_vectors_from
+from pactlib import PactOptions, cli, pact_filter, task_vectors_from
+from pactlib.book import params, plotting, records, reference
 from pactlib.data import paper
-from pactlib.experiments import paper_scale
+from pactlib.book.experiments import paper_scale
 from pactlib.models import clip
 
 P = params.check(
@@ -66,7 +67,7 @@ ref = reference.load_reference(reference_file)
 # Mean accuracy over tasks, in percent, absolute with the normalized accuracy (merged accuracy
 # divided by the individual fine-tuned model's, averaged over tasks) in parentheses where the
 # source gives it. They come from `book/reference_numbers.yaml`, read and checked by
-# `pactlib.reference`; each table names its source. The main comparison rows come from the
+# `pactlib.book.reference`; each table names its source. The main comparison rows come from the
 # Task Singular Vectors repository, whose protocol matches method.md §5 (α chosen on a
 # validation split).
 

@@ -167,7 +167,7 @@ def cmd_methods(args) -> int:
 
 
 #: Sub-command groups contributed by other modules: (module, function adding the sub-parsers).
-EXTENSIONS = (("pactlib.data", "add_cli"), ("pactlib.zoo", "add_cli"))
+EXTENSIONS = (("pactlib.data", "add_cli"), ("pactlib.testbeds.lite0.zoo", "add_cli"))
 
 
 def build_parser() -> argparse.ArgumentParser:

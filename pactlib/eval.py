@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pactlib.heads import Head
+from pactlib.testbeds.lite0.heads import Head
 from pactlib.models.efficientnet import backbone_for, preprocess
 
 _PRE_CACHE: dict[tuple, tuple[weakref.ref, Tensor]] = {}
@@ -90,7 +90,7 @@ def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, res
 
     Args:
         backbone_state_dict: backbone weights (θ0, θt or a merge).
-        head: the task's frozen :class:`~pactlib.heads.Head`.
+        head: the task's frozen :class:`~pactlib.testbeds.lite0.heads.Head`.
         data: a ``TaskData`` (uint8 images (N, 3, 32, 32), int64 labels (N,), classes).
         resolution: network input side in pixels.
         limit: evaluate only the first ``limit`` examples (deterministic subset).
@@ -225,7 +225,7 @@ def select_alpha(
         extra: further top-level fields of the record (``suite=...``, ``kind=...``).
 
     Returns:
-        A record in :mod:`pactlib.records` form: ``method``, ``params`` (with ``alpha``),
+        A record in :mod:`pactlib.book.records` form: ``method``, ``params`` (with ``alpha``),
         ``seed``, ``metrics`` = {``acc``, ``norm_acc`` (test means at the chosen α), ``val_acc``,
         ``val_norm_acc``, and per task ``acc:<task>``, ``norm_acc:<task>`` (test)}, plus
         ``alpha``, ``alphas`` (every α evaluated, extra ones included), ``widened`` (the extra α
@@ -239,7 +239,7 @@ def select_alpha(
             ``heads`` and ``evaluate_fn`` given, ``widen`` < 0, ``widen_factor`` <= 1 or
             ``refine`` < 0.
     """
-    from pactlib.records import make_record
+    from pactlib.book.records import make_record
 
     if (heads is None) == (evaluate_fn is None):
         raise ValueError("select_alpha needs exactly one of heads= (Lite0 testbed) and evaluate_fn=")

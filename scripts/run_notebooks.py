@@ -8,12 +8,12 @@
 Steps, in order:
 
 1. For every selected ``notebooks/NN_*.py`` (jupytext percent scripts): read it, find its ONE
-   cell tagged ``parameters``, parse the defaults (``pactlib.params.parse_defaults``), load
+   cell tagged ``parameters``, parse the defaults (``pactlib.book.params.parse_defaults``), load
    ``common`` + its section of ``params/<set>.yaml``, add ``-p name=value`` overrides, and
    validate them: names and types (unknown / wrong type / missing required,
-   ``pactlib.params.validate``), then values against the rules of the notebook's own
+   ``pactlib.book.params.validate``), then values against the rules of the notebook's own
    ``params.check(globals(), ...)`` call (unknown merge method, suite or zoo profile, counts and
-   fractions out of range, ``pactlib.params.check_notebook``). All notebooks are validated
+   fractions out of range, ``pactlib.book.params.check_notebook``). All notebooks are validated
    before any is executed; ``--check-only`` stops there (``make book`` / ``make chapter`` run
    it before they build data or a zoo).
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
@@ -52,7 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pactlib import params as pparams  # noqa: E402
+from pactlib.book import params as pparams  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
 EXECUTED = ROOT / "book" / "_executed"
@@ -69,7 +69,7 @@ KERNEL = "python3"
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--InteractiveShell.system_raise_on_error=True"]
 #: Seconds between the "... running:" lines of a parallel run.
 STATUS_EVERY = 60
-#: Chapters that reuse another chapter's merges (``pactlib.study.Testbed.run``'s memo): with
+#: Chapters that reuse another chapter's merges (``pactlib.book.study.Testbed.run``'s memo): with
 #: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 #: Tags that make a browser fetch something; none of them may point off the machine.
@@ -334,7 +334,7 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
 
     # papermill's own parameter inference trips on comments such as "method.md's" and then
     # warns about "unknown" parameters; the runner has already parsed and validated them
-    # (pactlib.params), so only papermill's errors are worth showing
+    # (pactlib.book.params), so only papermill's errors are worth showing
     logging.getLogger("papermill").setLevel(logging.ERROR)
 
     out_dir.mkdir(parents=True, exist_ok=True)

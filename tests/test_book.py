@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from pactlib import plotting, records
-from pactlib.records import RecordError
+from pactlib.book import plotting, records
+from pactlib.book.records import RecordError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -282,7 +282,7 @@ def test_matrix_rule_per_format(fmt, full_sd):
 
 def test_reference_2d_rule_preset_on_open_clip_keys(full_sd):
     """The reference code's rule: every 2-d tensor but text_projection, as stored."""
-    from pactlib.experiments.paper_scale import rule_differences
+    from pactlib.book.experiments.paper_scale import rule_differences
     from pactlib.matrix import PRESETS
 
     ref = MatrixRule.preset("reference_2d")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pactlib import eval as E
-from pactlib.heads import Head, fit_head, fit_prototype_head, head_accuracy, load_head, save_head
+from pactlib.testbeds.lite0.heads import Head, fit_head, fit_prototype_head, head_accuracy, load_head, save_head
 from pactlib.models.efficientnet import backbone_state_dict, preprocess
 
 
@@ -279,7 +279,7 @@ def test_head_save_load_roundtrip_and_corruption(tmp_path):
 
 
 def test_alpha_search_gaps_pairs_each_record_with_the_reference_merge():
-    from pactlib import records, report
+    from pactlib.book import records, report
 
     recs = [records.make_record(m, params={}, seed=0, suite="8", search=search, n_evals=n, alpha=a,
                                 metrics={"val_norm_acc": v, "norm_acc": t})
@@ -292,7 +292,7 @@ def test_alpha_search_gaps_pairs_each_record_with_the_reference_merge():
 
 
 def test_alpha_search_table_compares_each_search_with_the_full_grid():
-    from pactlib import records, report
+    from pactlib.book import records, report
 
     recs = []
     for method, (full_v, full_t) in {"ta": (0.80, 0.78), "iso_c": (0.86, 0.85)}.items():

@@ -13,9 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from pactlib import PactOptions, pact_filter, plotting, records, reference, task_vectors_from
-from pactlib.experiments import geometry, testbed
-from pactlib.zoo import Recipe
+from pactlib import PactOptions, pact_filter, task_vectors_from
+from pactlib.book import plotting, records, reference
+from pactlib.book.experiments import geometry, testbed
+from pactlib.testbeds.lite0.zoo import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,7 +188,7 @@ def test_run_records_accuracy_and_timing_tables():
 
 
 def test_in_book_zoo_follows_the_plan():
-    from pactlib import study
+    from pactlib.book import study
 
     # suite 8 (mnist): seeds 0-2, full and LoRA; tasks only in the 14/20 suites (lfw_faces): seed 0, full
     assert study.in_book_zoo("mnist", 2, "lora") and study.in_book_zoo("lfw_faces", 0, "full")
@@ -293,13 +294,13 @@ def test_reference_missing_file(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_example(tmp_path_factory):
     pytest.importorskip("open_clip")
-    from pactlib.experiments import paper_scale
+    from pactlib.book.experiments import paper_scale
 
     return paper_scale.write_tiny_example(tmp_path_factory.mktemp("tiny-clip"), tasks=3, seed=0)
 
 
 def test_tiny_example_files_kinds_and_pact_report(tiny_example):
-    from pactlib.experiments import paper_scale
+    from pactlib.book.experiments import paper_scale
     from pactlib.models import clip
 
     ex = tiny_example
@@ -325,7 +326,7 @@ def test_tiny_example_files_kinds_and_pact_report(tiny_example):
 
 def test_tiny_example_data_and_classifier(tiny_example):
     from pactlib.data import paper
-    from pactlib.experiments import paper_scale
+    from pactlib.book.experiments import paper_scale
 
     ex = tiny_example
     check = paper_scale.data_check(ex.data_root, [*ex.tasks, "SUN397"])
@@ -336,7 +337,7 @@ def test_tiny_example_data_and_classifier(tiny_example):
 
 
 def test_find_checkpoints_names_what_is_missing(tmp_path):
-    from pactlib.experiments import paper_scale
+    from pactlib.book.experiments import paper_scale
 
     (tmp_path / "zeroshot.pt").write_bytes(b"x")
     (tmp_path / "A").mkdir()
@@ -354,7 +355,7 @@ def test_find_checkpoints_names_what_is_missing(tmp_path):
 
 
 def test_classifier_accuracy_batches_and_restores_mode():
-    from pactlib.experiments import paper_scale
+    from pactlib.book.experiments import paper_scale
 
     class FirstPixel(nn.Module):  # logits = (pixel, 128): class 0 when the first pixel is > 128
         def forward(self, x):

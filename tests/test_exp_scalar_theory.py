@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from pactlib import causal, fisher
-from pactlib.experiments import scalar, theory
+from pactlib.book.experiments import scalar, theory
 from pactlib.pact import PactOptions, pact_filter
-from pactlib.records import records_frame
-from pactlib.study import Classifier
+from pactlib.book.records import records_frame
+from pactlib.book.study import Classifier
 from pactlib.taskvector import TaskVector
 
 matplotlib.use("Agg")
@@ -39,7 +39,7 @@ class Head:
 
 
 class TinyTestbed:
-    """What the helpers need of :class:`pactlib.study.Testbed`, on the tiny network."""
+    """What the helpers need of :class:`pactlib.book.study.Testbed`, on the tiny network."""
 
     def __init__(self, T: int = 3, seed: int = 0):
         g = torch.Generator().manual_seed(seed)

@@ -16,10 +16,10 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pactlib.experiments import depth, efficiency, subspace  # noqa: E402
+from pactlib.book.experiments import depth, efficiency, subspace  # noqa: E402
 from pactlib.linalg import projector_distance  # noqa: E402
 from pactlib.pact import LayerSubspaces, PactOptions, pact_filter  # noqa: E402
-from pactlib.records import make_record, records_frame  # noqa: E402
+from pactlib.book.records import make_record, records_frame  # noqa: E402
 from pactlib.subspaces import LBW  # noqa: E402
 from pactlib.taskvector import TaskVector  # noqa: E402
 

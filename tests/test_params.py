@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pactlib import params
-from pactlib.params import ParameterError
+from pactlib.book import params
+from pactlib.book.params import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,7 +178,8 @@ def test_rules_edge_cases():
 
 
 def test_rules_fraction_unique_and_registry_choices():
-    from pactlib import merges, study
+    from pactlib import merges
+    from pactlib.book import study
     from pactlib.data.suites import SUITES
 
     assert params.fraction()(1) is None and params.fraction()(0.5) is None

@@ -1,7 +1,7 @@
-"""pactlib.report: gains, the main table and the verdicts of C5–C8 on records with known values."""
+"""pactlib.book.report: gains, the main table and the verdicts of C5–C8 on records with known values."""
 import pytest
 
-from pactlib import records, report
+from pactlib.book import records, report
 
 
 def _rec(method, suite, seed, acc, norm):
@@ -54,7 +54,7 @@ def test_static_vs_dynamic_verdict_compares_mean_gains():
 
 
 def test_main_table_rows_in_paper_order_with_seed_counts():
-    from pactlib import study
+    from pactlib.book import study
 
     frame = records.records_frame(_main_records({"8": 0.02}))
     tab = report.main_table(study.summarize(frame, by=("method", "suite")), suites=["8"])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pactlib import lora as L
-from pactlib import zoo as Z
-from pactlib.heads import Head, file_sha256
+from pactlib.testbeds.lite0 import zoo as Z
+from pactlib.testbeds.lite0.heads import Head, file_sha256
 from pactlib.matrix import MatrixRule
 from pactlib.models.efficientnet import backbone_state_dict, load_backbone, preprocess
 
@@ -174,8 +174,8 @@ def test_finetuning_keeps_head_and_bn_statistics_frozen():
 
 
 def test_classifier_matches_a_cosine_head():
-    from pactlib.heads import fit_prototype_head
-    from pactlib.study import Classifier
+    from pactlib.testbeds.lite0.heads import fit_prototype_head
+    from pactlib.book.study import Classifier
 
     pre = backbone_state_dict()
     d = fake_loader("squares", "train")
@@ -314,7 +314,7 @@ def test_cli_parses_recipe_overrides():
 # ----------------------------------------------------------------------------- run memo
 def test_testbed_run_is_memoised_on_disk_and_keyed_by_its_inputs(built, monkeypatch):
     from pactlib import eval as E
-    from pactlib import study
+    from pactlib.book import study
 
     zoo_dir, _ = built
     zoo = Z.load_zoo(TASKS, seed=0, kind="full", zoo_dir=zoo_dir)
@@ -343,7 +343,7 @@ def test_testbed_run_is_memoised_on_disk_and_keyed_by_its_inputs(built, monkeypa
 
 
 def test_reference_records_are_the_zero_shot_and_fine_tuned_rows():
-    from pactlib import study
+    from pactlib.book import study
 
     zs, ft = {"stripes": 0.4, "squares": 0.6}, {"stripes": 0.8, "squares": 1.0}
     tb = study.Testbed("toy", 3, "full", list(TASKS), {}, {}, {}, {}, {}, ft, ft, zs, 32)
@@ -373,7 +373,7 @@ def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid
 
 
 def test_recipe_variant_changes_fields_in_a_zoo_of_its_own(monkeypatch, tmp_path):
-    from pactlib import study
+    from pactlib.book import study
 
     monkeypatch.setenv("PACT_CACHE", str(tmp_path))
     base_dir, base = study.zoo_profile("default")

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .. import merges
-from ..linalg import projector_distance, top_singular
-from ..matrix import DEFAULT_RULE
-from ..pact import LayerSubspaces, PactOptions, layer_subspaces, pact_filter
-from ..shield import Shield, build_shield, filter_update
-from ..subspaces import intrusion_energy
-from ..taskvector import TaskVector
+from pactlib import merges
+from pactlib.linalg import projector_distance, top_singular
+from pactlib.matrix import DEFAULT_RULE
+from pactlib.pact import LayerSubspaces, PactOptions, layer_subspaces, pact_filter
+from pactlib.shield import Shield, build_shield, filter_update
+from pactlib.subspaces import intrusion_energy
+from pactlib.taskvector import TaskVector
 
 __all__ = ["TOY_OPTIONS", "Toy", "toy_layer", "toy_records", "draw_toy", "merge_spectra", "rsvd_check"]
 
@@ -128,7 +128,7 @@ def _angle_to_plane(v: Tensor, basis: Tensor) -> float:
 
 
 def toy_records(toy: Toy, *, params: dict, seed: int) -> list[dict]:
-    """One record per task of the toy: what P1–P6 did to it (for :mod:`pactlib.records`).
+    """One record per task of the toy: what P1–P6 did to it (for :mod:`pactlib.book.records`).
 
     Metrics: ``tilt_deg`` (angle of the active direction to the core), ``sigma_1``,
     ``sigma_2`` (survival values of P3), ``lbw_rank``, ``shield_rank``, ``removed_pact`` /
@@ -139,7 +139,7 @@ def toy_records(toy: Toy, *, params: dict, seed: int) -> list[dict]:
     construction) and ``engine_gap`` (max |difference| between the step-by-step filter and
     :func:`pact_filter`).
     """
-    from ..records import make_record
+    from pactlib.book.records import make_record
 
     out, T = [], len(toy.deltas)
     for t in range(T):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from . import merges
+from pactlib import merges
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -29,7 +29,7 @@ def pretty(method: str) -> str:
 
 
 def _frame(records) -> pd.DataFrame:
-    from .records import records_frame
+    from pactlib.book.records import records_frame
 
     return records if isinstance(records, pd.DataFrame) else records_frame(list(records))
 

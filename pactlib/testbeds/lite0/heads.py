@@ -5,7 +5,7 @@ moves only the image encoder and the head stays frozen (method.md §5). The Lite
 text tower, so its analogue is a classifier ``features (N, 1280) -> logits (N, C)`` built once
 per task from the *pre-trained* backbone's features of the task's train split, then frozen for
 every fine-tuning run, every seed and every merge. Its accuracy on θ0 is the "zero-shot"
-accuracy acc_0(t). Two kinds (``pactlib.zoo.Recipe.head``):
+accuracy acc_0(t). Two kinds (``pactlib.testbeds.lite0.zoo.Recipe.head``):
 
 - ``"prototype"`` (the default, :func:`fit_prototype_head`): CLIP's form, a cosine classifier
   ``s · normalize(class mean) · normalize(feature)`` with one fitted logit scale ``s``;

@@ -11,7 +11,7 @@ verdict on C12.
 
 A testbed is anything with ``classifier(state, task)`` (parameter names = state-dict keys with a
 ``net.`` prefix), ``inputs(task, split, limit)``, ``tasks``, ``pretrained`` and ``finetuned``,
-e.g. :class:`pactlib.study.Testbed`. Inputs are never modified.
+e.g. :class:`pactlib.book.study.Testbed`. Inputs are never modified.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import causal
-from ..matrix import DEFAULT_RULE, MatrixRule
-from ..records import make_record
-from .scalar import state_scores
+from pactlib import causal
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
+from pactlib.book.records import make_record
+from pactlib.book.experiments.scalar import state_scores
 
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
            "summary_table", "plot_sides", "plot_path", "plot_layers", "c12_verdict"]

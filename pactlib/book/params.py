@@ -341,9 +341,9 @@ def suite() -> Rule:
 
 
 def zoo_profile() -> Rule:
-    """The value names a zoo profile (:data:`pactlib.study.PROFILES`)."""
+    """The value names a zoo profile (:data:`pactlib.book.study.PROFILES`)."""
     def rule(v: Any) -> str | None:
-        from pactlib.study import PROFILES
+        from pactlib.book.study import PROFILES
 
         return one_of(*PROFILES)(v)
     return rule

@@ -25,7 +25,7 @@ __all__ = ["DEFAULT_PATH", "ReferenceError", "Reference", "load_reference", "num
            "reference_table", "caveats_for", "consistency"]
 
 #: The data file shipped with the book.
-DEFAULT_PATH = Path(__file__).resolve().parents[1] / "book" / "reference_numbers.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "book" / "reference_numbers.yaml"
 TASK_COUNTS = (8, 14, 20)
 _NUMBER_FIELDS = {"source", "model", "tasks", "method", "abs", "norm", "alpha", "note"}
 _CAVEAT_FIELDS = {"id", "title", "text", "applies_to"}

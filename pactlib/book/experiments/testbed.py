@@ -2,7 +2,7 @@
 
 Tasks (from :data:`pactlib.data.TASKS` and the data cache's manifest), sample images, the
 backbone's matrix layers, the zoo's recipe, and the zero-shot / fine-tuned accuracy of every
-zoo run, read from the zoo's own records (:func:`pactlib.zoo.load_records`). Nothing here
+zoo run, read from the zoo's own records (:func:`pactlib.testbeds.lite0.zoo.load_records`). Nothing here
 trains or evaluates a model: the numbers were measured when the zoo was built.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..matrix import DEFAULT_RULE, MatrixRule
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
 
 __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
@@ -28,14 +28,14 @@ __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "r
            "cosine_matrix"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
-HEAD_CHOICE = Path(__file__).resolve().parents[2] / "book" / "data" / "head_choice.jsonl"
+HEAD_CHOICE = Path(__file__).resolve().parents[3] / "book" / "data" / "head_choice.jsonl"
 INTERFERENCE = HEAD_CHOICE.with_name("interference.jsonl")
 
 KIND_LABEL = {"zero-shot": "zero-shot (θ0 + head)", "full": "full fine-tune", "lora": "LoRA fine-tune"}
 
 
 def _smallest_suite(task: str) -> str:
-    from ..data import SUITES
+    from pactlib.data import SUITES
 
     hits = [s for s, tasks in SUITES.items() if task in tasks]
     return min(hits, key=int) if hits else "—"
@@ -50,7 +50,7 @@ def task_table(tasks: Sequence[str], *, seed: int = 0, cache_dir=None) -> pd.Dat
     Raises:
         KeyError: an unknown task (lists the known ones).
     """
-    from ..data import TASKS, cache_root
+    from pactlib.data import TASKS, cache_root
 
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -147,12 +147,12 @@ def backbone_summary(state_dict: Mapping[str, Tensor], *, rule: MatrixRule = DEF
 def recipe_table(records: Iterable[Mapping], *, default=None, label: str = "default") -> pd.DataFrame:
     """The recipe the runs were made with: one row per recipe field, one column per kind
     ("full", "lora") with the value used (several values joined by " / " when runs differ), and
-    a column ``label`` with the values of ``default`` (a :class:`pactlib.zoo.Recipe`, by default
+    a column ``label`` with the values of ``default`` (a :class:`pactlib.testbeds.lite0.zoo.Recipe`, by default
     the class defaults) for comparison. Fields a run's record does not carry show "—".
     """
     from dataclasses import asdict
 
-    from ..zoo import Recipe
+    from pactlib.testbeds.lite0.zoo import Recipe
 
     default = asdict(default if default is not None else Recipe())
     used: dict[str, dict[str, set]] = {}
@@ -173,15 +173,15 @@ def recipe_table(records: Iterable[Mapping], *, default=None, label: str = "defa
 
 def run_records(zoo_records: Iterable[Mapping], *, tasks: Sequence[str], seeds: Sequence[int],
                 params: Mapping | None = None, keep: Callable[[str, int, str], bool] | None = None) -> list[dict]:
-    """Result records (:func:`pactlib.records.make_record`) of the zoo's runs.
+    """Result records (:func:`pactlib.book.records.make_record`) of the zoo's runs.
 
     One ``"zero-shot"`` record per task (seed None: θ0 with the task's head) and one record per
     fine-tuning run (method ``"full"`` or ``"lora"``) of ``tasks`` x ``seeds``, in task order.
     Metrics: ``acc`` (test), ``acc_val``, ``train_seconds``, ``n_train``, ``final_loss``.
     Runs missing from the zoo are simply absent; ``keep(task, seed, kind)`` (e.g.
-    :func:`pactlib.study.in_book_zoo`) drops the runs it returns False for.
+    :func:`pactlib.book.study.in_book_zoo`) drops the runs it returns False for.
     """
-    from ..records import make_record
+    from pactlib.book.records import make_record
 
     params = dict(params or {})
     wanted, seeds = set(tasks), set(int(s) for s in seeds)
@@ -301,7 +301,7 @@ def head_choice_frame(path: str | Path = HEAD_CHOICE) -> pd.DataFrame:
 
 
 def _bench_frame(path, what: str, script: str) -> pd.DataFrame:
-    from ..records import records_frame
+    from pactlib.book.records import records_frame
 
     path = Path(path)
     if not path.is_file():

@@ -25,11 +25,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .. import causal
-from ..matrix import DEFAULT_RULE, MatrixRule
-from ..pact import LayerSubspaces, PactOptions, layer_subspaces
-from ..records import make_record
-from .depth import network_order
+from pactlib import causal
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
+from pactlib.pact import LayerSubspaces, PactOptions, layer_subspaces
+from pactlib.book.records import make_record
+from pactlib.book.experiments.depth import network_order
 
 __all__ = ["CONDITIONS", "LABELS", "subspaces_by_layer", "dimension_records", "ablation_bases", "removed_energy",
            "ablation_records", "plot_dimensions", "plot_drops", "plot_energy", "drop_table", "condition_summary",
@@ -162,7 +162,7 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
     ``causal.ablate_subspaces`` applied to the scaled basis √γ V.
 
     Args:
-        tb: a testbed (:class:`pactlib.study.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
+        tb: a testbed (:class:`pactlib.book.study.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
             ``evaluate(state, split, tasks)``); θt is ``tb.finetuned[task]`` (not modified) and
             the baseline ``tb.ft_test[task]``, on the same test examples.
         task: the task t.

@@ -6,7 +6,7 @@ merge → select-α → test loop that every results chapter runs.
     rec["metrics"]["norm_acc"]                     # test mean normalized accuracy at the chosen α
 
 Every number a chapter shows is a record returned here (method, params, seed, metrics), written
-with :func:`pactlib.records.write_records`. Book: chapters 2 and 5–11.
+with :func:`pactlib.book.records.write_records`. Book: chapters 2 and 5–11.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import eval as ev
-from . import merges
-from .api import merged_update
-from .matrix import DEFAULT_RULE
-from .pact import PactOptions
-from .taskvector import TaskVector
+from pactlib import eval as ev
+from pactlib import merges
+from pactlib.api import merged_update
+from pactlib.matrix import DEFAULT_RULE
+from pactlib.pact import PactOptions
+from pactlib.taskvector import TaskVector
 
 #: Rounds of coarse-to-fine α refinement in :meth:`Testbed.run` (``pactlib.eval.select_alpha``'s
 #: ``refine``). 0, by measurement (``bench/bench_alpha_search.py``, 14 merges, seed 0, chapter 5
@@ -106,8 +106,8 @@ class Testbed:
         Raises:
             FileNotFoundError: the zoo slice is not built (the message says how to build it).
         """
-        from .data import load_task
-        from .zoo import load_zoo
+        from pactlib.data import load_task
+        from pactlib.testbeds.lite0.zoo import load_zoo
 
         zoo = load_zoo(list(tasks) if tasks else str(suite), seed=seed, kind=kind, zoo_dir=zoo_dir)
         names = list(zoo.tasks)
@@ -202,7 +202,7 @@ class Testbed:
     def _memo_dir(self):
         from pathlib import Path
 
-        from .zoo import default_zoo_dir
+        from pactlib.testbeds.lite0.zoo import default_zoo_dir
 
         return (Path(self.zoo_dir) if self.zoo_dir is not None else default_zoo_dir()) / "run_memo"
 
@@ -232,7 +232,7 @@ class Testbed:
     def _memo_write(self, key: str, rec: dict) -> None:
         import json
 
-        from .io import atomic_write
+        from pactlib.io import atomic_write
 
         path = self._memo_dir() / f"{key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +248,7 @@ class Testbed:
         ``norm_acc:<task>``. Each record has ``seed``, ``suite``, ``base`` (= its method) and the
         extra ``fields``; ``params`` defaults to ``{}``.
         """
-        from .records import make_record
+        from pactlib.book.records import make_record
 
         out = []
         for name, accs in (("zero-shot", self.zs_test), ("fine-tuned", self.ft_test)):
@@ -263,7 +263,7 @@ class Testbed:
 
     def filtered(self, mode: str, options: PactOptions | None = None):
         """(filtered task vectors, PactReport) for ``mode``/``options``, computed once per testbed."""
-        from .pact import pact_filter
+        from pactlib.pact import pact_filter
 
         options = options or PactOptions()
         cache = self.__dict__.setdefault("_filtered", {})
@@ -274,13 +274,13 @@ class Testbed:
 
     def classifier(self, state: dict[str, Tensor], task: str) -> nn.Module:
         """A differentiable backbone + frozen head for ``task`` (for Fisher and gradients)."""
-        from .models.efficientnet import load_backbone
+        from pactlib.models.efficientnet import load_backbone
 
         return Classifier(load_backbone(self.resolution, dict(state)), self.heads[task])
 
     def inputs(self, task: str, split: str = "val", limit: int | None = None) -> tuple[Tensor, Tensor]:
         """Preprocessed inputs (N, 3, R, R) and labels (N,) of a task split."""
-        from .models.efficientnet import preprocess
+        from pactlib.models.efficientnet import preprocess
 
         d = (self.val if split == "val" else self.test)[task]
         n = len(d.labels) if limit is None else min(limit, len(d.labels))
@@ -313,7 +313,7 @@ class _AccuracyMemo:
         import json
         from pathlib import Path
 
-        from .zoo import default_zoo_dir
+        from pactlib.testbeds.lite0.zoo import default_zoo_dir
 
         self.path = Path(zoo_dir) / "eval_memo.json" if zoo_dir is not None else default_zoo_dir() / "eval_memo.json"
         try:
@@ -330,7 +330,7 @@ class _AccuracyMemo:
     def save(self) -> None:
         import json
 
-        from .io import atomic_write
+        from pactlib.io import atomic_write
 
         if self.dirty:
             text = json.dumps(self.data, indent=0, sort_keys=True)
@@ -375,7 +375,7 @@ def depth_groups(keys: Sequence[str], parts: Sequence[str] = ("early", "middle",
 #: overrides. ``default`` is what ``make zoo`` builds; ``smoke`` is a seconds-sized zoo for tests.
 #: The default recipe is written out here (not left to ``Recipe``'s defaults) so the book's zoo is
 #: pinned: cosine prototype heads, 80 AdamW steps of batch 64 at 32 px, lr 3e-5 (full) / 1e-3 (LoRA rank 8,
-#: alpha 16). Why these and not a trained probe head or lr 1e-4: :class:`pactlib.zoo.Recipe` and the testbed chapter.
+#: alpha 16). Why these and not a trained probe head or lr 1e-4: :class:`pactlib.testbeds.lite0.zoo.Recipe` and the testbed chapter.
 PROFILES: dict[str, dict] = {
     "default": dict(dir="zoo", recipe=dict(resolution=32, steps=80, batch_size=64, optimizer="adamw", lr=3e-5,
                                            lora_lr=1e-3, weight_decay=0.0, warmup=8, lora_rank=8, lora_alpha=16.0,
@@ -386,7 +386,7 @@ PROFILES: dict[str, dict] = {
 
 
 def zoo_profile(name: str):
-    """(zoo directory, :class:`pactlib.zoo.Recipe`) of a profile.
+    """(zoo directory, :class:`pactlib.testbeds.lite0.zoo.Recipe`) of a profile.
 
     Raises:
         KeyError: unknown profile (lists the known ones).
@@ -394,7 +394,7 @@ def zoo_profile(name: str):
     import os
     from pathlib import Path
 
-    from .zoo import Recipe, default_zoo_dir
+    from pactlib.testbeds.lite0.zoo import Recipe, default_zoo_dir
 
     if name not in PROFILES:
         raise KeyError(f"unknown zoo profile {name!r}; known: {', '.join(PROFILES)}")
@@ -404,7 +404,7 @@ def zoo_profile(name: str):
 
 
 def recipe_variant(name: str, settings: Sequence[str]):
-    """(zoo directory, :class:`pactlib.zoo.Recipe`) of profile ``name`` with some recipe fields
+    """(zoo directory, :class:`pactlib.testbeds.lite0.zoo.Recipe`) of profile ``name`` with some recipe fields
     changed, for benches that try another recipe without touching the profile's zoo.
 
     Args:
@@ -445,7 +445,7 @@ def recipe_variant(name: str, settings: Sequence[str]):
 
 def suite_subset(suite: str, n_tasks: int = 0) -> list[str]:
     """The first ``n_tasks`` tasks of ``suite`` (all of them for 0)."""
-    from .data import suite_tasks
+    from pactlib.data import suite_tasks
 
     tasks = list(suite_tasks(suite))
     if n_tasks < 0 or n_tasks > len(tasks):
@@ -459,7 +459,7 @@ def ensure_testbed(profile: str, suite: str, seed: int = 0, kind: str = "full", 
 
     ``settings``: recipe changes (``"FIELD=VALUE"``, :func:`recipe_variant`); the slice then
     lives in that variant's own zoo."""
-    from .zoo import build_zoo
+    from pactlib.testbeds.lite0.zoo import build_zoo
 
     zoo_dir, recipe = recipe_variant(profile, settings)
     tasks = suite_subset(suite, n_tasks)
@@ -470,11 +470,11 @@ def ensure_testbed(profile: str, suite: str, seed: int = 0, kind: str = "full", 
 def summarize(records, by: Sequence[str] = ("method", "suite"), metrics: Sequence[str] = ("acc", "norm_acc")):
     """Mean, standard deviation and seed count of test metrics over seeds, grouped by ``by``.
 
-    Accepts records or a frame from :func:`pactlib.records.records_frame`. Columns:
+    Accepts records or a frame from :func:`pactlib.book.records.records_frame`. Columns:
     ``<metric>_mean``, ``<metric>_std``, ``n_seeds`` (percentages are left to the caller)."""
     import pandas as pd
 
-    from .records import records_frame
+    from pactlib.book.records import records_frame
 
     frame = records if isinstance(records, pd.DataFrame) else records_frame(list(records))
     cols = {f"metrics.{m}": m for m in metrics}
@@ -491,7 +491,7 @@ def paired_gain(records, base: str, treated: str, metric: str = "norm_acc", by: 
     number of seeds where the gain is positive."""
     import pandas as pd
 
-    from .records import records_frame
+    from pactlib.book.records import records_frame
 
     frame = records if isinstance(records, pd.DataFrame) else records_frame(list(records))
     col = f"metrics.{metric}"
@@ -514,14 +514,14 @@ def in_book_zoo(task: str, seed: int, kind: str, plan=BOOK_ZOO) -> bool:
     to the same zoo (e.g. ``bench/bench_interference.py``: the 20-task suite on seeds 1 and 2);
     chapters that list the zoo's runs keep to the planned ones, so the book reads the same on a
     fresh clone."""
-    from .data import suite_tasks
+    from pactlib.data import suite_tasks
 
     return any(task in suite_tasks(suite) and int(seed) in seeds and kind in kinds for suite, seeds, kinds in plan)
 
 
 def build_book_zoo(profile: str = "default", plan=BOOK_ZOO, progress: bool = True) -> list[dict]:
     """Build (or complete; finished runs are kept) every zoo run the book's chapters use."""
-    from .zoo import build_zoo
+    from pactlib.testbeds.lite0.zoo import build_zoo
 
     zoo_dir, recipe = zoo_profile(profile)
     out = []
@@ -530,7 +530,7 @@ def build_book_zoo(profile: str = "default", plan=BOOK_ZOO, progress: bool = Tru
     return out
 
 
-if __name__ == "__main__":  # python -m pactlib.study [profile]: the zoo `make zoo` builds
+if __name__ == "__main__":  # python -m pactlib.book.study [profile]: the zoo `make zoo` builds
     import sys
 
     recs = build_book_zoo(sys.argv[1] if len(sys.argv) > 1 else "default")

@@ -4,7 +4,7 @@ For every task t of a suite and every seed s, the zoo holds
 
 - ``pretrained.safetensors`` -- θ0, the ImageNet Lite0 backbone (shared);
 - ``heads/<t>.safetensors`` (+ ``.json``) -- the task's frozen linear head, fit on θ0's features
-  of the train split (:mod:`pactlib.heads`); its accuracy on θ0 is the "zero-shot" acc_0(t);
+  of the train split (:mod:`pactlib.testbeds.lite0.heads`); its accuracy on θ0 is the "zero-shot" acc_0(t);
 - ``full/<t>/seed<s>.safetensors`` (+ ``.json``) -- θt after full fine-tuning of the backbone
   (head frozen, BatchNorm in eval mode: see :mod:`pactlib.models.efficientnet`);
 - ``lora/<t>/seed<s>.safetensors`` (+ ``.json``) -- LoRA adapters (A, B) on the 32 pointwise
@@ -47,7 +47,7 @@ from torch import Tensor
 
 from pactlib import lora as lora_mod
 from pactlib.eval import accuracy, features
-from pactlib.heads import Head, file_sha256, fit_head, fit_prototype_head, load_head, load_safetensors, save_head, save_safetensors
+from pactlib.testbeds.lite0.heads import Head, file_sha256, fit_head, fit_prototype_head, load_head, load_safetensors, save_head, save_safetensors
 from pactlib.io import atomic_write
 from pactlib.models.efficientnet import backbone_state_dict, load_backbone, preprocess
 
@@ -62,7 +62,7 @@ class Recipe:
     """Hyper-parameters of the zoo (defaults measured on the 8 / 14 / 20-task suites; see
     bench/bench_zoo.py, bench/bench_interference.py and the testbed chapter).
 
-    The defaults equal the book's pinned profile (``pactlib.study.PROFILES["default"]``):
+    The defaults equal the book's pinned profile (``pactlib.book.study.PROFILES["default"]``):
     cosine prototype heads (CLIP-like), 80 AdamW steps of 64 images at 32 px, lr 3e-5 (full) /
     1e-3 (LoRA r = 8, alpha = 16). Measured on 2 CPU cores (records of the book's zoo): a full run
     takes 25-45 s, a LoRA run 13-18 s. Rejected by measurement (val 100 / test 300 images per task):
@@ -79,7 +79,7 @@ class Recipe:
     lr 3e-5 gives task vectors about a third as long; Task Arithmetic on the 8 shared tasks then
     falls 85.6 → 83.2 → 81.8 % (normalized, full α grid, 3 seeds) from 8 to 14 to 20 tasks, every
     step on every seed and beyond the seed spread, provided the α grid resolves small α (the full
-    grid or 5 geometric values, ``pactlib.study.GRID_SPACING``). Chapter 2, "How the recipe was
+    grid or 5 geometric values, ``pactlib.book.study.GRID_SPACING``). Chapter 2, "How the recipe was
     chosen", records ``book/data/interference*.jsonl``.
 
     Attributes:
@@ -93,11 +93,11 @@ class Recipe:
         warmup: linear warm-up steps, then cosine decay to 0.
         lora_rank: r of the adapters; lora_alpha: scale = lora_alpha / lora_rank.
         augment: ``"none"`` or ``"shift"`` (random translation by up to 2 px, zero padded).
-        head: ``"probe"`` (ridge logistic regression on raw θ0 features, :func:`pactlib.heads.fit_head`)
-            or ``"prototype"`` (cosine class-mean head, CLIP-like, :func:`pactlib.heads.fit_prototype_head`).
+        head: ``"probe"`` (ridge logistic regression on raw θ0 features, :func:`pactlib.testbeds.lite0.heads.fit_head`)
+            or ``"prototype"`` (cosine class-mean head, CLIP-like, :func:`pactlib.testbeds.lite0.heads.fit_prototype_head`).
         head_l2, head_max_iter: ridge strength (probe) and L-BFGS cap of the head fit.
         head_shots: prototype head only: class embeddings from this many train images per class
-            (None: all); see :func:`pactlib.heads.fit_prototype_head`.
+            (None: all); see :func:`pactlib.testbeds.lite0.heads.fit_prototype_head`.
         data_seed: seed of the data splits (``load_task(..., seed=data_seed)``).
         train_limit, eval_limit: caps on train / val+test examples per task (None: all); for
             tests and quick looks only.
@@ -158,7 +158,7 @@ class Recipe:
 # ----------------------------------------------------------------------------- paths, records
 def default_zoo_dir() -> Path:
     """``$PACT_CACHE/zoo``, else ``<repo>/.cache/zoo``."""
-    root = os.environ.get("PACT_CACHE") or str(Path(__file__).resolve().parents[1] / ".cache")
+    root = os.environ.get("PACT_CACHE") or str(Path(__file__).resolve().parents[3] / ".cache")
     return Path(root) / "zoo"
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..matrix import DEFAULT_RULE, MatrixRule
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
 
 __all__ = ["TINY_CLIP", "TinyExample", "write_tiny_example", "find_checkpoints", "key_kinds", "layer_frame",
            "data_check", "classifier_accuracy"]
@@ -199,7 +199,7 @@ def data_check(data_root: str | Path, tasks: Sequence[str]) -> pd.DataFrame:
     :func:`pactlib.data.paper.load_paper_task` does), or the error that stops it. Indexing
     lists files; no image is decoded.
     """
-    from ..data import paper
+    from pactlib.data import paper
 
     rows = []
     for t in tasks:

@@ -26,11 +26,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..matrix import DEFAULT_RULE, MatrixRule
-from ..pact import PactOptions, PactReport, pact_filter
-from ..records import make_record
-from ..subspaces import choose_rank
-from ..taskvector import TaskVector
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
+from pactlib.pact import PactOptions, PactReport, pact_filter
+from pactlib.book.records import make_record
+from pactlib.subspaces import choose_rank
+from pactlib.taskvector import TaskVector
 
 __all__ = ["time_filter", "randomized_share", "subspace_distances", "gap_records", "gap_correlation",
            "basis_records", "change_records", "accuracy_records", "summary_table", "accuracy_table", "plot_times", "read_bench", "bench_table", "bench_sweep_table", "plot_distances",

@@ -1,7 +1,7 @@
 """The book's one plotting helper: style, size, DPI, file naming, captions, numbering.
 
 Use it as a context manager in a chapter notebook; the data come from result records
-(:mod:`pactlib.records`), never from numbers typed into the cell::
+(:mod:`pactlib.book.records`), never from numbers typed into the cell::
 
     with figure("alpha-sweep", chapter=5, number=1, paper="Fig. 3",
                 caption="Mean normalized accuracy against alpha.") as (fig, ax):
@@ -52,7 +52,7 @@ def repo_path(relative: str | Path) -> Path:
     Raises:
         FileNotFoundError: no such file (names it).
     """
-    path = Path(__file__).resolve().parents[1] / relative
+    path = Path(__file__).resolve().parents[2] / relative
     if not path.exists():
         raise FileNotFoundError(f"no file {relative} in the repository ({path})")
     return path

@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..matrix import DEFAULT_RULE, MatrixRule
-from ..pact import LayerSubspaces, PactOptions
-from ..records import make_record
-from ..subspaces import intrusion_energy
-from ..taskvector import TaskVector
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
+from pactlib.pact import LayerSubspaces, PactOptions
+from pactlib.book.records import make_record
+from pactlib.subspaces import intrusion_energy
+from pactlib.taskvector import TaskVector
 
 __all__ = ["GROUPS", "network_order", "alpha_grid", "layer_regexes", "group_options", "group_task_vectors",
            "group_record", "intrusion_records", "group_gains", "condition_table", "intrusion_table",
@@ -79,7 +79,7 @@ def alpha_grid(method: str, points: int, *, low: float | None = None) -> tuple[f
     Raises:
         ValueError: ``points`` < 2 or ``low`` not in (0, end of the grid).
     """
-    from ..study import grid
+    from pactlib.book.study import grid
 
     full = grid(method)
     low = full[0] if low is None else low

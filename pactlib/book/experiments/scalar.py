@@ -3,7 +3,7 @@
 Glue between a testbed and the kernels of :mod:`pactlib.fisher` and :mod:`pactlib.causal`. A
 testbed is anything with ``classifier(state, task)`` (a differentiable backbone + frozen head
 whose parameter names are the state-dict keys prefixed ``net.``) and ``inputs(task, split,
-limit)`` (preprocessed inputs (N, 3, R, R) and labels (N,)), e.g. :class:`pactlib.study.Testbed`.
+limit)`` (preprocessed inputs (N, 3, R, R) and labels (N,)), e.g. :class:`pactlib.book.study.Testbed`.
 
 - :func:`task_fisher`: diagonal Fisher F_t of θt on N task examples (S1), keyed like Δt;
 - :func:`scores`, :func:`state_scores`: accuracy and mean cross-entropy of a state on a task's examples;
@@ -11,7 +11,7 @@ limit)`` (preprocessed inputs (N, 3, R, R) and labels (N,)), e.g. :class:`pactli
 - :func:`global_masks`, :func:`random_subset`: global quantile masks and the "sensitive but
   updated" control H_t \\ U_t of C2/C3;
 - :func:`enrichment_records` (C1), :func:`perturbation_records` (C2), :func:`displacement` and
-  :func:`restore_records` (C3): result records for :mod:`pactlib.records`;
+  :func:`restore_records` (C3): result records for :mod:`pactlib.book.records`;
 - :func:`c1_verdict`, :func:`c2_verdict`, :func:`c3_verdict`: statuses computed from records.
 
 Every function returns new tensors / records; the caller's state dicts are never modified.
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import causal, fisher
-from ..matrix import DEFAULT_RULE
-from ..records import make_record
+from pactlib import causal, fisher
+from pactlib.matrix import DEFAULT_RULE
+from pactlib.book.records import make_record
 
 __all__ = ["task_fisher", "state_scores", "scores", "typical_update", "population", "lbw_sets", "global_masks",
            "random_subset", "control_masks", "layer_kind",
