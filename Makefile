@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.pact-setup
 PARAMS  ?= default
 export PACT_CACHE ?= $(CURDIR)/.cache
 
-# `make zoo` builds the model zoo the default book uses (pactlib.book.study.BOOK_ZOO): 3 seeds of full
+# `make zoo` builds the model zoo the default book uses (pactlib.testbeds.lite0.testbed.BOOK_ZOO): 3 seeds of full
 # and LoRA fine-tunes on the 8-task suite, one seed of full fine-tunes on the 20-task suite (the
 # 14-task suite is its prefix). Finished runs are kept; an interrupted build resumes.
 .PHONY: help setup sources test data zoo bench clean
@@ -38,7 +38,7 @@ data: setup
 	$(VENV)/bin/pact data prepare --suite 20
 
 zoo: data
-	$(PY) -m pactlib.book.study default
+	$(PY) -m pactlib.testbeds.lite0.testbed default
 
 include mk/book.mk
 

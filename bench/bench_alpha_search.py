@@ -18,8 +18,8 @@ one seed, three searches (all widened at an edge, ``widen=3``):
 
 Each record (``method`` = the merge, ``search`` = the search) carries the α chosen, the number of
 validation evaluations, and validation / test mean normalized accuracy. The main-results chapter
-reads ``book/data/alpha_search.jsonl``; :data:`pactlib.book.study.REFINE` and
-:data:`pactlib.book.study.GRID_SPACING` are set from it.
+reads ``book/data/alpha_search.jsonl``; :data:`pactlib.testbeds.REFINE` and
+:data:`pactlib.testbeds.GRID_SPACING` are set from it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 
 from pactlib import merges
-from pactlib.book import records, study
+from pactlib.book import records
+from pactlib.testbeds import alpha_grid, load, run
+from pactlib.testbeds.lite0 import testbed as lite0
 
 #: name -> (points (None: the full grid), spacing, refinement rounds)
 SEARCHES = {"full": (None, "linear", 0), "grid5": (5, "linear", 0), "geo5": (5, "geometric", 0),
@@ -47,25 +49,25 @@ def main(argv=None) -> int:
     p.add_argument("--searches", nargs="+", default=list(SEARCHES), choices=list(SEARCHES),
                    help="searches to run; records of other searches already in --out are kept")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
-                   help="recipe fields to change (pactlib.book.study.recipe_variant: the runs go to a zoo of their own)")
+                   help="recipe fields to change (pactlib.testbeds.lite0.testbed.recipe_variant: the runs go to a zoo of their own)")
     p.add_argument("--out", default="book/data/alpha_search.jsonl")
     args = p.parse_args(argv)
     try:
-        study.recipe_variant("default", args.set)  # a bad setting is a usage error, before any work
+        lite0.recipe_variant("default", args.set)  # a bad setting is a usage error, before any work
     except ValueError as e:
         p.error(str(e))
 
     recs = []
     for i, suite in enumerate(args.suites):
-        tb = study.ensure_testbed("default", suite, args.seed, val_limit=args.val_limit, test_limit=args.test_limit,
-                                  settings=args.set, progress=bool(args.set))
+        tb = load(f"lite0-{suite}", args.seed, val_limit=args.val_limit, test_limit=args.test_limit,
+                  settings=args.set, progress=bool(args.set))
         for method in args.methods if i == 0 else args.large_methods:
             for pact in (None, "pact"):
                 for search in args.searches:
                     points, spacing, refine = SEARCHES[search]
-                    alphas = merges.get(method).alphas if points is None else study.grid(method, points, spacing=spacing)
+                    alphas = merges.get(method).alphas if points is None else alpha_grid(method, points, spacing=spacing)
                     t0 = time.perf_counter()
-                    r = tb.run(method, pact=pact, alphas=alphas, refine=refine)
+                    r = run(tb, method, pact=pact, alphas=alphas, refine=refine)
                     r = {**r, "search": search, "n_evals": len(r["alphas"]), "search_seconds": time.perf_counter() - t0}
                     recs.append(r)
                     print(f"suite {suite:>2s} {r['method']:22s} {search:14s} α={r['alpha']:<8g} evals {r['n_evals']:2d} "

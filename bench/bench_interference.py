@@ -8,7 +8,7 @@
     .venv/bin/python bench/bench_interference.py --alpha-points 5 --alpha-spacing geometric   # 5 geometric α values
 
 For each seed this builds (or reuses) the full fine-tunes of the 20-task suite with the book's
-recipe (``pactlib.book.study.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
+recipe (``pactlib.testbeds.lite0.testbed.PROFILES["default"]``; the book's own zoo has the 14/20-task suites on
 seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges the 8-, 14- and
 20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
 (M1) and Iso-C (M4), α chosen on validation with the book's search (5 geometric α values over
@@ -34,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pactlib.book import records, study
+from pactlib.book import records
+from pactlib.testbeds import alpha_grid, reference_records, run
+from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.data.suites import suite_tasks
 from pactlib.book.experiments.testbed import random_task_sets
 from pactlib.testbeds.lite0.zoo import build_zoo
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--alpha-points", type=int, default=5,
                    help="α values over each method's range (method.md §5); 0: the paper's full grid")
     p.add_argument("--alpha-spacing", choices=["linear", "geometric"], default=None,
-                   help="spacing of the --alpha-points grid (default: pactlib.book.study.GRID_SPACING)")
+                   help="spacing of the --alpha-points grid (default: pactlib.testbeds.GRID_SPACING)")
     p.add_argument("--val-limit", type=int, default=100)
     p.add_argument("--test-limit", type=int, default=300)
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="recipe fields to change")
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     try:
-        zoo_dir, recipe = study.recipe_variant("default", args.set)
+        zoo_dir, recipe = lite0.recipe_variant("default", args.set)
     except ValueError as e:
         p.error(str(e))
     largest = max(args.suites, key=int)
@@ -84,15 +86,15 @@ def main(argv=None) -> int:
     recs = []
     for seed in args.seeds:
         for suite, tasks, draw in slices:
-            tb = study.Testbed.load(suite, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
-                                    test_limit=args.test_limit, tasks=tasks)
-            zs_rec, ft_rec = tb.reference_records(per_task=True, kind="full", recipe=recipe.relevant("full"))
+            tb = lite0.Lite0Testbed.from_zoo(f"lite0-{suite}", suite, seed, "full", zoo_dir=zoo_dir,
+                                            val_limit=args.val_limit, test_limit=args.test_limit, tasks=tasks)
+            zs_rec, ft_rec = reference_records(tb, per_task=True, kind="full", recipe=recipe.relevant("full"))
             # the size of the updates: mean Frobenius norm of Δt
             ft_rec["metrics"]["tv_norm"] = float(np.mean([tv.norm() for tv in tb.task_vectors()]))
             batch = [zs_rec, ft_rec]
             for method in args.methods:
                 t0 = time.perf_counter()
-                r = tb.run(method, alphas=study.grid(method, args.alpha_points or None, spacing=args.alpha_spacing))
+                r = run(tb, method, alphas=alpha_grid(method, args.alpha_points or None, spacing=args.alpha_spacing))
                 batch.append(r)
                 print(f"seed {seed} suite {suite:>2s}{'' if draw is None else f' set {draw}'} {method:16s} "
                       f"α={r['alpha']:<9g} norm {r['metrics']['norm_acc']:.3f} [{time.perf_counter() - t0:.0f} s]",
@@ -115,8 +117,8 @@ def add_one(args, zoo_dir, largest: str) -> list[dict]:
     first = suite_tasks(min(args.suites, key=int))
     recs = []
     for seed in args.seeds:
-        tb = study.Testbed.load(largest, seed, "full", zoo_dir=zoo_dir, val_limit=args.val_limit,
-                                test_limit=args.test_limit)
+        tb = lite0.Lite0Testbed.from_zoo(f"lite0-{largest}", largest, seed, "full", zoo_dir=zoo_dir,
+                                        val_limit=args.val_limit, test_limit=args.test_limit)
         tvs = dict(zip(tb.tasks, tb.task_vectors()))
         base = TaskVector.sum([tvs[t] for t in first])
         for added in [None] + [t for t in tb.tasks if t not in first]:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from pactlib.book import records, study
+from pactlib.book import records
+from pactlib.testbeds import alpha_grid, filtered, load, run
 
 METHODS = ("tsv_m", "iso_c", "iso_cts")
 
@@ -53,21 +54,20 @@ def main(argv=None) -> int:
             for seed in (args.seeds if i == 0 else args.large_seeds)]
     recs = []
     for suite, kind, seed in tqdm(plan, desc="testbeds"):
-        tb = study.ensure_testbed("default", suite, seed, kind=kind, val_limit=args.val_limit,
-                                  test_limit=args.test_limit)
+        tb = load(f"lite0-{suite}", seed, kind=kind, val_limit=args.val_limit, test_limit=args.test_limit)
         # plain full fine-tunes have full-rank sums: both conventions agree there (tested), skip them
         filters = (None, "pact", "s-pact") if kind == "lora" else ("pact", "s-pact")
         for method in args.methods:
-            alphas = (study.grid(method, args.alpha_points, lo=0.1, hi=3.0) if kind == "lora"
-                      else study.grid(method, args.alpha_points))
+            alphas = (alpha_grid(method, args.alpha_points, lo=0.1, hi=3.0) if kind == "lora"
+                      else alpha_grid(method, args.alpha_points))
             for pact in filters:
                 conventions = ["drop", "literal"] + (["literal-reversed"] if seed in args.reversed_seeds else [])
                 for conv in conventions:
                     kw = {} if conv == "drop" else {"null_space": "literal"}  # drop: the chapters' memo
                     tvs = None
                     if conv == "literal-reversed":
-                        tvs = tb.filtered(pact)[0][::-1] if pact else tb.task_vectors()[::-1]
-                    r = tb.run(method, pact=None if tvs is not None else pact, alphas=alphas, task_vectors=tvs,
+                        tvs = filtered(tb, pact)[0][::-1] if pact else tb.task_vectors()[::-1]
+                    r = run(tb, method, pact=None if tvs is not None else pact, alphas=alphas, task_vectors=tvs,
                                label=f"{pact}-{method}" if pact else method, **kw)
                     r = {**r, "convention": conv, "base": method, "pact": pact, "kind": kind}
                     recs.append(r)

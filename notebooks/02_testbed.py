@@ -31,9 +31,8 @@
 # (the tables and the figure of this page).
 
 # %% tags=["parameters"]
+testbed = "lite0-20"       # this chapter is Lite0's: the largest suite holds every task of the book (8 ⊂ 14 ⊂ 20)
 zoo_profile = "default"    # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "20"               # the largest suite: every task of the book (8 ⊂ 14 ⊂ 20)
-n_tasks = 0                # 0 = every task of the suite; >0 = the first n (smoke runs)
 seeds = [0, 1, 2]          # the zoo's fine-tuning seeds (3 on the 8-task suite, seed 0 beyond it)
 samples_per_task = 8       # sample images per task in the grid: enough to see the classes vary
 
@@ -45,20 +44,24 @@ import numpy as np
 import seaborn as sns
 
 from pactlib import task_vectors_from
-from pactlib.book import params, plotting, records, reference, study
+from pactlib import testbeds
+from pactlib.book import params, plotting, records, reference
+from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.testbeds.lite0 import zoo as zoo_mod
 from pactlib.data import SUITES, load_task
 from pactlib.book.experiments import testbed
 from pactlib.models.efficientnet import backbone_state_dict
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), samples_per_task=params.at_least(1),
+    globals(), testbed=params.testbed(), zoo_profile=params.zoo_profile(), seeds=params.each(params.at_least(0), unique=True), samples_per_task=params.at_least(1),
 )
-tasks = study.suite_subset(suite, n_tasks)
-zoo_dir, recipe = study.zoo_profile(zoo_profile)
+if testbeds.check_name(testbed) != lite0.FAMILY:
+    raise ValueError(f"chapter 2 describes the Lite0 testbed; testbed={testbed!r} is not a lite0-... name")
+suite, n_tasks = lite0.parse_name(testbed)
+tasks = lite0.suite_subset(suite, n_tasks)
+zoo_dir, recipe = lite0.zoo_profile(zoo_profile)
 if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the default one is `make zoo`'s
-    study.ensure_testbed(zoo_profile, suite, seeds[0], n_tasks=n_tasks, val_limit=16, test_limit=16)
+    testbeds.load(testbed, seeds[0], profile=zoo_profile, val_limit=16, test_limit=16)
 
 # %% [markdown]
 # ## Tasks
@@ -152,7 +155,7 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 # *zero-shot* accuracy. The section "Why a prototype head" below shows why we did not use a
 # trained linear probe.
 # The table shows the values the runs of this zoo were made with, per kind, beside the recipe
-# of the zoo profile (`pactlib.book.study.PROFILES`; `make zoo` builds the `default` one). The two
+# of the zoo profile (`pactlib.testbeds.lite0.testbed.PROFILES`; `make zoo` builds the `default` one). The two
 # agree unless the zoo on disk was built with another recipe.
 
 # %%
@@ -172,7 +175,7 @@ plotting.table(testbed.recipe_table([r for r in zoo_records if r.get("task") in 
 
 # %%
 records.write_records(path, testbed.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
-                                                keep=study.in_book_zoo))
+                                                keep=lite0.in_book_zoo))
 frame = records.records_frame(path)
 runs = frame[frame["method"].isin(["zero-shot", "full", "lora"])]
 plotting.table(testbed.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 (zero-shot / individual rows)",
@@ -389,7 +392,7 @@ first_grids = {"full grid": first} | {
 for label, f in first_grids.items():
     print(f"lr 1e-4, {label}, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(f), sep="\n"))
 for spacing, label in (("linear", "5 evenly spaced α values"), ("geometric", "5 geometric α values")):
-    print(f"{label}: " + "; ".join(f"{name} {study.grid(m, 5, spacing=spacing)}"
+    print(f"{label}: " + "; ".join(f"{name} {testbeds.alpha_grid(m, 5, spacing=spacing)}"
                                    for m, name in (("task_arithmetic", "Task Arithmetic"), ("iso_c", "Iso-C"))))
 linear5 = testbed.interference_frame(plotting.repo_path("book/data/interference_linear5.jsonl"))
 a5 = linear5[linear5["method"] == "task_arithmetic"].set_index("T")
@@ -403,7 +406,7 @@ print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 s
 # spaced grid's two smallest values, 0.05 and 0.29. On that grid the small learning rate's α
 # falls to 0.05 from 14 tasks on and its last step nearly vanishes (printed above). The
 # geometric grid puts three of its five values below 0.25 and finds it, at the same cost. So
-# the book uses both: lr 3·10⁻⁵ and geometric α values (`pactlib.book.study.GRID_SPACING`; chapter 5
+# the book uses both: lr 3·10⁻⁵ and geometric α values (`pactlib.testbeds.GRID_SPACING`; chapter 5
 # checks this search against the full grid for every method).
 
 # %% [markdown]

@@ -30,9 +30,7 @@
 # glued together in `pactlib.book.experiments.scalar`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"         # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "8"                     # the 8-task suite: every claim here is per task, eight are plenty
-n_tasks = 0                     # 0 = every task of the suite; >0 = the first n (smoke runs)
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite; every claim here is per task, eight are plenty
 seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
 fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
 empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
@@ -45,15 +43,17 @@ val_limit = 64                  # validation images per task: the Fisher example
 test_limit = 128                # test images per task for every accuracy and loss below (CPU time)
 
 # %%
-from pactlib.book import params, study
+from pactlib import testbeds
+from pactlib.book import params
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
     empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
     perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
     val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 P
 
 # %% [markdown]
@@ -94,7 +94,7 @@ from pactlib.book.experiments import scalar
 
 runs, recs, lbw, sens, pool = {}, [], {}, {}, {}
 for seed in tqdm(seeds, desc="seeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     tvs = dict(zip(tb.tasks, tb.task_vectors()))
     runs[seed] = (tb, tvs)
     for t in tqdm(tb.tasks, desc=f"Fisher, seed {seed}", leave=False):
@@ -201,7 +201,7 @@ from pactlib.taskvector import TaskVector
 
 recs = []
 for seed, (tb, tvs) in tqdm(runs.items(), desc="C3 seeds"):
-    ta = tb.run("task_arithmetic", alphas=study.grid("task_arithmetic", alpha_points))
+    ta = testbeds.run(tb, "task_arithmetic", alphas=testbeds.alpha_grid("task_arithmetic", alpha_points))
     recs.append(ta)
     merged = TaskVector.sum(tvs.values()).apply_to(tb.pretrained, ta["alpha"])
     for t in tqdm(tb.tasks, desc=f"restore, seed {seed}", leave=False):

@@ -27,9 +27,7 @@
 # `random_basis`, glued together in `pactlib.book.experiments.subspace`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "8"              # C4 is a per-task claim: the eight tasks of the first suite
-n_tasks = 0              # 0 = every task of the suite; >0 = the first n (smoke runs)
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite; the eight tasks of the first suite
 seeds = [0, 1, 2]        # three fine-tuning seeds (about 40 s each): claims rest on >= 3
 draws = 2                # random subspaces per control and task: enough to see the controls' spread
 strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.25 = a dose below saturation
@@ -41,14 +39,16 @@ threads = 1              # one BLAS thread: two spin against each other when the
 # %%
 import torch
 
-from pactlib.book import params, study
+from pactlib import testbeds
+from pactlib.book import params
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), draws=params.at_least(1),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True), draws=params.at_least(1),
     strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
     threads=params.at_least(0),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 if threads:
     torch.set_num_threads(threads)
 
@@ -88,7 +88,7 @@ from pactlib.book.experiments import subspace
 
 beds, subs, recs = {}, {}, []
 for seed in tqdm(seeds, desc="seeds"):
-    beds[seed] = tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit,
+    beds[seed] = tb = testbeds.load(testbed, seed, val_limit=val_limit,
                                            test_limit=test_limit)
     subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts)
     recs += subspace.dimension_records(tb.pretrained, subs[seed], tb.tasks, tol=opts.lbw_tol, params=P, seed=seed,

@@ -25,15 +25,13 @@
 # - **C6**: PACT-Iso-C is the best method in every setting.
 # - **C7**: the gain of PACT grows with the number of tasks T.
 #
-# Code: `pactlib.book.study.Testbed.run` (merge → `pactlib.eval.select_alpha`), `pactlib.merged_update`,
+# Code: `pactlib.testbeds.run` (merge → `pactlib.eval.select_alpha`), `pactlib.merged_update`,
 # `pactlib.pact_filter`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"        # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suites = ["8", "14", "20"]     # the paper's three task counts, on our nested suites
-n_tasks = 0                    # 0 = every task of each suite; >0 = the first n (smoke runs)
-seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first suite
-seeds_large = [0]              # the 14- and 20-task rows: one seed (CPU time)
+testbeds = ["lite0-8", "lite0-14", "lite0-20"]  # the paper's three task counts (pactlib.testbeds names)
+seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first testbed
+seeds_large = [0]              # the other testbeds' rows: one seed (CPU time)
 methods = ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]  # M1–M5
 alpha_points = 5               # geometric α values over each method's grid (method.md §5 ranges)
 val_limit = 100                # validation images per task for the α search (CPU time)
@@ -42,10 +40,10 @@ test_limit = 300               # test images per task (one image = 0.33 points)
 # %%
 from pactlib import merges
 from pactlib.book import params, plotting, records, report, study
+from pactlib.testbeds import alpha_grid, load, reference_records, run, suite_of
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
-    n_tasks=params.task_count(suites), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
     seeds_large=params.each(params.at_least(0), unique=True), methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
@@ -59,14 +57,15 @@ P = params.check(
 # %%
 from tqdm.auto import tqdm
 
-runs = [(s, seed) for i, s in enumerate(suites) for seed in (seeds if i == 0 else seeds_large)]
+suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
+runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds_large)]
 recs = []
-for suite, seed in tqdm(runs, desc="testbeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
-    for method in tqdm(methods, desc=f"suite {suite} seed {seed}", leave=False):
+for name, seed in tqdm(runs, desc="testbeds"):
+    tb = load(name, seed, val_limit=val_limit, test_limit=test_limit)
+    for method in tqdm(methods, desc=f"{name} seed {seed}", leave=False):
         for pact in (None, "pact"):
-            recs.append(tb.run(method, pact=pact, alphas=study.grid(method, alpha_points)))
-    recs += tb.reference_records(pact=None)  # zero-shot θ0 and the fine-tuned models
+            recs.append(run(tb, method, pact=pact, alphas=alpha_grid(method, alpha_points)))
+    recs += reference_records(tb, pact=None)  # zero-shot θ0 and the fine-tuned models
 path = records.records_path("05_main_results")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
@@ -130,7 +129,7 @@ plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, flo
 # Between the two five-point grids the test scores do not decide. The geometric one loses less
 # validation score in the worst case, and in chapter 2 it is the one that finds Task
 # Arithmetic's small α at 14 and 20 tasks. So the book uses 5 geometric points
-# (`pactlib.book.study.GRID_SPACING = "geometric"`, `REFINE = 0`).
+# (`pactlib.testbeds.GRID_SPACING = "geometric"`, `REFINE = 0`).
 
 # %%
 gaps = report.alpha_search_gaps(alpha_search)

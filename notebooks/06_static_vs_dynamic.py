@@ -24,12 +24,10 @@
 # **C8**: S-PACT gains less than PACT. Both use the same K, k and shield cap (`PactOptions()`),
 # and the same α search, so the only difference is which directions are protected.
 #
-# Code: `pactlib.pact_filter(mode="s-pact")`, `pactlib.book.study.Testbed.run(pact="s-pact")`.
+# Code: `pactlib.pact_filter(mode="s-pact")`, `pactlib.testbeds.run(tb, method, pact="s-pact")`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"        # the zoo `make zoo` builds
-suite = "8"                    # the 8-task suite, where we have 3 seeds
-n_tasks = 0                    # 0 = every task of the suite
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
 alpha_points = 5               # α grid points per method (method.md §5 ranges)
@@ -37,24 +35,26 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
+from pactlib import testbeds
 from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True),
     methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
 # %%
 from tqdm.auto import tqdm
 
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     for method in tqdm(methods, desc=f"seed {seed}", leave=False):
         for mode in (None, "s-pact", "pact"):
-            recs.append(tb.run(method, pact=mode, alphas=study.grid(method, alpha_points)))
+            recs.append(testbeds.run(tb, method, pact=mode, alphas=testbeds.alpha_grid(method, alpha_points)))
 path = records.records_path("06_static_vs_dynamic")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

@@ -29,10 +29,8 @@
 # `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.book.experiments.depth`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suites = ["8", "20"]     # few and many tasks: the two halves of C9
-n_tasks = 0              # 0 = every task of each suite; >0 = the first n (smoke runs)
-seeds = [0, 1, 2]        # fine-tuning seeds of the first suite (the 20-task suite always uses the first)
+testbeds = ["lite0-8", "lite0-20"]  # few and many tasks (pactlib.testbeds names): the two halves of C9
+seeds = [0, 1, 2]        # fine-tuning seeds of the first testbed (the others use the first seed)
 method = "iso_c"         # base merge: Iso-C, the merge PACT is paired with in the headline results
 alpha_points = 6         # α values, geometrically spaced from alpha_min to 3.0 (the end of Iso-C's grid)
 alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (method.md §5)
@@ -45,16 +43,17 @@ threads = 1              # one BLAS thread: two spin against each other when the
 import torch
 
 from pactlib.book import params, study
+from pactlib.testbeds import alpha_grid, load, suite_of
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suites=params.each(params.suite(), unique=True),
-    n_tasks=params.task_count(suites), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
     method=params.merge_method(), alpha_points=params.at_least(2),
     alpha_min=params.between(1e-4, 1), most=params.fraction(), val_limit=params.at_least(8),
     test_limit=params.at_least(8), threads=params.at_least(0),
 )
 if threads:
     torch.set_num_threads(threads)
+suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]
 # ## Depth groups
@@ -86,9 +85,9 @@ if threads:
 
 # %%
 from pactlib.book.experiments import depth
-from pactlib.models.efficientnet import matrix_keys
 
-keys = depth.network_order(matrix_keys())
+first = load(testbeds[0], seeds[0], val_limit=val_limit, test_limit=test_limit)
+keys = depth.network_order(first.rule.matrix_keys(first.pretrained))  # the testbed's maps, input to output
 groups = study.depth_groups(keys)
 {g: f"{len(k)} layers: {k[0]} … {k[-1]}" for g, k in groups.items() if g != "all"}
 
@@ -106,16 +105,18 @@ from pactlib.book import records
 from pactlib.pact import PactOptions, pact_filter
 
 opts = PactOptions()
-runs = [(s, seed) for i, s in enumerate(suites) for seed in (seeds if i == 0 else seeds[:1])]
-recs = []
-for suite, seed in tqdm(runs, desc="testbeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds[:1])]
+recs, sizes = [], {}
+for name, seed in tqdm(runs, desc="testbeds"):
+    tb = load(name, seed, val_limit=val_limit, test_limit=test_limit)
+    suite = suite_of(name)
+    sizes[suite] = len(tb.tasks)
     raw = tb.task_vectors()
     filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True)
     recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, suite=suite)
-    for g in tqdm(depth.GROUPS, desc=f"suite {suite} seed {seed}", leave=False):
+    for g in tqdm(depth.GROUPS, desc=f"{name} seed {seed}", leave=False):
         recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,
-                                       alphas=depth.alpha_grid(method, alpha_points, low=alpha_min)))
+                                       alphas=alpha_grid(method, alpha_points, lo=alpha_min, spacing="geometric")))
 path = records.records_path("07_layer_depth")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
@@ -139,7 +140,7 @@ plotting.table(depth.condition_table(frame), chapter=7, number=1, floatfmt="{:.2
 # %%
 sel = frame[frame["group"] == "none"]
 for suite, acc in zip(sel["suite"], sel["metrics.acc"]):
-    n = test_limit * len(study.suite_subset(suite, n_tasks))  # at most: some tasks have fewer test images
+    n = test_limit * sizes[suite]  # at most: some tasks have fewer test images
     print(f"T={suite}: sampling error of a mean test accuracy over ≤ {n} images ≈ {100 * (acc * (1 - acc) / n) ** 0.5:.2f}"
           f" points; the gains compare merges on the same images, so their own noise is smaller")
 

@@ -31,9 +31,7 @@
 # benchmark: `bench/bench_filter.py`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"                  # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "8"                              # the 8-task suite of the headline results
-n_tasks = 0                              # 0 = every task of the suite; >0 = the first n (smoke runs)
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]                        # fine-tuning seeds: the claims rest on >= 3
 method = "iso_c"                         # base merge: Iso-C, PACT's headline pairing
 n_iters = [2, 8, 12]                     # power iterations q timed and compared (12 = PactOptions' default)
@@ -50,16 +48,18 @@ threads = 1                              # one BLAS thread: timings repeatable; 
 # %%
 import torch
 
-from pactlib.book import params, study
+from pactlib import testbeds
+from pactlib.book import params
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True),
     method=params.merge_method(),
     n_iters=params.each(params.at_least(0), unique=True), accuracy_n_iter=params.one_of(*n_iters), oversample=params.at_least(0),
     timing_repeats=params.at_least(1), min_speedup=params.at_least(1), alpha_points=params.at_least(2),
     val_limit=params.at_least(8), test_limit=params.at_least(8), bench_json=None, threads=params.at_least(0),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 if threads:
     torch.set_num_threads(threads)
 
@@ -88,14 +88,13 @@ from tqdm.auto import tqdm
 
 from pactlib.book import records
 from pactlib.book.experiments import depth, efficiency
-from pactlib.models.efficientnet import matrix_keys
 from pactlib.pact import PactOptions
 
-keys = depth.network_order(matrix_keys())
 exact = PactOptions()
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
+    keys = depth.network_order(tb.rule.matrix_keys(tb.pretrained))  # the testbed's maps, input to output
     tvs = tb.task_vectors()
     t_exact, f_exact, r_exact = efficiency.time_filter(tb.pretrained, tvs, exact, repeats=timing_repeats)
     recs.append(records.make_record("filter-time", params=P, seed=seed, svd="exact", n_iter=None,
@@ -110,7 +109,7 @@ for seed in tqdm(seeds, desc="seeds"):
         recs += efficiency.basis_records(r_exact, r_q, params=P, seed=seed, keys=keys, tasks=tb.tasks, n_iter=q)
         recs += efficiency.change_records(f_exact, f_q, keys=keys, params=P, seed=seed, n_iter=q)
         variants.update({f"pact-rsvd-{method}": f_q} if q == accuracy_n_iter else {})
-    recs += efficiency.accuracy_records(tb, method, variants, alphas=study.grid(method, alpha_points), suite=suite)
+    recs += efficiency.accuracy_records(tb, method, variants, alphas=testbeds.alpha_grid(method, alpha_points), suite=suite)
 path = records.records_path("08_efficiency")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

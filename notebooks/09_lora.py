@@ -27,12 +27,10 @@
 # LoRA merge searches α over 0.1…3.0 (isotropic merges of LoRA vectors are known to want large α;
 # a chosen α on the grid's edge is flagged in the table).
 #
-# Code: `pactlib.lora.lora_task_vector`, `pactlib.book.study.ensure_testbed(kind="lora")`.
+# Code: `pactlib.lora.lora_task_vector`, `pactlib.testbeds.load(testbed, seed, kind="lora")`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"        # the zoo `make zoo` builds (it holds LoRA runs for the 8-task suite)
-suite = "8"                    # LoRA fine-tunes exist for the 8-task suite
-n_tasks = 0                    # 0 = every task of the suite
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
 alpha_points = 5               # points on the 0.1..alpha_max grid
@@ -41,27 +39,29 @@ val_limit = 100                # validation images per task for the α search (C
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
+from pactlib import testbeds
 from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True),
     methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), alpha_max=params.at_least(0.2), val_limit=params.at_least(8),
     test_limit=params.at_least(8),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
 # %%
 from tqdm.auto import tqdm
 
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, kind="lora", n_tasks=n_tasks, val_limit=val_limit,
+    tb = testbeds.load(testbed, seed, kind="lora", val_limit=val_limit,
                               test_limit=test_limit)
     for method in tqdm(methods, desc=f"seed {seed}", leave=False):
         for mode in (None, "pact"):
-            recs.append(tb.run(method, pact=mode, alphas=study.grid(method, alpha_points, lo=0.1, hi=alpha_max)))
-    recs += tb.reference_records(pact=None, kind="lora")  # zero-shot θ0 and the LoRA fine-tunes
+            recs.append(testbeds.run(tb, method, pact=mode, alphas=testbeds.alpha_grid(method, alpha_points, lo=0.1, hi=alpha_max)))
+    recs += testbeds.reference_records(tb, pact=None, kind="lora")  # zero-shot θ0 and the LoRA fine-tunes
 path = records.records_path("09_lora")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

@@ -35,9 +35,7 @@
 # `pactlib.book.experiments.theory`.
 
 # %% tags=["parameters"]
-zoo_profile = "default"                 # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
-suite = "8"                             # the 8-task suite, the paper's smallest setting
-n_tasks = 0                             # 0 = every task of the suite; >0 = the first n (smoke runs)
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
 loss_examples = 64                      # validation images in the batch on which L_t and its gradient are taken
 fracs = [0.25, 0.5, 1.0]                # points s of the path θt − s·Δt P_t (s = 1: the full filter)
@@ -45,13 +43,15 @@ val_limit = 64                          # validation images loaded per task (>= 
 test_limit = 200                        # test images per task for the accuracy change
 
 # %%
-from pactlib.book import params, study
+from pactlib import testbeds
+from pactlib.book import params
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True), loss_examples=params.at_least(1),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True), loss_examples=params.at_least(1),
     fracs=params.each(params.fraction()), val_limit=params.at_least(max(8, loss_examples)), test_limit=params.at_least(8),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 P
 
 # %% [markdown]
@@ -76,7 +76,7 @@ from pactlib.pact import pact_filter
 
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
+    tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     tvs = tb.task_vectors()
     filtered, report = pact_filter(tb.pretrained, tvs, keep=True)
     for i, t in enumerate(tqdm(tb.tasks, desc=f"seed {seed}", leave=False)):

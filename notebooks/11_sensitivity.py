@@ -34,9 +34,7 @@
 # test numbers are shown beside them. This is where the defaults of `PactOptions` come from.
 
 # %% tags=["parameters"]
-zoo_profile = "default"              # the zoo `make zoo` builds
-suite = "8"                          # the 8-task suite
-n_tasks = 0                          # 0 = every task of the suite
+testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0]                          # one seed: 5 sweeps x 3-4 values is the CPU budget
 method = "iso_c"                     # the base of the paper's best method (PACT-Iso-C)
 core_fracs = [0.05, 0.1, 0.2, 0.4]   # K / min(m, n)
@@ -50,17 +48,19 @@ test_limit = 300                     # test images per task
 
 # %%
 from pactlib import PactOptions
+from pactlib import testbeds
 from pactlib.book import params, plotting, records, report, study
 
 P = params.check(
-    globals(), zoo_profile=params.zoo_profile(), suite=params.suite(),
-    n_tasks=params.task_count(suite), seeds=params.each(params.at_least(0), unique=True),
+    globals(), testbed=params.testbed(),
+    seeds=params.each(params.at_least(0), unique=True),
     method=params.merge_method(),
     core_fracs=params.each(params.fraction()), active_fracs=params.each(params.fraction()),
     lbw_tols=params.each(params.between(0, 1)), max_shield_fracs=params.each(params.fraction()),
     shield_tols=params.each(params.between(0, 10)),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
+suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 sweeps = {"core_frac": core_fracs, "active_frac": active_fracs, "lbw_tol": lbw_tols,
           "max_shield_frac": max_shield_fracs, "shield_tol": shield_tols}
 defaults = PactOptions()
@@ -69,16 +69,16 @@ defaults = PactOptions()
 from tqdm.auto import tqdm
 
 recs = []
-alphas = study.grid(method, alpha_points)
+alphas = testbeds.alpha_grid(method, alpha_points)
 for seed in seeds:
-    tb = study.ensure_testbed(zoo_profile, suite, seed, n_tasks=n_tasks, val_limit=val_limit, test_limit=test_limit)
-    recs.append(tb.run(method, alphas=alphas))
+    tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
+    recs.append(testbeds.run(tb, method, alphas=alphas))
     tvs = tb.task_vectors()
-    at_default = tb.run(method, pact="pact", options=defaults, alphas=alphas, task_vectors=tvs)
+    at_default = testbeds.run(tb, method, pact="pact", options=defaults, alphas=alphas, task_vectors=tvs)
     for knob, values in tqdm(sweeps.items(), desc=f"seed {seed}"):
         for value in values:
             is_default = getattr(defaults, knob) == value
-            r = dict(at_default) if is_default else tb.run(
+            r = dict(at_default) if is_default else testbeds.run(tb, 
                 method, pact="pact", options=defaults.replace(**{knob: value}), alphas=alphas, task_vectors=tvs)
             r.update(knob=knob, value=value, is_default=is_default)
             recs.append(r)

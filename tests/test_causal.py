@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pactlib.causal import ablate_subspaces, first_order_check, perturb, random_basis, random_masks_like, restore
-from pactlib.book.study import depth_groups, grid
+from pactlib.book.study import depth_groups
+from pactlib.testbeds import alpha_grid as grid
 
 
 def test_random_masks_same_count_and_seeded():

@@ -188,7 +188,7 @@ def test_run_records_accuracy_and_timing_tables():
 
 
 def test_in_book_zoo_follows_the_plan():
-    from pactlib.book import study
+    from pactlib.testbeds.lite0 import testbed as study
 
     # suite 8 (mnist): seeds 0-2, full and LoRA; tasks only in the 14/20 suites (lfw_faces): seed 0, full
     assert study.in_book_zoo("mnist", 2, "lora") and study.in_book_zoo("lfw_faces", 0, "full")

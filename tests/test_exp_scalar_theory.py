@@ -15,7 +15,7 @@ from pactlib import causal, fisher
 from pactlib.book.experiments import scalar, theory
 from pactlib.pact import PactOptions, pact_filter
 from pactlib.book.records import records_frame
-from pactlib.book.study import Classifier
+from pactlib.testbeds import with_frozen_head
 from pactlib.taskvector import TaskVector
 
 matplotlib.use("Agg")
@@ -39,7 +39,7 @@ class Head:
 
 
 class TinyTestbed:
-    """What the helpers need of :class:`pactlib.book.study.Testbed`, on the tiny network."""
+    """What the helpers need of a :class:`pactlib.testbeds.Testbed`, on the tiny network."""
 
     def __init__(self, T: int = 3, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -54,11 +54,11 @@ class TinyTestbed:
             self.data[t] = {s: (torch.randn(40, 8, 1, 1, generator=g), torch.randint(0, 3, (40,), generator=g))
                             for s in ("val", "test")}
 
-    def classifier(self, state, task):
+    def loss_model(self, state, task):
         net = Backbone()
         net.load_state_dict(dict(state))
         net.requires_grad_(False)
-        return Classifier(net, self.heads[task]).eval()
+        return with_frozen_head(net, self.heads[task].weight, self.heads[task].bias)
 
     def inputs(self, task, split="val", limit=None):
         x, y = self.data[task][split]
@@ -89,7 +89,7 @@ def test_task_fisher_matches_per_example_gradients(tb):
     before = _snapshot(tb.finetuned[t])
     F = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=12, empirical=True, chunk=5)
     assert list(F) == ["a.weight", "b.weight", "b.bias"]  # unprefixed, network order
-    model = tb.classifier(tb.finetuned[t], t)
+    model = tb.loss_model(tb.finetuned[t], t)
     model.requires_grad_(True)
     x, y = tb.inputs(t, "val", 12)
     ref = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
@@ -99,7 +99,7 @@ def test_task_fisher_matches_per_example_gradients(tb):
         for k, p in model.named_parameters():
             ref[k] += p.grad ** 2 / 12
     for k in F:
-        torch.testing.assert_close(F[k], ref["net." + k], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(F[k], ref[k], rtol=1e-4, atol=1e-7)
     assert _same(tb.finetuned[t], before)
 
 
@@ -115,12 +115,12 @@ def test_scores_equal_direct_accuracy_and_loss(tb):
     t = "t2"
     xy = tb.inputs(t, "test")
     with torch.no_grad():
-        logits = tb.classifier(tb.finetuned[t], t)(xy[0])
+        logits = tb.loss_model(tb.finetuned[t], t)(xy[0])
     got = scalar.scores(tb, tb.finetuned[t], t, xy)
     assert got["acc"] == pytest.approx(float((logits.argmax(1) == xy[1]).float().mean()))
     assert got["loss"] == pytest.approx(float(nn.functional.cross_entropy(logits, xy[1])), rel=1e-6)
     # one module, another state: functional_call uses the given weights, not the module's own
-    other = scalar.state_scores(tb.classifier(tb.finetuned[t], t), tb.pretrained, xy, batch_size=7)
+    other = scalar.state_scores(tb.loss_model(tb.finetuned[t], t), tb.pretrained, xy, batch_size=7)
     assert other == pytest.approx(scalar.scores(tb, tb.pretrained, t, xy))
     assert other["loss"] != pytest.approx(got["loss"])
     with pytest.raises(ValueError, match="no examples"):
@@ -416,7 +416,7 @@ def test_task_loss_is_the_cross_entropy_and_differentiable(tb):
     xy = tb.inputs(t, "val", 20)
     L = theory.task_loss(tb, t, xy)
     with torch.no_grad():
-        ref = nn.functional.cross_entropy(tb.classifier(tb.pretrained, t)(xy[0]), xy[1])
+        ref = nn.functional.cross_entropy(tb.loss_model(tb.pretrained, t)(xy[0]), xy[1])
     assert float(L(tb.pretrained)) == pytest.approx(float(ref), rel=1e-6)
     w = tb.finetuned[t]["a.weight"].clone().requires_grad_(True)
     L({**tb.finetuned[t], "a.weight": w}).backward()

@@ -22,6 +22,7 @@ from pactlib.pact import LayerSubspaces, PactOptions, pact_filter  # noqa: E402
 from pactlib.book.records import make_record, records_frame  # noqa: E402
 from pactlib.subspaces import LBW  # noqa: E402
 from pactlib.taskvector import TaskVector  # noqa: E402
+from pactlib.testbeds import alpha_grid  # noqa: E402
 
 from conftest import make_checkpoints  # noqa: E402
 
@@ -65,15 +66,15 @@ def test_network_order_with_reference_and_missing_key():
 
 
 def test_alpha_grid_geometric_and_widened():
-    assert depth.alpha_grid("iso_c", 3) == pytest.approx((0.1, math.sqrt(0.3), 3.0), abs=1e-4)
-    g = depth.alpha_grid("iso_c", 6, low=0.025)
+    assert alpha_grid("iso_c", 3, spacing="geometric") == pytest.approx((0.1, math.sqrt(0.3), 3.0), abs=1e-4)
+    g = alpha_grid("iso_c", 6, lo=0.025, spacing="geometric")
     assert g[0] == 0.025 and g[-1] == 3.0 and len(g) == 6
     ratios = [b / a for a, b in zip(g, g[1:])]
     assert max(ratios) - min(ratios) < 1e-2
-    with pytest.raises(ValueError, match="points must be >= 2"):
-        depth.alpha_grid("iso_c", 1)
-    with pytest.raises(ValueError, match="low must be in"):
-        depth.alpha_grid("iso_c", 4, low=5.0)
+    with pytest.raises(ValueError, match="points must be >= 1"):
+        alpha_grid("iso_c", 0)
+    with pytest.raises(ValueError, match="need 0 <= lo < hi"):
+        alpha_grid("iso_c", 4, lo=5.0)
 
 
 def test_layer_regexes_match_exactly_their_keys():

@@ -179,7 +179,7 @@ def test_rules_edge_cases():
 
 def test_rules_fraction_unique_and_registry_choices():
     from pactlib import merges
-    from pactlib.book import study
+    from pactlib.testbeds.lite0 import testbed as study
     from pactlib.data.suites import SUITES
 
     assert params.fraction()(1) is None and params.fraction()(0.5) is None
@@ -197,6 +197,9 @@ def test_rules_fraction_unique_and_registry_choices():
     assert params.task_count("8")(-1) is not None and params.task_count("8")(True) is not None
     assert params.task_count("99")(3) is None  # an unknown suite is the suite rule's problem
     assert study.PROFILES  # the profiles the rule reads
+    assert params.testbed()("lite0-8") is None and params.testbed()("lite0-20:3") is None
+    assert "unknown testbed 'lite0-9'" in params.testbed()("lite0-9")
+    assert "no family 'gpt'" in params.testbed()("gpt-2") and "a str" in params.testbed()(8)
 
 
 NB_CELLS = [
@@ -283,13 +286,12 @@ def test_runner_rejects_bad_parameters_before_running_anything(tmp_path, capsys)
 
 @pytest.mark.parametrize("override, fragments", [
     ("methods=[task_arithmetic, bogus]", ["parameter 'methods'", "'bogus'", "one of ['task_arithmetic'"]),
-    ("zoo_profile=nosuch", ["parameter 'zoo_profile'", "'nosuch'", "one of ['default', 'smoke']"]),
-    ("suites=['8', '30']", ["parameter 'suites'", "'30'", "one of ['8', '14', '20']"]),
+    ("testbeds=['lite0-8', 'lite0-30']", ["parameter 'testbeds'", "'lite0-30'", "lite0-8, lite0-14, lite0-20"]),
+    ("testbeds=['nosuch-8']", ["parameter 'testbeds'", "'nosuch-8'", "no family 'nosuch'", "lite0-..."]),
     ("alpha_points=-1", ["parameter 'alpha_points'", "got -1", ">= 2"]),
     ("val_limit=0", ["parameter 'val_limit'", "got 0", ">= 8"]),
     ("seeds=[]", ["parameter 'seeds'", "got []", "a non-empty list"]),
     ("seeds=[0, 0]", ["parameter 'seeds'", "got [0, 0]", "without repeats"]),
-    ("n_tasks=9", ["parameter 'n_tasks'", "got 9", "[0, 8]"]),
 ])
 def test_runner_rejects_bad_values_before_running_anything(override, fragments, capsys):
     """Values, not only types: the notebook's own check() rules, evaluated before any run."""

@@ -173,9 +173,9 @@ def test_finetuning_keeps_head_and_bn_statistics_frozen():
     assert any(B.abs().sum() > 0 for _, B in ad.values())  # B left zero init
 
 
-def test_classifier_matches_a_cosine_head():
+def test_loss_model_head_matches_a_cosine_head():
+    from pactlib.testbeds import with_frozen_head
     from pactlib.testbeds.lite0.heads import fit_prototype_head
-    from pactlib.book.study import Classifier
 
     pre = backbone_state_dict()
     d = fake_loader("squares", "train")
@@ -185,8 +185,12 @@ def test_classifier_matches_a_cosine_head():
         f = model(x)
     head = fit_prototype_head(f, d.labels, d.classes, max_iter=20)
     with torch.no_grad():
-        assert torch.allclose(Classifier(model, head)(x), head.logits(f), atol=1e-5)
-        assert not torch.allclose(Classifier(model, replace(head, normalize=False))(x), head.logits(f), atol=1e-3)
+        names = [n for n, _ in model.named_parameters()]
+        cos = with_frozen_head(load_backbone(32, dict(pre)), head.weight, head.bias, normalize=True)
+        assert [n for n, _ in cos.named_parameters()] == names  # the state-dict keys, no prefix
+        assert torch.allclose(cos(x), head.logits(f), atol=1e-5)
+        plain = with_frozen_head(load_backbone(32, dict(pre)), head.weight, head.bias, normalize=False)
+        assert not torch.allclose(plain(x), head.logits(f), atol=1e-3)
 
 
 def test_finetuning_is_seeded():
@@ -314,44 +318,47 @@ def test_cli_parses_recipe_overrides():
 # ----------------------------------------------------------------------------- run memo
 def test_testbed_run_is_memoised_on_disk_and_keyed_by_its_inputs(built, monkeypatch):
     from pactlib import eval as E
-    from pactlib.book import study
+    from pactlib.testbeds import run
+    from pactlib.testbeds.lite0.testbed import Lite0Testbed
 
     zoo_dir, _ = built
     zoo = Z.load_zoo(TASKS, seed=0, kind="full", zoo_dir=zoo_dir)
     val = {t: fake_loader(t, "val") for t in TASKS}
     test = {t: fake_loader(t, "test") for t in TASKS}
     ones = {t: 1.0 for t in TASKS}
-    tb = study.Testbed("toy", 0, "full", list(TASKS), zoo.pretrained, zoo.finetuned, zoo.heads, val, test,
-                       ones, ones, ones, 32, None, None, zoo, zoo_dir)
+    tb = Lite0Testbed("lite0-toy", "toy", 0, "full", list(TASKS), zoo.pretrained, zoo.finetuned, zoo.heads, val,
+                      test, ones, ones, ones, 32, None, None, zoo, zoo_dir)
     calls = []
     real = E.select_alpha
     monkeypatch.setattr(E, "select_alpha", lambda *a, **k: calls.append(1) or real(*a, **k))
-    first = tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
-    again = tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    first = run(tb, "task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    again = run(tb, "task_arithmetic", alphas=(0.1, 0.5), widen=0)
     assert len(calls) == 1 and again["metrics"] == first["metrics"] and again["alpha"] == first["alpha"]
     assert len(list((zoo_dir / "run_memo").glob("*.json"))) == 1
-    tb.run("task_arithmetic", alphas=(0.1, 0.3), widen=0)  # another grid: computed
-    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0, memo=False)  # opted out: computed
-    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0, task_vectors=[tv * 0.5 for tv in tb.task_vectors()])
+    run(tb, "task_arithmetic", alphas=(0.1, 0.3), widen=0)  # another grid: computed
+    run(tb, "task_arithmetic", alphas=(0.1, 0.5), widen=0, memo=False)  # opted out: computed
+    run(tb, "task_arithmetic", alphas=(0.1, 0.5), widen=0, task_vectors=[tv * 0.5 for tv in tb.task_vectors()])
     assert len(calls) == 4 and len(list((zoo_dir / "run_memo").glob("*.json"))) == 2
     # a memo file cut short is ignored (recomputed and rewritten)
     path = next((zoo_dir / "run_memo").glob("*.json"))
     path.write_text(path.read_text()[:20])
-    tb.run("task_arithmetic", alphas=(0.1, 0.5), widen=0)
-    tb.run("task_arithmetic", alphas=(0.1, 0.3), widen=0)
+    run(tb, "task_arithmetic", alphas=(0.1, 0.5), widen=0)
+    run(tb, "task_arithmetic", alphas=(0.1, 0.3), widen=0)
     assert len(calls) == 5
 
 
 def test_reference_records_are_the_zero_shot_and_fine_tuned_rows():
-    from pactlib.book import study
+    from pactlib.testbeds import reference_records
+    from pactlib.testbeds.lite0.testbed import Lite0Testbed
 
     zs, ft = {"stripes": 0.4, "squares": 0.6}, {"stripes": 0.8, "squares": 1.0}
-    tb = study.Testbed("toy", 3, "full", list(TASKS), {}, {}, {}, {}, {}, ft, ft, zs, 32)
-    zero, tuned = tb.reference_records(pact=None)
+    tb = Lite0Testbed("lite0-toy", "toy", 3, "full", list(TASKS), {}, {}, {}, {}, {}, ft, ft, zs, 32)
+    zero, tuned = reference_records(tb, pact=None)
     assert (zero["method"], zero["base"], zero["seed"], zero["suite"], zero["pact"]) == ("zero-shot", "zero-shot", 3, "toy", None)
     assert zero["metrics"] == pytest.approx({"acc": 0.5, "norm_acc": (0.5 + 0.6) / 2}) and zero["params"] == {}
     assert tuned["method"] == "fine-tuned" and tuned["metrics"] == pytest.approx({"acc": 0.9, "norm_acc": 1.0})
-    zero, tuned = tb.reference_records(params={"head": "x"}, per_task=True, suite="other")
+    assert zero["testbed"] == "lite0-toy"
+    zero, tuned = reference_records(tb, params={"head": "x"}, per_task=True, suite="other")
     assert zero["metrics"]["norm_acc:stripes"] == pytest.approx(0.5) and tuned["metrics"]["norm_acc:squares"] == 1.0
     assert zero["suite"] == "other" and zero["params"] == {"head": "x"}
 
@@ -373,7 +380,7 @@ def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid
 
 
 def test_recipe_variant_changes_fields_in_a_zoo_of_its_own(monkeypatch, tmp_path):
-    from pactlib.book import study
+    from pactlib.testbeds.lite0 import testbed as study
 
     monkeypatch.setenv("PACT_CACHE", str(tmp_path))
     base_dir, base = study.zoo_profile("default")

@@ -22,7 +22,7 @@ That call is the one place a notebook's allowed values are declared. The runner 
 same rules before executing anything (:func:`check_notebook`), so an unknown merge method,
 suite or zoo profile, a count of zero or a fraction outside (0, 1] fails as fast as a wrong
 type. Choices that the library defines come from its registries (:func:`merge_method`,
-:func:`suite`, :func:`zoo_profile`, :func:`task_count`), never from lists copied into the
+:func:`testbed`, :func:`suite`, :func:`zoo_profile`, :func:`task_count`), never from lists copied into the
 notebooks.
 
 Type rules of :func:`validate` (default type -> accepted override):
@@ -58,6 +58,7 @@ __all__ = [
     "check",
     "between",
     "at_least",
+    "testbed",
     "one_of",
     "each",
     "fraction",
@@ -340,10 +341,24 @@ def suite() -> Rule:
     return rule
 
 
-def zoo_profile() -> Rule:
-    """The value names a zoo profile (:data:`pactlib.book.study.PROFILES`)."""
+def testbed() -> Rule:
+    """The value names a testbed (:func:`pactlib.testbeds.check_name`: ``"lite0-8"``,
+    ``"lite0-20:4"``, ``"synthetic-3"``, ...); nothing is loaded or built."""
     def rule(v: Any) -> str | None:
-        from pactlib.book.study import PROFILES
+        from pactlib.testbeds import check_name, families
+
+        try:
+            check_name(v)
+        except (KeyError, ValueError, TypeError) as e:
+            return f"a testbed name ({', '.join(f'{f}-...' for f in families())}): {e.args[0] if e.args else e}"
+        return None
+    return rule
+
+
+def zoo_profile() -> Rule:
+    """The value names a Lite0 zoo profile (:data:`pactlib.testbeds.lite0.testbed.PROFILES`)."""
+    def rule(v: Any) -> str | None:
+        from pactlib.testbeds.lite0.testbed import PROFILES
 
         return one_of(*PROFILES)(v)
     return rule

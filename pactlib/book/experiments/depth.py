@@ -29,6 +29,7 @@ from pactlib.pact import LayerSubspaces, PactOptions
 from pactlib.book.records import make_record
 from pactlib.subspaces import intrusion_energy
 from pactlib.taskvector import TaskVector
+from pactlib.testbeds import run
 
 __all__ = ["GROUPS", "network_order", "alpha_grid", "layer_regexes", "group_options", "group_task_vectors",
            "group_record", "intrusion_records", "group_gains", "condition_table", "intrusion_table",
@@ -67,27 +68,6 @@ def network_order(keys: Sequence[str], reference: Sequence[str] | None = None) -
     if missing:
         raise KeyError(f"network_order: key(s) {missing[:3]} not in the reference order")
     return sorted(keys, key=pos.__getitem__)
-
-
-def alpha_grid(method: str, points: int, *, low: float | None = None) -> tuple[float, ...]:
-    """``points`` α values spaced geometrically from ``low`` (default: the start of ``method``'s
-    grid, method.md §5) to the end of the method's grid.
-
-    Geometric spacing puts as many points below 1 as above, where merges of many tasks want their
-    α; ``low`` below the grid's start widens it (method.md §5: widen when the best α is on the edge).
-
-    Raises:
-        ValueError: ``points`` < 2 or ``low`` not in (0, end of the grid).
-    """
-    from pactlib.book.study import grid
-
-    full = grid(method)
-    low = full[0] if low is None else low
-    if points < 2:
-        raise ValueError(f"alpha_grid: points must be >= 2, got {points}")
-    if not 0 < low < full[-1]:
-        raise ValueError(f"alpha_grid: low must be in (0, {full[-1]}), got {low}")
-    return tuple(round(float(a), 4) for a in np.geomspace(low, full[-1], points))
 
 
 def layer_regexes(keys: Sequence[str]) -> tuple[str, ...]:
@@ -132,13 +112,13 @@ def group_task_vectors(raw: Sequence[TaskVector], filtered: Sequence[TaskVector]
 def group_record(tb, method: str, group: str, *, keys: Sequence[str], raw: Sequence[TaskVector],
                  filtered: Sequence[TaskVector], options: PactOptions, alphas: Sequence[float]) -> dict:
     """Merge with PACT on the layers ``keys`` only (``group == "none"``: the plain merge), choose
-    α on validation, test: one record from ``tb.run`` with ``group``, ``pact`` and the PACT options
+    α on validation, test: one record from :func:`pactlib.testbeds.run` with ``group``, ``pact`` and the PACT options
     (``layers`` = number of filtered layers) filled in."""
     if group == "none":
-        rec = tb.run(method, alphas=alphas, task_vectors=raw, label=f"{method}[none]")
+        rec = run(tb, method, alphas=alphas, task_vectors=raw, label=f"{method}[none]")
         return {**rec, "group": group, "n_layers": 0}
     tvs = group_task_vectors(raw, filtered, keys)
-    rec = tb.run(method, alphas=alphas, task_vectors=tvs, label=f"pact-{method}[{group}]")
+    rec = run(tb, method, alphas=alphas, task_vectors=tvs, label=f"pact-{method}[{group}]")
     opts = {**asdict(options), "layers": len(keys)}
     return {**rec, "group": group, "pact": "pact", "n_layers": len(keys), "params": {**rec["params"], **opts}}
 

@@ -31,6 +31,7 @@ from pactlib.pact import PactOptions, PactReport, pact_filter
 from pactlib.book.records import make_record
 from pactlib.subspaces import choose_rank
 from pactlib.taskvector import TaskVector
+from pactlib.testbeds import run
 
 __all__ = ["time_filter", "randomized_share", "subspace_distances", "gap_records", "gap_correlation",
            "basis_records", "change_records", "accuracy_records", "summary_table", "accuracy_table", "plot_times", "read_bench", "bench_table", "bench_sweep_table", "plot_distances",
@@ -181,10 +182,10 @@ def change_records(exact: Sequence[TaskVector], other: Sequence[TaskVector], *, 
 def accuracy_records(tb, method: str, variants: Mapping[str, Sequence[TaskVector] | None], *,
                      alphas: Sequence[float], **extra) -> list[dict]:
     """Merge, choose α on validation and test once per variant: {label: task vectors} (None = the
-    testbed's raw task vectors, i.e. the plain method). Each record (from ``tb.run``) gets
+    testbed's raw task vectors, i.e. the plain method). Each record (from :func:`pactlib.testbeds.run`) gets
     ``n_test`` (test examples over all tasks, for :func:`accuracy_check`) and ``extra``."""
-    n_test = sum(len(tb.test[t].labels) for t in tb.tasks)
-    return [{**tb.run(method, alphas=alphas, task_vectors=tvs, label=label), "n_test": n_test, **extra}
+    n_test = sum(len(tb.inputs(t, "test")[1]) for t in tb.tasks)
+    return [{**run(tb, method, alphas=alphas, task_vectors=tvs, label=label), "n_test": n_test, **extra}
             for label, tvs in variants.items()]
 
 

@@ -1,9 +1,9 @@
 """The scalar-weight view of load-bearing walls (book chapter 3: S1, S2; claims C1–C3).
 
 Glue between a testbed and the kernels of :mod:`pactlib.fisher` and :mod:`pactlib.causal`. A
-testbed is anything with ``classifier(state, task)`` (a differentiable backbone + frozen head
-whose parameter names are the state-dict keys prefixed ``net.``) and ``inputs(task, split,
-limit)`` (preprocessed inputs (N, 3, R, R) and labels (N,)), e.g. :class:`pactlib.book.study.Testbed`.
+testbed is a :class:`pactlib.testbeds.Testbed`: its ``loss_model(state, task)`` (a
+differentiable model + frozen head whose parameter names are the state-dict keys) and
+``inputs(task, split, limit)`` (model-ready inputs (N, ...) and labels (N,)).
 
 - :func:`task_fisher`: diagonal Fisher F_t of θt on N task examples (S1), keyed like Δt;
 - :func:`scores`, :func:`state_scores`: accuracy and mean cross-entropy of a state on a task's examples;
@@ -36,7 +36,6 @@ __all__ = ["task_fisher", "state_scores", "scores", "typical_update", "populatio
            "enrichment_table", "displacement_table", "task_means", "plot_task_enrichment", "plot_layer_enrichment", "plot_dose", "plot_conditions",
            "c1_verdict", "c2_verdict", "c3_verdict"]
 
-PREFIX = "net."
 
 
 def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, empirical: bool = False,
@@ -56,7 +55,7 @@ def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, e
 
     Returns:
         {key: F (same shape as ``state[key]``)} for every trainable parameter, in network order,
-        keys without the ``net.`` prefix.
+        keyed like the state dict.
 
     Raises:
         ValueError: the split holds fewer than ``n_samples`` examples (names task and split).
@@ -65,10 +64,10 @@ def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, e
     if len(y) < n_samples:
         raise ValueError(f"task_fisher: task {task!r} has only {len(y)} {split} examples, fewer than "
                          f"n_samples={n_samples}; lower fisher_samples or raise val_limit")
-    model = tb.classifier(dict(state), task)  # a fresh module: switching gradients on is local
+    model = tb.loss_model(dict(state), task)  # a fresh module: switching gradients on is local
     model.requires_grad_(True)
     Fd = fisher.diagonal_fisher(model, [(x, y)], n_samples=n_samples, empirical=empirical, seed=seed, chunk=chunk)
-    return {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in Fd.items()}
+    return Fd
 
 
 @torch.no_grad()
@@ -78,8 +77,8 @@ def state_scores(model: torch.nn.Module, state: Mapping[str, Tensor], xy: tuple[
     ``state`` (``torch.func.functional_call``: the module is reused, nothing is loaded or copied).
 
     Args:
-        model: a classifier from ``tb.classifier(..., task)`` (parameter names = keys with ``net.``).
-        state: backbone state dict; xy: preprocessed inputs (N, 3, R, R) and labels (N,).
+        model: a classifier from ``tb.loss_model(..., task)`` (parameter names = state-dict keys).
+        state: backbone state dict; xy: model-ready inputs (N, ...) and labels (N,).
 
     Raises:
         ValueError: no examples.
@@ -90,23 +89,22 @@ def state_scores(model: torch.nn.Module, state: Mapping[str, Tensor], xy: tuple[
     if len(y) == 0:
         raise ValueError("scores: no examples to score")
     model.eval()
-    named = {PREFIX + k: v for k, v in state.items()}
-    logits = torch.cat([functional_call(model, named, (x[i:i + batch_size],))
+    logits = torch.cat([functional_call(model, dict(state), (x[i:i + batch_size],))
                         for i in range(0, len(x), batch_size)])  # (N, C)
     return {"acc": float((logits.argmax(1) == y).float().mean()), "loss": float(F.cross_entropy(logits, y))}
 
 
 def scores(tb, state: Mapping[str, Tensor], task: str, xy: tuple[Tensor, Tensor]) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``state`` + ``task``'s head on ``xy`` (one module built;
-    to score many states of one task, build ``tb.classifier`` once and call :func:`state_scores`).
+    to score many states of one task, build ``tb.loss_model`` once and call :func:`state_scores`).
 
     Args:
-        xy: preprocessed inputs (N, 3, R, R) and labels (N,), e.g. ``tb.inputs(task, "test", limit)``.
+        xy: model-ready inputs (N, ...) and labels (N,), e.g. ``tb.inputs(task, "test", limit)``.
 
     Raises:
         ValueError: no examples.
     """
-    return state_scores(tb.classifier(dict(state), task), state, xy)
+    return state_scores(tb.loss_model(dict(state), task), state, xy)
 
 
 def _flat(values: Mapping[str, Tensor], keys: Sequence[str]) -> Tensor:
@@ -297,7 +295,7 @@ def perturbation_records(tb, task: str, state: Mapping[str, Tensor], masks: Mapp
     Raises:
         ValueError: a control mask holds another number of entries than ``masks``.
     """
-    model = tb.classifier(dict(state), task)
+    model = tb.loss_model(dict(state), task)
     base = state_scores(model, state, xy)
     n = _count(masks)
     groups = [("lbw", d, masks) for d in range(draws)]
@@ -364,7 +362,7 @@ def restore_records(tb, task: str, merged: Mapping[str, Tensor], theta_t: Mappin
         the merge and θt that the restore closed (1 = back to θt). ``moved`` (from
         :func:`displacement`) is added to the ``"merged"`` record's metrics.
     """
-    model = tb.classifier(dict(theta_t), task)
+    model = tb.loss_model(dict(theta_t), task)
     ft = dict(finetuned) if finetuned is not None else state_scores(model, theta_t, xy)
     mg = state_scores(model, merged, xy)
     n = _count(masks)

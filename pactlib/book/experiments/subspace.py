@@ -162,7 +162,7 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
     ``causal.ablate_subspaces`` applied to the scaled basis √γ V.
 
     Args:
-        tb: a testbed (:class:`pactlib.book.study.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
+        tb: a testbed (:class:`pactlib.testbeds.Testbed`: ``tasks``, ``finetuned``, ``ft_test`` and
             ``evaluate(state, split, tasks)``); θt is ``tb.finetuned[task]`` (not modified) and
             the baseline ``tb.ft_test[task]``, on the same test examples.
         task: the task t.

@@ -9,9 +9,9 @@ this module supplies the task loss, the removed parts and the shields of one PAC
 two sides down per layer, follows the loss along θt − s·Δt P_t, and turns the records into the
 verdict on C12.
 
-A testbed is anything with ``classifier(state, task)`` (parameter names = state-dict keys with a
-``net.`` prefix), ``inputs(task, split, limit)``, ``tasks``, ``pretrained`` and ``finetuned``,
-e.g. :class:`pactlib.book.study.Testbed`. Inputs are never modified.
+A testbed is a :class:`pactlib.testbeds.Testbed` (``loss_model(state, task)`` with parameter
+names = state-dict keys, ``inputs(task, split, limit)``, ``tasks``, ``pretrained``,
+``finetuned``). Inputs are never modified.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from pactlib.book.experiments.scalar import state_scores
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
            "summary_table", "plot_sides", "plot_path", "plot_layers", "c12_verdict"]
 
-PREFIX = "net."
 
 
 def task_loss(tb, task: str, xy: tuple[Tensor, Tensor]) -> Callable[[Mapping[str, Tensor]], Tensor]:
@@ -42,15 +41,15 @@ def task_loss(tb, task: str, xy: tuple[Tensor, Tensor]) -> Callable[[Mapping[str
     on one classifier module built here); BatchNorm runs in eval mode, as in the zoo.
 
     Args:
-        xy: preprocessed inputs (N, 3, R, R) and labels (N,), e.g. ``tb.inputs(task, "val", 256)``.
+        xy: model-ready inputs (N, ...) and labels (N,), e.g. ``tb.inputs(task, "val", 256)``.
     """
     from torch.func import functional_call
 
     x, y = xy
-    model = tb.classifier(dict(tb.finetuned[task]), task).eval()
+    model = tb.loss_model(dict(tb.finetuned[task]), task).eval()
 
     def loss(state: Mapping[str, Tensor]) -> Tensor:
-        logits = functional_call(model, {PREFIX + k: v for k, v in state.items()}, (x,))  # (N, C)
+        logits = functional_call(model, dict(state), (x,))  # (N, C)
         return F.cross_entropy(logits, y)
 
     return loss
@@ -149,7 +148,7 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     fo = causal.first_order_check(loss_fn, theta, removed, shields)
     rem = sum(float(r.double().norm()) ** 2 for r in removed.values())
     tot = sum(float(delta[k].double().norm()) ** 2 for k in keys)
-    model = tb.classifier(dict(theta), task)
+    model = tb.loss_model(dict(theta), task)
     ft = state_scores(model, theta, xy_test)
     filt = state_scores(model, {k: (v - removed[k].to(v.dtype) if k in removed else v) for k, v in theta.items()}, xy_test)
     common = dict(params=params, seed=seed, task=task, **extra)

@@ -1,0 +1,366 @@
+"""The testbed seam: everything a chapter needs from a model family, in one file.
+
+A *testbed* is one model family on one task list, one fine-tuning seed and one kind of
+fine-tune (full or LoRA): θ0, θt per task, the matrix rule that says which keys are maps, an
+evaluator, a differentiable loss model and input batches. Every chapter takes a ``testbed``
+parameter (a registry name, :func:`pactlib.testbeds.load`) and talks to it only through
+:class:`Testbed` and the free functions below, which are written once for every family:
+
+    tb = testbeds.load("lite0-8", seed=0, kind="full")
+    rec = run(tb, "iso_c", pact="pact", alphas=alpha_grid("iso_c", 5))  # merge, α on val, test
+    rows = reference_records(tb)                                        # zero-shot, fine-tuned
+
+Built-in families: ``lite0-*`` (:mod:`pactlib.testbeds.lite0.testbed`) and ``synthetic-*``
+(:mod:`pactlib.testbeds.synthetic`, seconds-sized, for the smoke book and the tests). How to add
+one: ``book/adding-a-testbed.md``.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from .. import merges
+from ..api import merged_update
+from ..matrix import MatrixRule
+from ..pact import PactOptions, PactReport, pact_filter
+from ..taskvector import TaskVector
+
+__all__ = ["Testbed", "run", "filtered", "reference_records", "alpha_grid", "code_fingerprint", "REFINE",
+           "GRID_SPACING", "ENGINE_MODULES"]
+
+
+@runtime_checkable
+class Testbed(Protocol):
+    """One model family on one task list, seed and kind: what every chapter needs.
+
+    Attributes:
+        name: the registry name it was loaded under (e.g. ``"lite0-8"``); ``family``: its
+            family (``"lite0"``), the part before the first ``-``.
+        seed: fine-tuning seed of θt; ``kind``: ``"full"`` or ``"lora"``.
+        tasks: task names, in the family's order.
+        rule: the :class:`~pactlib.matrix.MatrixRule` that says which keys of θ0 are maps.
+        pretrained: θ0, ``{key: Tensor}`` (the weights that are merged; heads are not).
+        finetuned: ``{task: θt}`` with θ0's keys (LoRA: the merged ``W0 + scale·B·A``).
+        ft_val, ft_test: accuracy in [0, 1] of each task's own θt on the (capped) splits:
+            the normalizers of normalized accuracy. ``zs_test``: θ0's test accuracy per task.
+        val_limit, test_limit: the caps on examples per task that ``evaluate`` applies
+            (None: the whole split).
+        cache_dir: where memoised results live (``<cache_dir>/run_memo``); None: no memo.
+    """
+
+    name: str
+    family: str
+    seed: int
+    kind: str
+    tasks: list[str]
+    rule: MatrixRule
+    pretrained: dict[str, Tensor]
+    finetuned: dict[str, dict[str, Tensor]]
+    ft_val: dict[str, float]
+    ft_test: dict[str, float]
+    zs_test: dict[str, float]
+    val_limit: int | None
+    test_limit: int | None
+    cache_dir: Path | None
+
+    def task_vectors(self) -> list[TaskVector]:
+        """Δt = θt − θ0 per task, in ``tasks`` order (LoRA: exactly scale·B·A on adapted keys)."""
+
+    def evaluate(self, state: Mapping[str, Tensor], split: str = "test",
+                 tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """``{task: accuracy in [0, 1]}`` of weights ``state`` (θ0's keys) on ``split``
+        (``"val"`` or ``"test"``, capped), each task with its own frozen head."""
+
+    def loss_model(self, state: Mapping[str, Tensor], task: str) -> nn.Module:
+        """A fresh differentiable model: inputs -> logits (N, C) of ``task``, weights ``state``.
+        ``named_parameters()`` names are keys of ``state`` (Fisher, gradients, theory); the
+        task's head is frozen (a buffer). In eval mode."""
+
+    def inputs(self, task: str, split: str = "val", limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """A batch ``(x, y)`` for :meth:`loss_model`: model-ready inputs (N, ...) and labels (N,)."""
+
+    def fingerprint(self) -> dict | None:
+        """JSON-able identity of everything an evaluation depends on besides the merge
+        (checkpoint hashes, data and caps, the evaluator's code); None: results are not memoised."""
+
+
+# --------------------------------------------------------------------------------------- α grid
+
+#: Rounds of coarse-to-fine α refinement in :func:`run` (``pactlib.eval.select_alpha``'s
+#: ``refine``). 0, chosen by measurement: ``book/data/alpha_search.jsonl``
+#: (``bench/bench_alpha_search.py``; chapter 5, "How α is searched").
+REFINE = 0
+
+#: Spacing of the ``points``-value α grids of :func:`alpha_grid` (the chapters' ``alpha_points``):
+#: ``"geometric"``, chosen by measurement (chapter 2, ``book/data/interference*.jsonl``; chapter 5,
+#: ``book/data/alpha_search.jsonl``).
+GRID_SPACING = "geometric"
+
+
+def alpha_grid(method: str, points: int | None = None, *, lo: float | None = None, hi: float | None = None,
+               spacing: str | None = None) -> tuple[float, ...]:
+    """The α grid of ``method`` (method.md §5), or ``points`` values over its range.
+
+    The one α-grid function of the book: every chapter and benchmark takes its grid here.
+    ``lo``/``hi`` replace the range ends (e.g. 0.1…3.0 for every LoRA merge, method.md §5), the
+    full grid then steps by 0.1. ``spacing``: ``"linear"`` or ``"geometric"`` (a constant ratio
+    between neighbours); None means :data:`GRID_SPACING`. Values are rounded to 4 decimals.
+
+    Raises:
+        ValueError: ``points`` < 1, an unknown ``spacing``. UnknownMethodError: unknown method.
+    """
+    import numpy as np
+
+    spacing = GRID_SPACING if spacing is None else spacing
+    if spacing not in ("linear", "geometric"):
+        raise ValueError(f"grid spacing must be 'linear' or 'geometric', got {spacing!r}")
+    full = merges.get(method).alphas
+    if lo is not None or hi is not None:
+        lo, hi = lo if lo is not None else full[0], hi if hi is not None else full[-1]
+        if not 0 <= lo < hi:
+            raise ValueError(f"alpha grid of {method!r}: need 0 <= lo < hi, got lo={lo}, hi={hi}")
+        full = merges.alpha_grid(lo, hi, (hi - lo) / max(1, int(round((hi - lo) / 0.1))))
+    if points is None or points >= len(full):
+        return tuple(full)
+    if points < 1:
+        raise ValueError(f"alpha points must be >= 1, got {points}")
+    space = np.geomspace if spacing == "geometric" and full[0] > 0 else np.linspace
+    return tuple(round(float(a), 4) for a in space(full[0], full[-1], points))
+
+
+# -------------------------------------------------------------------------------- memoisation
+
+#: The modules a merge's result depends on: every memo key holds a fingerprint of their code.
+ENGINE_MODULES = ("pactlib.taskvector", "pactlib.checks", "pactlib.matrix", "pactlib.linalg", "pactlib.subspaces",
+                  "pactlib.shield", "pactlib.pact", "pactlib.merges", "pactlib.lora", "pactlib.api",
+                  "pactlib.threads", "pactlib.eval")
+
+_CODE: dict[tuple[str, ...], str] = {}
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_fingerprint(modules: Sequence[str]) -> str:
+    """sha256 of the *code* of ``modules`` (a package means every ``.py`` file in it): the AST
+    without docstrings, so editing a comment or a docstring keeps every memoised result.
+
+    Raises:
+        ModuleNotFoundError: a module that does not exist.
+    """
+    key = tuple(modules)
+    if key not in _CODE:
+        h = hashlib.sha256()
+        for name in key:
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.origin is None:
+                raise ModuleNotFoundError(f"code_fingerprint: no module {name!r}")
+            origin = Path(spec.origin)
+            files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+            for f in files:
+                tree = _strip_docstrings(ast.parse(f.read_text(encoding="utf-8"), str(f)))
+                h.update(f"{name}:{f.name}\0".encode() + ast.dump(tree).encode())
+        _CODE[key] = h.hexdigest()
+    return _CODE[key]
+
+
+def _memo_key(tb: Testbed, payload: dict) -> str | None:
+    ident = tb.fingerprint()
+    if ident is None or tb.cache_dir is None:
+        return None
+    full = dict(payload, testbed=ident, name=tb.name, seed=tb.seed, kind=tb.kind, tasks=list(tb.tasks),
+                code=code_fingerprint(ENGINE_MODULES))
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=repr).encode()).hexdigest()[:40]
+
+
+def _memo_path(tb: Testbed, key: str) -> Path:
+    return Path(tb.cache_dir) / "run_memo" / f"{key}.json"
+
+
+def _memo_read(tb: Testbed, key: str) -> dict | None:
+    try:
+        rec = json.loads(_memo_path(tb, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "metrics" in rec else None
+
+
+def _memo_write(tb: Testbed, key: str, rec: dict) -> None:
+    from ..io import atomic_write
+
+    path = _memo_path(tb, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(rec, default=float)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+# ------------------------------------------------------------------------- merge, α, records
+
+def _cache(tb: Testbed) -> dict:
+    return tb.__dict__.setdefault("_seam_cache", {})
+
+
+def own_task_vectors(tb: Testbed) -> list[TaskVector]:
+    """:meth:`Testbed.task_vectors`, computed once per testbed object."""
+    c = _cache(tb)
+    if "tvs" not in c:
+        c["tvs"] = list(tb.task_vectors())
+    return list(c["tvs"])
+
+
+def filtered(tb: Testbed, mode: str, options: PactOptions | None = None) -> tuple[list[TaskVector], PactReport]:
+    """(PACT/S-PACT-filtered task vectors, :class:`~pactlib.pact.PactReport`) of ``tb``'s own task
+    vectors for ``mode`` (``"pact"``, ``"s-pact"``) and ``options``; computed once per testbed."""
+    options = options or PactOptions()
+    c = _cache(tb).setdefault("filtered", {})
+    if (mode, options) not in c:
+        c[mode, options] = pact_filter(tb.pretrained, own_task_vectors(tb), mode=mode, options=options,
+                                       rule=tb.rule)
+    return c[mode, options]
+
+
+def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
+        alphas: Sequence[float] | None = None, label: str | None = None,
+        task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, refine: int = REFINE,
+        memo: bool = True, **params: Any) -> dict:
+    """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
+
+    Args:
+        tb: the testbed. ``method``: a name of :func:`pactlib.merges.names`; ``params`` go to it.
+        pact: None, ``"pact"`` or ``"s-pact"``; ``options``: its :class:`PactOptions`.
+        alphas: the α grid (default :func:`alpha_grid` of ``method``).
+        label: the record's method name (default ``"<pact>-<method>"`` or ``method``).
+        task_vectors: merge these instead of the testbed's own (never memoised).
+        widen: when the best α sits on an edge of the grid, up to this many more α values are
+            tried beyond it (×1.5 each; method.md §5); the record lists them in ``widened``.
+        refine: rounds of coarse-to-fine search around the best α (:func:`pactlib.eval.select_alpha`).
+        memo: keep the record in ``<tb.cache_dir>/run_memo/<key>.json`` (written atomically) and
+            reuse it when the same merge is asked again (another chapter, an interrupted run).
+            The key holds every input: ``tb.fingerprint()``, the testbed's name, seed, kind and
+            tasks, method, PACT mode and options, α grid, ``widen``, ``refine``, label, merge
+            parameters and :func:`code_fingerprint` of :data:`ENGINE_MODULES`.
+
+    Returns:
+        The record of :func:`pactlib.eval.select_alpha` (test ``acc``/``norm_acc`` at the α that is
+        best on validation, the curve, per-task values) with ``testbed``, ``suite`` (the part of
+        the name after the family), ``kind``, ``base`` (method), ``pact``, the PACT options, the
+        cap-binding rate, the mean removed energy, ``merge_seconds`` and ``seconds``.
+
+    Raises:
+        UnknownMethodError: unknown ``method``. ValueError: a bad mode or parameter.
+    """
+    from ..eval import select_alpha
+
+    t0 = time.perf_counter()
+    opts = (options or PactOptions()) if pact else None
+    alphas = tuple(alphas or alpha_grid(method))
+    own = task_vectors is None
+    key = None
+    if memo and own:
+        key = _memo_key(tb, dict(method=method, pact=pact, options=vars(opts) if opts else None,
+                                 alphas=[float(a) for a in alphas], label=label, widen=widen, refine=refine,
+                                 params=params))
+        hit = _memo_read(tb, key) if key else None
+        if hit is not None:
+            return hit
+    if own and pact:  # the filter does not depend on the base method: reuse it
+        tvs, report = filtered(tb, pact, opts)
+        D, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **params)
+    else:
+        tvs = list(task_vectors) if not own else own_task_vectors(tb)
+        D, report = merged_update(method, tb.pretrained, tvs, pact=pact, options=options, rule=tb.rule, **params)
+    t_merge = time.perf_counter() - t0
+    name = label or (f"{pact}-{method}" if pact else method)
+    splits = {"val": {t: "val" for t in tb.tasks}, "test": {t: "test" for t in tb.tasks}}
+
+    def evaluate_fn(state, datas, *, limit=None):  # datas: {task: split name}
+        return tb.evaluate(state, next(iter(datas.values())), list(datas))
+
+    energies = [e for lr in report.layers for e in lr.removed_energy] if report and report.layers else []
+    rec = select_alpha(
+        lambda a: D.apply_to(tb.pretrained, a), alphas, evaluate_fn=evaluate_fn, val=splits["val"],
+        test=splits["test"], ft_val=tb.ft_val, ft_test=tb.ft_test, method=name, widen=widen, refine=refine,
+        limit=tb.val_limit, params={**params, **(dict(vars(opts)) if opts else {})}, seed=tb.seed,
+        testbed=tb.name, suite=suite_of(tb), kind=tb.kind, base=method, pact=pact,
+        cap_binding_rate=report.cap_binding_rate() if report else None, merge_seconds=t_merge,
+        removed_energy=float(torch.tensor(energies, dtype=torch.float64).nanmean()) if energies else None,
+        seconds=None)
+    rec["seconds"] = time.perf_counter() - t0
+    if key is not None:
+        _memo_write(tb, key, rec)
+    return rec
+
+
+def suite_of(tb: "Testbed | str") -> str:
+    """The records' label of a testbed's task list: its name after the family (``"lite0-8"`` ->
+    ``"8"``, ``"synthetic-3"`` -> ``"3"``), or the whole name when it has no ``-``."""
+    name = tb if isinstance(tb, str) else tb.name
+    family, sep, rest = name.partition("-")
+    return rest if sep else name
+
+
+def reference_records(tb: Testbed, *, params: Mapping | None = None, per_task: bool = False, **fields) -> list[dict]:
+    """The two reference rows of a results table, as records on ``tb``'s test split:
+    ``"zero-shot"`` (θ0 with each task's head) and ``"fine-tuned"`` (each task's own θt).
+
+    Metrics: ``acc`` (mean test accuracy over the tasks) and ``norm_acc`` (mean of acc/acc_ft;
+    1 for the fine-tuned row by definition, method.md §5); ``per_task`` adds ``norm_acc:<task>``.
+    Each record has ``seed``, ``testbed``, ``suite``, ``base`` (= its method) and the extra
+    ``fields``; ``params`` defaults to ``{}``.
+    """
+    from ..book.records import make_record
+
+    out = []
+    for name, accs in (("zero-shot", tb.zs_test), ("fine-tuned", tb.ft_test)):
+        norm = {t: 1.0 if name == "fine-tuned" else accs[t] / tb.ft_test[t] for t in tb.tasks}
+        metrics = {"acc": sum(accs[t] for t in tb.tasks) / len(tb.tasks), "norm_acc": sum(norm.values()) / len(tb.tasks)}
+        if per_task:
+            metrics.update({f"norm_acc:{t}": v for t, v in norm.items()})
+        out.append(make_record(name, params=dict(params or {}), seed=tb.seed, metrics=metrics,
+                               **{"testbed": tb.name, "suite": suite_of(tb), "base": name, **fields}))
+    return out
+
+
+# ------------------------------------------------------------------------------- loss models
+
+def with_frozen_head(features: nn.Module, weight: Tensor, bias: Tensor | None = None, *,
+                     normalize: bool = False) -> nn.Module:
+    """Turn a feature extractor ``x -> (N, d)`` into a classifier ``x -> logits (N, C)`` *in place*,
+    keeping its parameter names (the state-dict keys): the head ``weight`` (C, d) and ``bias`` (C,)
+    become buffers ``head_weight``/``head_bias``, so they are frozen and not parameters.
+    ``normalize``: L2-normalise the features first (a cosine head). Returns ``features``, in eval mode.
+
+    Raises:
+        ValueError: ``weight`` is not 2-D or ``bias`` does not have C entries.
+    """
+    if weight.ndim != 2 or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+        raise ValueError(f"with_frozen_head: weight must be (C, d) and bias (C,), got {tuple(weight.shape)} and "
+                         f"{None if bias is None else tuple(bias.shape)}")
+    base = type(features)
+
+    def forward(self, *args, **kwargs):
+        f = base.forward(self, *args, **kwargs)
+        if self.head_normalize:
+            f = nn.functional.normalize(f, dim=1)
+        return nn.functional.linear(f, self.head_weight, self.head_bias)
+
+    features.__class__ = type(f"{base.__name__}WithHead", (base,), {"forward": forward})
+    features.register_buffer("head_weight", weight.detach().clone())
+    features.register_buffer("head_bias", None if bias is None else bias.detach().clone())
+    features.head_normalize = bool(normalize)
+    return features.eval()
