@@ -1,12 +1,20 @@
 """Reading and writing state dicts (``.safetensors``, ``.pt``/``.pth``/``.bin``), atomically.
 
 Reading ``.pt`` uses ``torch.load(weights_only=True)``: no pickled code runs. A checkpoint that
-is a whole pickled module (as some task-vector repositories save) needs
-:func:`pactlib.models.clip.load_clip_checkpoint` with an explicit opt-in.
+is a whole pickled module (as some task-vector repositories save) needs a trusted reader
+(:func:`pactlib.lazy.trusted_reader`; pactlib's is :func:`pactlib.models.clip.load_clip_checkpoint`)
+with an explicit opt-in.
+
+``.safetensors`` files are written by :func:`write_safetensors`, byte for byte what
+``safetensors.torch.save_file`` writes (tensors sorted by dtype, then name), but without numpy,
+which ``safetensors.torch``'s writer imports: the engine needs torch and safetensors only.
 """
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import struct
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -114,7 +122,60 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
         if not isinstance(v, Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")
     if suffix in SAFETENSORS:
-        from safetensors.torch import save_file
-        data = {k: v.detach().contiguous().clone() for k, v in sd.items()}
-        return atomic_write(path, lambda p: save_file(data, str(p), metadata=metadata))
+        return atomic_write(path, lambda p: write_safetensors(sd, p, metadata=metadata))
     return atomic_write(path, lambda p: torch.save(dict(sd), p))
+
+
+#: safetensors' dtype names, in the order its writer lays tensors out (largest dtype first, then by
+#: name): the order of the Rust ``Dtype`` enum, descending.
+_ST_ORDER: tuple[tuple[torch.dtype, str], ...] = (
+    (torch.uint64, "U64"), (torch.int64, "I64"), (torch.float64, "F64"), (torch.complex64, "C64"),
+    (torch.float32, "F32"), (torch.uint32, "U32"), (torch.int32, "I32"), (torch.bfloat16, "BF16"),
+    (torch.float16, "F16"), (torch.uint16, "U16"), (torch.int16, "I16"), (torch.float8_e4m3fn, "F8_E4M3"),
+    (torch.float8_e5m2, "F8_E5M2"), (torch.int8, "I8"), (torch.uint8, "U8"), (torch.bool, "BOOL"))
+_ST_RANK = {d: i for i, (d, _) in enumerate(_ST_ORDER)}
+_ST_NAME = dict(_ST_ORDER)
+
+
+def tensor_bytes_view(t: Tensor) -> memoryview:
+    """The bytes of the contiguous CPU tensor ``t``, in place (no copy, no numpy); valid while
+    ``t`` lives."""
+    n = t.numel() * t.element_size()
+    if not n:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr()))
+
+
+def write_safetensors(sd: Mapping[str, Tensor], path: str | os.PathLike, *,
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``sd`` to ``path`` in the safetensors format (not atomic: see :func:`save_state_dict`),
+    one tensor at a time (each made a contiguous CPU tensor), the same bytes as
+    ``safetensors.torch.save_file`` (whose ``__metadata__`` keys come in hash order when there are
+    several; here they are sorted).
+
+    Raises:
+        CheckpointError: a dtype safetensors cannot store, or metadata that is not str -> str.
+    """
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise CheckpointError(f"{path}: safetensors metadata must map str to str, got {dict(metadata)!r:.200}")
+    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in _ST_RANK})
+    if bad:
+        raise CheckpointError(f"{path}: safetensors cannot store dtype(s) {', '.join(bad)}")
+    keys = sorted(sd, key=lambda k: (_ST_RANK[sd[k].dtype], k))
+    header: dict = {}
+    if metadata is not None:
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    off = 0
+    for k in keys:
+        v = sd[k]
+        n = v.numel() * v.element_size()
+        header[k] = {"dtype": _ST_NAME[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for k in keys:
+            t = sd[k].detach().cpu().contiguous()
+            f.write(tensor_bytes_view(t))
+            del t

@@ -15,13 +15,16 @@ rows) at a time.
   each key is read from its shard.
 - ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` (pickles): converted **once** to safetensors in the
   conversion cache (:func:`conversion_cache_dir`: ``$PACT_CONVERT_CACHE``, else
-  ``$PACT_CACHE/converted``, else ``~/.cache/pactlib/converted``), keyed by the file's resolved
+  :func:`pactlib.paths.cache_dir` ``/converted``), keyed by the file's resolved
   path, size and modification time; the file is written to a temporary name in that folder and
   renamed (atomic), and older conversions of the same source are removed. The conversion reads
   the pickle with ``torch.load(mmap=True, weights_only=True)``, so its peak is about that one
   file. ``torch.load(mmap=True)`` alone is not enough for the merge itself: the mapping of the
   whole file lives as long as any of its tensors, and the pages read stay resident (the same
-  800 MB file: +800 MB RSS), for θ0 and every θt.
+  800 MB file: +800 MB RSS), for θ0 and every θt. Pickles that hold whole modules (``trust_pickle``)
+  are read by a *trusted reader* that another package contributes (:func:`trusted_reader`: the
+  entry-point group ``pactlib.loaders``, or :func:`register_reader`); the engine itself only
+  reads plain state dicts.
 
 Keys come in the order the in-memory loaders give (:func:`pactlib.io.load_state_dict`: a
 safetensors file's data order; shards in sorted file order), which TIES' position tie-break
@@ -54,7 +57,8 @@ import torch
 from torch import Tensor
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, atomic_write, save_state_dict
+from .io import SAFETENSORS, TORCH, atomic_write, save_state_dict, tensor_bytes_view
+from .paths import cache_dir as _cache_dir
 
 #: safetensors dtype names <-> torch dtypes.
 DTYPES: dict[str, torch.dtype] = {
@@ -226,23 +230,67 @@ Loader = Callable[[Path], Mapping[str, Tensor]]
 
 def conversion_cache_dir() -> Path:
     """Where converted ``.pt`` checkpoints are kept: ``$PACT_CONVERT_CACHE``, else
-    ``$PACT_CACHE/converted``, else ``$XDG_CACHE_HOME/pactlib/converted`` (``~/.cache/...``)."""
+    ``$PACT_CACHE/converted``, else ``$XDG_CACHE_HOME/pactlib/converted`` (``~/.cache/...``):
+    :func:`pactlib.paths.cache_dir`."""
     if os.environ.get("PACT_CONVERT_CACHE"):
         return Path(os.environ["PACT_CONVERT_CACHE"])
-    if os.environ.get("PACT_CACHE"):
-        return Path(os.environ["PACT_CACHE"]) / "converted"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pactlib" / "converted"
+    return _cache_dir("converted")
+
+
+# ----------------------------------------------------------------------------- trusted readers
+#: Entry-point group of checkpoint readers contributed by other packages. Each entry point names a
+#: callable ``read(path, *, trust_pickle: bool) -> {key: Tensor}``; pactlib's own distribution
+#: declares ``trusted_pickle = "pactlib.models.clip:load_clip_checkpoint"`` (whole pickled modules
+#: such as the task-vectors ``ImageEncoder`` files, TorchScript archives, model folders).
+LOADER_GROUP = "pactlib.loaders"
+#: The reader :func:`default_loader` uses with ``trust_pickle``.
+TRUSTED = "trusted_pickle"
+_READERS: dict[str, Callable[..., Mapping[str, Tensor]]] = {}
+
+
+def register_reader(name: str, read: Callable[..., Mapping[str, Tensor]]) -> None:
+    """Register ``read(path, *, trust_pickle) -> {key: Tensor}`` as the reader ``name`` (replacing
+    one of that name), e.g. ``register_reader("trusted_pickle", my_reader)``."""
+    if not callable(read):
+        raise TypeError(f"register_reader({name!r}, ...): expected a callable, got {type(read).__name__}")
+    _READERS[name] = read
+
+
+def trusted_reader(name: str = TRUSTED) -> Callable[..., Mapping[str, Tensor]]:
+    """The reader registered as ``name`` (:func:`register_reader`), else the entry point ``name`` of
+    the group :data:`LOADER_GROUP`, loaded on first use.
+
+    Raises:
+        CheckpointError: no such reader is registered or installed, or its module fails to import
+            (the message names the group, the entry point and the error).
+    """
+    if name in _READERS:
+        return _READERS[name]
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=LOADER_GROUP) if ep.name == name]
+    if not found:
+        raise CheckpointError(
+            f"no checkpoint reader {name!r} is installed (entry-point group {LOADER_GROUP!r}); pactlib "
+            "declares one in its pyproject.toml: install the package (pip install -e .) or call "
+            "pactlib.lazy.register_reader")
+    try:
+        read = found[0].load()
+    except Exception as e:  # an optional dependency of the reader's module is missing, ...
+        raise CheckpointError(f"checkpoint reader {name!r} ({found[0].value}) cannot be loaded: "
+                              f"{type(e).__name__}: {e}") from e
+    register_reader(name, read)
+    return read
 
 
 def default_loader(trust_pickle: bool = False) -> Loader:
     """How a pickle is read for conversion: :func:`pactlib.io.load_state_dict` memory-mapped
-    (``weights_only``: no pickled code runs), or with ``trust_pickle``
-    :func:`pactlib.models.clip.load_clip_checkpoint`, which also unpickles whole modules."""
+    (``weights_only``: no pickled code runs), or with ``trust_pickle`` the reader
+    :func:`trusted_reader` returns (pactlib's: :func:`pactlib.models.clip.load_clip_checkpoint`),
+    which also unpickles whole modules."""
     if trust_pickle:
         def load(path: Path) -> Mapping[str, Tensor]:
-            from .models.clip import load_clip_checkpoint
-
-            return load_clip_checkpoint(path, trust_pickle=True)
+            return trusted_reader()(path, trust_pickle=True)
 
         load.cache_tag = "trusted"
         return load
@@ -426,9 +474,9 @@ class _SafetensorsFile:
     def write(self, data: Tensor) -> None:
         if self._f is None:
             self.open()
-        flat = data.detach().contiguous().reshape(-1)
+        flat = data.detach().cpu().contiguous().reshape(-1)
         if flat.numel():
-            self._f.write(memoryview(flat.view(torch.uint8).numpy()))
+            self._f.write(tensor_bytes_view(flat))  # in place, no numpy
 
     def close(self) -> None:
         if self._f is None:

@@ -11,8 +11,6 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
-
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 
@@ -20,9 +18,18 @@ MergeFn = Callable[..., TaskVector]
 
 
 def alpha_grid(lo: float, hi: float, step: float) -> tuple[float, ...]:
-    """Inclusive grid lo, lo+step, …, hi rounded to 4 decimals."""
+    """Inclusive grid lo, lo+step, …, hi rounded to 4 decimals.
+
+    The n = round((hi - lo) / step) + 1 points are ``lo + i·(hi - lo)/(n - 1)`` with the last one
+    exactly ``hi``: the same floats as ``numpy.linspace(lo, hi, n)``, without numpy.
+    """
     n = int(round((hi - lo) / step)) + 1
-    return tuple(round(float(x), 4) for x in np.linspace(lo, hi, n))
+    if n < 0:
+        raise ValueError(f"alpha_grid({lo}, {hi}, {step}): the step goes away from hi")
+    if n <= 1:
+        return (round(float(lo), 4),)[:n]
+    delta = (hi - lo) / (n - 1)
+    return tuple(round(float(lo + i * delta), 4) for i in range(n - 1)) + (round(float(hi), 4),)
 
 
 @dataclass(frozen=True)
