@@ -347,6 +347,11 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
         "PACT_PARAMS": set_name,
         "PACT_RECORDS_DIR": str(records_dir),
         "PACT_FIGURES_DIR": str(figures_dir),
+        # pactlib finds the book's files and the caches by configuration only (pactlib.book.paths):
+        # the book folder of this checkout, and the checkout's .cache unless PACT_CACHE says otherwise
+        # (the Makefile exports the same)
+        "PACT_BOOK_DIR": str(ROOT / "book"),
+        "PACT_CACHE": os.environ.get("PACT_CACHE") or str(ROOT / ".cache"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     nb = job.nb

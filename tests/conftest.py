@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# pactlib finds its caches by configuration only ($PACT_CACHE, else ~/.cache/pactlib): the tests use
+# the checkout's .cache (data sources, the zoo of the slow tests), as `make` does (the Makefile
+# exports the same), unless PACT_CACHE is already set; the book folder is this checkout's.
+os.environ.setdefault("PACT_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("PACT_BOOK_DIR", str(ROOT / "book"))
 
 
 def load_runner():

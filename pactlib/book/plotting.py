@@ -47,15 +47,21 @@ VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not yet tested
 
 
 def repo_path(relative: str | Path) -> Path:
-    """A file shipped in the repository (e.g. ``book/data/...``), found from this package.
+    """A file shipped with the book, named as in the repository (``"book/data/x.jsonl"``): the
+    same as :func:`pactlib.book.paths.book_path` of the part after ``book/`` (the book folder is
+    ``$PACT_BOOK_DIR``, else ``./book``; nothing is found from this package's location).
 
     Raises:
-        FileNotFoundError: no such file (names it).
+        ValueError: ``relative`` does not start with ``book/``.
+        FileNotFoundError: no such file (names the path and ``$PACT_BOOK_DIR``).
     """
-    path = Path(__file__).resolve().parents[2] / relative
-    if not path.exists():
-        raise FileNotFoundError(f"no file {relative} in the repository ({path})")
-    return path
+    from pactlib.book.paths import book_path
+
+    parts = Path(relative).parts
+    if not parts or parts[0] != "book":
+        raise ValueError(f"repo_path({str(relative)!r}): only the book's files (book/...) are shipped; "
+                         "use pactlib.book.paths.book_path for a path inside the book folder")
+    return book_path(Path(*parts[1:]))
 
 
 def _rc() -> dict[str, Any]:

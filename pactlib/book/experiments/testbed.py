@@ -27,9 +27,10 @@ __all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "r
            "plot_interference", "random_task_sets", "add_one_table", "alpha_curves", "plot_alpha_curves",
            "cosine_matrix"]
 
-#: Records of ``bench/bench_heads.py`` (probe vs prototype head), shipped with the book.
-HEAD_CHOICE = Path(__file__).resolve().parents[3] / "book" / "data" / "head_choice.jsonl"
-INTERFERENCE = HEAD_CHOICE.with_name("interference.jsonl")
+#: Records of ``bench/bench_heads.py`` (probe vs prototype head) and ``bench/bench_interference.py``,
+#: shipped with the book: paths relative to the book folder (:func:`pactlib.book.paths.book_dir`).
+HEAD_CHOICE = "data/head_choice.jsonl"
+INTERFERENCE = "data/interference.jsonl"
 
 KIND_LABEL = {"zero-shot": "zero-shot (θ0 + head)", "full": "full fine-tune", "lora": "LoRA fine-tune"}
 
@@ -290,22 +291,27 @@ def frozen_statistics(pretrained: Mapping[str, Tensor], finetuned: Mapping[str, 
 
 
 # ----------------------------------------------------------------------------- head choice
-def head_choice_frame(path: str | Path = HEAD_CHOICE) -> pd.DataFrame:
+def head_choice_frame(path: str | Path | None = None) -> pd.DataFrame:
     """The records of ``bench/bench_heads.py`` as a frame (``method``, ``head``, ``suite``,
-    ``alpha``, ``curve``, ``metrics.acc``, ``metrics.norm_acc``, ...).
+    ``alpha``, ``curve``, ``metrics.acc``, ``metrics.norm_acc``, ...); default ``path``: the
+    book's :data:`HEAD_CHOICE`.
 
     Raises:
         FileNotFoundError: no records at ``path`` (names the script that writes them).
     """
-    return _bench_frame(path, "head-choice", "bench/bench_heads.py")
+    return _bench_frame(path, HEAD_CHOICE, "head-choice", "bench/bench_heads.py")
 
 
-def _bench_frame(path, what: str, script: str) -> pd.DataFrame:
+def _bench_frame(path, default: str, what: str, script: str) -> pd.DataFrame:
+    from pactlib.book.paths import BOOK_ENV, book_path
     from pactlib.book.records import records_frame
 
+    where = ""
+    if path is None:
+        path, where = book_path(default, must_exist=False), f" (the book folder is ${BOOK_ENV}, else ./book)"
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no {what} records at {path}; run {script} to write them")
+        raise FileNotFoundError(f"no {what} records at {path}{where}; run {script} to write them")
     return records_frame(path)
 
 
@@ -351,17 +357,18 @@ def plot_head_choice(frame: pd.DataFrame, *, ax) -> None:
 _GROWTH_METHODS = {"zero-shot": "zero-shot", "task_arithmetic": "Task Arithmetic", "iso_c": "Iso-C"}
 
 
-def interference_frame(path: str | Path = INTERFERENCE) -> pd.DataFrame:
-    """The records of ``bench/bench_interference.py`` as a frame, one row per (method, suite,
-    seed), with two added columns: ``T`` (the suite as an int) and ``first_norm``, the mean
-    normalized accuracy (fraction) over the tasks of the smallest suite in the file (the 8 tasks
-    every suite shares), so a task set held fixed can be followed as T grows.
+def interference_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """The records of ``bench/bench_interference.py`` (default: the book's :data:`INTERFERENCE`)
+    as a frame, one row per (method, suite, seed), with two added columns: ``T`` (the suite as an
+    int) and ``first_norm``, the mean normalized accuracy (fraction) over the tasks of the smallest
+    suite in the file (the 8 tasks every suite shares), so a task set held fixed can be followed as
+    T grows.
 
     Raises:
         FileNotFoundError: no records at ``path`` (names the script that writes them).
         ValueError: a record lacks the per-task ``norm_acc:<task>`` metrics of that first suite.
     """
-    frame = _bench_frame(path, "interference", "bench/bench_interference.py").copy()
+    frame = _bench_frame(path, INTERFERENCE, "interference", "bench/bench_interference.py").copy()
     frame["T"] = frame["suite"].astype(int)
     merged = frame[frame["method"] != "fine-tuned"]  # fine-tuned: 1.0 on every task by definition
     smallest = frame["T"].min()
@@ -532,7 +539,7 @@ def add_one_table(path: str | Path, joins: Mapping[str, str] | None = None) -> p
     Raises:
         FileNotFoundError: no records at ``path``; ValueError: a seed without its base merge.
     """
-    frame = _bench_frame(path, "add-one", "bench/bench_interference.py --add-one")
+    frame = _bench_frame(path, "data/interference_add_one.jsonl", "add-one", "bench/bench_interference.py --add-one")
     base = frame[frame["added"].isna()].set_index("seed")["metrics.norm_acc"]
     added = frame[frame["added"].notna()]
     missing = sorted(set(added["seed"]) - set(base.index))

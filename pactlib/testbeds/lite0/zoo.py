@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -49,6 +48,7 @@ from pactlib import lora as lora_mod
 from pactlib.eval import accuracy, features
 from pactlib.testbeds.lite0.heads import Head, file_sha256, fit_head, fit_prototype_head, load_head, load_safetensors, save_head, save_safetensors
 from pactlib.io import atomic_write
+from pactlib.paths import cache_dir
 from pactlib.models.efficientnet import backbone_state_dict, load_backbone, preprocess
 
 log = logging.getLogger(__name__)
@@ -157,9 +157,9 @@ class Recipe:
 
 # ----------------------------------------------------------------------------- paths, records
 def default_zoo_dir() -> Path:
-    """``$PACT_CACHE/zoo``, else ``<repo>/.cache/zoo``."""
-    root = os.environ.get("PACT_CACHE") or str(Path(__file__).resolve().parents[3] / ".cache")
-    return Path(root) / "zoo"
+    """``$PACT_CACHE/zoo``, else the per-user cache's ``zoo/`` (:func:`pactlib.paths.cache_dir`;
+    the Makefile exports ``PACT_CACHE=<repo>/.cache``)."""
+    return cache_dir("zoo")
 
 
 def run_path(zoo_dir: Path, kind: str, task: str, seed: int) -> Path:
@@ -513,7 +513,7 @@ class Zoo:
 def _missing(what: str, path: Path, suite) -> FileNotFoundError:
     return FileNotFoundError(
         f"zoo {what} missing or invalid at {path}; build it with: pact zoo build --suite {suite} "
-        f"--seeds 0 (zoo dir {path.parents[0]})")
+        f"--seeds 0 (zoo dir {path.parents[0]}; the default zoo is $PACT_CACHE/zoo, now {default_zoo_dir()})")
 
 
 def load_zoo(suite: str | Sequence[str], *, seed: int = 0, kind: str = "full",
