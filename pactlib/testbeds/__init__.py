@@ -45,8 +45,18 @@ def register(family: str, loader: str | Callable[..., Testbed]) -> None:
     _FAMILIES[family] = loader
 
 
+def _entry_points() -> None:
+    """Families installed packages declare in the entry-point group ``pactlib.testbeds``
+    (``mine = "mypkg.testbed:load"``): registered on first use, so no notebook imports them."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="pactlib.testbeds"):
+        _FAMILIES.setdefault(ep.name, ep.value)
+
+
 def families() -> list[str]:
-    """The registered family names."""
+    """The registered family names (built in, :func:`register`-ed, and entry points)."""
+    _entry_points()
     return sorted(_FAMILIES)
 
 
@@ -63,9 +73,7 @@ def load(name: str, seed: int = 0, kind: str = "full", **options) -> Testbed:
     """
     if kind not in ("full", "lora"):
         raise ValueError(f"testbed kind must be 'full' or 'lora', got {kind!r}")
-    family = str(name).split("-", 1)[0]
-    if family not in _FAMILIES:
-        raise KeyError(f"unknown testbed {name!r}: no family {family!r}; registered: {', '.join(families())}")
+    family = check_name(str(name))
     loader = _FAMILIES[family]
     if isinstance(loader, str):
         module, _, fn = loader.partition(":")
@@ -90,6 +98,8 @@ def check_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"a testbed name is a str, got {type(name).__name__}")
     family = name.split("-", 1)[0]
+    if family not in _FAMILIES:
+        _entry_points()
     if family not in _FAMILIES:
         raise KeyError(f"unknown testbed {name!r}: no family {family!r}; registered: {', '.join(families())}")
     module = _loader_module(family)
