@@ -18,8 +18,8 @@ they are read by the trusted reader (:func:`pactlib.lazy.trusted_reader`; pactli
 :func:`pactlib.models.clip.load_clip_checkpoint`), which also unpickles whole saved modules (the
 task-vectors repositories' ``ImageEncoder`` files; this runs code from the files) and takes their
 state dict, keys unchanged (``model.visual.*``). ``--set`` values are parsed as numbers when they
-read as one (``k=20``, ``core_frac=1e-1``), else as a YAML flow literal (``svd=rsvd``,
-``layers=[a, b]``, ``x=null``; :func:`parse_literal`, no PyYAML needed), routed to the method's
+read as one (``k=20``, ``core_frac=1e-1``), else as JSON or a plain value (``svd=rsvd``, ``layers=[a, b]``, ``x=null``;
+:func:`parse_literal`, no PyYAML needed), routed to the method's
 parameters or PACT's options by name and checked against their types.
 
 Sub-command groups other than ``merge`` and ``methods`` are plug-ins: every entry point of the
@@ -52,161 +52,31 @@ from .matrix import PRESETS, MatrixRule, detect_preset
 from .streaming import merge_files
 
 
-_NULL = {"~", "null", "Null", "NULL"}
-_TRUE = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"}
-_FALSE = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"}
-
-
-def _plain(text: str):
-    """A plain scalar: YAML 1.1's nulls and booleans, an int (``0x1f`` too), a float, else the
-    string itself."""
-    if text in _NULL:
-        return None
-    if text in _TRUE or text in _FALSE:
-        return text in _TRUE
-    for number in (int, float, lambda t: int(t, 0)):
-        try:
-            return number(text)
-        except ValueError:
-            pass
-    return text
-
-
-class _Literal:
-    """Recursive descent over one YAML flow literal: ``[a, b]``, ``{k: v}``, quoted strings,
-    plain scalars (:func:`_plain`), nested."""
-
-    def __init__(self, text: str):
-        self.s, self.i = text, 0
-
-    def fail(self, what: str):
-        raise ValueError(f"{what} at character {self.i + 1}")
-
-    def ws(self) -> None:
-        while self.i < len(self.s) and self.s[self.i] in " \t":
-            self.i += 1
-
-    def value(self, top: bool = False):
-        self.ws()
-        if self.i >= len(self.s):
-            self.fail("expected a value")
-        c = self.s[self.i]
-        if c == "[":
-            return self.sequence()
-        if c == "{":
-            return self.mapping()
-        if c in "'\"":
-            return self.quoted(c)
-        if top:  # the rest of the text, as YAML reads a block plain scalar
-            text, self.i = self.s[self.i:].strip(), len(self.s)
-            return _plain(text)
-        start = self.i
-        while self.i < len(self.s) and self.s[self.i] not in ",]}" and not self._colon():
-            self.i += 1
-        text = self.s[start:self.i].strip()
-        if not text:
-            self.fail("expected a value")
-        return _plain(text)
-
-    def _colon(self) -> bool:
-        return self.s[self.i] == ":" and (self.i + 1 == len(self.s) or self.s[self.i + 1] in " \t,]}")
-
-    def quoted(self, q: str) -> str:
-        start, self.i = self.i, self.i + 1
-        while self.i < len(self.s):
-            c = self.s[self.i]
-            if q == "'" and c == "'":
-                if self.s[self.i + 1:self.i + 2] == "'":  # '' is one quote
-                    self.i += 2
-                    continue
-                self.i += 1
-                return self.s[start + 1:self.i - 1].replace("''", "'")
-            if q == '"' and c == "\\":
-                self.i += 2
-                continue
-            if q == '"' and c == '"':
-                self.i += 1
-                try:
-                    return json.loads(self.s[start:self.i])
-                except ValueError:
-                    self.i = start
-                    self.fail("bad escape in a double-quoted string")
-            self.i += 1
-        self.i = start
-        self.fail(f"unclosed {q} quote")
-
-    def _items(self, close: str, item):
-        self.i += 1
-        out = []
-        self.ws()
-        if self.s[self.i:self.i + 1] == close:
-            self.i += 1
-            return out
-        while True:
-            out.append(item())
-            self.ws()
-            if self.i >= len(self.s):
-                self.fail(f"missing {close!r}")
-            if self.s[self.i] == close:
-                self.i += 1
-                return out
-            if self.s[self.i] != ",":
-                self.fail(f"expected ',' or {close!r}")
-            self.i += 1
-            self.ws()
-            if self.s[self.i:self.i + 1] == close:  # a trailing comma
-                self.i += 1
-                return out
-
-    def _pair(self, close: str):
-        """``key[: value]`` -> (key, value or None, whether a colon was there)."""
-        key = self.value()
-        self.ws()
-        if self.i < len(self.s) and self._colon():
-            self.i += 1
-            self.ws()
-            if self.i < len(self.s) and self.s[self.i] in "," + close:
-                return key, None, True
-            return key, self.value(), True
-        return key, None, False
-
-    def _hashable(self, key):
-        try:
-            hash(key)
-        except TypeError:
-            self.fail("a mapping key must be a scalar")
-        return key
-
-    def sequence(self) -> list:
-        def item():  # YAML: `[a: 1]` is a list holding the mapping {a: 1}
-            key, value, colon = self._pair("]")
-            return {self._hashable(key): value} if colon else key
-        return self._items("]", item)
-
-    def mapping(self) -> dict:
-        return {self._hashable(k): v for k, v, _ in self._items("}", lambda: self._pair("}"))}
-
-
 def parse_literal(text: str):
-    """``text`` as a YAML flow literal, without PyYAML: ``null``/``~`` -> None, YAML 1.1 booleans
-    (``true``, ``yes``, ``on``, ...), ints, floats, ``'single'`` / ``"double"`` quoted strings,
-    ``[a, b]`` lists and ``{k: v}`` mappings (nested), anything else the string itself.
+    """One ``--set`` value without PyYAML: JSON when it is JSON (``null``, ``true``, ``3``,
+    ``"a b"``, ``["^a", "^b"]``, ``{"k": 1}``); else ``[a, b]`` is a list whose items are read the
+    same way; else ``None``/``True``/``False`` spelled ``null``, ``true``, ``false``; else the text
+    itself (``svd=rsvd``).
 
     Raises:
-        ValueError: an unbalanced bracket or quote, or text after the literal.
+        ValueError: an unbalanced ``[`` / ``]``, ``{`` / ``}`` or quote.
     """
-    p = _Literal(text)
-    value = p.value(top=True)
-    p.ws()
-    if p.i != len(p.s):
-        p.fail("unexpected text after the value")
-    return value
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [parse_literal(item) for item in inner.split(",")] if inner else []
+    if text[:1] in "[{\"'" or text[-1:] in "]}\"'":
+        raise ValueError(f"unbalanced brackets or quotes in {text!r} (write lists as [a, b], strings as JSON)")
+    return {"null": None, "true": True, "false": False}.get(text.lower(), text)
 
 
 def parse_value(key: str, text: str):
     """One ``--set`` value: an int, else a float (``1e-1`` too, which YAML 1.1 reads as a
-    string), else a YAML flow literal (:func:`parse_literal`: ``true``, ``null``, ``[a, b]``, a
-    string).
+    string), else :func:`parse_literal` (``true``, ``null``, ``[a, b]``, JSON, a string).
 
     Raises:
         ValueError: an empty value or a literal that does not parse (naming ``key``).
