@@ -69,7 +69,7 @@ KERNEL = "python3"
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--InteractiveShell.system_raise_on_error=True"]
 #: Seconds between the "... running:" lines of a parallel run.
 STATUS_EVERY = 60
-#: Chapters that reuse another chapter's merges (``pactlib.book.study.Testbed.run``'s memo): with
+#: Chapters that reuse another chapter's merges (``pactlib.testbeds.run``'s memo): with
 #: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 #: Tags that make a browser fetch something; none of them may point off the machine.

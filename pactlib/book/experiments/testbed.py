@@ -180,7 +180,7 @@ def run_records(zoo_records: Iterable[Mapping], *, tasks: Sequence[str], seeds: 
     fine-tuning run (method ``"full"`` or ``"lora"``) of ``tasks`` x ``seeds``, in task order.
     Metrics: ``acc`` (test), ``acc_val``, ``train_seconds``, ``n_train``, ``final_loss``.
     Runs missing from the zoo are simply absent; ``keep(task, seed, kind)`` (e.g.
-    :func:`pactlib.book.study.in_book_zoo`) drops the runs it returns False for.
+    :func:`pactlib.testbeds.lite0.testbed.in_book_zoo`) drops the runs it returns False for.
     """
     from pactlib.book.records import make_record
 

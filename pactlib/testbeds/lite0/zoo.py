@@ -62,7 +62,7 @@ class Recipe:
     """Hyper-parameters of the zoo (defaults measured on the 8 / 14 / 20-task suites; see
     bench/bench_zoo.py, bench/bench_interference.py and the testbed chapter).
 
-    The defaults equal the book's pinned profile (``pactlib.book.study.PROFILES["default"]``):
+    The defaults equal the book's pinned profile (``pactlib.testbeds.lite0.testbed.PROFILES["default"]``):
     cosine prototype heads (CLIP-like), 80 AdamW steps of 64 images at 32 px, lr 3e-5 (full) /
     1e-3 (LoRA r = 8, alpha = 16). Measured on 2 CPU cores (records of the book's zoo): a full run
     takes 25-45 s, a LoRA run 13-18 s. Rejected by measurement (val 100 / test 300 images per task):
@@ -79,7 +79,7 @@ class Recipe:
     lr 3e-5 gives task vectors about a third as long; Task Arithmetic on the 8 shared tasks then
     falls 85.6 → 83.2 → 81.8 % (normalized, full α grid, 3 seeds) from 8 to 14 to 20 tasks, every
     step on every seed and beyond the seed spread, provided the α grid resolves small α (the full
-    grid or 5 geometric values, ``pactlib.book.study.GRID_SPACING``). Chapter 2, "How the recipe was
+    grid or 5 geometric values, ``pactlib.testbeds.GRID_SPACING``). Chapter 2, "How the recipe was
     chosen", records ``book/data/interference*.jsonl``.
 
     Attributes:
