@@ -17,7 +17,8 @@ Steps, in order:
    before any is executed; ``--check-only`` stops there (``make book`` / ``make chapter`` run
    it before they build data or a zoo).
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
-   parameters, every ``pactlib/**/*.py``, ``requirements.lock``, the content of files named
+   parameters, the code of every ``pactlib/**/*.py`` (syntax trees without docstrings, so comment
+   edits re-run nothing), ``requirements.lock``, the content of files named
    by path-valued parameters and of the ``--inputs`` files (zoo / data manifests). The result
    is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
    atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
@@ -226,15 +227,6 @@ def _hash_path(path: Path) -> str:
     return _sha("\n".join(rows).encode())
 
 
-def tree_hash(folder: Path, pattern: str = "**/*.py") -> str:
-    h = hashlib.sha256()
-    for p in sorted(folder.glob(pattern)):
-        if "__pycache__" in p.parts:
-            continue
-        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def path_values(value: Any) -> list[Path]:
     """Existing files/folders named by string parameter values (relative to the repo root)."""
     if isinstance(value, str) and value and len(value) < 500 and "\n" not in value:
@@ -267,7 +259,11 @@ def compute_key(job: Job, shared: dict[str, str]) -> None:
 
 
 def shared_inputs(patterns: list[str]) -> dict[str, str]:
-    out = {"pactlib": tree_hash(ROOT / "pactlib")}
+    from pactlib.testbeds.base import source_fingerprint
+
+    # the library's code, not its text: a comment or docstring edit re-runs no notebook
+    out = {"pactlib": source_fingerprint(sorted(p for p in (ROOT / "pactlib").rglob("*.py")
+                                                if "__pycache__" not in p.parts), ROOT)}
     lock = ROOT / "requirements.lock"
     if lock.exists():
         out["requirements.lock"] = _hash_path(lock)

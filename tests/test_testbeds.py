@@ -255,3 +255,23 @@ def test_with_frozen_head():
         testbeds.with_frozen_head(nn.Linear(5, 4), torch.randn(3))
     with pytest.raises(ValueError, match=r"\(2,\)"):
         testbeds.with_frozen_head(nn.Linear(5, 4), torch.randn(3, 4), torch.randn(2))
+
+
+def test_book_runner_key_ignores_comment_edits_but_not_code_edits(tmp_path):
+    """The notebook runner keys executed chapters by pactlib's code: a comment or docstring edit
+    keeps every key, a code edit changes it."""
+    from pactlib.testbeds.base import source_fingerprint
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text('"""Doc."""\nX = 1  # one\n')
+    (pkg / "b.py").write_text("def f():\n    return 2\n")
+    files = lambda: sorted(pkg.glob("*.py"))  # noqa: E731
+    before = source_fingerprint(files(), tmp_path)
+    (pkg / "a.py").write_text('"""Another doc, measured 3x faster."""\n# a new comment\nX = 1  # two\n')
+    assert source_fingerprint(files(), tmp_path) == before
+    (pkg / "b.py").write_text("def f():\n    return 3\n")
+    assert source_fingerprint(files(), tmp_path) != before
+    (pkg / "b.py").write_text("def f():\n    return 2\n")
+    (pkg / "b.py").rename(pkg / "c.py")  # a file's name is part of the code
+    assert source_fingerprint(files(), tmp_path) != before

@@ -34,7 +34,7 @@ from ..pact import PactOptions, PactReport, pact_filter
 from ..taskvector import TaskVector
 
 __all__ = ["Testbed", "run", "filtered", "reference_records", "alpha_grid", "code_fingerprint", "REFINE",
-           "GRID_SPACING", "ENGINE_MODULES"]
+           "GRID_SPACING", "ENGINE_MODULES", "source_fingerprint"]
 
 
 @runtime_checkable
@@ -156,6 +156,22 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def source_fingerprint(files: Sequence[Path], root: Path | None = None) -> str:
+    """sha256 of the *code* of Python ``files`` (their syntax trees without docstrings, named
+    relative to ``root``): editing a comment or a docstring keeps the fingerprint.
+
+    Raises:
+        SyntaxError: a file that does not parse. OSError: a file that cannot be read.
+    """
+    h = hashlib.sha256()
+    for f in files:
+        f = Path(f)
+        tree = _strip_docstrings(ast.parse(f.read_text(encoding="utf-8"), str(f)))
+        name = f.relative_to(root).as_posix() if root is not None else f.name
+        h.update(f"{name}\0".encode() + ast.dump(tree).encode())
+    return h.hexdigest()
+
+
 def code_fingerprint(modules: Sequence[str]) -> str:
     """sha256 of the *code* of ``modules`` (a package means every ``.py`` file in it): the AST
     without docstrings, so editing a comment or a docstring keeps every memoised result.
@@ -172,9 +188,7 @@ def code_fingerprint(modules: Sequence[str]) -> str:
                 raise ModuleNotFoundError(f"code_fingerprint: no module {name!r}")
             origin = Path(spec.origin)
             files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-            for f in files:
-                tree = _strip_docstrings(ast.parse(f.read_text(encoding="utf-8"), str(f)))
-                h.update(f"{name}:{f.name}\0".encode() + ast.dump(tree).encode())
+            h.update(f"{name}\0".encode() + source_fingerprint(files, origin.parent).encode())
         _CODE[key] = h.hexdigest()
     return _CODE[key]
 
