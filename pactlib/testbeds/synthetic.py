@@ -204,25 +204,14 @@ def _init_state(r: Recipe, g: torch.Generator) -> dict[str, Tensor]:
 
 
 def _train(params: list[Tensor], loss_fn, x: Tensor, y: Tensor, steps: int, batch: int, lr: float,
-           g: torch.Generator, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
-    """``steps`` Adam steps on random batches drawn from ``g``. Adam is written out here:
-    constructing a ``torch.optim`` optimizer costs over a second of imports on first use."""
-    m = [torch.zeros_like(p) for p in params]
-    v = [torch.zeros_like(p) for p in params]
-    for step in range(1, steps + 1):
+           g: torch.Generator) -> None:
+    """``steps`` Adam steps (``torch.optim.Adam``, default betas) on random batches drawn from ``g``."""
+    opt = torch.optim.Adam(params, lr=lr)
+    for _ in range(steps):
         idx = torch.randint(0, len(y), (batch,), generator=g)
-        for p in params:
-            p.grad = None
+        opt.zero_grad(set_to_none=True)
         loss_fn(x[idx], y[idx]).backward()
-        grads = [p.grad for p in params]
-        c1, c2 = 1 - betas[0] ** step, 1 - betas[1] ** step
-        with torch.no_grad():
-            torch._foreach_lerp_(m, grads, 1 - betas[0])  # m <- β1 m + (1 − β1) g
-            torch._foreach_mul_(v, betas[1])
-            torch._foreach_addcmul_(v, grads, grads, 1 - betas[1])  # v <- β2 v + (1 − β2) g²
-            denom = torch._foreach_sqrt(torch._foreach_div(v, c2))
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(params, m, denom, -lr / c1)
+        opt.step()
 
 
 # ------------------------------------------------------------------------- memoised parts
