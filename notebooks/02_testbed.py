@@ -49,7 +49,7 @@ from pactlib.book import params, plotting, records, reference
 from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.testbeds.lite0 import zoo as zoo_mod
 from pactlib.data import SUITES, load_task
-from pactlib.book.experiments import testbed
+from pactlib.book.experiments import testbed as chapter2
 from pactlib.models.efficientnet import backbone_state_dict
 
 P = params.check(
@@ -76,14 +76,14 @@ if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the defa
 # 32×32 RGB; validation is 10 % of the train pool (method.md §5).
 
 # %%
-plotting.table(testbed.task_table(tasks, seed=recipe.data_seed), chapter=2, number=1, floatfmt="{:.0f}",
+plotting.table(chapter2.task_table(tasks, seed=recipe.data_seed), chapter=2, number=1, floatfmt="{:.0f}",
                caption="The tasks in suite order: the smallest suite holding the task, number of classes, whether "
                        "the task is derived, source package, images per split (data seed "
                        f"{recipe.data_seed}), licence of the data and where the images come from.")
 
 # %%
 samples = {t: load_task(t, "test", seed=recipe.data_seed, limit=samples_per_task).images for t in tasks}
-montage, centres = testbed.sample_montage(samples, per_task=samples_per_task)
+montage, centres = chapter2.sample_montage(samples, per_task=samples_per_task)
 with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(tasks) + 0.7),
                      caption=f"The first {samples_per_task} test images of every task (the stored order "
                              "interleaves the classes).") as (fig, ax):
@@ -105,9 +105,9 @@ with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(
 
 # %%
 pretrained = backbone_state_dict()  # θ0 in the checkpoint's own (network) order; a .safetensors file sorts keys by name
-plotting.table(testbed.backbone_summary(pretrained), chapter=2, number=2, floatfmt="{:.3f}",
+plotting.table(chapter2.backbone_summary(pretrained), chapter=2, number=2, floatfmt="{:.3f}",
                caption="Entries and values of the backbone θ0 by kind under the matrix rule.")
-plotting.table(testbed.layer_table(pretrained), chapter=2, number=3, floatfmt="{:.0f}",
+plotting.table(chapter2.layer_table(pretrained), chapter=2, number=3, floatfmt="{:.0f}",
                caption="The 32 matrix layers in network order, with the shape (m, n) of their matrix view: PACT "
                        "and the SVD-based merges act on these. Every subspace of chapter 1 lives in the input "
                        "space R^n of one of them.")
@@ -128,7 +128,7 @@ plotting.table(testbed.layer_table(pretrained), chapter=2, number=3, floatfmt="{
 zoo_full = zoo_mod.load_zoo(tasks, seed=seeds[0], kind="full", zoo_dir=zoo_dir)
 path = records.records_path("02_testbed")
 records.write_records(path, [records.make_record(
-    "bn-check", params=P, seed=seeds[0], metrics=testbed.frozen_statistics(zoo_full.pretrained, zoo_full.finetuned),
+    "bn-check", params=P, seed=seeds[0], metrics=chapter2.frozen_statistics(zoo_full.pretrained, zoo_full.finetuned),
     tasks=len(tasks))], replace=True)
 frame = records.records_frame(path)
 bn = frame[frame["method"] == "bn-check"].filter(like="metrics.").T
@@ -160,7 +160,7 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 
 # %%
 zoo_records = zoo_mod.load_records(zoo_dir)
-plotting.table(testbed.recipe_table([r for r in zoo_records if r.get("task") in tasks], default=recipe,
+plotting.table(chapter2.recipe_table([r for r in zoo_records if r.get("task") in tasks], default=recipe,
                                     label=f"profile {zoo_profile!r}"), chapter=2, number=5,
                caption="The fine-tuning recipe of the zoo's runs (values used, per kind; — where a kind does not "
                        "use the field) and the recipe of the zoo profile.")
@@ -174,11 +174,11 @@ plotting.table(testbed.recipe_table([r for r in zoo_records if r.get("task") in 
 # in parentheses). The figure shows the same numbers per task.
 
 # %%
-records.write_records(path, testbed.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
+records.write_records(path, chapter2.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
                                                 keep=lite0.in_book_zoo))
 frame = records.records_frame(path)
 runs = frame[frame["method"].isin(["zero-shot", "full", "lora"])]
-plotting.table(testbed.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 (zero-shot / individual rows)",
+plotting.table(chapter2.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 (zero-shot / individual rows)",
                caption="Test accuracy (%) per task: θ0 with the task's head (zero-shot), full and LoRA fine-tunes, "
                        "mean ± std over seeds (seed count).")
 
@@ -186,10 +186,10 @@ plotting.table(testbed.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 
 with plotting.figure("zero-shot-vs-finetuned", chapter=2, number=2, size=(9, 3.6), paper="Tab. 1",
                      caption="Test accuracy per task: zero-shot θ0 with the task's head, full and LoRA fine-tunes "
                              "(bars: mean over seeds; black dots: single seeds).") as (fig, ax):
-    testbed.plot_accuracy(runs, ax=ax)
+    chapter2.plot_accuracy(runs, ax=ax)
 
 # %%
-plotting.table(testbed.timing_table(runs), chapter=2, number=7, floatfmt="{:.1f}",
+plotting.table(chapter2.timing_table(runs), chapter=2, number=7, floatfmt="{:.1f}",
                caption="Fine-tuning time per run on the 2-core build machine (seconds; heads and evaluation not "
                        "included).")
 
@@ -233,8 +233,8 @@ plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
 # `book/data/head_choice.jsonl`; re-run the script to refresh them.
 
 # %%
-head_frame = testbed.head_choice_frame()
-plotting.table(testbed.head_choice_table(head_frame), chapter=2, number=8,
+head_frame = chapter2.head_choice_frame()
+plotting.table(chapter2.head_choice_table(head_frame), chapter=2, number=8,
                caption="Mean test accuracy and normalized accuracy (%) with each head kind, seed 0: zero-shot θ0, "
                        "Task Arithmetic and Iso-C (α chosen on validation), and the α chosen.")
 
@@ -242,7 +242,7 @@ plotting.table(testbed.head_choice_table(head_frame), chapter=2, number=8,
 with plotting.figure("head-choice", chapter=2, number=3, size="wide",
                      caption="Task Arithmetic's validation normalized accuracy against α, per head kind and "
                              "suite; the dashed lines are the zero-shot models.") as (fig, ax):
-    testbed.plot_head_choice(head_frame, ax=ax)
+    chapter2.plot_head_choice(head_frame, ax=ax)
 
 # %% [markdown]
 # ## The testbed shows the problem
@@ -258,8 +258,8 @@ with plotting.figure("head-choice", chapter=2, number=3, size="wide",
 # damage the added task vectors do.
 
 # %%
-growth = testbed.interference_frame()
-plotting.table(testbed.interference_table(growth), chapter=2, number=9,
+growth = chapter2.interference_frame()
+plotting.table(chapter2.interference_table(growth), chapter=2, number=9,
                caption="Mean test normalized accuracy (%) against the number of tasks T, over all T tasks and over "
                        "the first suite's 8 tasks, mean ± std over the fine-tuning seeds; zero-shot θ0, Task "
                        "Arithmetic and Iso-C with α chosen on validation from 5 geometric α values (mean α).")
@@ -268,9 +268,9 @@ plotting.table(testbed.interference_table(growth), chapter=2, number=9,
 with plotting.figure("interference-vs-tasks", chapter=2, number=4, size="wide", ncols=2, sharey=True,
                      caption="Test normalized accuracy against T (mean ± std over seeds). Left: all T tasks. Right: "
                              "the 8 tasks every suite shares.") as (fig, axes):
-    testbed.plot_interference(growth, axes=axes)
-steps = testbed.interference_steps(growth)
-print("8 shared tasks, 5 geometric α values:\n" + testbed.steps_text(steps, sep="\n"))
+    chapter2.plot_interference(growth, axes=axes)
+steps = chapter2.interference_steps(growth)
+print("8 shared tasks, 5 geometric α values:\n" + chapter2.steps_text(steps, sep="\n"))
 
 # %% [markdown]
 # Both methods lose more at each step, on the shared tasks, on every seed. Over all T tasks the
@@ -284,7 +284,7 @@ print("8 shared tasks, 5 geometric α values:\n" + testbed.steps_text(steps, sep
 # (the largest cosine is printed below).
 
 # %%
-cos = testbed.cosine_matrix(task_vectors_from(zoo_full.pretrained, [zoo_full.finetuned[t] for t in tasks]), tasks)
+cos = chapter2.cosine_matrix(task_vectors_from(zoo_full.pretrained, [zoo_full.finetuned[t] for t in tasks]), tasks)
 off = cos.where(~np.eye(len(tasks), dtype=bool)).stack()
 with plotting.figure("task-vector-cosines", chapter=2, number=5, size=(6.4, 5.4),
                      caption=f"Cosine similarity of the full fine-tunes' task vectors (seed {seeds[0]}, every "
@@ -304,9 +304,9 @@ print(f"off-diagonal cosines: mean {off.mean():.3f}, median |cos| {off.abs().med
 # point, and TA's α falls step by step with T:
 
 # %%
-full_grid = testbed.interference_frame(plotting.repo_path("book/data/interference_fullgrid.jsonl"))
-full_steps = testbed.interference_steps(full_grid)
-print("full grid, 8 shared tasks:\n" + testbed.steps_text(full_steps, sep="\n"))
+full_grid = chapter2.interference_frame(plotting.repo_path("book/data/interference_fullgrid.jsonl"))
+full_steps = chapter2.interference_steps(full_grid)
+print("full grid, 8 shared tasks:\n" + chapter2.steps_text(full_steps, sep="\n"))
 alphas = full_grid[full_grid["method"] == "task_arithmetic"].groupby("T")["alpha"].mean()
 print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, a in alphas.items()))
 
@@ -316,14 +316,14 @@ print("Task Arithmetic's mean α by T: " + ", ".join(f"T = {t}: {a:.3f}" for t, 
 # each task vector the merge keeps.
 
 # %%
-curves = testbed.alpha_curves(full_grid)
+curves = chapter2.alpha_curves(full_grid)
 zs_all = 100 * full_grid[full_grid["method"] == "zero-shot"].groupby("T")["metrics.norm_acc"].mean()
 with plotting.figure("ta-alpha-curves", chapter=2, number=6, size=(6.4, 3.8),
                      caption="Task Arithmetic on the full α grid (α ≤ 0.6 shown): validation normalized accuracy over all "
                              "T tasks against α, mean over seeds (band: ±1 std); stars mark the best α of the mean "
                              "curve, dashed lines the zero-shot level on the test split "
                              "(`book/data/interference_fullgrid.jsonl`).") as (fig, ax):
-    testbed.plot_alpha_curves(curves[curves["alpha"] <= 0.6], ax=ax, zero_shot=zs_all.to_dict())
+    chapter2.plot_alpha_curves(curves[curves["alpha"] <= 0.6], ax=ax, zero_shot=zs_all.to_dict())
 
 # %% [markdown]
 # ## How the recipe was chosen
@@ -350,12 +350,12 @@ with plotting.figure("ta-alpha-curves", chapter=2, number=6, size=(6.4, 3.8),
 
 # %%
 variants = {"lr 3e-5 (the book)": full_grid,
-            "lr 1e-4 (first recipe)": testbed.interference_frame(plotting.repo_path("book/data/interference_lr1e-4.jsonl"))}
-variants.update({label: testbed.interference_frame(plotting.repo_path(f"book/data/interference_lr1e-4_{name}.jsonl"))
+            "lr 1e-4 (first recipe)": chapter2.interference_frame(plotting.repo_path("book/data/interference_lr1e-4.jsonl"))}
+variants.update({label: chapter2.interference_frame(plotting.repo_path(f"book/data/interference_lr1e-4_{name}.jsonl"))
                  for label, name in (("lr 1e-4, 160 steps", "steps160"), ("lr 1e-4, 48 px", "resolution48"),
                                      ("lr 1e-4, 2-shot heads", "head_shots2"))})
 seed0 = {label: f[f["seed"] == 0] for label, f in variants.items()}
-plotting.table(testbed.recipe_variants_table(seed0), chapter=2, number=10, floatfmt="{:.1f}",
+plotting.table(chapter2.recipe_variants_table(seed0), chapter=2, number=10, floatfmt="{:.1f}",
                caption="The 8 shared tasks' normalized test accuracy (%) under five recipes (seed 0, full α grid): "
                        "zero-shot, Task Arithmetic and Iso-C at T = 8, 14 and 20, and the last step (T = 14 minus "
                        "T = 20, points).")
@@ -380,21 +380,21 @@ print("seed 0, 20 tasks: " + "; ".join(f"{label}: mean ‖Δt‖ {r['metrics.tv_
 
 # %%
 first = variants["lr 1e-4 (first recipe)"]
-plotting.table(testbed.interference_table(first), chapter=2, number=11,
+plotting.table(chapter2.interference_table(first), chapter=2, number=11,
                caption="As table 2.9 for the first recipe (learning rate 1e-4) on the full α grid "
                        "(`book/data/interference_lr1e-4.jsonl`).")
 ta = first[first["method"] == "task_arithmetic"].pivot_table(index="seed", columns="T", values="first_norm")
 print("lr 1e-4, Task Arithmetic's drop from 14 to 20 tasks by seed (points): "
       + ", ".join(f"seed {seed}: {100 * (r[14] - r[20]):+.1f}" for seed, r in ta.iterrows()))
 first_grids = {"full grid": first} | {
-    label: testbed.interference_frame(plotting.repo_path(f"book/data/interference_lr1e-4_{name}.jsonl"))
+    label: chapter2.interference_frame(plotting.repo_path(f"book/data/interference_lr1e-4_{name}.jsonl"))
     for label, name in (("5 evenly spaced α values", "grid5"), ("5 geometric α values", "geom5"))}
 for label, f in first_grids.items():
-    print(f"lr 1e-4, {label}, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(f), sep="\n"))
+    print(f"lr 1e-4, {label}, 8 shared tasks:\n" + chapter2.steps_text(chapter2.interference_steps(f), sep="\n"))
 for spacing, label in (("linear", "5 evenly spaced α values"), ("geometric", "5 geometric α values")):
     print(f"{label}: " + "; ".join(f"{name} {testbeds.alpha_grid(m, 5, spacing=spacing)}"
                                    for m, name in (("task_arithmetic", "Task Arithmetic"), ("iso_c", "Iso-C"))))
-linear5 = testbed.interference_frame(plotting.repo_path("book/data/interference_linear5.jsonl"))
+linear5 = chapter2.interference_frame(plotting.repo_path("book/data/interference_linear5.jsonl"))
 a5 = linear5[linear5["method"] == "task_arithmetic"].set_index("T")
 print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 shared tasks: "
       + ", ".join(f"T = {T}: {100 * r.first_norm:.1f} % at α = {r.alpha:.3g}" for T, r in a5.sort_index().iterrows()))
@@ -420,7 +420,7 @@ print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 s
 
 # %%
 joins = {t: k for k in ("20", "14") for t in SUITES[k]}
-one = testbed.add_one_table(plotting.repo_path("book/data/interference_add_one.jsonl"), joins=joins)
+one = chapter2.add_one_table(plotting.repo_path("book/data/interference_add_one.jsonl"), joins=joins)
 plotting.table(one, chapter=2, number=12, floatfmt="{:.2f}",
                caption="Cost (points of the 8 shared tasks' normalized accuracy, mean and std over seeds) of adding one "
                        "extra task vector to the 8-task Task Arithmetic merge at α = 0.2; the T at which it joins "
@@ -442,15 +442,15 @@ print(f"the six costliest extra tasks: {int((top['joins'] == '14').sum())} join 
 # `book/data/interference_draws.jsonl`). The spread now covers seeds and sets.
 
 # %%
-draws = testbed.interference_frame(plotting.repo_path("book/data/interference_draws.jsonl"))
-plotting.table(testbed.interference_table(draws), chapter=2, number=13,
+draws = chapter2.interference_frame(plotting.repo_path("book/data/interference_draws.jsonl"))
+plotting.table(chapter2.interference_table(draws), chapter=2, number=13,
                caption="As table 2.9 with random sets of the extra tasks at T = 11, 14, 17 (mean ± std over seeds and "
                        "sets) and the full α grid.")
 with plotting.figure("interference-random-sets", chapter=2, number=7, size="wide", ncols=2, sharey=True,
                      caption="As figure 2.4 with random sets of the extra tasks between 8 and 20 (error bars: ±1 std "
                              "over seeds and sets).") as (fig, axes):
-    testbed.plot_interference(draws, axes=axes)
-print("random sets, 8 shared tasks:\n" + testbed.steps_text(testbed.interference_steps(draws), sep="\n"))
+    chapter2.plot_interference(draws, axes=axes)
+print("random sets, 8 shared tasks:\n" + chapter2.steps_text(chapter2.interference_steps(draws), sep="\n"))
 ta_d = draws[draws["method"] == "task_arithmetic"].groupby("T")["first_norm"].mean()
 zs_d = draws[draws["method"] == "zero-shot"].groupby("T")["first_norm"].mean()
 kept = 100 * (ta_d - zs_d) / (1 - zs_d)
@@ -488,14 +488,14 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 # sets).
 
 # %%
-rand = testbed.interference_steps(draws, T_values=[8, 14, 20])
+rand = chapter2.interference_steps(draws, T_values=[8, 14, 20])
 n_ok = int(steps["grows"].sum())
 plotting.verdict("the testbed's problem (merging loses more as T grows)",
                  "reproduced" if n_ok == len(steps) else ("partly reproduced" if n_ok else "not reproduced"),
                  f"On the 8 shared tasks the normalized accuracy falls by more than the seed spread at {n_ok}/{len(steps)} "
                  f"steps of the book's suites (5 geometric α values, {growth['seed'].nunique()} seeds): "
-                 f"{testbed.steps_text(steps)}. With the full α grid: {int(full_steps['grows'].sum())}/{len(full_steps)}; "
-                 f"with random sets at T = 14 and the full α grid: {testbed.steps_text(rand)}. Task Arithmetic's last step: "
+                 f"{chapter2.steps_text(steps)}. With the full α grid: {int(full_steps['grows'].sum())}/{len(full_steps)}; "
+                 f"with random sets at T = 14 and the full α grid: {chapter2.steps_text(rand)}. Task Arithmetic's last step: "
                  + " and ".join(f"{r.drop:+.1f} points {'beyond' if r.grows else 'within'} the spread ({name})"
                                 for name, st in (("book's suites", steps), ("full grid", full_steps),
                                                  ("random sets", rand))

@@ -44,7 +44,7 @@ PROFILES: dict[str, dict] = {
 BOOK_ZOO = (("8", (0,), ("full", "lora")), ("20", (0,), ("full",)), ("8", (1, 2), ("full", "lora")))
 
 #: The code an evaluation on this testbed depends on (besides the engine's): part of every memo key.
-EVAL_MODULES = ("pactlib.models.efficientnet", "pactlib.eval", "pactlib.testbeds.lite0.heads", "pactlib.data")
+EVAL_MODULES = ("pactlib.models.efficientnet", "pactlib.eval", "pactlib.testbeds.lite0.heads")
 
 
 def zoo_profile(name: str):
@@ -212,13 +212,28 @@ class Lite0Testbed:
         return preprocess(d.images[:n], self.resolution), d.labels[:n]
 
     def fingerprint(self) -> dict | None:
-        """The zoo runs' and heads' sha256, the caps, the resolution and the evaluator's code."""
+        """The zoo runs' and heads' sha256, the caps, the resolution, the evaluated examples' sha256
+        and the evaluator's code."""
         recs = getattr(self.zoo, "records", None) or {}
         ids = [(t, recs.get(t, {}).get("sha256"), recs.get(t, {}).get("head_sha256")) for t in self.tasks]
         if any(sha is None for _, sha, _ in ids):
             return None  # no checkpoint hashes: cannot tell this zoo from another one
         return dict(runs=ids, val_limit=self.val_limit, test_limit=self.test_limit, resolution=self.resolution,
-                    eval_code=code_fingerprint(EVAL_MODULES))
+                    data=self._data_sha256(), eval_code=code_fingerprint(EVAL_MODULES))
+
+    def _data_sha256(self) -> str:
+        """sha256 of the evaluated examples themselves (every task's capped val and test images
+        and labels), so a change of the data code that changes no example keeps the memo."""
+        import hashlib
+
+        cache = self.__dict__.get("_data_hash")
+        if cache is None:
+            h = hashlib.sha256()
+            for t in self.tasks:
+                for d in (self.val[t], self.test[t]):
+                    h.update(t.encode() + d.images.contiguous().numpy().tobytes() + d.labels.numpy().tobytes())
+            cache = self.__dict__["_data_hash"] = h.hexdigest()
+        return cache
 
     # -------------------------------------------------------------------- family-specific
     def matrix_keys(self) -> list[str]:
