@@ -1,8 +1,10 @@
 """The ``pact`` command line.
 
     pact merge --method NAME [--pact pact|s-pact] --alpha A --pretrained FILE \\
-               --finetuned FILE [FILE ...] --out FILE [--set key=value ...] [--trust-pickle]
-               [--rule auto|default|hf_encoder|gpt2|decoder_lm|reference_2d] [--max-shard-size 2GB] [--workers N]
+               (--finetuned FILE [FILE ...] | --lora-adapters DIR [DIR ...] [--lora-key-map NAME])
+               --out FILE [--set key=value ...] [--trust-pickle]
+               [--rule auto|default|hf_encoder|gpt2|decoder_lm|reference_2d] [--max-shard-size 2GB]
+               [--workers N] [--threads N]
     pact methods
     pact data prepare --suite 8            (built-in testbed: a plug-in, see below)
     pact zoo build --suite 8 --seeds 0 1 2 (built-in testbed: a plug-in)
@@ -27,6 +29,12 @@ group ``pactlib.cli`` names a function ``add_cli(subparsers)`` that adds its sub
 (pactlib's own pyproject.toml declares ``data`` and ``zoo``, the built-in testbed's). A plug-in
 whose module cannot be imported (e.g. numpy missing: ``pip install pactlib[book]``) is listed
 as unavailable, and running it prints why.
+
+``--lora-adapters`` takes PEFT LoRA adapter folders instead of fine-tuned checkpoints
+(:mod:`pactlib.peft`): each task vector is Δ = scale·B·A on the adapted weights (zero elsewhere),
+scale from ``adapter_config.json`` (``lora_alpha``/``r``, ``use_rslora``, ``rank_pattern``,
+``alpha_pattern``), fed to the streamed merge key by key as Δ itself; ``--lora-key-map`` maps
+PEFT's module names onto θ0's keys (``hf_clip_to_open_clip``: q/k/v into ``in_proj_weight``).
 
 ``pact merge`` checks everything that needs no checkpoint before it loads one: α finite, the
 ``--out`` extension, ``--out`` not one of the inputs, ``--set`` names, types and values. Errors
@@ -162,9 +170,21 @@ def cmd_merge(args) -> int:
     check_alpha(args.alpha)
     if args.max_shard_size is not None:
         parse_size(args.max_shard_size)
-    check_out_path(args.out, [args.pretrained, *args.finetuned], args.max_shard_size)
+    set_threads(args.threads)
+    adapters = args.lora_adapters or []
+    inputs = [args.pretrained, *(args.finetuned or [])]
+    if adapters:
+        from .peft import adapter_files
+
+        inputs += [str(f) for d in adapters for f in adapter_files(d)]
+    check_out_path(args.out, inputs, args.max_shard_size)
     kw = parse_set(args.set)
     resolve_kwargs(args.method, args.pact, kw)
+    workers = args.workers if args.workers is not None else (args.threads or 1)
+    if adapters:
+        from .peft import resolve_key_map
+
+        resolve_key_map(args.lora_key_map)  # an unknown name fails before any file is read
 
     def loader(path):
         return load_checkpoint(path, trust_pickle=args.trust_pickle, mmap=True)
@@ -175,12 +195,37 @@ def cmd_merge(args) -> int:
         from .lazy import open_checkpoint
 
         rule = detect_preset(open_checkpoint(args.pretrained, loader=loader).keys())
-    res = merge_files(args.method, args.pretrained, args.finetuned, args.out, alpha=args.alpha, pact=args.pact,
-                      names=args.finetuned, rule=MatrixRule.preset(rule), max_shard_size=args.max_shard_size,
-                      loader=loader, workers=args.workers, **kw)
+    if adapters:
+        from .peft import AdapterSource
+
+        finetuned = [AdapterSource(d, key_map=args.lora_key_map, extra=args.lora_extra, name=d,
+                                   rule=MatrixRule.preset(rule)) for d in adapters]
+        names = list(adapters)
+    else:
+        finetuned = names = args.finetuned
+    res = merge_files(args.method, args.pretrained, finetuned, args.out, alpha=args.alpha, pact=args.pact,
+                      names=names, rule=MatrixRule.preset(rule), max_shard_size=args.max_shard_size,
+                      loader=loader, workers=workers, **kw)
+    extra = {"lora_adapters": adapters, "lora_key_map": args.lora_key_map} if adapters else {}
     print(json.dumps({"out": str(res.path), "method": args.method, "pact": args.pact, "alpha": args.alpha,
-                      "tasks": res.tasks, "rule": rule, "params": kw, "files": [str(f) for f in res.files]}))
+                      "tasks": res.tasks, "rule": rule, "params": kw, **extra,
+                      "files": [str(f) for f in res.files]}))
     return 0
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads N``: torch's intra-op thread count (None: leave it as it is).
+
+    Raises:
+        ValueError: N < 1.
+    """
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def cmd_methods(args) -> int:
@@ -234,7 +279,18 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     m.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter task vectors first")
     m.add_argument("--alpha", type=float, required=True, help="scaling coefficient α")
     m.add_argument("--pretrained", required=True, help="θ0 checkpoint file")
-    m.add_argument("--finetuned", nargs="+", required=True, help="fine-tuned checkpoint files")
+    src = m.add_mutually_exclusive_group(required=True)
+    src.add_argument("--finetuned", nargs="+", help="fine-tuned checkpoint files")
+    src.add_argument("--lora-adapters", nargs="+", metavar="DIR",
+                     help="PEFT LoRA adapter folders (adapter_model.safetensors + adapter_config.json) instead of "
+                          "--finetuned: each task vector is scale·B·A per adapted weight (pactlib.peft)")
+    m.add_argument("--lora-key-map", default=None, metavar="NAME",
+                   help="how PEFT module names map onto --pretrained's keys: identity (default), "
+                        "hf_clip_to_open_clip (HF CLIP adapters on an open_clip checkpoint: q/k/v into in_proj_weight), "
+                        "hf_clip_to_image_encoder (the same under model.)")
+    m.add_argument("--lora-extra", choices=["error", "skip"], default="error",
+                   help="adapter entries that are whole weights, not LoRA factors (modules_to_save, trained biases): "
+                        "error (default) or skip (left out, with a warning)")
     m.add_argument("--out", required=True,
                    help="output file (.safetensors, .pt, or x.safetensors.index.json for a sharded output)")
     m.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -250,9 +306,12 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     m.add_argument("--max-shard-size", default=None, metavar="SIZE",
                    help="split a .safetensors output into shards of at most SIZE (e.g. 2GB, 500MB, 1.5GiB, bytes) "
                         "with a Hugging Face *.index.json, when it needs more than one")
-    m.add_argument("--workers", type=int, default=1,
-                   help="layers merged at once, each on one thread (default 1; same result for any value, "
-                        "memory grows with it)")
+    m.add_argument("--workers", type=int, default=None,
+                   help="layers merged at once, each on one thread (default --threads, else 1; same result for any "
+                        "value, memory grows with it)")
+    m.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch's thread count (reading, converting pickles, TIES' global passes) and the default of "
+                        "--workers")
     m.set_defaults(func=cmd_merge)
     sub.add_parser("methods", help="list the registered merge methods").set_defaults(func=cmd_methods)
     if plugins:

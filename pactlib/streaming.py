@@ -101,15 +101,25 @@ class _TaskChecks:
             warnings.warn(f"task vectors of {self.names[i]!r} and {self.names[j]!r} are identical", stacklevel=3)
 
 
-class _Inputs:
-    """θ0 and the T fine-tuned checkpoints, checked from their headers; deltas read on demand."""
+def is_delta_source(x) -> bool:
+    """Whether ``x`` is a task-vector source (e.g. :class:`pactlib.peft.AdapterSource`) rather
+    than a checkpoint path: it has ``check(meta)`` and ``delta(key) -> Tensor | None``."""
+    return callable(getattr(x, "check", None)) and callable(getattr(x, "delta", None))
 
-    def __init__(self, pre: LazyCheckpoint, fts: Sequence[LazyCheckpoint], names: Sequence[str]):
+
+class _Inputs:
+    """θ0 and the T fine-tuned checkpoints (or task-vector sources), checked from their headers;
+    deltas read on demand."""
+
+    def __init__(self, pre: LazyCheckpoint, fts: Sequence, names: Sequence[str]):
         self.pre, self.fts, self.names = pre, list(fts), list(names)
         meta = pre.meta()
         check_state_dict(meta, name=f"pre-trained ({pre.name})")
         for ft, nm in zip(self.fts, self.names):
-            check_compatible(meta, ft.meta(), name=nm)
+            if is_delta_source(ft):
+                ft.check(meta)
+            else:
+                check_compatible(meta, ft.meta(), name=nm)
         self.meta = meta
         self.dtype = torch.float64 if any(v.dtype == torch.float64 for v in meta.values()) else torch.float32
         self.floats = [k for k, v in meta.items() if torch.is_floating_point(v)]
@@ -135,6 +145,13 @@ class _Inputs:
         stack = torch.empty((self.T, *p.shape), dtype=self.dtype)
         p_c = p.to(self.dtype)
         for t, (ft, nm) in enumerate(zip(self.fts, self.names)):
+            if is_delta_source(ft):  # Δt itself (None: zero); checked finite when it was read
+                d = ft.delta(key)
+                if d is None:
+                    stack[t].zero_()
+                else:
+                    stack[t].copy_(d if rows is None else d[rows[0]:rows[1]])
+                continue
             x = ft.read(key, rows)
             if check:
                 check_finite({key: x}, name=nm)
@@ -197,7 +214,9 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         pretrained: θ0: a ``.safetensors`` file, a pickle (``.pt``/``.pth``/``.bin``/``.ckpt``,
             converted once to safetensors, :func:`pactlib.lazy.convert_pickle`), a sharded
             checkpoint's ``*.index.json`` or a model folder.
-        finetuned: the T fine-tuned checkpoints, same forms, with θ0's keys and shapes.
+        finetuned: the T fine-tuned checkpoints, same forms, with θ0's keys and shapes; or
+            task-vector sources (:func:`is_delta_source`, e.g. PEFT LoRA adapters as
+            :class:`pactlib.peft.AdapterSource`) giving Δt key by key, exactly (not θ0 + Δt − θ0).
         out: ``*.safetensors``; ``*.safetensors.index.json`` for a sharded output; or a torch
             file (``.pt``, collected in memory: one model).
         alpha: scaling coefficient α.
@@ -242,10 +261,11 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     finetuned = list(finetuned)
     if not finetuned:
         raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
-    for p in [pretrained, *finetuned]:
+    for p in [pretrained, *(f for f in finetuned if not is_delta_source(f))]:
         if Path(p).exists() and out.exists() and os.path.samefile(out, p) or out.resolve() == Path(p).resolve():
             raise ValueError(f"out {out} is the input {p}: writing there would overwrite it; choose another file")
-    names = [str(p) for p in finetuned] if names is None else list(names)
+    names = [getattr(p, "name", str(p)) if is_delta_source(p) else str(p) for p in finetuned] \
+        if names is None else list(names)
     if len(names) != len(finetuned):
         raise CheckpointError(f"names: {len(names)} names for {len(finetuned)} fine-tuned checkpoints")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +279,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
     loader = loader or default_loader(trust_pickle)
     pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
-    fts = [open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm) for p, nm in zip(finetuned, names)]
+    fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
+           for p, nm in zip(finetuned, names)]
     inputs = _Inputs(pre, fts, names)
     selected: list[str] = []
     report = None
