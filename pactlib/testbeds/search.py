@@ -1,0 +1,208 @@
+"""``pact search``: choose α on validation for a testbed from the command line.
+
+    pact search --testbed synthetic-3 --method iso_c [--pact pact|s-pact]
+                [--alphas 0.1 0.5 1.0 | --alpha-points 5] [--seed 0] [--kind full|lora]
+                [--device cpu|cuda|auto] [--threads N] [--set KEY=VALUE ...] [--option KEY=VALUE ...]
+                [--widen 3] [--refine 0] [--out-records r.jsonl] [--out merged.safetensors]
+
+It loads the testbed (:func:`pactlib.testbeds.load`), merges its task vectors with ``--method``
+(after the PACT / S-PACT filter with ``--pact``), evaluates every α of the grid on the validation
+split, takes the α with the best mean normalized accuracy, evaluates it on test
+(:func:`pactlib.testbeds.run`: the book's own protocol, grid widened at an edge, method.md §5),
+prints the α curve and the choice, and writes
+
+- ``--out-records``: the record (:func:`pactlib.book.records.write_records`, appended);
+- ``--out``: the merged checkpoint θ0 + α·D at the chosen α (:func:`pactlib.io.save_state_dict`).
+
+The grid: ``--alphas`` as given, else ``--alpha-points`` values over the method's range
+(:func:`pactlib.testbeds.alpha_grid`; LoRA testbeds: 0.1…3.0 for every method, method.md §5),
+else the method's full grid. ``--set`` takes method parameters and PACT options
+(``k=20``, ``core_frac=0.1``, ``svd=exact``; as ``pact merge``), ``--option`` the testbed
+loader's options (``val_limit=64``, ``cache_dir=…``). ``--device`` is passed to the testbed's
+loader as ``device=`` (``auto``: cuda when present); a family without that option runs on the
+CPU, so ``cpu`` is then accepted and ``cuda`` refused. ``--threads`` sets torch's thread count
+(the PACT filter runs that many layers at once, :mod:`pactlib.threads`).
+
+A plug-in of the ``pact`` command (entry point ``search`` of the group ``pactlib.cli``): it needs
+the book's dependencies (numpy for the α grid). Errors (an unknown method or testbed, a bad
+option) print ``pact: error: ...`` and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_cli", "cmd_search", "search", "resolve_device", "grid"]
+
+
+def resolve_device(device: str | None) -> str | None:
+    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; None stays None.
+
+    Raises:
+        ValueError: ``"cuda"`` without a GPU, or another value.
+    """
+    import torch
+
+    if device is None:
+        return None
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device must be cpu, cuda or auto, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no GPU here (torch.cuda.is_available() is False)")
+    return device
+
+
+def grid(method: str, kind: str, alphas=None, points: int | None = None) -> tuple[float, ...]:
+    """The α grid of ``pact search`` (module docstring).
+
+    Raises:
+        ValueError: an empty, negative or non-finite ``alphas``, ``points`` < 1, both given.
+        UnknownMethodError: unknown method.
+    """
+    from ..checks import check_alpha
+    from .base import alpha_grid
+
+    if alphas and points is not None:
+        raise ValueError("give --alphas or --alpha-points, not both")
+    if alphas:
+        out = tuple(sorted({check_alpha(a) for a in alphas}))
+        if out[0] < 0:
+            raise ValueError(f"--alphas must be >= 0, got {out[0]}")
+        return out
+    if points is not None and points < 1:
+        raise ValueError(f"--alpha-points must be >= 1, got {points}")
+    lohi = dict(lo=0.1, hi=3.0) if kind == "lora" else {}
+    return alpha_grid(method, points, **lohi)
+
+
+def _load(name: str, seed: int, kind: str, device: str | None, options: dict):
+    from . import load
+
+    if device is None:
+        return load(name, seed=seed, kind=kind, **options)
+    try:
+        return load(name, seed=seed, kind=kind, device=device, **options)
+    except TypeError as e:
+        if "device" not in str(e):
+            raise
+        if device != "cpu":
+            raise ValueError(f"--device {device}: testbed {name!r} takes no device option (it runs on the CPU)") \
+                from None
+        return load(name, seed=seed, kind=kind, **options)
+
+
+def search(testbed: str, method: str, *, pact: str | None = None, alphas=None, alpha_points: int | None = None,
+           seed: int = 0, kind: str = "full", device: str | None = None, params: dict | None = None,
+           options: dict | None = None, widen: int = 3, refine: int = 0, out: str | None = None):
+    """Load ``testbed``, run ``method`` (± PACT) over the α grid, and return ``(record, merged
+    state dict at the chosen α or None, testbed)``; with ``out`` the merged state is also saved.
+
+    Raises:
+        KeyError / UnknownMethodError: unknown testbed or method. ValueError, TypeError: bad
+        parameters, options or grid (named).
+    """
+    from .. import merges
+    from ..api import merged_update, resolve_kwargs
+    from . import check_name
+    from .base import filtered, own_task_vectors, run
+
+    merges.get(method)  # named errors before anything is loaded
+    check_name(testbed)
+    mparams, opts = resolve_kwargs(method, pact, dict(params or {}))
+    alphas = grid(method, kind, alphas, alpha_points)
+    if out is not None:
+        from ..lazy import check_out_suffix
+
+        check_out_suffix(out)
+    tb = _load(testbed, seed, kind, resolve_device(device), dict(options or {}))
+    rec = run(tb, method, pact=pact, options=opts, alphas=alphas, widen=widen, refine=refine, **mparams)
+    merged = None
+    if out is not None:
+        if pact:  # as run() merges: the filter once per testbed, then the base method
+            tvs, _ = filtered(tb, pact, opts)
+            D, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **mparams)
+        else:
+            D, _ = merged_update(method, tb.pretrained, own_task_vectors(tb), rule=tb.rule, **mparams)
+        merged = D.apply_to(tb.pretrained, rec["alpha"])
+        from ..io import save_state_dict
+
+        save_state_dict({k: v.detach().cpu() for k, v in merged.items()}, out,
+                        metadata={"testbed": tb.name, "method": rec["method"], "alpha": repr(rec["alpha"]),
+                                  "seed": str(tb.seed), "kind": tb.kind})
+    return rec, merged, tb
+
+
+def _table(rec: dict) -> str:
+    lines = [f"{'alpha':>8}  {'val acc':>8}  {'val norm':>8}"]
+    for c in rec["curve"]:
+        mark = "  <- chosen" if c["alpha"] == rec["alpha"] else ""
+        extra = "  (widened)" if c["alpha"] in rec.get("widened", []) else ""
+        lines.append(f"{c['alpha']:8.4g}  {c['mean_acc']:8.4f}  {c['mean_normalized']:8.4f}{mark}{extra}")
+    m = rec["metrics"]
+    lines.append(f"chosen alpha {rec['alpha']:.4g}{' (on the edge of the grid)' if rec.get('on_edge') else ''}: "
+                 f"val norm acc {m['val_norm_acc']:.4f} (acc {m['val_acc']:.4f}); "
+                 f"test norm acc {m['norm_acc']:.4f} (acc {m['acc']:.4f})")
+    return "\n".join(lines)
+
+
+def cmd_search(args) -> int:
+    from ..cli import parse_set, set_threads
+    from ..merges import UnknownMethodError
+
+    set_threads(args.threads)
+    if args.out_records is not None and Path(args.out_records).is_dir():
+        raise ValueError(f"--out-records {args.out_records} is a folder; name a .jsonl file")
+    try:
+        rec, _, tb = search(args.testbed, args.method, pact=args.pact, alphas=args.alphas,
+                            alpha_points=args.alpha_points, seed=args.seed, kind=args.kind, device=args.device,
+                            params=parse_set(args.set), options=parse_set(args.option), widen=args.widen,
+                            refine=args.refine, out=args.out)
+    except UnknownMethodError:
+        raise
+    except KeyError as e:  # an unknown testbed / variant: KeyError quotes its message
+        raise ValueError(e.args[0] if e.args else str(e)) from None
+    print(f"{rec['method']} on {tb.name} (seed {tb.seed}, {tb.kind}; {len(tb.tasks)} tasks)")
+    print(_table(rec))
+    if args.out_records is not None:
+        from ..book.records import write_records
+
+        write_records(args.out_records, [rec])
+    print(json.dumps({"testbed": tb.name, "method": args.method, "pact": args.pact, "seed": tb.seed, "kind": tb.kind,
+                      "alpha": rec["alpha"], "val_norm_acc": rec["metrics"]["val_norm_acc"],
+                      "norm_acc": rec["metrics"]["norm_acc"], "acc": rec["metrics"]["acc"],
+                      "records": args.out_records, "out": args.out}))
+    sys.stdout.flush()
+    return 0
+
+
+def add_cli(sub) -> None:
+    """Add ``pact search`` to the ``pact`` sub-parsers (entry point ``search`` of ``pactlib.cli``)."""
+    p = sub.add_parser("search", help="choose α on validation for a testbed (method ± PACT), write the record "
+                                      "and the merged checkpoint",
+                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--testbed", required=True, help="a registered testbed name, e.g. synthetic-3, lite0-8")
+    p.add_argument("--method", required=True, help="a merge method (pact methods lists them)")
+    p.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter the task vectors first")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--alphas", type=float, nargs="+", default=None, metavar="A", help="the α grid")
+    g.add_argument("--alpha-points", type=int, default=None, metavar="N",
+                   help="N α values over the method's range (default: the method's full grid)")
+    p.add_argument("--seed", type=int, default=0, help="fine-tuning seed of the testbed (default 0)")
+    p.add_argument("--kind", choices=["full", "lora"], default="full", help="full or LoRA fine-tunes")
+    p.add_argument("--device", default=None, metavar="cpu|cuda|auto",
+                   help="passed to the testbed's loader (auto: cuda when present); default: the testbed's own")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch's thread count")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="method parameters / PACT options, e.g. k=20 core_frac=0.1 svd=exact")
+    p.add_argument("--option", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="testbed loader options, e.g. val_limit=64 cache_dir=/tmp/memo")
+    p.add_argument("--widen", type=int, default=3, help="extra α values tried beyond an edge of the grid (default 3)")
+    p.add_argument("--refine", type=int, default=0, help="rounds of coarse-to-fine α refinement (default 0)")
+    p.add_argument("--out-records", default=None, metavar="FILE.jsonl", help="append the record here")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="write θ0 + α·D at the chosen α here (.safetensors or .pt)")
+    p.set_defaults(func=cmd_search)
