@@ -237,15 +237,58 @@ def own_task_vectors(tb: Testbed) -> list[TaskVector]:
     return list(c["tvs"])
 
 
-def filtered(tb: Testbed, mode: str, options: PactOptions | None = None) -> tuple[list[TaskVector], PactReport]:
-    """(PACT/S-PACT-filtered task vectors, :class:`~pactlib.pact.PactReport`) of ``tb``'s own task
-    vectors for ``mode`` (``"pact"``, ``"s-pact"``) and ``options``; computed once per testbed."""
+def engine_device(tb: Testbed) -> torch.device | None:
+    """Where :func:`run` merges and filters ``tb``'s task vectors: the testbed's optional
+    ``device`` attribute (e.g. ``"cuda"``), or None for the CPU (a testbed without one, or
+    ``"cpu"``). The engine itself takes no device argument: it computes where its tensors are."""
+    dev = getattr(tb, "device", None)
+    if dev is None:
+        return None
+    dev = torch.device(dev)
+    return None if dev.type == "cpu" else dev
+
+
+def _to(tvs: Sequence[TaskVector], device) -> list[TaskVector]:
+    return [tv.map(lambda k, v: v.to(device)) for tv in tvs]
+
+
+def _engine_pretrained(tb: Testbed) -> dict[str, Tensor]:
+    """θ0 on :func:`engine_device`, moved there once."""
+    dev = engine_device(tb)
+    if dev is None:
+        return tb.pretrained
+    c = _cache(tb)
+    if "pre_on_device" not in c:
+        c["pre_on_device"] = {k: v.to(dev) for k, v in tb.pretrained.items()}
+    return c["pre_on_device"]
+
+
+def _engine_task_vectors(tb: Testbed) -> list[TaskVector]:
+    """The testbed's own task vectors on :func:`engine_device`, moved there once."""
+    dev = engine_device(tb)
+    if dev is None:
+        return own_task_vectors(tb)
+    c = _cache(tb)
+    if "tvs_on_device" not in c:
+        c["tvs_on_device"] = _to(own_task_vectors(tb), dev)
+    return list(c["tvs_on_device"])
+
+
+def _filtered(tb: Testbed, mode: str, options: PactOptions | None) -> tuple[list[TaskVector], PactReport]:
     options = options or PactOptions()
     c = _cache(tb).setdefault("filtered", {})
     if (mode, options) not in c:
-        c[mode, options] = pact_filter(tb.pretrained, own_task_vectors(tb), mode=mode, options=options,
+        c[mode, options] = pact_filter(_engine_pretrained(tb), _engine_task_vectors(tb), mode=mode, options=options,
                                        rule=tb.rule)
     return c[mode, options]
+
+
+def filtered(tb: Testbed, mode: str, options: PactOptions | None = None) -> tuple[list[TaskVector], PactReport]:
+    """(PACT/S-PACT-filtered task vectors, :class:`~pactlib.pact.PactReport`) of ``tb``'s own task
+    vectors for ``mode`` (``"pact"``, ``"s-pact"``) and ``options``; computed once per testbed, on
+    :func:`engine_device` (the task vectors returned are on the CPU)."""
+    tvs, report = _filtered(tb, mode, options)
+    return (tvs if engine_device(tb) is None else _to(tvs, "cpu")), report
 
 
 def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
@@ -253,6 +296,9 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, refine: int = REFINE,
         memo: bool = True, **params: Any) -> dict:
     """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
+
+    The merge and the PACT filter run on :func:`engine_device` (the testbed's ``device``, e.g.
+    CUDA), and so do the merged states handed to ``tb.evaluate``.
 
     Args:
         tb: the testbed. ``method``: a name of :func:`pactlib.merges.names`; ``params`` go to it.
@@ -292,12 +338,14 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         hit = _memo_read(tb, key) if key else None
         if hit is not None:
             return hit
+    pre = _engine_pretrained(tb)
     if own and pact:  # the filter does not depend on the base method: reuse it
-        tvs, report = filtered(tb, pact, opts)
-        D, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **params)
+        tvs, report = _filtered(tb, pact, opts)
+        D, _ = merged_update(method, pre, tvs, rule=tb.rule, **params)
     else:
-        tvs = list(task_vectors) if not own else own_task_vectors(tb)
-        D, report = merged_update(method, tb.pretrained, tvs, pact=pact, options=options, rule=tb.rule, **params)
+        dev = engine_device(tb)
+        tvs = _engine_task_vectors(tb) if own else list(task_vectors) if dev is None else _to(task_vectors, dev)
+        D, report = merged_update(method, pre, tvs, pact=pact, options=options, rule=tb.rule, **params)
     t_merge = time.perf_counter() - t0
     name = label or (f"{pact}-{method}" if pact else method)
     splits = {"val": {t: "val" for t in tb.tasks}, "test": {t: "test" for t in tb.tasks}}
@@ -307,7 +355,7 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
 
     energies = [e for lr in report.layers for e in lr.removed_energy] if report and report.layers else []
     rec = select_alpha(
-        lambda a: D.apply_to(tb.pretrained, a), alphas, evaluate_fn=evaluate_fn, val=splits["val"],
+        lambda a: D.apply_to(pre, a), alphas, evaluate_fn=evaluate_fn, val=splits["val"],
         test=splits["test"], ft_val=tb.ft_val, ft_test=tb.ft_test, method=name, widen=widen, refine=refine,
         limit=tb.val_limit, params={**params, **(dict(vars(opts)) if opts else {})}, seed=tb.seed,
         testbed=tb.name, suite=suite_of(tb), kind=tb.kind, base=method, pact=pact,
