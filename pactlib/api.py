@@ -15,7 +15,7 @@ from torch import Tensor
 
 from . import merges
 from .checks import check_alpha, check_task_set, check_type
-from .matrix import DEFAULT_RULE, MatrixRule
+from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector, check_compute_dtype
 
@@ -120,10 +120,15 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
         TypeError: unknown method parameter, or one of the wrong type (named).
 
     Warns:
-        UserWarning: PACT changed nothing (see :func:`pactlib.pact.pact_filter`).
+        UserWarning: PACT changed nothing (see :func:`pactlib.pact.pact_filter`); θ0 has Hugging
+            Face CLIP keys, whose separate q/k/v matrices merge differently from open_clip's fused
+            ``in_proj_weight`` (:func:`pactlib.matrix.split_attention_note`).
     """
     m = merges.get(method)
     check_method_params(method, method_params)
+    note = split_attention_note(pretrained.keys(), where=f"{method}: ")
+    if note:
+        warnings.warn(note, UserWarning, stacklevel=2)
     report = None
     if pact is not None:
         if pact not in MODES:

@@ -130,6 +130,13 @@ def check_compatible(reference: Mapping[str, Tensor], other: Mapping[str, Tensor
             parts.append(f"{len(missing)} key(s) missing: {_preview(missing)}")
         if extra:
             parts.append(f"{len(extra)} extra key(s) not in {ref_name}: {_preview(extra)}")
+        from .matrix import attention_layout
+
+        layouts = attention_layout(reference.keys()), attention_layout(other.keys())
+        if None not in layouts and layouts[0] != layouts[1]:
+            parts.append(f"{ref_name} and {name} are CLIP checkpoints in two layouts (Hugging Face: separate "
+                         "q/k/v; open_clip / task_vectors: fused in_proj_weight); convert both to one naming "
+                         "first, e.g. pactlib.models.clip.vision_state_dict(path, naming='open_clip')")
         raise CheckpointError(f"{name}: " + "; ".join(parts))
     for k, v in reference.items():
         w = other[k]

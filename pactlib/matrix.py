@@ -188,3 +188,35 @@ def detect_preset(state_dict) -> str:
     if any(re.search(r"\.attention\.(self|attention)\.query\.weight$", k) for k in keys):
         return "hf_encoder"
     return "default"
+
+
+_SPLIT_QKV = re.compile(r"(^|\.)(vision_model|text_model)\.encoder\.layers\.\d+\.self_attn\.[qkv]_proj\.weight$")
+_FUSED_QKV = re.compile(r"(^|\.)(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$")
+
+
+def attention_layout(keys) -> str | None:
+    """How a CLIP checkpoint stores its attention input projections: ``"split"`` (Hugging Face:
+    ``…self_attn.{q,k,v}_proj.weight``, three (d, d) matrices per layer), ``"fused"`` (open_clip,
+    task_vectors / TSV files: one ``…attn.in_proj_weight`` (3d, d)), or None (neither)."""
+    keys = list(keys)
+    if any(_SPLIT_QKV.search(k) for k in keys):
+        return "split"
+    if any(_FUSED_QKV.search(k) for k in keys):
+        return "fused"
+    return None
+
+
+#: What :func:`split_attention_note` says: the same weights in the two layouts merge differently.
+SPLIT_ATTENTION_NOTE = (
+    "{where}Hugging Face CLIP keys: q, k and v are merged as three (d, d) matrices per layer, while "
+    "open_clip and task_vectors/TSV files of the same weights (and the reference TSV-M / Iso-C code) hold one "
+    "fused (3d, d) in_proj_weight; SVD-based merges (TSV-M, Iso-C, Iso-CTS) and PACT act per matrix, so the two "
+    "layouts give different merged updates. For the reference's view convert the checkpoints first: "
+    "pactlib.models.clip.vision_state_dict(path, naming='open_clip')")
+
+
+def split_attention_note(keys, where: str = "") -> str | None:
+    """:data:`SPLIT_ATTENTION_NOTE` when ``keys`` hold a Hugging Face CLIP tower's separate q/k/v
+    projections (:func:`attention_layout` is ``"split"``), else None."""
+    return SPLIT_ATTENTION_NOTE.format(where=where) if attention_layout(keys) == "split" else None
+
