@@ -13,16 +13,23 @@ Steps, in order:
    validate them: names and types (unknown / wrong type / missing required,
    ``pactlib.book.params.validate``), then values against the rules of the notebook's own
    ``params.check(globals(), ...)`` call (unknown merge method, suite or zoo profile, counts and
-   fractions out of range, ``pactlib.book.params.check_notebook``). All notebooks are validated
-   before any is executed; ``--check-only`` stops there (``make book`` / ``make chapter`` run
-   it before they build data or a zoo).
+   fractions out of range, ``pactlib.book.params.check_notebook``). A parameter set's
+   ``testbeds:`` section (named testbed definitions, ``{name: {family: clip, option: value}}``)
+   is defined first (``pactlib.testbeds.define_all``: unknown family or option -> error), so a
+   notebook section may name one (``testbed: clip-vitb32-8``); the paths of every definition a
+   selected notebook names must exist (each missing one is named with its option). All
+   notebooks are validated before any is executed, with the repository root as working
+   directory, as the kernels have it; ``--check-only`` stops there (``make book`` / ``make
+   chapter`` run it before they build data or a zoo).
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
    parameters, the code of every ``pactlib/**/*.py`` (syntax trees without docstrings, so comment
    edits re-run nothing), ``requirements.lock``, the content of files named
-   by path-valued parameters and of the ``--inputs`` files (zoo / data manifests). The result
+   by path-valued parameters, the definitions of the testbeds the notebook names (and a listing
+   of the files and folders they name), and of the ``--inputs`` files (zoo / data manifests). The result
    is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
    atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
-   to ``book/_executed/<set>/figures/``. A notebook that raises stops the run: the message
+   to ``book/_executed/<set>/figures/``. Every kernel gets the testbed definitions as JSON in
+   ``$PACT_TESTBEDS`` (``pactlib.testbeds`` defines them on import). A notebook that raises stops the run: the message
    names the notebook and the failing cell, and the partial notebook is kept as
    ``<name>.failed.ipynb``. A shell command (``!cmd``) that exits non-zero raises too
    (``subprocess.CalledProcessError``; the kernel runs with IPython's
@@ -36,6 +43,7 @@ Exit status: 0 on success, 1 on a failed notebook / build / check, 2 on bad para
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -91,6 +99,7 @@ class Job:
     overrides: dict[str, Any]
     key: str = ""
     inputs: dict[str, str] = field(default_factory=dict)
+    testbeds: dict[str, dict] = field(default_factory=dict)  # definitions of the testbeds it names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,11 +174,56 @@ def parse_cli(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def define_testbeds(params_file: Path) -> dict[str, dict]:
+    """Define the ``testbeds:`` section of ``params_file`` (``pactlib.testbeds.define_all``) and
+    return it, ``{name: {"family": ..., option: value}}``.
+
+    Raises:
+        ParameterError: the section is malformed, names an unknown family, or an option its
+            family does not take or of a bad value (every problem, each naming testbed and key).
+    """
+    from pactlib import testbeds
+
+    specs = pparams.testbed_definitions(params_file)
+    try:
+        testbeds.define_all(specs, where=f"{params_file.name}: testbeds", replace=True)
+    except ValueError as exc:
+        raise pparams.ParameterError(str(exc)) from None
+    return specs
+
+
+def named_testbeds(values: Any) -> set[str]:
+    """The defined testbed names among parameter values (strings, or inside lists and dicts)."""
+    from pactlib import testbeds
+
+    defined = testbeds.definitions()
+    if isinstance(values, str):
+        return {values} if values in defined else set()
+    if isinstance(values, dict):
+        values = list(values.values())
+    if isinstance(values, (list, tuple)):
+        return set().union(*(named_testbeds(v) for v in values)) if values else set()
+    return set()
+
+
 def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[Job]:
-    """Read, parse and validate every selected notebook (nothing runs yet)."""
+    """Read, parse and validate every selected notebook (nothing runs yet), in the repository
+    root (the kernels' working directory: relative paths mean the same here and there)."""
+    params_file = params_file.resolve()
+    with contextlib.chdir(ROOT):
+        return _prepare(paths, params_file, cli)
+
+
+def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[Job]:
     import jupytext
 
+    from pactlib import testbeds
+
     jobs, problems, declared_any = [], [], set()
+    try:
+        define_testbeds(params_file)
+    except (pparams.ParameterError, FileNotFoundError) as exc:
+        problems.append(str(exc))
     for path in paths:
         where = _rel(path)
         try:
@@ -184,7 +238,16 @@ def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[J
         except (pparams.ParameterError, FileNotFoundError) as exc:
             problems.append(str(exc))
             continue
-        jobs.append(Job(path.stem, path, nb, overrides))
+        named = named_testbeds(list({**defaults, **overrides}.values()))
+        jobs.append(Job(path.stem, path, nb, overrides,
+                        testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
+    for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
+        users = [j.name[:2] for j in jobs if name in j.testbeds]
+        missing = testbeds.missing_paths(name)
+        if missing:
+            problems.append(f"{params_file.name}: testbeds: {name!r} (used by chapters {', '.join(users)}) names "
+                            f"paths that do not exist; edit them: "
+                            + "; ".join(f"option {option!r}: {path}" for option, path in missing))
     if len(paths) == len(notebook_paths(None)):  # every notebook: `common` must be used somewhere
         try:
             common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
@@ -227,6 +290,17 @@ def _hash_path(path: Path) -> str:
     return _sha("\n".join(rows).encode())
 
 
+_HASHED: dict[str, str] = {}
+
+
+def _hash_path_once(path: Path) -> str:
+    """:func:`_hash_path`, once per path and run (a data root named by several notebooks'
+    testbeds is listed once)."""
+    if str(path) not in _HASHED:
+        _HASHED[str(path)] = _hash_path(path)
+    return _HASHED[str(path)]
+
+
 def path_values(value: Any) -> list[Path]:
     """Existing files/folders named by string parameter values (relative to the repo root)."""
     if isinstance(value, str) and value and len(value) < 500 and "\n" not in value:
@@ -248,6 +322,7 @@ def compute_key(job: Job, shared: dict[str, str]) -> None:
     defaults = pparams.parse_defaults(parameters_cell(job.nb, job.name).source)
     named = {str(p): _hash_path(p) for v in [*defaults.values(), *job.overrides.values()]
              for p in path_values(v)}
+    named.update({str(p): _hash_path_once(p) for spec in job.testbeds.values() for p in path_values(spec)})
     job.inputs = {**shared, **named}
     payload = {
         "version": KEY_VERSION,
@@ -255,6 +330,8 @@ def compute_key(job: Job, shared: dict[str, str]) -> None:
         "params": job.overrides,
         "inputs": job.inputs,
     }
+    if job.testbeds:  # named testbed definitions: what the notebook's testbeds are
+        payload["testbeds"] = job.testbeds
     job.key = _sha(json.dumps(payload, sort_keys=True, default=str).encode())
 
 
@@ -350,6 +427,10 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
         "PACT_CACHE": os.environ.get("PACT_CACHE") or str(ROOT / ".cache"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
+    from pactlib import testbeds
+
+    if testbeds.definitions():  # named testbeds (the parameter set's `testbeds:`), defined on import there
+        kernel_env[testbeds.ENV] = json.dumps(testbeds.definitions(), sort_keys=True)
     nb = job.nb
     nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
     nb.metadata.setdefault("language_info", {"name": "python"})

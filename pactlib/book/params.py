@@ -8,7 +8,11 @@ defaults, one per line (papermill's convention)::
     zoo_dir = ...    # required: no sensible default (``...`` marks a required parameter)
 
 A parameter set ``params/<name>.yaml`` holds a ``common:`` mapping plus one mapping per
-notebook (keyed by the notebook's file stem, e.g. ``05_main_results``). The book runner
+notebook (keyed by the notebook's file stem, e.g. ``05_main_results``), and optionally a
+``testbeds:`` mapping of named testbed definitions, ``{name: {family: clip, option: value, ...}}``
+(:func:`testbed_definitions`; the runner defines them with :func:`pactlib.testbeds.define_all` and
+hands them to every kernel, so a notebook section can say ``testbed: <name>``). ``common`` and
+``testbeds`` are the reserved sections (:data:`RESERVED`); every other key is a notebook. The book runner
 (``scripts/run_notebooks.py``) calls :func:`parse_defaults`, :func:`load_params` and
 :func:`validate` for every notebook *before* executing any, so a misspelt or mistyped
 parameter fails in a second, not after an hour of work. Inside a notebook, :func:`check`
@@ -67,11 +71,18 @@ __all__ = [
     "zoo_profile",
     "task_count",
     "check_notebook",
+    "testbed_definitions",
+    "existing_path",
+    "RESERVED",
 ]
 
 #: The marker of a required parameter in a ``parameters`` cell (``name = ...``).
 REQUIRED = Ellipsis
 COMMON = "common"
+#: The section of named testbed definitions (:func:`testbed_definitions`).
+TESTBEDS = "testbeds"
+#: Top-level keys of a parameter set that are not notebooks.
+RESERVED = (COMMON, TESTBEDS)
 
 
 class ParameterError(ValueError):
@@ -133,26 +144,12 @@ def parse_defaults(source: str, *, where: str = "parameters cell") -> dict[str, 
 # Loading a parameter set
 
 
-def load_params(path: str | Path, notebook: str, *,
-                declared: Iterable[str] | None = None) -> dict[str, Any]:
-    """The overrides of one notebook: ``common`` merged with the notebook's own section.
-
-    Args:
-        path: a parameter set, e.g. ``params/default.yaml``: a mapping with an optional
-            ``common`` mapping and one mapping (possibly empty) per notebook stem.
-        notebook: the notebook's stem, e.g. ``"05_main_results"``.
-        declared: the notebook's parameter names. When given, ``common`` entries the notebook
-            does not declare are skipped (common values apply where they make sense); entries
-            of the notebook's own section are always kept, so a typo there fails in
-            :func:`validate`.
-
-    Returns:
-        ``{name: value}``; the notebook section wins over ``common``.
+def _read_set(path: str | Path) -> dict[str, Any]:
+    """A parameter set's top-level mapping, its sections checked to be mappings.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ParameterError: the YAML does not parse, is not a mapping of mappings, or has no
-            section for ``notebook`` (the message lists the sections it has).
+        FileNotFoundError: ``path`` does not exist. ParameterError: not YAML, not a mapping of
+            mappings, or a ``testbeds`` entry that is not a mapping.
     """
     path = Path(path)
     if not path.is_file():
@@ -168,8 +165,41 @@ def load_params(path: str | Path, notebook: str, *,
         if body is not None and not isinstance(body, dict):
             raise ParameterError(
                 f"{path}: section {section!r} must be a mapping, got {type(body).__name__}")
-    if notebook not in data:
-        known = sorted(k for k in data if k != COMMON)
+    for name, spec in (data.get(TESTBEDS) or {}).items():
+        if not isinstance(spec, dict):
+            raise ParameterError(f"{path}: testbeds: {name!r} must be a mapping with a 'family' and its "
+                                 f"options, got {type(spec).__name__}")
+    return data
+
+
+def load_params(path: str | Path, notebook: str, *,
+                declared: Iterable[str] | None = None) -> dict[str, Any]:
+    """The overrides of one notebook: ``common`` merged with the notebook's own section.
+
+    Args:
+        path: a parameter set, e.g. ``params/default.yaml``: a mapping with an optional
+            ``common`` mapping, an optional ``testbeds`` mapping (read by
+            :func:`testbed_definitions`, never a notebook's) and one mapping (possibly empty) per
+            notebook stem.
+        notebook: the notebook's stem, e.g. ``"05_main_results"``.
+        declared: the notebook's parameter names. When given, ``common`` entries the notebook
+            does not declare are skipped (common values apply where they make sense); entries
+            of the notebook's own section are always kept, so a typo there fails in
+            :func:`validate`.
+
+    Returns:
+        ``{name: value}``; the notebook section wins over ``common``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ParameterError: the YAML does not parse, is not a mapping of mappings, or has no
+            section for ``notebook`` (the message lists the sections it has; a reserved section
+            name is never a notebook's).
+    """
+    path = Path(path)
+    data = _read_set(path)
+    if notebook not in data or notebook in RESERVED:
+        known = sorted(k for k in data if k not in RESERVED)
         raise ParameterError(
             f"{path}: no section for notebook {notebook!r}; sections present: {known}")
     common = dict(data.get(COMMON) or {})
@@ -180,9 +210,20 @@ def load_params(path: str | Path, notebook: str, *,
 
 
 def sections(path: str | Path) -> list[str]:
-    """The notebook sections of a parameter set (every top-level key but ``common``)."""
+    """The notebook sections of a parameter set (every top-level key but :data:`RESERVED`)."""
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    return [k for k in data if k != COMMON]
+    return [k for k in data if k not in RESERVED]
+
+
+def testbed_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``testbeds:`` section of a parameter set: ``{name: {"family": ..., option: value}}``
+    (``{}`` when there is none). Only the shape is checked here; families and options are
+    checked by :func:`pactlib.testbeds.define_all`.
+
+    Raises:
+        FileNotFoundError, ParameterError: as :func:`load_params`.
+    """
+    return {name: dict(spec) for name, spec in (_read_set(path).get(TESTBEDS) or {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +359,20 @@ def fraction() -> Rule:
     return rule
 
 
+def existing_path(*, none_ok: bool = True) -> Rule:
+    """The value is the path of an existing file or folder (relative to the working directory,
+    the repository root for the book runner); None allowed with ``none_ok``. Catches a
+    parameter file whose placeholder paths (``/path/to/...``) were not edited."""
+    def rule(v: Any) -> str | None:
+        if v is None and none_ok:
+            return None
+        if isinstance(v, str) and v and Path(v).expanduser().exists():
+            return None
+        return ("None or the path of an existing file or folder" if none_ok
+                else "the path of an existing file or folder") + ("; nothing exists at that path" if isinstance(v, str) else "")
+    return rule
+
+
 # The choices below come from the library's registries (looked up when the rule runs, so this
 # module imports nothing heavy): a new merge method, suite or zoo profile is allowed everywhere
 # at once, and the runner's pre-run check and the notebook's own check agree.
@@ -341,16 +396,25 @@ def suite() -> Rule:
     return rule
 
 
-def testbed() -> Rule:
+def testbed(*, family: str | None = None, none_ok: bool = False) -> Rule:
     """The value names a testbed (:func:`pactlib.testbeds.check_name`: ``"lite0-8"``,
-    ``"lite0-20:4"``, ``"synthetic-3"``, ...); nothing is loaded or built."""
+    ``"lite0-20:4"``, ``"synthetic-3"``, a name the parameter set's ``testbeds:`` defines, ...);
+    nothing is loaded or built. ``family``: it must be of that family; ``none_ok``: None is
+    allowed too."""
     def rule(v: Any) -> str | None:
-        from pactlib.testbeds import check_name, families
+        from pactlib.testbeds import check_name, definitions, families
 
+        if v is None and none_ok:
+            return None
+        what = f"a {family} testbed" if family else "a testbed name"
         try:
-            check_name(v)
+            got = check_name(v)
         except (KeyError, ValueError, TypeError) as e:
-            return f"a testbed name ({', '.join(f'{f}-...' for f in families())}): {e.args[0] if e.args else e}"
+            defined = sorted(definitions())
+            return (f"{'None or ' if none_ok else ''}{what} ({', '.join(f'{f}-...' for f in families())}"
+                    f"{'; defined: ' + ', '.join(defined) if defined else ''}): {e.args[0] if e.args else e}")
+        if family is not None and got != family:
+            return f"{'None or ' if none_ok else ''}{what} (a name of family {family!r}; {v!r} is {got!r})"
         return None
     return rule
 
