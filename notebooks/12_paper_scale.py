@@ -16,26 +16,26 @@
 #
 # The paper merges CLIP ViT-B/32, ViT-B/16 and ViT-L/14 image encoders fine-tuned on 8, 14 and
 # 20 datasets (SUN397, Cars, RESISC45, EuroSAT, SVHN, GTSRB, MNIST, DTD, …). Those checkpoints
-# and datasets are in no package registry, so this book cannot download them; every earlier
-# chapter runs on the built-in testbed of chapter 2 instead. This chapter does two things:
+# and datasets are in no package registry, so this book cannot download them. The default book
+# runs every earlier chapter on the built-in testbed of chapter 2. With your files, the
+# parameter sets `params/paper-vit{b32,b16,l14}-{8,14,20}.yaml` run chapters 3–11 on them
+# instead, through the `clip` testbed (`pactlib.testbeds.clip`): merged CLIP models are
+# evaluated there, with α chosen on the reference validation split and the test splits scored.
+# This chapter does three things:
 #
 # 1. it shows the **published** paper-scale numbers, from a data file with a source for each
 #    number and the known caveats, in tables of their own: *nothing in them was measured by
 #    this book*;
-# 2. it shows how to run `pactlib` on real CLIP checkpoints and datasets, and runs those steps
-#    either on your files (set `checkpoint_dir`, see `params/paper-*.yaml`) or, by default, on a
-#    tiny CLIP-shaped model written on the fly.
+# 2. it shows how to run `pactlib` on real CLIP checkpoints and datasets, and runs the data-free
+#    steps either on your files (the `testbed` parameter, set by `params/paper-*.yaml`) or, by
+#    default, on a tiny CLIP-shaped model written on the fly;
+# 3. it says where the measured paper-scale results of a parameter set are.
 #
 # *Equations and claims: M1–M5, P4–P7; C5–C7 at paper scale.*
 
 # %% tags=["parameters"]
 seed = 0                                   # seeds the tiny worked example (its CLIP, updates and images)
-checkpoint_dir = None                      # folder of paper-scale checkpoints; None = the tiny worked example
-pretrained_file = "zeroshot.pt"            # θ0 inside checkpoint_dir (the task_vectors layout's name)
-finetuned_pattern = "{task}/finetuned.pt"  # θt inside checkpoint_dir; {task} = a name of the n-task suite
-n_paper_tasks = 8                          # the literature's suite: 8, 14 or 20 tasks (with checkpoint_dir)
-trust_pickle = False                       # task_vectors checkpoints are pickled modules: True only for files you trust
-data_root = None                           # one folder per dataset (pactlib.data.paper layouts); None = no data check
+testbed = None                             # a clip testbed the parameter set defines (its files); None = the tiny worked example
 reference_file = "book/reference_numbers.yaml"  # the published numbers and their sources
 
 # %%
@@ -49,15 +49,16 @@ from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
 torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
-from pactlib import PactOptions, cli, pact_filter, task_vectors_from
+from pactlib import PactOptions, cli, pact_filter, task_vectors_from, testbeds
 from pactlib.book import params, plotting, records, reference
 from pactlib.data import paper
 from pactlib.book.experiments import paper_scale
 from pactlib.models import clip
+from pactlib.testbeds import clip as clip_testbeds
 
 P = params.check(
-    globals(), seed=params.at_least(0), checkpoint_dir=None, pretrained_file=None, finetuned_pattern=None,
-    n_paper_tasks=params.one_of(8, 14, 20), trust_pickle=None, data_root=None, reference_file=None,
+    globals(), seed=params.at_least(0), testbed=params.testbed(family="clip", none_ok=True),
+    reference_file=params.existing_path(none_ok=False),
 )
 ref = reference.load_reference(reference_file)
 
@@ -159,28 +160,51 @@ display(Markdown(
 # with `vision_state_dict` and `pactlib.save_state_dict`). In Python, `pactlib.merge` does the
 # same and `pactlib.merged_update` returns D once for an α sweep.
 #
-# **Parameter sets.** `params/paper-vitb32-8.yaml`, `-14` and `-20` set this chapter's
-# parameters for ViT-B/32 on 8, 14 and 20 tasks: `checkpoint_dir`, `pretrained_file`,
-# `finetuned_pattern`, `trust_pickle`, `data_root`. Edit the paths, then run
-# `scripts/run_notebooks.py --params paper-vitb32-8 --only 12_paper_scale`.
+# **Evaluating.** `pactlib.eval.clip_evaluate(state, heads, datas, classifier=...)` scores a
+# vision tower (θ0, θt or a merge) on several tasks, each with its own head, loading the tower
+# once; `clip_evaluator` makes it the `evaluate_fn` of `pactlib.eval.select_alpha`.
 #
-# **What is not wired yet.** With your checkpoints this chapter reports what the matrix rule
-# and the PACT filter do to them and which datasets it finds; that part is data-free. It does
-# **not** evaluate merged CLIP models: choosing α on the paper's validation splits and scoring
-# the test splits needs an evaluation loop for `ClipClassifier` over `load_paper_task` data,
-# which the engine does not have yet (`pactlib.eval` evaluates the built-in backbone only).
-# Chapters 1–11 always run on the built-in testbed, whatever the parameter set.
+# **The clip testbed.** `pactlib.testbeds.clip` puts all of it behind the testbed seam that
+# chapters 3–11 use: θ0 and θt are the vision towers of your files (any of the three formats;
+# Hugging Face towers converted to open_clip names by default, see below), heads are zero-shot
+# heads from the text tower with each dataset's class names and templates or the task_vectors /
+# TSV head files, validation is the reference split, and evaluation, merging and the PACT filter
+# run on the GPU when there is one. Fine-tuned and zero-shot accuracies, heads and merged-model
+# scores are cached on disk, keyed by the files' sha256. A parameter set defines such a testbed
+# by name in its `testbeds:` section and names it in the chapters' sections.
+#
+# **Parameter sets.** `params/paper-vit{b32,b16,l14}-{8,14,20}.yaml` define one clip testbed each
+# (e.g. `clip-vitb32-8`) and run chapters 3–11 on it, chapter 12 (this one) on its files. Edit
+# the paths of the `testbeds:` section (the check refuses a path that does not exist, naming the
+# option), then run the whole set with one command:
+#
+# ```bash
+# .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8
+# ```
+#
+# (`make book PARAMS=paper-vitb32-8` does the same and does not build the Lite0 zoo.) Each file
+# says which chapters do not apply to CLIP checkpoints and why.
+#
+# **One layout of the attention weights.** Hugging Face CLIP files hold q, k and v as three
+# (d, d) matrices per layer; open_clip and task_vectors / TSV files hold one fused (3d, d)
+# `in_proj_weight`, as the reference code merges it. SVD-based merges and PACT act per matrix, so
+# the same weights in the two layouts merge differently: `pactlib.merged_update` warns when it is
+# given the split layout, and the clip testbed converts Hugging Face towers to the fused one
+# unless its option `naming` is `"native"`. This chapter reads towers the same way.
 
 # %%
-demo = checkpoint_dir is None
+demo = testbed is None
 if demo:  # tiny CLIP-shaped checkpoints and image folders in the layout a real run reads
-    example = paper_scale.write_tiny_example(Path(tempfile.mkdtemp(prefix="pact-tiny-clip-")), seed=seed,
-                                             pretrained_file=pretrained_file, finetuned_pattern=finetuned_pattern)
+    example = paper_scale.write_tiny_example(Path(tempfile.mkdtemp(prefix="pact-tiny-clip-")), seed=seed)
     ckpt_root, tasks, data_dir = example.checkpoint_dir, example.tasks, example.data_root
-else:
-    ckpt_root, tasks, data_dir = Path(checkpoint_dir), paper.paper_tasks(n_paper_tasks), data_root
-pre_path, ft_paths = paper_scale.find_checkpoints(ckpt_root, tasks, pretrained_file=pretrained_file,
-                                                  finetuned_pattern=finetuned_pattern)
+    trust_pickle, naming = False, "native"
+    pre_path, ft_paths = paper_scale.find_checkpoints(ckpt_root, tasks, pretrained_file="zeroshot.pt",
+                                                      finetuned_pattern="{task}/finetuned.pt")
+else:  # the files of the clip testbed the parameter set defines (testbeds: section)
+    spec = testbeds.definitions()[testbed]
+    ckpt_root, pre_path, ft_by_task = clip_testbeds.files_of(spec)
+    tasks, ft_paths, data_dir = list(ft_by_task), list(ft_by_task.values()), spec["data_root"]
+    trust_pickle, naming = spec.get("trust_pickle", False), spec.get("naming", "open_clip")
 display(Markdown(("**Worked example**: a tiny open_clip ViT (width 32, 2 layers) and "
                   f"{len(tasks)} copies with seeded rank-2 updates on its vision matrix layers; the text tower is "
                   "left as it is, as in the paper's fine-tunes. Its numbers say nothing about the paper's claims."
@@ -232,7 +256,7 @@ plotting.table(frame[frame["method"] == "key-kinds"].set_index(["tower", "kind"]
 # %%
 from pactlib.matrix import MatrixRule, PRESETS
 
-theta0_vision = clip.vision_state_dict(pre_path, trust_pickle=trust_pickle)
+theta0_vision = clip.vision_state_dict(pre_path, trust_pickle=trust_pickle, naming=naming)
 rule_frame = paper_scale.rule_differences(theta0_vision, {"pactlib default": PRESETS["default"],
                                                           "reference (every 2-d)": PRESETS["reference_2d"]})
 plotting.table(rule_frame, chapter=12, number=7,
@@ -251,7 +275,7 @@ import pandas as pd
 from pactlib import merged_update
 
 rows = []
-tvs_vision = task_vectors_from(theta0_vision, [clip.vision_state_dict(p, trust_pickle=trust_pickle)
+tvs_vision = task_vectors_from(theta0_vision, [clip.vision_state_dict(p, trust_pickle=trust_pickle, naming=naming)
                                                for p in ft_paths], names=list(tasks))
 differ = [k for k in theta0_vision if paper_scale._rule_view(PRESETS["default"], k, theta0_vision[k])
           != paper_scale._rule_view(PRESETS["reference_2d"], k, theta0_vision[k])]
@@ -280,9 +304,8 @@ plotting.table(pd.DataFrame(rows), chapter=12, number=8, floatfmt="{:.3f}",
 # and the share of the update the filter removed. No data are needed for any of it.
 
 # %%
-theta0 = clip.vision_state_dict(pre_path, trust_pickle=trust_pickle)
-task_vectors = task_vectors_from(theta0, [clip.vision_state_dict(p, trust_pickle=trust_pickle) for p in ft_paths],
-                                 names=list(tasks))
+theta0 = theta0_vision
+task_vectors = tvs_vision
 _, pact_report = pact_filter(theta0, task_vectors, options=PactOptions())
 layers = paper_scale.layer_frame(pact_report, tasks)
 records.write_records(path, [records.make_record("pact-layer", params=P, seed=seed if demo else None, layer=r.layer,
@@ -318,7 +341,8 @@ with plotting.figure("pact-per-layer", chapter=12, number=1, size="wide", ncols=
 # here), load the merged vision tower into a `ClipClassifier` whose head comes from the tiny
 # text tower, and score it on the tiny image folders read by `load_paper_task`. Random
 # weights and random colours: the accuracies only show that every piece connects, and sit
-# near chance (one in three). With real checkpoints this step is skipped (see above).
+# near chance (one in three). With real checkpoints this step is skipped: the chapters of the
+# parameter set evaluate the merges (next section).
 
 # %%
 if demo:
@@ -360,6 +384,17 @@ if data_dir is not None:
                    caption="Dataset folders found under data_root: classes, train and test images, status.")
 
 # %% [markdown]
+# ## Where the measured results are
+#
+# With a parameter set of `params/paper-*.yaml`, the merges of your checkpoints are measured in
+# the chapters before this one, each on the clip testbed of the set: the main table (every base
+# method with and without PACT, α chosen on validation, test accuracy) in
+# [chapter 5](05_main_results.ipynb), PACT against S-PACT in [chapter 6](06_static_vs_dynamic.ipynb),
+# PACT by depth in [chapter 7](07_layer_depth.ipynb), the cost of the filter on these layers in
+# [chapter 8](08_efficiency.ipynb) and the sensitivity to PACT's options in
+# [chapter 11](11_sensitivity.ipynb). Their records are in `book/_executed/<set>/records/`. The
+# default book has none of them: there those chapters run on the built-in testbed.
+#
 # ## Verdict
 #
 # The paper-scale claims need the paper's checkpoints and an evaluation on its datasets.
@@ -371,7 +406,7 @@ plotting.verdict(
      f"ran the CLIP path on a tiny random model ({len(tasks)} tasks, {len(layers['key'].unique())} vision matrix "
      f"layers, PACT removed {100 * layers['removed_energy'].mean():.0f} % of the update energy on average)")
     if demo else
-    (f"checkpoints of {len(tasks)} tasks were read and filtered (PACT removed "
+    (f"checkpoints of {len(tasks)} tasks ({testbed}) were read and filtered here (PACT removed "
      f"{100 * layers['removed_energy'].mean():.1f} % of the update energy on average over "
-     f"{len(layers['key'].unique())} layers, cap bound on {100 * layers['capped'].mean():.1f} % of shields), but "
-     "merged CLIP models are not evaluated by this book yet"))
+     f"{len(layers['key'].unique())} layers, cap bound on {100 * layers['capped'].mean():.1f} % of shields); "
+     "the merged models are evaluated in chapters 5–11 of this parameter set, whose verdicts decide the claims"))

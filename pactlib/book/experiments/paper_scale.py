@@ -24,8 +24,8 @@ from torch import Tensor
 
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 
-__all__ = ["TINY_CLIP", "TinyExample", "write_tiny_example", "find_checkpoints", "key_kinds", "layer_frame",
-           "data_check", "classifier_accuracy"]
+__all__ = ["TINY_CLIP", "TinyExample", "write_tiny_example", "find_checkpoints", "key_kinds", "tower_of",
+           "layer_frame", "data_check", "classifier_accuracy"]
 
 #: A tiny open_clip ViT CLIP (width 32, 2 vision layers, 8 px patches on 32 px images): the
 #: same key layout as ViT-B/32, small enough to build in a second.
@@ -35,6 +35,16 @@ TINY_CLIP = dict(
     text_cfg=dict(context_length=77, vocab_size=49408, width=32, heads=2, layers=1),
 )
 _VISION_PREFIXES = ("visual.", "vision_model.", "visual_projection.")
+#: Leading wrapper prefixes a key may carry before its tower's name: the task_vectors / TSV
+#: ``ImageEncoder`` files hold ``model.visual.*`` (``self.model``), DDP adds ``module.``.
+_WRAPPERS = re.compile(r"^(?:(?:module|model|_orig_mod)\.)+")
+
+
+def tower_of(key: str) -> str:
+    """``"vision"`` for a vision-tower key of any CLIP layout (``visual.*``, ``vision_model.*``,
+    ``visual_projection.*``, also behind ``model.`` / ``module.`` wrappers, as in the TSV files),
+    else ``"text / shared"``."""
+    return "vision" if _WRAPPERS.sub("", key).startswith(_VISION_PREFIXES) else "text / shared"
 
 
 @dataclass(frozen=True)
@@ -157,13 +167,13 @@ def find_checkpoints(checkpoint_dir: str | Path, tasks: Sequence[str], *, pretra
 def key_kinds(state_dict: Mapping[str, Tensor], *, rule: MatrixRule = DEFAULT_RULE) -> pd.DataFrame:
     """Entries and values per (tower, kind) of a CLIP state dict under ``rule``.
 
-    ``tower`` is "vision" for ``visual.*`` / ``vision_model.*`` / ``visual_projection.*`` keys
-    and "text / shared" for the rest; ``kind`` is the rule's "matrix" / "other" / "buffer", with
+    ``tower`` is "vision" for ``visual.*`` / ``vision_model.*`` / ``visual_projection.*`` keys,
+    behind any ``model.`` / ``module.`` wrapper (:func:`tower_of`), and "text / shared" for the rest; ``kind`` is the rule's "matrix" / "other" / "buffer", with
     "matrix (stored transposed)" for keys such as ``visual.proj`` whose view is the transpose.
     """
     rows: dict[tuple[str, str], dict[str, int]] = {}
     for key, t in state_dict.items():
-        tower = "vision" if key.startswith(_VISION_PREFIXES) else "text / shared"
+        tower = tower_of(key)
         kind = rule.kind(key, t)
         if kind == "matrix" and rule.is_transposed(key):
             kind = "matrix (stored transposed)"
