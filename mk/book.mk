@@ -4,6 +4,7 @@
 #
 #   make book                      set up, prepare data + zoo, execute changed notebooks, render
 #   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html)
+#   make book PARAMS=paper-vitb32-8  chapters 3-12 on your CLIP checkpoints (edit the file's paths first)
 #   make chapter NB=05_main_results [ARGS="-p alpha_points=5 --force"]
 #   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
 #   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
@@ -12,10 +13,13 @@
 # venv only, and build the data, the zoo and the rest of the setup only once that passed (a
 # sub-make after the check, so the order holds under -j too): a wrong value fails in seconds.
 #
-# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip.
+# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip. It
+# depends on the parameter set: the paper-scale sets (params/paper-*.yaml) run on the user's CLIP
+# files and synthetic/smoke testbeds that build themselves in seconds, so they need neither the
+# Lite0 data of all 20 tasks nor the Lite0 zoo (`make book PARAMS=paper-vitb32-8` builds neither).
 # BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
 # zoo manifests): when they change, every notebook runs again.
-BOOK_DEPS   ?= data zoo
+BOOK_DEPS   ?= $(if $(filter paper-%,$(PARAMS)),,data zoo)
 BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/data/**/manifest.json
 # BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). Two 1-thread
 # kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
