@@ -30,6 +30,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed or wanted: figures go to files and notebook outputs
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pactlib.book.verdicts import STATUSES  # noqa: E402
+
 __all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "table", "verdict", "verdict_text"]
 
 #: Named figure sizes in inches (width, height).
@@ -42,8 +44,8 @@ SIZES: dict[str, tuple[float, float]] = {
 DPI = 150
 ENV_DIR = "PACT_FIGURES_DIR"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-#: The statuses a claim's verdict may have.
-VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not yet tested")
+#: The statuses a claim's verdict may have (:data:`pactlib.book.verdicts.STATUSES`).
+VERDICTS = STATUSES
 
 
 def repo_path(relative: str | Path) -> Path:

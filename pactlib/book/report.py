@@ -1,7 +1,8 @@
 """Tables, gain plots and claim verdicts computed from result records (book chapters 5–11).
 
 Every function reads records (or a frame of them) and returns a pandas table or a verdict dict
-``{"status": one of plotting.VERDICTS, "evidence": str}``; no number is typed by hand.
+``{"status": one of verdicts.STATUSES, "evidence": str}`` (:mod:`pactlib.book.verdicts`); no number
+is typed by hand.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from pactlib import merges
+from pactlib.book.verdicts import grade, ladder, not_tested, verdict
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -107,12 +109,6 @@ def per_task_table(frame, *, suite: str, methods: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(rows).T.round(1)
 
 
-def _status(n_ok: int, n: int) -> str:
-    if n and n_ok == n:
-        return "reproduced"
-    return "partly reproduced" if n_ok else "not reproduced"
-
-
 def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
     """Verdicts of C5 (PACT improves TA, TSV-M, Iso-C, abs and normalized), C6 (PACT-Iso-C best in
     every suite) and C7 (mean PACT gain grows with T), from means over seeds."""
@@ -127,9 +123,9 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
             checks += int(ga > 0 and gn > 0)
             parts.append(f"{pretty(m)} T={s}: {ga:+.2f} abs / {gn:+.2f} norm")
     n = len(present) * len(suites)
-    out["C5"] = dict(status=_status(checks, n),
-                     evidence=f"PACT gain > 0 in both metrics in {checks}/{n} cases (points, mean over seeds): "
-                              + "; ".join(parts))
+    out["C5"] = verdict(ladder(checks, n),
+                        f"PACT gain > 0 in both metrics in {checks}/{n} cases (points, mean over seeds): "
+                        + "; ".join(parts))
     wins, parts = 0, []
     for s in suites:
         sel = f[(f["suite"] == s) & ~f["method"].isin(["zero-shot", "fine-tuned"])]
@@ -137,18 +133,17 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
         if len(best):
             wins += int(best.index[0] == "pact-iso_c")
             parts.append(f"T={s}: best {pretty(best.index[0])} ({100 * best.iloc[0]:.1f})")
-    out["C6"] = dict(status=_status(wins, len(suites)),
-                     evidence=f"PACT-Iso-C best in {wins}/{len(suites)} suites: " + "; ".join(parts))
+    out["C6"] = verdict(ladder(wins, len(suites)),
+                        f"PACT-Iso-C best in {wins}/{len(suites)} suites: " + "; ".join(parts))
     bases = [m for m in merges.names() if m in set(f["method"])]
     mean_gain = [gains(f, base_methods=bases, suites=[s])["gain"].mean() for s in suites]
     txt = ", ".join(f"T={s}: {g:+.2f}" for s, g in zip(suites, mean_gain))
     if len(suites) < 2:
-        out["C7"] = dict(status="not yet tested", evidence=f"only one suite run ({txt})")
+        out["C7"] = not_tested(f"only one suite run ({txt})")
     else:
         mono = all(b > a for a, b in zip(mean_gain, mean_gain[1:]))
-        status = "reproduced" if mono else ("partly reproduced" if mean_gain[-1] > mean_gain[0] else "not reproduced")
-        out["C7"] = dict(status=status, evidence=f"mean PACT gain in normalized accuracy over all base methods "
-                                                 f"(points): {txt}")
+        out["C7"] = verdict(grade(mono, mean_gain[-1] > mean_gain[0]),
+                            f"mean PACT gain in normalized accuracy over all base methods (points): {txt}")
     return out
 
 
@@ -184,9 +179,9 @@ def static_vs_dynamic_verdict(frame, *, methods: Sequence[str], suite: str) -> d
         ok += int(gs < gp)
         parts.append(f"{pretty(m)}: S-PACT {gs:+.2f} vs PACT {gp:+.2f}")
     n_seeds = f["seed"].nunique()
-    return dict(status=_status(ok, len(methods)),
-                evidence=f"S-PACT gains less than PACT for {ok}/{len(methods)} methods (points of mean "
-                         f"normalized test accuracy, mean over {n_seeds} seed(s)): " + "; ".join(parts))
+    return verdict(ladder(ok, len(methods)),
+                   f"S-PACT gains less than PACT for {ok}/{len(methods)} methods (points of mean "
+                   f"normalized test accuracy, mean over {n_seeds} seed(s)): " + "; ".join(parts))
 
 
 def alpha_table(frame) -> pd.DataFrame:

@@ -27,6 +27,7 @@ import torch
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import LayerSubspaces, PactOptions
 from pactlib.book.records import make_record
+from pactlib.book.verdicts import ladder, not_tested, verdict
 from pactlib.subspaces import intrusion_energy
 from pactlib.taskvector import TaskVector
 from pactlib.testbeds import run
@@ -291,13 +292,13 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
     ok_share = full > 0 and share >= most
     ok_best = first["early"] >= max(first["middle"], first["late"])
     n_ok = int(ok_share) + int(ok_best)
-    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
+    status = ladder(n_ok, 2)
     why = (f"early-only / all-layers gain = {share:.2f} (threshold {most})" if full > 0
            else "filtering every layer gives no gain, so there is no gain for the early layers to hold")
-    out = {"early": dict(status=status, evidence=f"{why}; early {'is' if ok_best else 'is not'} the best single "
-                                                 f"group. Gains (points): {describe(suites[0], first)}.")}
+    out = {"early": verdict(status=status, evidence=f"{why}; early {'is' if ok_best else 'is not'} the best single "
+                                                    f"group. Gains (points): {describe(suites[0], first)}.")}
     if len(suites) < 2:
-        out["whole"] = dict(status="not yet tested", evidence=f"only one suite run ({describe(suites[0], first)})")
+        out["whole"] = not_tested(f"only one suite run ({describe(suites[0], first)})")
         return out
     last = _share(g, suites[-1])
     best_single = max(last["early"], last["middle"], last["late"])
@@ -305,8 +306,8 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
     share_last = last["early"] / last["all"] if last["all"] > 0 else float("nan")
     ok_drop = last["all"] > 0 and full > 0 and share > 0 and share_last < share
     n_ok = int(ok_all) + int(ok_drop)
-    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
-    out["whole"] = dict(status=status, evidence=(
+    status = ladder(n_ok, 2)
+    out["whole"] = verdict(status=status, evidence=(
         f"all layers {last['all']:+.2f} vs best single group {best_single:+.2f} at T={suites[-1]}; early-only "
         f"share of the full gain {share:.2f} at T={suites[0]} vs {share_last:.2f} at T={suites[-1]}. "
         f"Gains (points): {describe(suites[-1], last)}."))

@@ -29,6 +29,7 @@ from torch import Tensor
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import PactOptions, PactReport, pact_filter
 from pactlib.book.records import make_record
+from pactlib.book.verdicts import ladder, verdict
 from pactlib.subspaces import choose_rank
 from pactlib.taskvector import TaskVector
 from pactlib.testbeds import run
@@ -357,7 +358,7 @@ def c10_verdict(check: Mapping, *, speedup: float, bench: Mapping | None, min_sp
     ok_time = speedup >= min_speedup
     bench_speed = bench.get("speedup_rsvd") if bench else None
     n_ok = int(ok_acc) + int(ok_time)
-    status = "reproduced" if n_ok == 2 else ("partly reproduced" if n_ok else "not reproduced")
+    status = ladder(n_ok, 2)
     text = (f"accuracy with RSVD {100 * check['acc_other']:.2f} % vs exact {100 * check['acc_exact']:.2f} % "
             f"(difference {100 * check['diff']:+.2f} points, tolerance {100 * check['tol']:.2f}; "
             f"{check['n_seeds']} seed(s)): {'within' if ok_acc else 'outside'} it. Filter time on the backbone: "
@@ -375,4 +376,4 @@ def c10_verdict(check: Mapping, *, speedup: float, bench: Mapping | None, min_sp
                      f"{100 * bench['filtered_rel_change_mean']:.2g} %")
     else:
         text += ". Synthetic benchmark: not run"
-    return dict(status=status, evidence=text + ".")
+    return verdict(status=status, evidence=text + ".")

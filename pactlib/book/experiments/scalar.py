@@ -29,6 +29,7 @@ from torch import Tensor
 from pactlib import causal, fisher
 from pactlib.matrix import DEFAULT_RULE
 from pactlib.book.records import make_record
+from pactlib.book.verdicts import ladder, verdict
 
 __all__ = ["task_fisher", "state_scores", "scores", "typical_update", "population", "lbw_sets", "global_masks",
            "random_subset", "control_masks", "layer_kind",
@@ -519,12 +520,6 @@ def task_means(frame, method: str, metric: str, *, condition: str | None = None,
     return f.groupby("task", sort=False)[f"metrics.{metric}"].mean()
 
 
-def _status(n_ok: int, n: int) -> str:
-    if n and n_ok == n:
-        return "reproduced"
-    return "partly reproduced" if n_ok else "not reproduced"
-
-
 def c1_verdict(frame, *, population: str = "touched") -> dict:
     """C1: E_t > 1 for every task, judged on the global records of ``population``. Reproduced when
     every (task, seed) E exceeds 1; partly when some do. Evidence: counts, per-task means, the share
@@ -543,10 +538,10 @@ def c1_verdict(frame, *, population: str = "touched") -> dict:
             other += f"; over {POPULATION_LABELS.get(p, p)}: mean E_t {gp['metrics.E'].mean():.3f}"
             if "metrics.zero_update" in gp:
                 other += f", with {100 * gp['metrics.zero_update'].mean():.0f} % of entries at Δt = 0 exactly"
-    return dict(status=_status(ok, len(g)),
-                evidence=f"E_t > 1 in {ok}/{len(g)} (task, seed) pairs{size}; mean E_t per task: {txt}; "
-                         f"per layer, E > 1 in {100 * float((lay > 1).mean()):.0f} % of {len(lay)} (layer, task, seed) "
-                         f"cases{other}.")
+    return verdict(status=ladder(ok, len(g)),
+                   evidence=f"E_t > 1 in {ok}/{len(g)} (task, seed) pairs{size}; mean E_t per task: {txt}; "
+                            f"per layer, E > 1 in {100 * float((lay > 1).mean()):.0f} % of {len(lay)} (layer, task, seed) "
+                            f"cases{other}.")
 
 
 def c2_verdict(frame, *, factor: float = 2.0, min_drop: float = 0.005, control: str = "random") -> dict:
@@ -567,11 +562,11 @@ def c2_verdict(frame, *, factor: float = 2.0, min_drop: float = 0.005, control: 
         m = g.groupby("condition", sort=False)[["metrics.drop", "metrics.dloss"]].mean()
         cells = ", ".join(f"{c} {100 * r['metrics.drop']:+.2f} pts / {r['metrics.dloss']:+.4f} nats" for c, r in m.iterrows())
         parts.append(f"{sc:g}× ({g['metrics.size'].mean():.1e} per entry): {cells}")
-    return dict(status=_status(len(ok), len(lbw)),
-                evidence=f"at {scale:g}× the typical update, the LBW accuracy drop exceeds {100 * min_drop:g} pts and "
-                         f"{factor:g}× the {control} drop in {len(ok)}/{len(lbw)} tasks "
-                         f"({int(f['metrics.n_entries'].mean()):,} entries per set on average). Mean accuracy drop / loss "
-                         f"increase by scale and condition — " + "; ".join(parts) + ".")
+    return verdict(status=ladder(len(ok), len(lbw)),
+                   evidence=f"at {scale:g}× the typical update, the LBW accuracy drop exceeds {100 * min_drop:g} pts and "
+                            f"{factor:g}× the {control} drop in {len(ok)}/{len(lbw)} tasks "
+                            f"({int(f['metrics.n_entries'].mean()):,} entries per set on average). Mean accuracy drop / loss "
+                            f"increase by scale and condition — " + "; ".join(parts) + ".")
 
 
 def c3_verdict(frame, *, min_recovered: float = 0.05, control: str = "random") -> dict:
@@ -588,19 +583,17 @@ def c3_verdict(frame, *, min_recovered: float = 0.05, control: str = "random") -
     gain_c = task_means(frame, "restore", "gain_acc", condition=control)
     ok = [t for t in rec_l.index if rec_l[t] >= min_recovered and rec_l[t] > rec_c.get(t, math.nan)]
     moved = bool((rel > 1).all())
-    status = _status(len(ok), len(rec_l))
-    if status == "reproduced" and not moved:
-        status = "partly reproduced"
+    status = ladder(len(ok), len(rec_l), full=moved)
     rel_txt = f"{rel.mean():.1f}×" if rel.notna().any() else "an undefined multiple (their update is 0) of"
     merged = frame[(frame["method"] == "restore") & (frame["condition"] == "merged")]
     alpha = ""
     if "alpha" in merged and merged["alpha"].notna().any():
         edge = " (an edge of the grid)" if "on_edge" in merged and bool(merged["on_edge"].fillna(False).any()) else ""
         alpha = f"Task Arithmetic at α = {merged['alpha'].mean():.3g}{edge}: "
-    return dict(status=status,
-                evidence=f"{alpha}the merge moved LBW entries by {rel_txt} their own update on average "
-                         f"({ratio.mean():.2f}× the displacement of other entries); restoring them closes "
-                         f"≥ {100 * min_recovered:g} % of the loss gap and more than {control} restores in "
-                         f"{len(ok)}/{len(rec_l)} tasks; mean share of the gap closed — loss: LBW {100 * rec_l.mean():.1f} %, "
-                         f"{control} {100 * rec_c.mean():.1f} %; accuracy gained (points): LBW {100 * gain.mean():+.2f}, "
-                         f"{control} {100 * gain_c.mean():+.2f}.")
+    return verdict(status=status,
+                   evidence=f"{alpha}the merge moved LBW entries by {rel_txt} their own update on average "
+                            f"({ratio.mean():.2f}× the displacement of other entries); restoring them closes "
+                            f"≥ {100 * min_recovered:g} % of the loss gap and more than {control} restores in "
+                            f"{len(ok)}/{len(rec_l)} tasks; mean share of the gap closed — loss: LBW {100 * rec_l.mean():.1f} %, "
+                            f"{control} {100 * rec_c.mean():.1f} %; accuracy gained (points): LBW {100 * gain.mean():+.2f}, "
+                            f"{control} {100 * gain_c.mean():+.2f}.")

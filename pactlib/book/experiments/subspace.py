@@ -29,6 +29,7 @@ from pactlib import causal
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import LayerSubspaces, PactOptions, layer_subspaces
 from pactlib.book.records import make_record
+from pactlib.book.verdicts import ladder, verdict
 from pactlib.book.experiments.depth import network_order
 
 __all__ = ["CONDITIONS", "LABELS", "subspaces_by_layer", "dimension_records", "ablation_bases", "removed_energy",
@@ -322,7 +323,7 @@ def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[
     for c in controls:
         ok &= lbw > g[("max", c)] + margin
     n_ok, n = int(ok.sum()), len(ok)
-    status = "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok else "not reproduced")
+    status = ladder(n_ok, n)
     parts = []
     for gamma in sorted(set(f["strength"])):
         sel = g.xs(gamma, level="strength")
@@ -334,4 +335,4 @@ def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[
             beats = int((sel[("mean", "lbw")] > sel[("max", "energy")] + margin).sum())
             text += f"; against the energy-matched control: {beats}/{len(k)}"
         parts.append(text)
-    return dict(status=status, evidence=". ".join(parts) + ".")
+    return verdict(status=status, evidence=". ".join(parts) + ".")

@@ -27,6 +27,7 @@ from torch import Tensor
 from pactlib import causal
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.book.records import make_record
+from pactlib.book.verdicts import ladder, verdict
 from pactlib.book.experiments.scalar import state_scores
 
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
@@ -251,10 +252,10 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     small = bool(change.mean() >= -small_drop)
     bound_ok = n_bound == n
     parts = int(n_within == n) + int(tracks) + int(small)
-    status = "reproduced" if bound_ok and parts == 3 else ("partly reproduced" if bound_ok and parts else "not reproduced")
-    return dict(status=status,
-                evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
-                         f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
-                         f"error {rel:.2f}; accuracy change of a task under its own filter: mean "
-                         f"{100 * change.mean():+.2f} pts, worst task {100 * change.min():+.2f} pts "
-                         f"(loss change: mean measured {meas.mean():+.4f} vs predicted {pred.mean():+.4f} nats).")
+    status = ladder(parts, 3, required=bound_ok)
+    return verdict(status=status,
+                   evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
+                            f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
+                            f"error {rel:.2f}; accuracy change of a task under its own filter: mean "
+                            f"{100 * change.mean():+.2f} pts, worst task {100 * change.min():+.2f} pts "
+                            f"(loss change: mean measured {meas.mean():+.4f} vs predicted {pred.mean():+.4f} nats).")
