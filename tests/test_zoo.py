@@ -379,6 +379,37 @@ def test_recipe_optional_fields_appear_only_when_set_so_older_records_stay_valid
         Z.Recipe(head_shots=0)
 
 
+#: The recipe the book's zoo was built with (its run and head records' ``recipe`` fields). The
+#: ``default`` profile is ``Recipe()``'s defaults; changing one of them re-keys every zoo record
+#: and rebuilds the book's zoo, so it must be deliberate: change this table with it.
+BOOK_RECIPE = {
+    "head": {"resolution": 32, "head": "prototype", "head_l2": 0.01, "head_max_iter": 300, "data_seed": 0,
+             "train_limit": None, "eval_limit": None},
+    "run": {"steps": 80, "batch_size": 64, "optimizer": "adamw", "weight_decay": 0.0, "warmup": 8, "augment": "none"},
+    "full": {"lr": 3e-05},
+    "lora": {"lora_lr": 0.001, "lora_rank": 8, "lora_alpha": 16.0},
+}
+
+
+def test_default_profile_is_the_recipe_defaults_and_the_book_zoo_recipe(monkeypatch, tmp_path):
+    from pactlib.testbeds.lite0 import testbed as study
+
+    monkeypatch.setenv("PACT_CACHE", str(tmp_path))
+    zoo_dir, recipe = study.zoo_profile("default")
+    assert recipe == Z.Recipe() and zoo_dir == tmp_path / "zoo"
+    assert study.PROFILES["default"]["recipe"] == {}  # the recipe is written once, in Recipe
+    want = {"head": BOOK_RECIPE["head"]}
+    for kind in ("full", "lora"):
+        want[kind] = {**BOOK_RECIPE["head"], **BOOK_RECIPE["run"], **BOOK_RECIPE[kind]}
+    for kind, fields_ in want.items():
+        got = recipe.relevant(kind)
+        assert list(got.items()) == list(fields_.items())  # same values, same order: the records' keys
+        assert json.dumps(got, sort_keys=True) == json.dumps(fields_, sort_keys=True)
+        assert all(type(got[k]) is type(v) for k, v in fields_.items())  # 16.0 stays a float, 8 an int
+    smoke = study.zoo_profile("smoke")[1]  # the smoke profile changes the defaults in a few fields
+    assert smoke == replace(Z.Recipe(), steps=3, warmup=1, train_limit=96, eval_limit=48, head_max_iter=15)
+
+
 def test_recipe_variant_changes_fields_in_a_zoo_of_its_own(monkeypatch, tmp_path):
     from pactlib.testbeds.lite0 import testbed as study
 

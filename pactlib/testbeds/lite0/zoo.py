@@ -59,28 +59,31 @@ BACKBONE = "efficientnet-lite0"
 
 @dataclass(frozen=True)
 class Recipe:
-    """Hyper-parameters of the zoo (defaults measured on the 8 / 14 / 20-task suites; see
-    bench/bench_zoo.py, bench/bench_interference.py and the testbed chapter).
+    """Hyper-parameters of the zoo. The defaults *are* the book's recipe: the ``default`` profile
+    (``pactlib.testbeds.lite0.testbed.PROFILES``) takes them as they are, and ``tests/test_zoo.py``
+    pins them, since every zoo record is keyed by them (:meth:`relevant`).
 
-    The defaults equal the book's pinned profile (``pactlib.testbeds.lite0.testbed.PROFILES["default"]``):
-    cosine prototype heads (CLIP-like), 80 AdamW steps of 64 images at 32 px, lr 3e-5 (full) /
-    1e-3 (LoRA r = 8, alpha = 16). Measured on 2 CPU cores (records of the book's zoo): a full run
-    takes 25-45 s, a LoRA run 13-18 s. Rejected by measurement (val 100 / test 300 images per task):
+    The book's recipe: cosine prototype heads (CLIP-like), 80 AdamW steps of 64 images at 32 px,
+    lr 3e-5 (full) / 1e-3 (LoRA r = 8, alpha = 16), chosen by measurement on the 8 / 14 / 20-task
+    suites (chapter 2, "Why a prototype head" and "How the recipe was chosen"). The time a run
+    takes is in the zoo's run records (chapter 2, the fine-tuning time table). Rejected by
+    measurement:
 
     - ``head="probe"`` (a ridge logistic-regression head trained on θ0's raw features): zero-shot
-      is already 82.6 % normalized, and Task Arithmetic only reaches 83.8 % (best α 0.03, the grid
-      floor): fine-tuning grows the unnormalised features, which breaks the other tasks' heads.
+      is already high and Task Arithmetic barely beats it, its best α at the grid floor:
+      fine-tuning grows the unnormalised features, which breaks the other tasks' heads
+      (``book/data/head_choice.jsonl``, ``bench/bench_heads.py``).
     - lr 5e-4 (with the probe head): every merge stayed at or below the zero-shot model.
     - lr 1e-4, the book's first default: Task Arithmetic's loss on the 8 shared tasks grows from 8
-      to 14 tasks but its step from 14 to 20 stays inside the seed spread (+1.4, +0.2, −0.3 points
-      on seeds 0-2, full α grid). ``steps=160``, ``resolution=48`` and ``head_shots=2`` on top of
-      it (seed 0) move the levels, not that shape.
+      to 14 tasks but its step from 14 to 20 stays inside the seed spread; ``steps=160``,
+      ``resolution=48`` and ``head_shots=2`` on top of it move the levels, not that shape
+      (``book/data/interference_lr1e-4*.jsonl``).
 
-    lr 3e-5 gives task vectors about a third as long; Task Arithmetic on the 8 shared tasks then
-    falls 85.6 → 83.2 → 81.8 % (normalized, full α grid, 3 seeds) from 8 to 14 to 20 tasks, every
-    step on every seed and beyond the seed spread, provided the α grid resolves small α (the full
-    grid or 5 geometric values, ``pactlib.testbeds.GRID_SPACING``). Chapter 2, "How the recipe was
-    chosen", records ``book/data/interference*.jsonl``.
+    lr 3e-5 gives shorter task vectors; Task Arithmetic on the 8 shared tasks then falls from 8 to
+    14 to 20 tasks, every step on every seed and beyond the seed spread, provided the α grid
+    resolves small α (the full grid or 5 geometric values, ``pactlib.testbeds.GRID_SPACING``):
+    ``book/data/interference.jsonl`` and ``interference_fullgrid.jsonl``
+    (``bench/bench_interference.py``).
 
     Attributes:
         resolution: input side in pixels (images are 32x32; larger means bilinear upsampling).
