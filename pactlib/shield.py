@@ -48,12 +48,14 @@ def build_shield(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
         ValueError: a basis not of n rows, or an invalid ``max_frac``.
     """
     cap = shield_cap(n, max_frac)
+    bases = list(bases)
+    device = bases[0].device if bases else None  # an empty shield lives where the bases do (cuda)
     bases = [b for b in bases if b.shape[1] > 0]
     for b in bases:
         if b.ndim != 2 or b.shape[0] != n:
             raise ValueError(f"shield: every basis must be (n={n}, r), got {tuple(b.shape)}")
     if not bases:
-        return Shield(torch.zeros(n, 0), 0, False)
+        return Shield(torch.zeros(n, 0, device=device), 0, False)
     Q, _ = orth(torch.cat(bases, dim=1), tol=tol)  # (n, union rank), leading directions first
     union = Q.shape[1]
     capped = union > cap
@@ -67,4 +69,4 @@ def filter_update(delta: Tensor, shield: Tensor) -> Tensor:
     """
     if delta.shape[-1] != shield.shape[0]:
         raise ValueError(f"filter: update {tuple(delta.shape)} and shield {tuple(shield.shape)} do not match in n")
-    return project_out(delta, shield.to(delta.dtype))
+    return project_out(delta, shield.to(device=delta.device, dtype=delta.dtype))

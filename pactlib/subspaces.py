@@ -37,7 +37,7 @@ def choose_rank(W: Tensor, *, frac: float | None = None, energy: float | None = 
         return max(1, min(d, round(frac * d)))
     s2 = torch.linalg.svdvals(W.float() if W.dtype not in (torch.float32, torch.float64) else W) ** 2
     cum = torch.cumsum(s2, 0) / s2.sum()
-    return int(min(d, int(torch.searchsorted(cum, torch.tensor(energy, dtype=cum.dtype) - 1e-12)) + 1))
+    return int(min(d, int(torch.searchsorted(cum, torch.tensor(energy, dtype=cum.dtype, device=cum.device) - 1e-12)) + 1))
 
 
 def pretrained_core(W0: Tensor, K: int, **svd) -> Tensor:
