@@ -1,0 +1,48 @@
+"""scripts/gpu_check.sh (bench/gpu_check.py): without a GPU it exits 0 saying so; with
+--cpu-smoke it runs the whole path (PACT filter exact/RSVD, every merge, CLIP evaluation, the α
+search) on tiny shapes on the CPU and writes its JSON report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def _run(*args, out: Path, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SCRIPT), *args, "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_the_paper_path(tmp_path):
+    proc = _run("--cpu-smoke", out=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["info"]["mode"] == "cpu-smoke" and report["info"]["tasks"] == 3
+    rows = {(r["stage"], r["variant"].split(",")[0]): r for r in report["stages"]}
+    want = {("filter", "pact (rsvd)"), ("filter", "pact (exact)"), ("eval", "θ0"), ("path", "PACT(rsvd)+Iso-C")} | \
+        {("merge", m) for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")}
+    assert set(rows) == want
+    for r in rows.values():
+        assert r["error"] is None and r["seconds"] > 0 and r["device"] == "cpu", r
+    assert rows["eval", "θ0"]["images_per_second"] > 0
+    assert rows["path", "PACT(rsvd)+Iso-C"]["alpha"] in (0.5, 1.0, 2.0)
+    assert "speed-up" in proc.stdout and "peak GPU MiB" in proc.stdout and "wrote" in proc.stdout
+
+
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present here")
+    proc = _run(out=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no GPU here" in proc.stdout and not (tmp_path / "gpu_check.json").exists()
