@@ -76,9 +76,9 @@ def features(backbone_state_dict: Mapping[str, Tensor], x: Tensor, *, resolution
 
 
 def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int):
-    # channels_last: the depthwise/pointwise convolutions of Lite0 run about 2x faster on CPU in
-    # this layout (measured: 554 -> 1110 images/s at 32 px, batch 256, 2 threads); the values
-    # loaded are the same, only their memory layout differs.
+    # channels_last: the depthwise/pointwise convolutions of Lite0 run faster on CPU in this
+    # layout (chosen by timing evaluation both ways; no record is kept, so re-time before relying
+    # on it elsewhere); the values loaded are the same, only their memory layout differs.
     model = backbone_for(resolution).to(memory_format=torch.channels_last)
     model.load_state_dict(dict(backbone_state_dict), strict=True)
     return model
@@ -203,9 +203,9 @@ def select_alpha(
     Coarse to fine: with ``refine > 0``, after the grid (and any widening) each round evaluates
     the midpoints between the best α and its two neighbours among the α values evaluated so far —
     geometric midpoints √(a·b) (α is a scale; arithmetic when an end is 0) — at most 2 new α per
-    round; each round halves, on a log scale, the bracket around the best α. On the book's
-    testbed (``bench/bench_alpha_search.py``) 4 points + 2 rounds (≈ 9 evaluations) find higher
-    validation scores than a 5-point grid but not higher test scores; the book does not refine.
+    round; each round halves, on a log scale, the bracket around the best α. Whether refining
+    pays on the book's testbed is measured in chapter 5, "How α is searched"
+    (``book/data/alpha_search.jsonl``, ``bench/bench_alpha_search.py``); the book does not refine.
 
     Args:
         merged_state: α -> backbone state dict (the caller's θ0 + α·D).

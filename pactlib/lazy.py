@@ -8,8 +8,9 @@ rows) at a time.
 - ``.safetensors``: the header is parsed once; each read opens the file with
   ``safetensors.safe_open`` (a memory map), takes the one tensor and closes it, so the mapping
   goes away with the tensor. A handle kept open for the whole merge would keep every page it has
-  touched resident: reading an 800 MB file through one open handle raised the process's RSS by
-  800 MB, reopening per tensor by 16 MB (measured on this project's machine, safetensors 0.8).
+  touched resident (the whole file, once every tensor has been read), where reopening per tensor
+  keeps about one tensor resident; the streamed merge's peak memory is measured in
+  ``book/data/merge_scale.jsonl`` (``bench/bench_merge_scale.py``).
 - Sharded checkpoints: a ``*.index.json`` with a Hugging Face ``weight_map`` (key -> shard file),
   or a model folder holding one (or a single ``model.safetensors`` / ``pytorch_model.bin``);
   each key is read from its shard.
@@ -20,8 +21,8 @@ rows) at a time.
   renamed (atomic), and older conversions of the same source are removed. The conversion reads
   the pickle with ``torch.load(mmap=True, weights_only=True)``, so its peak is about that one
   file. ``torch.load(mmap=True)`` alone is not enough for the merge itself: the mapping of the
-  whole file lives as long as any of its tensors, and the pages read stay resident (the same
-  800 MB file: +800 MB RSS), for θ0 and every θt. Pickles that hold whole modules (``trust_pickle``)
+  whole file lives as long as any of its tensors, and the pages read stay resident (all of a
+  file once all its tensors have been read), for θ0 and every θt. Pickles that hold whole modules (``trust_pickle``)
   are read by a *trusted reader* that another package contributes (:func:`trusted_reader`: the
   entry-point group ``pactlib.loaders``, or :func:`register_reader`); the engine itself only
   reads plain state dicts.

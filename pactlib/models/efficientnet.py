@@ -20,16 +20,17 @@ disabled (rates 0). Consequences: a checkpoint is a pure, deterministic function
 parameters (the same images give the same features whatever the batch); the running statistics
 have task vectors that are exactly zero, so merging never touches statistics and a merged model
 needs no re-estimation of them (the "BN statistics repair" that merged conv nets otherwise need).
-Measured with the zoo's default recipe: fine-tuned accuracy stays clearly above the
-frozen-feature ("zero-shot") accuracy on all 20 testbed tasks (suite 8, test, seed 0: mean 0.756
--> 0.913; smallest gains: lfw_faces 0.975 -> 1.000 on 40 test images, textures 0.942 -> 0.981),
-so the choice costs little.
+With the zoo's default recipe, fine-tuned accuracy stays above the frozen-feature ("zero-shot")
+accuracy on every testbed task, so the choice costs little: measured in chapter 2, "Zero-shot and
+fine-tuned accuracy" (the zoo's run records and the chapter's verdict on the testbed's
+precondition).
 
-What it does not prevent (measured, suite 8, lr 1e-4): fine-tuning through a frozen linear head
-grows the pooled features (mean norm x2-2.8 on other tasks' images) with a shared mean shift
-larger than the spread of the features, and that shift is what breaks the other tasks' heads
-(adding one task vector costs the other tasks 0.1-0.35 accuracy; re-centring the features
-recovers most of it). This is why Task Arithmetic gains little over zero-shot here.
+What it does not prevent (measured with the first recipe, lr 1e-4, and a frozen linear probe
+head): fine-tuning through a head on unnormalised features grows the pooled features on other
+tasks' images, with a shared mean shift larger than the spread of the features, and that shift
+is what breaks the other tasks' heads (re-centring the features recovers most of it). This is
+why Task Arithmetic gained little over zero-shot with that head, and why the zoo uses the
+normalised prototype head: chapter 2, "Why a prototype head" (``book/data/head_choice.jsonl``).
 
 Static "same" padding of this network depends on the input size, so a backbone is built for one
 ``resolution``; :func:`load_backbone` caches nothing, :func:`backbone_for` keeps one module per

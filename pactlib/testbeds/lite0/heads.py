@@ -108,7 +108,7 @@ def fit_head(
     32 px most of Lite0's 1280 pooled ReLU6 features are (nearly) constant zero, and dividing by
     their tiny spread gives huge weights, i.e. a head whose logits swing wildly under small
     feature changes, which makes fine-tuning through it unstable (measured). The ridge keeps
-    the head's spectral norm small (about 2-7 on the testbed tasks).
+    the head's spectral norm small.
 
     Args:
         features: (N, D) frozen features (any float dtype).
