@@ -149,8 +149,7 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
     :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
 
     Args:
-        method: a registered name (``task_arithmetic``, ``ties``, ``tsv_m``, ``iso_c``,
-            ``iso_cts``; see :func:`pactlib.merges.names`).
+        method: a registered name, one of :func:`pactlib.merges.names` (e.g. ``task_arithmetic``).
         pretrained: θ0, a state dict; never modified.
         finetuned: T state dicts with θ0's keys and shapes; never modified.
         alpha: scaling coefficient α.
