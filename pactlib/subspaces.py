@@ -16,11 +16,13 @@ from torch import Tensor
 from .linalg import orth, top_singular
 
 
-def choose_rank(W: Tensor, *, frac: float | None = None, energy: float | None = None) -> int:
+def choose_rank(W: Tensor, *, frac: float | None = None, energy: float | None = None,
+                nonzero: bool | None = None) -> int:
     """Rank for a matrix W (m, n): ``max(1, round(frac·min(m, n)))`` or the smallest r whose top-r
     singular values hold ``energy`` of ‖W‖²_F. Exactly one of ``frac`` / ``energy`` is given.
 
-    Returns 0 for an all-zero W (nothing to keep).
+    Returns 0 for an all-zero W (nothing to keep). ``nonzero``: whether W has a non-zero entry, when
+    the caller already knows (else checked here: a pass over W).
 
     Raises:
         ValueError: both or neither given, or a value outside (0, 1].
@@ -31,7 +33,7 @@ def choose_rank(W: Tensor, *, frac: float | None = None, energy: float | None = 
     if not (0 < value <= 1):
         raise ValueError(f"{label} must be in (0, 1], got {value}")
     d = min(W.shape)
-    if not bool(W.any()):
+    if not (bool(W.any()) if nonzero is None else nonzero):
         return 0
     if frac is not None:
         return max(1, min(d, round(frac * d)))
@@ -48,11 +50,12 @@ def pretrained_core(W0: Tensor, K: int, **svd) -> Tensor:
     return top_singular(W0, K, **svd).V
 
 
-def active_subspace(delta: Tensor, k: int, **svd) -> Tensor:
+def active_subspace(delta: Tensor, k: int, *, nonzero: bool | None = None, **svd) -> Tensor:
     """Vt,k (n, k): top-k right singular vectors of the task update Δt (m, n) (P2).
 
-    An all-zero Δt has no active subspace: returns (n, 0)."""
-    if not bool(delta.any()):
+    An all-zero Δt has no active subspace: returns (n, 0). ``nonzero``: whether Δt has a non-zero
+    entry, when the caller already knows (else checked here)."""
+    if not (bool(delta.any()) if nonzero is None else nonzero):
         return delta.new_zeros(delta.shape[1], 0, dtype=torch.promote_types(delta.dtype, torch.float32))
     return top_singular(delta, k, **svd).V
 

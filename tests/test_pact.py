@@ -6,7 +6,7 @@ from pactlib import PactOptions, TaskVector, pact_filter, task_vectors_from
 from pactlib.linalg import projector_distance
 from pactlib.matrix import MatrixRule
 from pactlib.pact import layer_subspaces
-from pactlib.shield import build_shield, filter_update, shield_cap
+from pactlib.shield import build_shield, filter_update, iter_shields, shield_cap
 from pactlib.subspaces import active_subspace, choose_rank, intrusion_energy, lbw_subspace, pretrained_core
 
 
@@ -84,6 +84,61 @@ def test_shield_never_covers_the_whole_space(gen):
     assert filter_update(delta, sh.basis).norm() > 0
     with pytest.raises(ValueError, match="max_shield_frac"):
         shield_cap(n, 0.0)
+
+
+@pytest.mark.parametrize("n, ranks, max_frac", [(40, [5, 7, 0, 6], 0.5), (30, [12, 10, 9, 11], 0.5),
+                                                (24, [6, 6, 6], 0.25), (16, [4], 0.5), (20, [0, 0], 0.5)])
+def test_iter_shields_equal_build_shield_per_task(gen, n, ranks, max_frac):
+    # overlapping bases (a shared block plus private directions), of fewer and of more columns in all than n
+    shared = _basis(n, 3, gen)
+    bases = []
+    for r in ranks:
+        if r == 0:
+            bases.append(torch.zeros(n, 0, dtype=torch.float64))
+            continue
+        M = torch.cat([shared + 0.3 * torch.randn(n, 3, generator=gen, dtype=torch.float64),
+                       torch.randn(n, r - 3, generator=gen, dtype=torch.float64)], dim=1)[:, :r]
+        bases.append(torch.linalg.qr(M).Q)
+    got = list(iter_shields(bases, n, max_frac=max_frac, tol=1e-4))
+    assert len(got) == len(bases)
+    for t, sh in enumerate(got):
+        want = build_shield([b for j, b in enumerate(bases) if j != t], n, max_frac=max_frac, tol=1e-4)
+        assert (sh.union_rank, sh.capped, sh.basis.shape) == (want.union_rank, want.capped, want.basis.shape)
+        assert sh.basis.dtype == torch.float64
+        if want.basis.shape[1]:
+            torch.testing.assert_close(sh.basis @ sh.basis.T, want.basis @ want.basis.T, atol=1e-10, rtol=0)
+            torch.testing.assert_close(sh.basis.T @ sh.basis, torch.eye(sh.basis.shape[1], dtype=torch.float64))
+
+
+def test_iter_shields_drops_directions_only_task_t_brings():
+    I = torch.eye(8, dtype=torch.float64)
+    bases = [I[:, [0, 1]], I[:, [0, 2]], I[:, [0, 3]] * 1.0]
+    shields = list(iter_shields(bases, 8, max_frac=1.0))
+    torch.testing.assert_close(shields[0].basis @ shields[0].basis.T, torch.diag(I[:, [0, 2, 3]].sum(1)))
+    torch.testing.assert_close(shields[2].basis @ shields[2].basis.T, torch.diag(I[:, [0, 1, 2]].sum(1)))
+    # a direction of the union barely present (σ = 1e-5 < shield_tol) is not shielded
+    tiny = torch.linalg.qr(torch.stack([I[:, 4] + 1e-5 * I[:, 5], I[:, 6]], 1)).Q
+    bases = [I[:, [4]], tiny]
+    sh = list(iter_shields(bases, 8, max_frac=1.0, tol=1e-4))
+    assert sh[1].union_rank == 1 and sh[0].union_rank == 2
+
+
+def test_active_subspaces_use_their_own_rsvd_settings(monkeypatch, gen):
+    import pactlib.subspaces as subspaces
+    calls = []
+    original = subspaces.top_singular
+
+    def spy(W, r, **kw):
+        calls.append((tuple(W.shape), kw["oversample"], kw["n_iter"]))
+        return original(W, r, **kw)
+
+    monkeypatch.setattr(subspaces, "top_singular", spy)
+    W0 = torch.randn(60, 50, generator=gen)
+    deltas = [torch.randn(60, 50, generator=gen) for _ in range(2)]
+    opts = PactOptions(svd="rsvd", oversample=7, n_iter=5, active_oversample=3, active_n_iter=1)
+    layer_subspaces(W0, deltas, opts)
+    assert calls == [((60, 50), 7, 5), ((60, 50), 3, 1), ((60, 50), 3, 1)]
+    assert opts.active_svd_kw == dict(method="rsvd", oversample=3, n_iter=1, seed=0)
 
 
 def test_filter_removes_exactly_the_shield_component(gen):
