@@ -273,6 +273,25 @@ def test_pact_merge_lora_adapters(tmp_path, monkeypatch):
         want = D.apply_to(base, 0.7)
         got = load_state_dict(out2)
         assert all(torch.equal(got[k], want[k]) for k in base)
+        out3 = tmp_path / "ties.safetensors"  # TIES' global threshold: several passes over the sources
+        assert main(["merge", "--method", "ties", "--alpha", "0.5", "--pretrained", str(tmp_path / "pre.safetensors"),
+                     "--lora-adapters", *dirs, "--out", str(out3)]) == 0
+        D, _ = pactlib.merged_update("ties", base, tvs)
+        want, got = D.apply_to(base, 0.5), load_state_dict(out3)
+        assert all(torch.equal(got[k], want[k]) for k in base)
+
+
+def test_bin_adapter_reads_like_safetensors(tmp_path):
+    """adapter_model.bin (torch.save of the factors) is read with weights_only: no pickled code runs."""
+    base, t = base_sd(), factors()
+    a = write_adapter(tmp_path / "st", t, **CONFIG)
+    b = tmp_path / "bin"
+    b.mkdir()
+    torch.save(t, b / "adapter_model.bin")
+    (b / "adapter_config.json").write_text((a / "adapter_config.json").read_text())
+    x, y = read_adapter(a, base_keys=base), read_adapter(b, base_keys=base)
+    assert all(torch.equal(x[k], y[k]) for k in x)
+    assert set(read_adapter(b / "adapter_model.bin")) == set(read_adapter(a))
 
 
 def test_pact_merge_lora_adapter_errors(tmp_path, capsys, monkeypatch):
