@@ -115,7 +115,7 @@ rsvd_shape = [512, 256]       # planted-rank matrix of the P7 check: large enoug
 import torch
 
 from pactlib import merges
-from pactlib.book import params, plotting, records, report
+from pactlib.book import params, plotting, records, report, verdicts
 from pactlib.book.experiments import geometry
 
 torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
@@ -180,7 +180,7 @@ with plotting.figure("toy-geometry", chapter=1, number=2, size=(9, 4.2), ncols=2
 # %%
 toy_ok = (frame["metrics.intrusion_after"].abs().max() < 1e-12 and frame["metrics.lbw_active_overlap"].max() < 1e-12
           and frame["metrics.engine_gap"].max() < 1e-12)
-plotting.verdict("the filter's geometry (P3–P5) on the toy layer", "reproduced" if toy_ok else "not reproduced",
+plotting.verdict("the filter's geometry (P3–P5) on the toy layer", verdicts.grade(toy_ok),
                  f"largest intrusion energy after filtering {frame['metrics.intrusion_after'].abs().max():.1e} "
                  f"(before: {frame['metrics.intrusion_before'].min():.2f}–{frame['metrics.intrusion_before'].max():.2f}); "
                  f"largest |cos| between an LBW basis and its active direction "

@@ -45,7 +45,7 @@ import seaborn as sns
 
 from pactlib import task_vectors_from
 from pactlib import testbeds
-from pactlib.book import params, plotting, records, reference
+from pactlib.book import params, plotting, records, reference, verdicts
 from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.testbeds.lite0 import zoo as zoo_mod
 from pactlib.data import SUITES, load_task
@@ -209,7 +209,7 @@ ft = runs[runs["method"] == "full"].groupby("task", sort=False)["metrics.acc"].m
 gain = 100 * (ft - zs.reindex(ft.index))
 n_pos, small = int((gain > 0).sum()), gain[gain <= 5]
 plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
-                 "reproduced" if n_pos == len(gain) else ("partly reproduced" if n_pos else "not reproduced"),
+                 verdicts.ladder(n_pos, len(gain)),
                  f"The full fine-tune beats zero-shot on {n_pos}/{len(gain)} tasks, by more than 5 points on "
                  f"{len(gain) - len(small)}; gain (points) min {gain.min():+.1f} ({gain.idxmin()}), mean "
                  f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
@@ -491,7 +491,7 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 rand = chapter2.interference_steps(draws, T_values=[8, 14, 20])
 n_ok = int(steps["grows"].sum())
 plotting.verdict("the testbed's problem (merging loses more as T grows)",
-                 "reproduced" if n_ok == len(steps) else ("partly reproduced" if n_ok else "not reproduced"),
+                 verdicts.ladder(n_ok, len(steps)),
                  f"On the 8 shared tasks the normalized accuracy falls by more than the seed spread at {n_ok}/{len(steps)} "
                  f"steps of the book's suites (5 geometric α values, {growth['seed'].nunique()} seeds): "
                  f"{chapter2.steps_text(steps)}. With the full α grid: {int(full_steps['grows'].sum())}/{len(full_steps)}; "
