@@ -395,3 +395,11 @@ def test_runner_checks_a_parameter_set_with_testbeds(files, tmp_path, capsys):
     assert "unknown family 'nope'" in err and "no option 'resolution'" in err
     testbeds.undefine(name)
     testbeds.undefine("other")
+
+
+def test_network_order_puts_the_projection_last(tb):
+    order = tb.network_order()
+    assert set(order) == set(tb.matrix_keys()) and order[-1] == "visual.proj"
+    assert order[0] == "visual.transformer.resblocks.0.attn.in_proj_weight"
+    assert order.index("visual.transformer.resblocks.1.attn.in_proj_weight") > order.index(
+        "visual.transformer.resblocks.0.mlp.c_proj.weight")
