@@ -346,9 +346,48 @@ def test_device_option(files):
     assert testbeds.base.engine_device(OnDevice()) == torch.device("cuda:0")
 
 
-def test_lora_kind_needs_adapters(tb):
+def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
+    """PEFT adapters on Hugging Face CLIP module names (q_proj, fc1) land on open_clip's keys: q
+    as the first third of in_proj_weight, the scale lora_alpha / r applied once."""
+    from pactlib.io import save_state_dict
+
     with pytest.raises(ValueError, match="needs the option 'lora'"):
         testbeds.load("clip-tiny", kind="lora")
+    g = torch.Generator().manual_seed(3)
+    mods = {"vision_model.encoder.layers.0.self_attn.q_proj": (32, 32),
+            "vision_model.encoder.layers.1.mlp.fc1": (128, 32)}
+    factors = {}
+    for t in TASKS:
+        folder = files["ckpt"] / t / "adapter"
+        folder.mkdir(exist_ok=True)
+        tensors = {}
+        for m, (out, inn) in mods.items():
+            tensors[f"base_model.model.{m}.lora_A.weight"] = 0.1 * torch.randn(2, inn, generator=g)
+            tensors[f"base_model.model.{m}.lora_B.weight"] = 0.1 * torch.randn(out, 2, generator=g)
+        factors[t] = tensors
+        save_state_dict(tensors, folder / "adapter_model.safetensors")
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 8,
+                                                                "target_modules": ["q_proj", "fc1"]}))
+    _define("clip-lora", files, lora="{task}/adapter", cache_dir=str(tmp_path / "cache"))
+    try:
+        lo = testbeds.load("clip-lora", kind="lora")
+        assert lo.kind == "lora" and set(lo.ft_val) == set(TASKS)
+        tv = lo.task_vectors()[0]
+        f = factors[TASKS[0]]
+        m = "base_model.model.vision_model.encoder.layers.0.self_attn.q_proj"
+        q = 4.0 * f[f"{m}.lora_B.weight"] @ f[f"{m}.lora_A.weight"]  # scale 8 / 2
+        k = "visual.transformer.resblocks.0.attn.in_proj_weight"
+        torch.testing.assert_close(tv[k][:32], q)
+        assert float(tv[k][32:].abs().max()) == 0.0 and float(tv["visual.conv1.weight"].abs().max()) == 0.0
+        fc = "base_model.model.vision_model.encoder.layers.1.mlp.fc1"
+        torch.testing.assert_close(tv["visual.transformer.resblocks.1.mlp.c_fc.weight"],
+                                   4.0 * f[f"{fc}.lora_B.weight"] @ f[f"{fc}.lora_A.weight"])
+        torch.testing.assert_close(lo.finetuned[TASKS[0]][k], lo.pretrained[k] + tv[k])
+        rec = testbeds.run(lo, "task_arithmetic", alphas=(0.5, 1.0))
+        assert rec["kind"] == "lora" and rec["metrics"]["norm_acc"] > 0
+        assert lo.fingerprint() != tb.fingerprint()
+    finally:
+        testbeds.undefine("clip-lora")
 
 
 # ----------------------------------------------------------------------------- chapter 12, runner

@@ -368,8 +368,8 @@ def existing_path(*, none_ok: bool = True) -> Rule:
             return None
         if isinstance(v, str) and v and Path(v).expanduser().exists():
             return None
-        return ("None or the path of an existing file or folder" if none_ok
-                else "the path of an existing file or folder") + ("; nothing exists at that path" if isinstance(v, str) else "")
+        what = "None or the path of an existing file or folder" if none_ok else "the path of an existing file or folder"
+        return what + ("; nothing exists at that path" if isinstance(v, str) else "")
     return rule
 
 

@@ -221,7 +221,8 @@ def define_all(specs: Mapping[str, Any], *, where: str = "testbeds", replace: bo
     problems, names = [], []
     for name, spec in specs.items():
         if not isinstance(spec, Mapping):
-            problems.append(f"testbed {name!r}: expected a mapping with 'family' and options, got {type(spec).__name__}")
+            problems.append(f"testbed {name!r}: expected a mapping with 'family' and options, "
+                            f"got {type(spec).__name__}")
             continue
         spec = dict(spec)
         family = spec.pop("family", None)

@@ -546,7 +546,8 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when present): evaluation, merging and PACT.
         batch_size: images per forward pass. lora: PEFT adapter folder pattern (``{task}``) under
             ``checkpoint_dir``; lora_key_map: a key map of :data:`pactlib.peft.KEY_MAPS` (None: the
-            adapter's keys as they are, else Hugging Face CLIP names onto open_clip ones). cache_dir: the disk cache (default ``pactlib.paths.cache_dir("clip")``).
+            adapter's keys as they are, else Hugging Face CLIP names onto open_clip ones).
+        cache_dir: the disk cache (default ``pactlib.paths.cache_dir("clip")``).
         progress: progress bars while evaluating.
 
     Raises:
