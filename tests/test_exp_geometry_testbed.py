@@ -380,19 +380,41 @@ def _runner():
     return load_runner()
 
 
+@pytest.mark.parametrize("model", ["vitb32", "vitb16", "vitl14"])
 @pytest.mark.parametrize("n", [8, 14, 20])
-def test_paper_parameter_sets_are_valid_and_point_at_the_right_suite(n):
+def test_paper_parameter_sets_refuse_placeholders_and_run_on_their_clip_testbed(n, model, tmp_path):
+    """Each paper set defines one clip testbed on the n-task suite; its placeholder paths fail the
+    check (named), and once they exist every chapter that applies names that testbed."""
+    import yaml
+
+    from pactlib.book.params import ParameterError
     from pactlib.data import paper
 
     run = _runner()
-    path = ROOT / "params" / f"paper-vitb32-{n}.yaml"
-    jobs = {j.name: j for j in run.prepare(run.notebook_paths(None), path, {})}
-    ch12 = jobs["12_paper_scale"].overrides
-    assert ch12["n_paper_tasks"] == n and "{task}" in ch12["finetuned_pattern"]
-    assert ch12["trust_pickle"] is False  # opting into unpickling is the user's decision
-    assert all(not jobs[name].overrides for name in jobs if name != "12_paper_scale")
-    text = path.read_text()
-    assert all(t in text for t in paper.paper_tasks(n))
+    path = ROOT / "params" / f"paper-{model}-{n}.yaml"
+    data = yaml.safe_load(path.read_text())
+    (name, spec), = data["testbeds"].items()
+    assert spec["family"] == "clip" and spec["tasks"] == n and spec["trust_pickle"] is False
+    assert all(t in path.read_text() for t in paper.paper_tasks(n))
+    with pytest.raises(ParameterError, match="checkpoint_dir"):
+        run.prepare(run.notebook_paths(None), path, {})
+    for key, value in spec.items():  # the user's edit: every placeholder path now exists
+        if isinstance(value, str) and value.startswith("/path/to/"):
+            spec[key] = str(tmp_path / key)
+            (tmp_path / key).mkdir()
+    ckpt, tasks = tmp_path / "checkpoint_dir", paper.paper_tasks(n)
+    files = [ckpt / spec["pretrained_file"]] + [ckpt / spec["finetuned_pattern"].format(task=t) for t in tasks]
+    files += [tmp_path / "heads" / f"head_{t}.pt" for t in tasks]
+    for f in files:  # the check looks for the files, it does not read them
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.touch()
+    for t in tasks:
+        (tmp_path / "data_root" / t).mkdir()
+    edited = tmp_path / path.name
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    jobs = {j.name: j for j in run.prepare(run.notebook_paths(None), edited, {})}
+    assert jobs["05_main_results"].overrides["testbeds"] == [name]
+    assert jobs["03_scalar_perspective"].overrides["testbed"] == name
 
 
 def _head_records():
