@@ -56,7 +56,7 @@ from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha
 from .io import load_state_dict
 from .lazy import check_out_suffix, parse_size, trusted_reader
-from .matrix import PRESETS, MatrixRule, detect_preset
+from .matrix import PRESETS, MatrixRule, detect_preset, split_attention_note
 from .streaming import merge_files
 
 
@@ -190,11 +190,15 @@ def cmd_merge(args) -> int:
         return load_checkpoint(path, trust_pickle=args.trust_pickle, mmap=True)
 
     loader.cache_tag = "trusted" if args.trust_pickle else "plain"
-    rule = args.rule
-    if rule == "auto":  # from θ0's key names (its header; a pickle is converted here, once)
-        from .lazy import open_checkpoint
+    from .lazy import open_checkpoint
 
-        rule = detect_preset(open_checkpoint(args.pretrained, loader=loader).keys())
+    keys = open_checkpoint(args.pretrained, loader=loader).keys()  # θ0's header (a pickle is converted once)
+    rule = args.rule
+    if rule == "auto":  # from θ0's key names
+        rule = detect_preset(keys)
+    note = split_attention_note(keys, where="pact merge: ")
+    if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
+        warnings.warn(note, UserWarning)
     if adapters:
         from .peft import AdapterSource
 

@@ -442,3 +442,20 @@ def test_network_order_puts_the_projection_last(tb):
     assert order[0] == "visual.transformer.resblocks.0.attn.in_proj_weight"
     assert order.index("visual.transformer.resblocks.1.attn.in_proj_weight") > order.index(
         "visual.transformer.resblocks.0.mlp.c_proj.weight")
+
+
+def test_pact_merge_warns_on_hugging_face_attention_layout(files, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from pactlib.cli import main
+
+    paths = []
+    for t, sd in [("zeroshot", files["theta0"]), *files["fts"].items()]:
+        paths.append(tmp_path / f"{t}.safetensors")
+        save_file({k: v.contiguous() for k, v in clip.open_clip_to_hf(clip.vision_state_dict(sd)).items()},
+                  str(paths[-1]))
+    out = tmp_path / "merged.safetensors"
+    assert main(["merge", "--method", "iso_c", "--alpha", "1.0", "--pretrained", str(paths[0]), "--finetuned",
+                 *map(str, paths[1:]), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "pact: warning: pact merge: Hugging Face CLIP keys" in err and "naming='open_clip'" in err
