@@ -87,7 +87,8 @@ suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for l
 from pactlib.book.experiments import depth
 
 first = load(testbeds[0], seeds[0], val_limit=val_limit, test_limit=test_limit)
-keys = depth.network_order(first.rule.matrix_keys(first.pretrained))  # the testbed's maps, input to output
+keys = (first.network_order() if hasattr(first, "network_order")  # the testbed's maps, input to output
+        else depth.network_order(first.rule.matrix_keys(first.pretrained)))
 groups = study.depth_groups(keys)
 {g: f"{len(k)} layers: {k[0]} … {k[-1]}" for g, k in groups.items() if g != "all"}
 
@@ -112,7 +113,7 @@ for name, seed in tqdm(runs, desc="testbeds"):
     suite = suite_of(name)
     sizes[suite] = len(tb.tasks)
     raw = tb.task_vectors()
-    filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True)
+    filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True, rule=tb.rule)
     recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, suite=suite)
     for g in tqdm(depth.GROUPS, desc=f"{name} seed {seed}", leave=False):
         recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,

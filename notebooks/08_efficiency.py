@@ -94,7 +94,8 @@ exact = PactOptions()
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
     tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
-    keys = depth.network_order(tb.rule.matrix_keys(tb.pretrained))  # the testbed's maps, input to output
+    keys = (tb.network_order() if hasattr(tb, "network_order")  # the testbed's maps, input to output
+            else depth.network_order(tb.rule.matrix_keys(tb.pretrained)))
     tvs = tb.task_vectors()
     t_exact, f_exact, r_exact = efficiency.time_filter(tb.pretrained, tvs, exact, repeats=timing_repeats)
     recs.append(records.make_record("filter-time", params=P, seed=seed, svd="exact", n_iter=None,

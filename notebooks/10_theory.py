@@ -78,7 +78,7 @@ recs = []
 for seed in tqdm(seeds, desc="seeds"):
     tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     tvs = tb.task_vectors()
-    filtered, report = pact_filter(tb.pretrained, tvs, keep=True)
+    filtered, report = pact_filter(tb.pretrained, tvs, keep=True, rule=tb.rule)
     for i, t in enumerate(tqdm(tb.tasks, desc=f"seed {seed}", leave=False)):
         recs += theory.theory_records(tb, i, tvs[i], filtered[i], report, xy_loss=tb.inputs(t, "val", loss_examples),
                                       xy_test=tb.inputs(t, "test", test_limit), fracs=fracs, seed=seed, params=P,

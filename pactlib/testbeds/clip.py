@@ -455,14 +455,17 @@ class ClipTestbed:
         return self.rule.matrix_keys(self.pretrained)
 
     def network_order(self) -> list[str]:
-        """The matrix keys from input to output: the transformer blocks in order (each block's
-        keys as stored), then the output projection (``visual.proj`` / ``visual_projection``),
-        which state dicts (and a sort by name) put before the blocks."""
+        """The matrix keys from input to output: the patch embedding (``conv1`` /
+        ``patch_embedding``), the transformer blocks in order (each block's keys as stored), then
+        the rest, e.g. the output projection (``visual.proj`` / ``visual_projection``), which state
+        dicts (and a sort by name) put before the blocks."""
         import re
 
         keys = self.matrix_keys()
         block = {k: int(m.group(1)) for k in keys if (m := re.search(r"\.(?:resblocks|layers)\.(\d+)\.", k))}
-        return sorted((k for k in keys if k in block), key=lambda k: block[k]) + [k for k in keys if k not in block]
+        first = [k for k in keys if k not in block and re.search(r"(conv1|patch_embedding)\.", k)]
+        return first + sorted((k for k in keys if k in block), key=lambda k: block[k]) + [
+            k for k in keys if k not in block and k not in first]
 
     def _cpu(self):
         """A CPU :class:`ClipClassifier` sharing nothing with :attr:`classifier` unless that is on the CPU."""
