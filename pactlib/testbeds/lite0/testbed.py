@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ...matrix import DEFAULT_RULE, MatrixRule
 from ...taskvector import TaskVector
 from ..base import code_fingerprint, with_frozen_head
+from ..zoo_files import AccuracyMemo
 
 FAMILY = "lite0"
 
@@ -239,30 +240,7 @@ class Lite0Testbed:
         return self.rule.matrix_keys(self.pretrained)
 
 
-class _AccuracyMemo:
-    """Accuracies of fixed checkpoints on fixed splits, memoised in a JSON file (keys hold the
-    checkpoint's and head's sha256, the split, its cap, the data seed and resolution)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            self.data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.data = {}
-        self.dirty = False
-
-    def get(self, key: str, compute) -> float:
-        if key not in self.data:
-            self.data[key], self.dirty = float(compute()), True
-        return self.data[key]
-
-    def save(self) -> None:
-        from ...io import atomic_write
-
-        if self.dirty:
-            text = json.dumps(self.data, indent=0, sort_keys=True)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, lambda p: p.write_text(text))
+_AccuracyMemo = AccuracyMemo  # moved to pactlib.testbeds.zoo_files (shared with the MiniLM testbed)
 
 
 def parse_name(name: str) -> tuple[str, int]:

@@ -47,7 +47,9 @@ from torch import Tensor
 from pactlib import lora as lora_mod
 from pactlib.eval import accuracy, features
 from pactlib.testbeds.lite0.heads import Head, file_sha256, fit_head, fit_prototype_head, load_head, load_safetensors, save_head, save_safetensors
-from pactlib.io import atomic_write
+from pactlib.testbeds.zoo_files import (read_json, record_problem, run_seed, update_manifest, warmup_cosine,
+                                       write_json)
+from pactlib.testbeds.zoo_files import train_loop as _train_loop
 from pactlib.paths import cache_dir
 from pactlib.models.efficientnet import backbone_state_dict, load_backbone, preprocess
 
@@ -176,57 +178,31 @@ def head_path(zoo_dir: Path, task: str) -> Path:
     return Path(zoo_dir) / "heads" / f"{task}.safetensors"
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=1, sort_keys=True)
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+_write_json = write_json
+_read_json = read_json
+_run_seed = run_seed
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def _upgrade_recipe(got: dict) -> dict:
+    """Records older than ``Recipe.head`` were made with the probe head."""
+    return {**got, "head": "probe"} if "head" not in got else got
 
 
 def _valid(record: dict | None, ckpt: Path, wanted: Mapping[str, Any], head_sha256: str | None = None) -> str | None:
     """None when ``record`` describes ``ckpt`` made with ``wanted`` (and, for a run, through the head
-    whose file has ``head_sha256``); else why not."""
-    if record is None:
-        return "no record"
-    got = dict(record.get("recipe") or {})
-    if "head" in wanted and "head" not in got:  # records older than Recipe.head: made with the probe head
-        got["head"] = "probe"
-    if got != dict(wanted):
-        return "recipe changed"
-    if head_sha256 is not None and record.get("head_sha256") != head_sha256:
-        return "head changed (the run was fine-tuned through another head)"
-    if not ckpt.is_file():
-        return "checkpoint missing"
-    if file_sha256(ckpt) != record.get("sha256"):
-        return "checkpoint sha256 mismatch (partial or corrupt file)"
-    return None
-
-
-def _run_seed(kind: str, task: str, seed: int) -> int:
-    """A stable 63-bit seed for one run (independent of Python's hash randomisation)."""
-    return int(hashlib.sha256(f"{kind}/{task}/{seed}".encode()).hexdigest()[:15], 16)
+    whose file has ``head_sha256``); else why not (:func:`pactlib.testbeds.zoo_files.record_problem`)."""
+    return record_problem(record, ckpt, wanted, head_sha256,
+                          upgrade=_upgrade_recipe if "head" in wanted else None)
 
 
 def _update_manifest(zoo_dir: Path, entry_key: str, entry: dict) -> None:
-    path = zoo_dir / "manifest.json"
-    man = _read_json(path) or {}
-    man.setdefault("backbone", BACKBONE)
-    man.setdefault("entries", {})[entry_key] = entry
-    _write_json(path, man)
+    update_manifest(zoo_dir, entry_key, entry, BACKBONE)
 
 
 # ----------------------------------------------------------------------------- training
 def _schedule(step: int, recipe: Recipe) -> float:
     """LR multiplier: linear warm-up over ``recipe.warmup`` steps, then cosine to 0."""
-    if step < recipe.warmup:
-        return (step + 1) / recipe.warmup
-    t = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+    return warmup_cosine(step, recipe.steps, recipe.warmup)
 
 
 def _shift(x: Tensor, gen: torch.Generator, pad: int = 2) -> Tensor:
@@ -251,32 +227,10 @@ def train_loop(model: torch.nn.Module, params: list[Tensor], head: Head, x: Tens
     Returns:
         the loss of every step.
     """
-    from tqdm.auto import tqdm
-
-    model.eval()
-    if recipe.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=recipe.weight_decay)
-    else:
-        opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=recipe.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, recipe))
-    n, bs = x.shape[0], min(recipe.batch_size, x.shape[0])
-    order, pos, losses = torch.randperm(n, generator=generator), 0, []
-    bar = tqdm(range(recipe.steps), desc=desc, leave=False, disable=not progress)
-    for _ in bar:
-        if pos + bs > n:
-            order, pos = torch.randperm(n, generator=generator), 0
-        idx = order[pos : pos + bs]
-        pos += bs
-        xb = x[idx] if recipe.augment == "none" else _shift(x[idx], generator)
-        loss = F.cross_entropy(head.logits(model(xb)), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if len(losses) % 10 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / 10:.3f}")
-    return losses
+    return _train_loop(model, params, head.logits, x, y, steps=recipe.steps, batch_size=recipe.batch_size, lr=lr,
+                       optimizer=recipe.optimizer, weight_decay=recipe.weight_decay, warmup=recipe.warmup,
+                       generator=generator, augment=None if recipe.augment == "none" else _shift, desc=desc,
+                       progress=progress)
 
 
 def finetune_full(pretrained: Mapping[str, Tensor], head: Head, x: Tensor, y: Tensor, *, recipe: Recipe,
