@@ -9,7 +9,8 @@ file). Chapters name one by a registry name and load it here::
     testbeds.run(tb, "iso_c", pact="pact")
 
 Built in: ``lite0-8``/``lite0-14``/``lite0-20`` (EfficientNet-Lite0 on real image tasks),
-``synthetic-<n>`` (seconds-sized, for the smoke book and the tests) and the ``clip`` family (CLIP
+``synthetic-<n>`` (seconds-sized, for the smoke book and the tests), ``minilm-8``/``minilm-14``
+(all-MiniLM-L6-v2 on real text tasks, :mod:`pactlib.testbeds.minilm`) and the ``clip`` family (CLIP
 image encoders from the user's own files, :mod:`pactlib.testbeds.clip`). A family is registered by
 its name prefix (:func:`register`), from its own package; ``book/adding-a-testbed.md`` says how.
 
@@ -45,6 +46,7 @@ _FAMILIES: dict[str, str | Callable[..., Testbed]] = {
     "lite0": "pactlib.testbeds.lite0.testbed:load",
     "synthetic": "pactlib.testbeds.synthetic:load",
     "clip": "pactlib.testbeds.clip:load",
+    "minilm": "pactlib.testbeds.minilm.testbed:load",
 }
 
 #: Named definitions: name -> (family, options) (:func:`define`).
