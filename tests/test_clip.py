@@ -452,8 +452,8 @@ def test_paper_task_lists():
     assert len(paper.paper_tasks(14)) == 14 and paper.paper_tasks(14)[8:] == (
         "CIFAR100", "STL10", "Flowers102", "OxfordIIITPet", "PCAM", "FER2013")
     assert len(set(paper.paper_tasks(20))) == 20 and paper.paper_tasks(20)[:14] == paper.paper_tasks(14)
-    assert set(paper.paper_tasks(20)) <= set(paper.TEMPLATES)
-    assert all("{}" in t for ts in paper.TEMPLATES.values() for t in ts)
+    assert set(paper.paper_tasks(20)) == set(paper.prompt_tasks())  # standard prompts: tests/test_clip_prompts.py
+    assert all(t.count("{}") == 1 for task in paper.paper_tasks(20) for t in paper.templates_for(task))
     with pytest.raises(ValueError, match="8, 14, 20"):
         paper.paper_tasks(10)
 
@@ -470,12 +470,12 @@ def test_train_val_indices_match_random_split():
 
 
 def test_folder_dataset_splits(folder_dataset):
-    data = paper.load_paper_task("RESISC45", folder_dataset, image_size=16)
+    data = paper.load_paper_task("Scenes", folder_dataset, image_size=16)  # no standard class list: folder names
     tr, va, te = data["train"], data["val"], data["test"]
     assert (len(tr.labels), len(va.labels), len(te.labels)) == (33, 3, 12)
     assert tr.images.shape == (33, 3, 16, 16) and tr.images.dtype == torch.uint8
     assert tr.labels.dtype == torch.int64 and tr.classes == ("dense residential", "forest", "sea ice")
-    assert tr.task == "RESISC45" and te.split == "test" and te.classes == tr.classes
+    assert tr.task == "Scenes" and te.split == "test" and te.classes == tr.classes
     ids = {s: _ids(d.images) for s, d in data.items()}
     # labels agree with the class encoded in every image; splits are disjoint and complete
     for d, i in zip(data.values(), ids.values()):
@@ -487,7 +487,7 @@ def test_folder_dataset_splits(folder_dataset):
     _, va_rows = paper.train_val_indices(36)
     assert [(40 * (r // 12) + 20, 7 * (r % 12), 10) for r in va_rows.tolist()] == ids["val"]
     # deterministic
-    again = paper.load_paper_task("RESISC45", folder_dataset, image_size=16)
+    again = paper.load_paper_task("Scenes", folder_dataset, image_size=16)
     assert torch.equal(again["val"].images, va.images) and torch.equal(again["train"].labels, tr.labels)
 
 

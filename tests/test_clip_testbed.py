@@ -62,6 +62,9 @@ def files(tmp_path_factory):
         (ckpt / t).mkdir()
         torch.save(ft, ckpt / t / "finetuned.pt")
         colours = rng.integers(100, 156, size=(CLASSES, 3))
+        # 3 classes, not MNIST's / EuroSAT's 10: the folder names its classes (else the standard list must fit)
+        (root / "data" / t.lower()).mkdir(parents=True)
+        (root / "data" / t.lower() / "classnames.txt").write_text("".join(f"class {c}\n" for c in range(CLASSES)))
         for split, n in (("train", 14), ("test", 4)):
             for c in range(CLASSES):
                 d = root / "data" / t.lower() / split / f"class_{c}"

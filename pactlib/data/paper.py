@@ -16,9 +16,14 @@ dataset. Four layouts are recognised for a split ``S`` of a dataset folder ``roo
 - ``npz``: ``root/S.npz`` with ``images`` (N, H, W), (N, H, W, C) or (N, C, H, W) uint8 and
   ``labels`` (N,) (digit sets converted once by the user).
 
-Class names used for prompts come from ``root/classnames.txt`` (one per line, label order;
-curated names such as CLIP's GTSRB or EuroSAT descriptions go there) or else from the class
-folder names with ``_`` turned into spaces.
+Class names and prompt templates for zero-shot heads are the standard ones of each dataset,
+recorded verbatim with their sources in ``pactlib/data/clip_prompts.json`` (:func:`clip_prompts`):
+the templates of the task_vectors / TALL-masks code (which built the literature's heads), its
+class names in the datasets' label order, and OpenAI CLIP's ``data/prompts.md`` as an
+alternative where it differs. A dataset folder's classes are matched to the standard names by
+name (folder spellings such as ``AnnualCrop`` or ``a_abbey`` included) or, for integer class
+labels (``00000``, npz / CSV labels), by class index; ``root/classnames.txt`` (one name per line,
+label order) overrides the standard names. Tasks outside the file use the cleaned folder names.
 
 Splits follow the reference protocol (method.md §5): the validation split is 10 % of the
 train split, at most 5,000 images, drawn by ``torch.randperm`` seeded 0, like
@@ -36,9 +41,13 @@ Book: chapter "Paper scale".
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
+import importlib.resources
+import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,31 +84,81 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "KMNIST": ("kmnist",),
 }
 
-_GENERIC = ("a photo of a {}.", "a close-up photo of the {}.", "a low-resolution photo of a {}.")
-#: Prompt templates per task (each with one ``{}`` for the class name), written for this project.
-TEMPLATES: dict[str, tuple[str, ...]] = {
-    "SUN397": ("a photo of a {}.", "a photo of the {}, a kind of place.", "a picture taken at a {}."),
-    "Cars": ("a photo of a {}.", "a photo of a {}, a type of car.", "a picture of my {}.", "a {} parked outside."),
-    "RESISC45": ("satellite imagery of {}.", "an aerial photo of {}.", "a remote sensing image of the {}."),
-    "EuroSAT": ("a centered satellite photo of {}.", "a satellite image showing {}.", "an aerial view of {}."),
-    "SVHN": ('a photo of the number "{}".', 'a street sign showing the digit "{}".', 'the house number "{}".'),
-    "GTSRB": ('a traffic sign meaning "{}".', 'a zoomed-in photo of a "{}" road sign.',
-              'a dashcam photo of the "{}" traffic sign.'),
-    "MNIST": ('a photo of the digit "{}".', 'a handwritten "{}".', 'the number {} written by hand.'),
-    "DTD": ("a photo of a {} texture.", "a close-up of a {} surface.", "a {} pattern."),
-    "CIFAR100": _GENERIC + ("a tiny photo of the {}.",),
-    "STL10": _GENERIC + ("a cropped photo of a {}.",),
-    "Flowers102": ("a photo of a {}, a type of flower.", "a close-up of a blooming {}.", "a {} in a garden."),
-    "OxfordIIITPet": ("a photo of a {}, a type of pet.", "a photo of my {}.", "a pet {} at home."),
-    "PCAM": ("a histopathology slide showing {}.", "a microscope image of lymph node tissue with {}."),
-    "FER2013": ("a photo of a {} looking face.", "a face showing the emotion: {}.", "a person who feels {}."),
-    "EMNIST": ('a photo of the character "{}".', 'a handwritten "{}".', 'the symbol "{}" written by hand.'),
-    "CIFAR10": _GENERIC + ("a tiny photo of the {}.",),
-    "Food101": ("a photo of {}, a type of food.", "a plate of {}.", "a close-up of a dish of {}."),
-    "FashionMNIST": ("a photo of a {}.", "a grayscale photo of a {}, an item of clothing.", "a {} on a plain background."),
-    "RenderedSST2": ("a {} review of a movie.", "a sentence expressing a {} opinion.", "a text with {} sentiment."),
-    "KMNIST": ('a photo of the hiragana character "{}".', 'the handwritten kana "{}".'),
-}
+#: The package data file of standard class names and templates (see :func:`clip_prompts`).
+PROMPTS_FILE = "clip_prompts.json"
+#: The recorded variants: the literature's (default), OpenAI CLIP's ``data/prompts.md``, the TSV code's.
+PROMPT_VARIANTS = ("default", "openai", "task_singular_vectors")
+
+
+@functools.lru_cache(maxsize=1)
+def _prompts_doc() -> dict:
+    text = importlib.resources.files(__package__).joinpath(PROMPTS_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class ClipPrompts:
+    """A dataset's standard class names and prompt templates, as recorded in ``clip_prompts.json``.
+
+    Attributes:
+        task: the task name (a key of :data:`PAPER_TASKS`' suites).
+        variant: one of :data:`PROMPT_VARIANTS`.
+        classnames: C names, in the label order of the variant's source.
+        templates: T strings, each with one ``{}`` for the class name.
+        source: {"classnames": {repo, path, commit, ...}, "templates": {...}}.
+        note: where sources differ, in words ("" if they agree).
+    """
+
+    task: str
+    variant: str
+    classnames: tuple[str, ...]
+    templates: tuple[str, ...]
+    source: dict
+    note: str = ""
+
+
+def prompt_tasks() -> tuple[str, ...]:
+    """The tasks with recorded class names and templates (the 20-task suite)."""
+    return tuple(_prompts_doc()["datasets"])
+
+
+def clip_prompts(task: str, variant: str = "default") -> ClipPrompts:
+    """The standard class names and templates of ``task`` (``pactlib/data/clip_prompts.json``).
+
+    ``default`` is what the merging literature's zero-shot heads were built with (templates of
+    mlfoundations/task_vectors ``src/datasets/templates.py``, extended to 20 tasks by
+    nik-dim/tall_masks; class names in the datasets' label order); ``openai`` is OpenAI CLIP's
+    ``data/prompts.md``; ``task_singular_vectors`` the TSV code's templates. A variant that
+    records no difference for ``task`` gives the default lists.
+
+    Raises:
+        KeyError: ``task`` not recorded (the recorded tasks are named).
+        ValueError: an unknown variant, or ``openai`` for a dataset prompts.md lacks.
+    """
+    if variant not in PROMPT_VARIANTS:
+        raise ValueError(f"unknown prompt variant {variant!r}; one of {PROMPT_VARIANTS}")
+    datasets = _prompts_doc()["datasets"]
+    if task not in datasets:
+        raise KeyError(f"no standard class names / templates recorded for {task!r} in {PROMPTS_FILE}; "
+                       f"recorded: {', '.join(datasets)}")
+    e = datasets[task]
+    names, templates = e["classnames"], e["templates"]
+    source = {k: dict(v) for k, v in e["source"].items()}  # copies: the parsed file stays as read
+    if variant != "default":
+        alt = e.get("alternatives", {}).get(variant)
+        if alt is None and variant == "openai":
+            raise ValueError(f"{task}: openai/CLIP data/prompts.md has no prompts for this dataset "
+                             f"(use the default variant)")
+        if alt is not None:
+            if "classnames" in alt:
+                names, source["classnames"] = alt["classnames"], dict(alt["source"])
+            if "templates" in alt:
+                templates, source["templates"] = alt["templates"], dict(alt["source"])
+    return ClipPrompts(task, variant, tuple(names), tuple(templates), source, e.get("note", ""))
+
+
+def _generic_templates() -> tuple[str, ...]:
+    return tuple(_prompts_doc()["generic"]["templates"])
 
 
 def paper_tasks(n: int) -> tuple[str, ...]:
@@ -113,9 +172,15 @@ def paper_tasks(n: int) -> tuple[str, ...]:
     return PAPER_TASKS[n]
 
 
-def templates_for(task: str) -> tuple[str, ...]:
-    """Prompt templates of ``task`` (a generic set for an unknown name)."""
-    return TEMPLATES.get(task, _GENERIC)
+def templates_for(task: str, variant: str = "default") -> tuple[str, ...]:
+    """Prompt templates of ``task``: the standard ones (:func:`clip_prompts`), each with one ``{}``.
+
+    A task outside ``clip_prompts.json`` gets CLIP's generic prompt (the ``generic`` entry:
+    OpenAI CLIP README's zero-shot example).
+    """
+    if task in _prompts_doc()["datasets"]:
+        return clip_prompts(task, variant).templates
+    return _generic_templates()
 
 
 def task_root(data_root: str | Path, task: str) -> Path:
@@ -380,11 +445,101 @@ def _subset(rows: np.ndarray, limit: int | None, seed: int, salt: int) -> np.nda
     return rows[keep]
 
 
-def prompt_names(root: str | Path, classes: Sequence[str]) -> tuple[str, ...]:
-    """Class names for prompts: ``root/classnames.txt`` if present, else cleaned folder names.
+def _norm(name: str) -> str:
+    """A class name compared loosely: CamelCase split, lower case, runs of other characters -> one space."""
+    name = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name)
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", name.lower()).split())
+
+
+def _candidates(name: str) -> list[str]:
+    """Loose forms of a folder class name, most literal first: the whole name ('a/abbey', 'a_abbey'),
+    without a leading one-letter group (SUN397's 'a/' prefix), its last path component; then the
+    same without spaces ('annualcrop')."""
+    out = []
+    for s in (name, name.replace("\\", "/").rsplit("/", 1)[-1]):
+        n = _norm(s)
+        tokens = n.split()
+        out.append(n)
+        if len(tokens) > 1 and len(tokens[0]) == 1 and tokens[0].isalpha():
+            out.append(" ".join(tokens[1:]))
+    out += [c.replace(" ", "") for c in out]
+    return list(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=None)
+def _name_index(task: str) -> dict[str, int]:
+    """Loose name -> default label index, from the recorded names and aliases of ``task``."""
+    e = _prompts_doc()["datasets"][task]
+    aliases = e.get("aliases") or [[] for _ in e["classnames"]]
+    seen: dict[str, set[int]] = {}
+    for i, (name, more) in enumerate(zip(e["classnames"], aliases)):
+        for n in (name, *more):
+            for key in {_norm(n), _norm(n).replace(" ", "")}:
+                seen.setdefault(key, set()).add(i)
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
+@functools.lru_cache(maxsize=None)
+def _aligned_names(task: str, variant: str) -> tuple[str, ...]:
+    """The ``variant``'s class names in the default label order (matched by name).
 
     Raises:
-        ValueError: ``classnames.txt`` with a number of lines other than ``len(classes)``.
+        ValueError: the variant's names do not match the default ones one to one.
+    """
+    default, rec = clip_prompts(task), clip_prompts(task, variant)
+    if rec.classnames == default.classnames:
+        return rec.classnames
+    index = _name_index(task)
+    pos = [index.get(_norm(n)) for n in rec.classnames]
+    if sorted(p for p in pos if p is not None) != list(range(len(default.classnames))):
+        raise ValueError(f"{task}: the {variant} class names do not match the default ones one to one")
+    out = [""] * len(pos)
+    for j, i in enumerate(pos):
+        out[i] = rec.classnames[j]
+    return tuple(out)
+
+
+def _standard_names(task: str, root: Path, classes: Sequence[str], variant: str) -> tuple[str, ...]:
+    """The standard names of ``task`` for the folder classes ``classes`` (label order)."""
+    names = _aligned_names(task, variant)
+    n = len(names)
+    fix = f"write {root / 'classnames.txt'} (one name per class, in label order) to name the classes yourself"
+    if len(classes) != n:
+        raise ValueError(f"{task}: the dataset folder {root} has {len(classes)} classes, the standard {task} "
+                         f"class list has {n} ({PROMPTS_FILE}); check the folder is {task}, or {fix}")
+    if all(re.fullmatch(r"\d+", c) for c in classes):  # class indices: 00000..00042, npz / CSV labels
+        ids = [int(c) for c in classes]
+        for base in (0, 1):
+            if sorted(ids) == list(range(base, n + base)):
+                return tuple(names[i - base] for i in ids)
+    index = _name_index(task)
+    found, unmatched = [], []
+    for c in classes:
+        i = next((index[k] for k in _candidates(c) if k in index), None)
+        (unmatched.append(c) if i is None else found.append(i))
+    if unmatched or len(set(found)) != n:
+        what = (f"classes {unmatched[:5]} are not among its names" if unmatched
+                else "several folder classes match the same standard class")
+        raise ValueError(f"{task}: cannot match the classes of {root} to the standard {task} class names "
+                         f"({PROMPTS_FILE}): {what}; {fix}")
+    return tuple(names[i] for i in found)
+
+
+def prompt_names(root: str | Path, classes: Sequence[str], task: str | None = None, *,
+                 variant: str = "default") -> tuple[str, ...]:
+    """Class names for prompts, in label order.
+
+    ``root/classnames.txt`` if present (one per line: the user's names win); else, for a task of
+    ``clip_prompts.json``, its standard names (``variant``, see :func:`clip_prompts`) matched to
+    the folder classes by name (loosely: case, ``_`` / ``-`` / ``/``, CamelCase, SUN397's
+    ``a/`` prefix and the recorded aliases such as EuroSAT's ``AnnualCrop``) or, when every class
+    is an integer (0..C-1 or 1..C), by class index in the dataset's label order; else the
+    folder names cleaned (``a/abbey`` -> ``abbey``, ``_`` -> space).
+
+    Raises:
+        ValueError: ``classnames.txt`` with a number of lines other than ``len(classes)``; for a
+            standard task, a folder whose class count differs from the standard list's or whose
+            classes cannot be matched to it (the dataset and the fix are named).
     """
     f = Path(root) / "classnames.txt"
     if f.is_file():
@@ -392,6 +547,8 @@ def prompt_names(root: str | Path, classes: Sequence[str]) -> tuple[str, ...]:
         if len(names) != len(classes):
             raise ValueError(f"{f}: {len(names)} names for {len(classes)} classes")
         return names
+    if task is not None and task in _prompts_doc()["datasets"]:
+        return _standard_names(task, Path(root), classes, variant)
     # 'a/abbey' (SUN397) -> 'abbey'; 'dense_residential' -> 'dense residential'
     return tuple(c.replace("\\", "/").rsplit("/", 1)[-1].replace("_", " ").strip() for c in classes)
 
@@ -423,7 +580,7 @@ def _decoded(task, split, idx, rows, image_size, cache_dir) -> Tensor:
 def load_paper_task(task: str, root: str | Path, *, image_size: int = 224, seed: int = 0,
                     val_fraction: float = VAL_FRACTION, max_val: int | None = MAX_VAL,
                     test_split: str | None = None, limit: int | Mapping[str, int] | None = None,
-                    cache_dir: str | Path | None = None) -> dict[str, TaskData]:
+                    cache_dir: str | Path | None = None, prompt_variant: str = "default") -> dict[str, TaskData]:
     """Train / validation / test splits of one paper dataset from its local folder.
 
     Args:
@@ -436,6 +593,7 @@ def load_paper_task(task: str, root: str | Path, *, image_size: int = 224, seed:
         limit: keep at most this many images per split (an int, or {split: int}); the subset
             is seeded by ``seed`` and drawn after the train/validation split.
         cache_dir: if given, decoded splits are cached there (atomic writes).
+        prompt_variant: the standard class names used (:func:`prompt_names`, :func:`clip_prompts`).
 
     Returns:
         {"train", "val", "test"} -> TaskData with uint8 images (N, 3, S, S), int64 labels (N,)
@@ -443,7 +601,8 @@ def load_paper_task(task: str, root: str | Path, *, image_size: int = 224, seed:
 
     Raises:
         FileNotFoundError: the folder, a split or an image is missing (named).
-        ValueError: the same image file in train and test, or malformed annotations.
+        ValueError: the same image file in train and test, malformed annotations, or classes
+            that do not fit the task's standard class names (:func:`prompt_names`).
     """
     root = Path(root)
     train = index_split(root, "train")
@@ -462,7 +621,7 @@ def load_paper_task(task: str, root: str | Path, *, image_size: int = 224, seed:
         "val": _subset(va_rows, lim.get("val"), seed, 2),
         "test": _subset(np.arange(len(test), dtype=np.int64), lim.get("test"), seed, 3),
     }
-    classes = prompt_names(root, train.classes)
+    classes = prompt_names(root, train.classes, task, variant=prompt_variant)
     out = {}
     for split, idx in (("train", train), ("val", train), ("test", test)):
         r = rows[split]
