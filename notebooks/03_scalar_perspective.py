@@ -101,7 +101,7 @@ for seed in tqdm(seeds, desc="seeds"):
         F_t = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=fisher_samples, empirical=empirical_fisher, seed=seed)
         for only in (False, True):  # per-tensor scores only for the population the chapter uses
             recs += scalar.enrichment_records(tvs[t], F_t, q=quantile, seed=seed, task=t, params=P, touched_only=only,
-                                              per_key=only == touched_only, suite=suite)
+                                              per_key=only == touched_only, rule=tb.rule, suite=suite)
         lbw[seed, t], sens[seed, t] = scalar.lbw_sets(tvs[t], F_t, q=quantile, touched_only=touched_only)
         pool[seed, t] = scalar.population(tvs[t], list(F_t), touched_only=touched_only)
 path = records.records_path("03_scalar_perspective")

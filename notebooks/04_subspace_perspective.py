@@ -90,9 +90,9 @@ beds, subs, recs = {}, {}, []
 for seed in tqdm(seeds, desc="seeds"):
     beds[seed] = tb = testbeds.load(testbed, seed, val_limit=val_limit,
                                            test_limit=test_limit)
-    subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts)
+    subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts, rule=tb.rule)
     recs += subspace.dimension_records(tb.pretrained, subs[seed], tb.tasks, tol=opts.lbw_tol, params=P, seed=seed,
-                                       suite=suite)
+                                       rule=tb.rule, suite=suite)
 path = records.records_path("04_subspace_perspective")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
@@ -160,7 +160,7 @@ recs = []
 for seed, tb in tqdm(beds.items(), desc="seeds"):
     for t in tqdm(tb.tasks, desc=f"ablations, seed {seed}", leave=False):
         recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, strengths=strengths, params=P,
-                                          suite=suite)
+                                          rule=tb.rule, suite=suite)
 records.write_records(path, recs)
 frame = records.records_frame(path)
 

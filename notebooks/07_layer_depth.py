@@ -114,7 +114,7 @@ for name, seed in tqdm(runs, desc="testbeds"):
     sizes[suite] = len(tb.tasks)
     raw = tb.task_vectors()
     filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True, rule=tb.rule)
-    recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, suite=suite)
+    recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, rule=tb.rule, suite=suite)
     for g in tqdm(depth.GROUPS, desc=f"{name} seed {seed}", leave=False):
         recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,
                                        alphas=alpha_grid(method, alpha_points, lo=alpha_min, spacing="geometric")))

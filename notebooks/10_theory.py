@@ -82,7 +82,7 @@ for seed in tqdm(seeds, desc="seeds"):
     for i, t in enumerate(tqdm(tb.tasks, desc=f"seed {seed}", leave=False)):
         recs += theory.theory_records(tb, i, tvs[i], filtered[i], report, xy_loss=tb.inputs(t, "val", loss_examples),
                                       xy_test=tb.inputs(t, "test", test_limit), fracs=fracs, seed=seed, params=P,
-                                      suite=suite, cap_binding_rate=report.cap_binding_rate())
+                                      rule=tb.rule, suite=suite, cap_binding_rate=report.cap_binding_rate())
 path = records.records_path("10_theory")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)

@@ -24,6 +24,11 @@ Everything is built in memory, on the CPU, deterministically:
   drives the batch order (and the LoRA A init). ``kind="lora"`` trains rank-4 adapters on the
   four maps (:mod:`pactlib.lora`), so the task vectors are exactly scale·B·A there and zero
   elsewhere.
+- **Matrix rule.** :data:`~pactlib.matrix.DEFAULT_RULE` unless the load option ``rule`` names
+  another (:func:`matrix_rule`): e.g. ``rule={"not_matrix": ["^fc4\\."]}`` makes a testbed on
+  which ``fc4.weight`` is not a map, so that a chapter that ignores ``tb.rule`` shows it
+  (``tests/test_rule_threading.py`` runs chapters 4, 7, 8 and 10 on one). Fine-tuning and the
+  LoRA adapters do not depend on it.
 
 Built parts are memoised in-process (``functools.lru_cache`` on θ0, on each task's data and
 head, and on each (task, seed, kind) fine-tune), so loading the same or a nested testbed again
@@ -37,8 +42,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 from numbers import Integral
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -47,12 +53,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..lora import attach, init_adapters, lora_scale, lora_task_vector, merge_adapters, read_adapters
-from ..matrix import DEFAULT_RULE, MatrixRule
+from ..matrix import DEFAULT_RULE, PRESETS, MatrixRule
 from ..taskvector import TaskVector
 from .base import code_fingerprint, with_frozen_head
 
 __all__ = ["FAMILY", "MAX_TASKS", "DEFAULT_TASKS", "Recipe", "RECIPE", "SynthNet", "SyntheticTestbed", "load",
-           "parse_name", "task_names", "sample_inputs", "task_labels", "clear_cache"]
+           "parse_name", "task_names", "sample_inputs", "task_labels", "clear_cache", "matrix_rule", "check_options"]
 
 FAMILY = "synthetic"
 MAX_TASKS = 20
@@ -322,7 +328,8 @@ class SyntheticTestbed:
     def task_vectors(self) -> list[TaskVector]:
         """Δt per task in ``tasks`` order (LoRA: exactly scale·B·A on the four maps, zero elsewhere)."""
         if self.kind == "lora":
-            return [TaskVector(lora_task_vector(self.pretrained, self.adapters[t], self.lora_scale, rule=self.rule),
+            # the adapters were trained under DEFAULT_RULE (_finetune), whatever rule merges them
+            return [TaskVector(lora_task_vector(self.pretrained, self.adapters[t], self.lora_scale, rule=DEFAULT_RULE),
                                name=t) for t in self.tasks]
         return [TaskVector.from_checkpoints(self.pretrained, self.finetuned[t], name=t) for t in self.tasks]
 
@@ -382,11 +389,13 @@ class SyntheticTestbed:
                                         test_limit=self.test_limit, tensors=h.hexdigest(),
                                         code=code_fingerprint(["pactlib.testbeds.synthetic"]),
                                         torch=torch.__version__)
+            if self.rule != DEFAULT_RULE:  # another rule merges otherwise (the default keeps its old keys)
+                self.__dict__["_fp"]["rule"] = asdict(self.rule)
         return dict(self.__dict__["_fp"])
 
     # --------------------------------------------------------------------------------- helpers
     def matrix_keys(self) -> list[str]:
-        """θ0's keys the rule treats as maps: ``fc1.weight`` … ``fc4.weight``."""
+        """θ0's keys the rule treats as maps: ``fc1.weight`` … ``fc4.weight`` (under the default rule)."""
         return self.rule.matrix_keys(self.pretrained)
 
     def _check_tasks(self, tasks: Sequence[str]) -> None:
@@ -403,9 +412,73 @@ def _check_limit(name: str, value) -> int | None:
     return int(value)
 
 
+_RULE_FIELDS = {"not_matrix": tuple, "transposed": tuple, "kxk_conv": bool, "conv_1x1": bool}
+
+
+def matrix_rule(value: str | Mapping | MatrixRule | None) -> MatrixRule:
+    """The testbed's matrix rule from the load option ``rule``.
+
+    Args:
+        value: None (:data:`~pactlib.matrix.DEFAULT_RULE`); a :class:`~pactlib.matrix.MatrixRule`;
+            a preset name of :data:`~pactlib.matrix.PRESETS`; or a mapping of MatrixRule fields
+            (``not_matrix``, ``transposed``: lists of regular expressions; ``kxk_conv``,
+            ``conv_1x1``: bools), each *replacing* the default's, e.g. ``{"not_matrix": ["^fc4\\."]}``
+            (JSON / YAML-able, for a parameter file's ``testbeds:`` section).
+
+    Raises:
+        KeyError: an unknown preset (lists them). TypeError: another type, an unknown field or a
+        field of the wrong type (named). ValueError: a regular expression that does not compile.
+    """
+    if value is None:
+        return DEFAULT_RULE
+    if isinstance(value, MatrixRule):
+        return value
+    if isinstance(value, str):
+        return MatrixRule.preset(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"synthetic testbed: rule must be None, a preset name ({', '.join(PRESETS)}), a MatrixRule "
+                        f"or a mapping of its fields, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(_RULE_FIELDS))
+    if unknown:
+        raise TypeError(f"synthetic testbed: rule has no field {unknown[0]!r}; its fields: {list(_RULE_FIELDS)}")
+    fields = {}
+    for k, v in value.items():
+        if _RULE_FIELDS[k] is bool:
+            if not isinstance(v, bool):
+                raise TypeError(f"synthetic testbed: rule field {k!r} must be a bool, got {v!r}")
+            fields[k] = v
+            continue
+        if isinstance(v, str) or not isinstance(v, Sequence) or not all(isinstance(p, str) for p in v):
+            raise TypeError(f"synthetic testbed: rule field {k!r} must be a list of regular expressions, got {v!r}")
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"synthetic testbed: rule field {k!r}: bad regular expression {pattern!r} "
+                                 f"({e})") from None
+        fields[k] = tuple(v)
+    return replace(DEFAULT_RULE, **fields)
+
+
+def check_options(options: Mapping) -> None:
+    """Check a definition's options without building anything (:func:`pactlib.testbeds.define`):
+    the known names, the caps and the ``rule`` (:func:`matrix_rule`).
+
+    Raises:
+        TypeError: an unknown option, a bad ``rule``. ValueError: a bad cap or regular expression.
+    """
+    unknown = sorted(set(options) - {"val_limit", "test_limit", "cache_dir", "progress", "rule"})
+    if unknown:
+        raise TypeError(f"synthetic testbed: unknown option(s) {unknown}; "
+                        "known: val_limit, test_limit, cache_dir, progress, rule")
+    for cap in ("val_limit", "test_limit"):
+        _check_limit(cap, options.get(cap))
+    matrix_rule(options.get("rule"))
+
+
 def load(name: str, seed: int = 0, kind: str = "full", *, val_limit: int | None = None,
          test_limit: int | None = None, cache_dir: str | Path | None = None, progress: bool = False,
-         **options) -> SyntheticTestbed:
+         rule: str | Mapping | MatrixRule | None = None, **options) -> SyntheticTestbed:
     """Build (or take from the in-process memo) the synthetic testbed ``name``.
 
     Args:
@@ -416,18 +489,21 @@ def load(name: str, seed: int = 0, kind: str = "full", *, val_limit: int | None 
         cache_dir: where :func:`pactlib.testbeds.base.run` memoises results (None, the default:
             no memo; every merge is recomputed, in well under a second).
         progress: accepted for symmetry with the Lite0 loader; there is nothing to report.
+        rule: the testbed's matrix rule, ``tb.rule`` (:func:`matrix_rule`; default
+            :data:`~pactlib.matrix.DEFAULT_RULE`, whose maps are ``fc1.weight`` … ``fc4.weight``).
 
     Returns:
         A fresh :class:`SyntheticTestbed` (its tensors are copies: changing them does not touch
         the memo) named ``synthetic-<n>``.
 
     Raises:
-        KeyError: a bad name. ValueError: a bad ``kind``, ``seed`` or cap.
-        TypeError: an option this loader does not know (named).
+        KeyError: a bad name or preset. ValueError: a bad ``kind``, ``seed`` or cap.
+        TypeError: an option this loader does not know (named), a bad ``rule``.
     """
     if options:
         raise TypeError(f"synthetic testbed: unknown option(s) {sorted(options)}; "
-                        "known: val_limit, test_limit, cache_dir, progress")
+                        "known: val_limit, test_limit, cache_dir, progress, rule")
+    matrix = matrix_rule(rule)
     n = parse_name(str(name))
     if kind not in ("full", "lora"):
         raise ValueError(f"testbed kind must be 'full' or 'lora', got {kind!r}")
@@ -454,7 +530,7 @@ def load(name: str, seed: int = 0, kind: str = "full", *, val_limit: int | None 
         test_limit=test_limit, cache_dir=None if cache_dir is None else Path(cache_dir), recipe=r,
         adapters={t: {k: (A.clone(), B.clone()) for k, (A, B) in ad.items()} for t, (_, ad) in zip(names, fts)}
         if kind == "lora" else None,
-        lora_scale=lora_scale(r.lora_rank, r.lora_alpha) if kind == "lora" else None)
+        lora_scale=lora_scale(r.lora_rank, r.lora_alpha) if kind == "lora" else None, rule=matrix)
     for t in names:
         tb.ft_val[t] = tb.evaluate(tb.finetuned[t], "val", [t])[t]
         tb.ft_test[t] = tb.evaluate(tb.finetuned[t], "test", [t])[t]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pactlib import causal, fisher
-from pactlib.matrix import DEFAULT_RULE
+from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.book.records import make_record
 from pactlib.book.verdicts import ladder, verdict
 
@@ -228,9 +228,10 @@ def control_masks(lbw: Mapping[str, Tensor], sensitive: Mapping[str, Tensor], *,
     return {"random": rand, "sensitive": [random_subset(updated, n, seed=seed * 1000 + d) for d in range(draws)]}
 
 
-def layer_kind(key: str, tensor: Tensor) -> str:
-    """``"pointwise"`` (a matrix layer of method.md §0), ``"conv"`` (k×k / depthwise) or ``"norm"``."""
-    if DEFAULT_RULE.kind(key, tensor) == "matrix":
+def layer_kind(key: str, tensor: Tensor, rule: MatrixRule = DEFAULT_RULE) -> str:
+    """``"pointwise"`` (a matrix layer under ``rule``, method.md §0), ``"conv"`` (k×k / depthwise,
+    or any other tensor of 2+ dimensions) or ``"norm"``."""
+    if rule.kind(key, tensor) == "matrix":
         return "pointwise"
     return "conv" if tensor.ndim >= 2 else "norm"
 
@@ -241,7 +242,7 @@ def _count(masks: Mapping[str, Tensor]) -> int:
 
 def enrichment_records(delta: Mapping[str, Tensor], fisher_t: Mapping[str, Tensor], *, q: float, seed: int,
                        task: str, params: Mapping[str, Any], touched_only: bool = False, per_key: bool = True,
-                       **extra) -> list[dict]:
+                       rule: MatrixRule = DEFAULT_RULE, **extra) -> list[dict]:
     """Enrichment E_t (S2) of task t over a :func:`population`, global and (``per_key``) per key. C1.
 
     Returns:
@@ -249,8 +250,8 @@ def enrichment_records(delta: Mapping[str, Tensor], fisher_t: Mapping[str, Tenso
         ``n_sensitive``, ``n_both``, ``zero_update`` / ``zero_fisher`` = share of all entries with
         Δt = 0 / F_t = 0) and, with ``per_key``, one ``scope="layer"`` record per key with at least
         1/q population entries (``key``, ``layer`` = position in network order, ``kind`` from
-        :func:`layer_kind`; metrics ``E``, ``numel``). Every record has ``population`` = ``"touched"``
-        or ``"all"``.
+        :func:`layer_kind` under ``rule``, the testbed's matrix rule; metrics ``E``, ``numel``).
+        Every record has ``population`` = ``"touched"`` or ``"all"``.
     """
     keys = list(fisher_t)
     pop = population(delta, keys, touched_only=touched_only)
@@ -270,7 +271,7 @@ def enrichment_records(delta: Mapping[str, Tensor], fisher_t: Mapping[str, Tenso
     order = {k: i for i, k in enumerate(keys)}
     for k, sc in (e.per_key.items() if per_key else ()):
         recs.append(make_record("enrichment", params=params, seed=seed, task=task, scope="layer", key=k,
-                                population=label, layer=order[k], kind=layer_kind(k, fisher_t[k]),
+                                population=label, layer=order[k], kind=layer_kind(k, fisher_t[k], rule),
                                 metrics=dict(E=sc, numel=int(pop[k].sum())), **extra))
     return recs
 

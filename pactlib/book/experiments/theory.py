@@ -123,7 +123,7 @@ def loss_path(loss_fn: Callable[[Mapping[str, Tensor]], Tensor], theta: Mapping[
 
 def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[str, Tensor], report, *,
                    xy_loss: tuple[Tensor, Tensor], xy_test: tuple[Tensor, Tensor], fracs: Sequence[float],
-                   seed: int, params: Mapping[str, Any], **extra) -> list[dict]:
+                   seed: int, params: Mapping[str, Any], rule: MatrixRule = DEFAULT_RULE, **extra) -> list[dict]:
     """C12 for task index ``t`` of one PACT run: records of the totals, the path and the layers.
 
     Args:
@@ -132,6 +132,8 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
         report: the :class:`pactlib.pact.PactReport` of ``pact_filter(..., keep=True)``.
         xy_loss: the validation batch on which L_t is measured; xy_test: test examples for accuracy.
         fracs: fractions s of the removed part for the loss path.
+        rule: the matrix rule of the PACT run (``tb.rule``): the gradients and removed parts
+            are viewed as matrices by it, as the shields were.
 
     Returns:
         ``"first-order"`` (one): metrics ``predicted``, ``bound``, ``measured``, ``loss`` (L_t(θt)),
@@ -146,7 +148,7 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     removed = removed_parts(delta, filtered, keys)
     shields = shields_of(report, t)
     loss_fn = task_loss(tb, task, xy_loss)
-    fo = causal.first_order_check(loss_fn, theta, removed, shields)
+    fo = causal.first_order_check(loss_fn, theta, removed, shields, rule=rule)
     rem = sum(float(r.double().norm()) ** 2 for r in removed.values())
     tot = sum(float(delta[k].double().norm()) ** 2 for k in keys)
     model = tb.loss_model(dict(theta), task)
@@ -160,7 +162,7 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     path = {**dict(zip(inner, loss_path(loss_fn, theta, removed, inner, base=fo["loss"]))), 1.0: fo["measured"]}
     for s in fracs:
         recs.append(make_record("path", frac=s, metrics=dict(measured=path[s], predicted=s * fo["predicted"]), **common))
-    for i, row in enumerate(layer_terms(loss_fn, theta, removed, shields, delta)):
+    for i, row in enumerate(layer_terms(loss_fn, theta, removed, shields, delta, rule=rule)):
         key = row.pop("key")
         recs.append(make_record("layer", key=key, layer=i, metrics=row, **common))
     return recs
