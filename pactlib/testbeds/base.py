@@ -198,7 +198,7 @@ def _memo_key(tb: Testbed, payload: dict) -> str | None:
     if ident is None or tb.cache_dir is None:
         return None
     full = dict(payload, testbed=ident, name=tb.name, seed=tb.seed, kind=tb.kind, tasks=list(tb.tasks),
-                code=code_fingerprint(ENGINE_MODULES))
+                rule=repr(tb.rule), code=code_fingerprint(ENGINE_MODULES))
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=repr).encode()).hexdigest()[:40]
 
 
@@ -311,8 +311,8 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         refine: rounds of coarse-to-fine search around the best α (:func:`pactlib.eval.select_alpha`).
         memo: keep the record in ``<tb.cache_dir>/run_memo/<key>.json`` (written atomically) and
             reuse it when the same merge is asked again (another chapter, an interrupted run).
-            The key holds every input: ``tb.fingerprint()``, the testbed's name, seed, kind and
-            tasks, method, PACT mode and options, α grid, ``widen``, ``refine``, label, merge
+            The key holds every input: ``tb.fingerprint()``, the testbed's name, seed, kind,
+            tasks and matrix rule, method, PACT mode and options, α grid, ``widen``, ``refine``, label, merge
             parameters and :func:`code_fingerprint` of :data:`ENGINE_MODULES`.
 
     Returns:
