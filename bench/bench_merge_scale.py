@@ -1,35 +1,42 @@
 r"""Benchmark: peak memory and time of ``pact merge`` (streamed, layer by layer) against the number
-of tasks T, and against the old in-memory path.
+of tasks T, for every method with and without PACT, and against the old in-memory path.
 
 Synthetic checkpoints shaped like open_clip's ViT-B/32 visual tower (12 blocks, width 768, MLP
 3072, fused in_proj 2304x768, patch conv1 768x3x32x32, positional 50x768, proj 768x512, norms
-and biases; 87.8 M parameters, 351 MB in float32): a random θ0 and, per task, a random low-rank
-(rank 16) plus noise update of every matrix and small noise on every other entry, written as
-safetensors into a temporary folder one task at a time. Each merge runs as its own ``pact merge``
-process (``OMP_NUM_THREADS=1``, ``--workers 1``); its peak RSS is the child's ``ru_maxrss``
-(``os.wait4``), its time the wall time of the process (start-up included). This script itself
+and biases; 87.8 M parameters, 351 MB in float32), or with ``--model vit_l14`` like ViT-L/14's
+(24 blocks, width 1024, MLP 4096, conv1 1024x3x14x14, positional 257x1024, proj 1024x768; 303 M
+parameters, 1.2 GB): a random θ0 and, per task, a random low-rank (rank 16) plus noise update of
+every matrix and small noise on every other entry (seeded by ``--seed``), written as safetensors
+into a temporary folder one task at a time. ``--blocks`` keeps only the first residual blocks:
+every block holds all four matrix shapes and the streamed merge holds one key at a time, so the
+peak memory does not depend on the number of blocks, while the time grows with it.
+
+Each merge runs as its own ``pact merge`` process (``OMP_NUM_THREADS=1``, ``--workers 1``): a child
+that imports ``pactlib.cli`` and calls its ``main`` with the ``merge`` arguments, as the ``pact``
+command does, and reports the merge's own wall and CPU time (``merge_s``, ``merge_cpu_s``: imports
+excluded; on a shared machine the CPU time is the steadier one). Its peak RSS is the child's
+``ru_maxrss`` (``os.wait4``); ``wall_s`` is the whole process's wall time. This script itself
 never imports torch (the checkpoints are written by a child process): Linux carries a parent's
 resident set over into a child's ``ru_maxrss`` through fork and exec, so a large parent would
-set a floor under every measurement. The old path (every
-checkpoint loaded, ``pactlib.merge``, ``save_state_dict``: what ``pact merge`` did before it
-streamed) runs the same way for comparison.
+set a floor under every measurement. The old path (every checkpoint loaded, ``pactlib.merge``,
+``save_state_dict``: what ``pact merge`` did before it streamed) runs the same way for comparison.
 
-    .venv/bin/python bench/bench_merge_scale.py                 # default grid (~20-25 min, 2 cores)
-    .venv/bin/python bench/bench_merge_scale.py --full          # every method x {plain, PACT, PACT-RSVD} x T
-    .venv/bin/python bench/bench_merge_scale.py --tasks 2 8 --methods iso_c task_arithmetic --modes none pact-rsvd
+    .venv/bin/python bench/bench_merge_scale.py                 # default grid (below)
+    .venv/bin/python bench/bench_merge_scale.py --full --blocks 1 --old-path-max-tasks 0   # every method x mode x T
+    .venv/bin/python bench/bench_merge_scale.py --append --model vit_l14 --blocks 1 --tasks 2 20 \
+        --methods task_arithmetic iso_c --modes none pact-rsvd --old-path-max-tasks 0
 
-The default grid (about 20-25 min on this project's 2-core machine with a background job on one
-core): every method plain at T = 2; PACT-RSVD with TIES (its spill file) and Iso-C, and exact-SVD
-PACT with Iso-C, at T = 2; Task Arithmetic, TIES and Iso-C plain at T = 8; Task Arithmetic and
-Iso-C at T = 20; PACT-RSVD-Iso-C at T = 8; the old path (Iso-C, Task Arithmetic) at T = 2 and 8.
-What is left out is slow, not different: TIES reads the files three times (3-8 min at T = 20
-here: ``--full --tasks 2 20 --methods ties --modes none``), TSV-M and Iso-CTS do one SVD per task
-and layer (~0.9 s for the 3072x768 layers here, ~15 min per merge at T = 20), and PACT builds each task's shield from the other T − 1 tasks'
-LBW bases (an orthonormal basis of (T − 1)·K columns per task and layer: PACT-RSVD-Iso-C took
-39 min at T = 20 here; ``--pact-set 'layers=[resblocks\.0\.]'`` filters block 0 only, whose four
-layers have every shape, a quick proxy of PACT's per-layer peak). ``--full`` runs every method x
-mode x T (hours). Records: ``book/data/merge_scale.jsonl`` (one line per run, then one
-``summary`` line per method and mode with peak(T_max) / peak(T_min), goal <= 1.5).
+The default grid: every method plain at T = 2; PACT-RSVD with TIES (its spill file) and Iso-C,
+and exact-SVD PACT with Iso-C, at T = 2; Task Arithmetic, TIES and Iso-C plain at T = 8; Task
+Arithmetic and Iso-C at T = 20; PACT-RSVD-Iso-C at T = 8; the old path (Iso-C, Task Arithmetic) at
+T = 2 and 8. ``--full`` runs every method x mode (plain, PACT with the exact SVD, PACT with RSVD)
+x T; with all 12 blocks that takes hours on a 2-core machine (TSV-M and Iso-CTS do one SVD per
+task and layer, exact PACT one per task and layer too), with ``--blocks 1`` about an hour.
+Records: ``book/data/merge_scale.jsonl``: one ``run`` line per merge (with the model, blocks and
+seed), a ``startup`` line (a process that only imports the CLI), then ``summary`` lines per method
+and mode, peak(T_max) / peak(T_min) (goal <= 1.5), and ``time_ratio`` lines per method, PACT mode
+and T: that mode's merge time over the plain merge's, both measured in the same run (wall and
+CPU; goal for PACT-Iso-C with RSVD <= 2). ``--append`` adds to the file instead of replacing it.
 """
 from __future__ import annotations
 
@@ -44,17 +51,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTH, MLP, BLOCKS, TOKENS, EMBED, PATCH = 768, 3072, 12, 50, 512, 32
+#: open_clip visual towers: width, MLP width, residual blocks, tokens, embedding, patch size
+MODELS = {"vit_b32": dict(width=768, mlp=3072, blocks=12, tokens=50, embed=512, patch=32),
+          "vit_l14": dict(width=1024, mlp=4096, blocks=24, tokens=257, embed=768, patch=14)}
 METHODS = ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")
 MODES = ("none", "pact", "pact-rsvd")
 
 
-def vit_b32_shapes() -> dict[str, tuple[int, ...]]:
-    """open_clip ViT-B/32 visual tower: key -> shape, in the model's order."""
+def vit_shapes(model: str = "vit_b32", blocks: int | None = None) -> dict[str, tuple[int, ...]]:
+    """open_clip ViT visual tower (``MODELS``), its first ``blocks`` residual blocks (default all):
+    key -> shape, in the model's order."""
+    c = MODELS[model]
+    WIDTH, MLP, TOKENS, EMBED, PATCH = c["width"], c["mlp"], c["tokens"], c["embed"], c["patch"]
     s = {"visual.class_embedding": (WIDTH,), "visual.positional_embedding": (TOKENS, WIDTH),
          "visual.proj": (WIDTH, EMBED), "visual.conv1.weight": (WIDTH, 3, PATCH, PATCH),
          "visual.ln_pre.weight": (WIDTH,), "visual.ln_pre.bias": (WIDTH,)}
-    for b in range(BLOCKS):
+    for b in range(c["blocks"] if blocks is None else blocks):
         p = f"visual.transformer.resblocks.{b}."
         s.update({p + "ln_1.weight": (WIDTH,), p + "ln_1.bias": (WIDTH,),
                   p + "attn.in_proj_weight": (3 * WIDTH, WIDTH), p + "attn.in_proj_bias": (3 * WIDTH,),
@@ -70,12 +82,13 @@ def checkpoint_paths(folder: Path, tasks: int) -> tuple[Path, list[Path]]:
     return folder / "pre.safetensors", [folder / f"ft{t:02d}.safetensors" for t in range(tasks)]
 
 
-def write_checkpoints(folder: Path, tasks: int, seed: int = 0) -> tuple[Path, list[Path]]:
+def write_checkpoints(folder: Path, tasks: int, seed: int = 0, model: str = "vit_b32",
+                      blocks: int | None = None) -> tuple[Path, list[Path]]:
     """θ0 and ``tasks`` fine-tuned safetensors files in ``folder``, one in memory at a time."""
     import torch
     from safetensors.torch import save_file
 
-    shapes = vit_b32_shapes()
+    shapes = vit_shapes(model, blocks)
     gen = torch.Generator().manual_seed(seed)
     pre = {}
     for k, shape in shapes.items():
@@ -121,16 +134,40 @@ def old_path_child(argv: list[str]) -> int:
 
 
 def run_child(cmd: list[str], env: dict) -> dict:
-    """Run ``cmd``; return its exit status, wall time and peak RSS (MB, from wait4)."""
-    with tempfile.TemporaryFile() as err:
+    """Run ``cmd``; return its exit status, wall time and peak RSS (MB, from wait4), and what a
+    ``--cli-child`` reported as the last line of its stdout (``merge_s``, ``merge_cpu_s``)."""
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (not every child's maximum)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         tail = err.read().decode(errors="replace")[-2000:]
-    return dict(rc=proc.returncode, wall_s=round(wall, 2), peak_rss_mb=round(usage.ru_maxrss / 1024, 1), stderr=tail)
+        out.seek(0)
+        lines = out.read().decode(errors="replace").strip().splitlines()
+    res = dict(rc=proc.returncode, wall_s=round(wall, 2), peak_rss_mb=round(usage.ru_maxrss / 1024, 1), stderr=tail)
+    try:
+        res.update({k: round(v, 2) for k, v in json.loads(lines[-1]).items()} if lines else {})
+    except (ValueError, AttributeError):
+        pass
+    return res
+
+
+def cli_child(argv: list[str]) -> int:
+    """``pact <argv>`` in this process, timed after the imports; prints {merge_s, merge_cpu_s}."""
+    import resource
+
+    import pactlib.cli
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    t0, c0 = time.perf_counter(), cpu()
+    rc = pactlib.cli.main(argv)
+    print(json.dumps(dict(merge_s=time.perf_counter() - t0, merge_cpu_s=cpu() - c0)), flush=True)
+    return rc
 
 
 def one_run(method: str, mode: str, T: int, pre: Path, fts: list[Path], out: Path, path: str,
@@ -139,7 +176,7 @@ def one_run(method: str, mode: str, T: int, pre: Path, fts: list[Path], out: Pat
     sets = (["svd=rsvd"] if mode == "pact-rsvd" else []) + (list(pact_set) if pact else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if path == "streamed":
-        cmd = [sys.executable, "-m", "pactlib.cli", "merge", "--method", method, "--alpha", "0.5",
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--cli-child", "merge", "--method", method, "--alpha", "0.5",
                "--pretrained", str(pre), "--finetuned", *map(str, fts[:T]), "--out", str(out), "--workers", "1"]
         if pact:
             cmd += ["--pact", pact]
@@ -190,8 +227,11 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "--old-path-child":
         sys.exit(old_path_child(argv[1:]))
+    if argv and argv[0] == "--cli-child":
+        sys.exit(cli_child(argv[1:]))
     if argv and argv[0] == "--generate-child":
-        write_checkpoints(Path(argv[1]), int(argv[2]))
+        write_checkpoints(Path(argv[1]), int(argv[2]), seed=int(argv[3]), model=argv[4],
+                          blocks=None if argv[5] == "all" else int(argv[5]))
         sys.exit(0)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, nargs="+", default=[2, 8, 20])
@@ -203,9 +243,15 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--pact-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="PACT options for the PACT runs, e.g. 'layers=[resblocks\\.0\\.]' (a quick proxy of PACT's "
                         "per-layer peak: block 0 holds every layer shape)")
-    p.add_argument("--workdir", default=None, help="folder for the synthetic checkpoints (default: a temporary one)")
+    p.add_argument("--model", default="vit_b32", choices=list(MODELS))
+    p.add_argument("--blocks", type=int, default=None, help="residual blocks to keep (default: all of the model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic checkpoints")
+    p.add_argument("--workdir", default=None, help="folder for the synthetic checkpoints (default: a temporary one; "
+                                                   "a given one is reused when it holds this model, blocks and seed)")
     p.add_argument("--out", default=str(ROOT / "book" / "data" / "merge_scale.jsonl"))
+    p.add_argument("--append", action="store_true", help="append the records to --out instead of replacing it")
     a = p.parse_args(argv)
+    blocks = MODELS[a.model]["blocks"] if a.blocks is None else a.blocks
     tasks = sorted(set(a.tasks))
     if a.full:
         runs = [(m, mode, T, "streamed") for T in tasks for m in a.methods for mode in a.modes]
@@ -218,21 +264,34 @@ def main(argv=None) -> list[dict]:
     try:
         t0 = time.perf_counter()
         pre, fts = checkpoint_paths(work, max(tasks))
-        if not (pre.is_file() and all(f.is_file() for f in fts)):  # --workdir keeps them between runs
+        stamp = work / "checkpoints.json"  # what the files in --workdir are
+        what = dict(model=a.model, blocks=blocks, seed=a.seed, tasks=max(tasks))
+        have = json.loads(stamp.read_text()) if stamp.is_file() else None
+        if not (have and {**have, "tasks": max(tasks)} == what and have["tasks"] >= max(tasks)
+                and pre.is_file() and all(f.is_file() for f in fts)):  # --workdir keeps them between runs
             subprocess.run([sys.executable, str(Path(__file__).resolve()), "--generate-child", str(work),
-                            str(max(tasks))], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            str(max(tasks)), str(a.seed), a.model, str(blocks)], check=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+            stamp.write_text(json.dumps(what))
+        startup = run_child([sys.executable, "-c", "import pactlib.cli"],
+                            {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        records.append(dict(kind="startup", wall_s=startup["wall_s"], peak_rss_mb=startup["peak_rss_mb"],
+                            model=a.model, blocks=blocks, cpus=os.cpu_count(),
+                            measured=time.strftime("%Y-%m-%d %H:%M:%S %Z")))
+        print(f"start-up (import pactlib.cli): {startup['wall_s']:.1f} s, {startup['peak_rss_mb']:.0f} MB", flush=True)
         gen_s = time.perf_counter() - t0
         size_mb = pre.stat().st_size / 1e6
         print(f"{max(tasks) + 1} checkpoints of {size_mb:.0f} MB written in {gen_s:.0f} s to {work}", flush=True)
         print(f"{len(runs)} runs", flush=True)
         for method, mode, T, path in runs:
             rec = one_run(method, mode, T, pre, fts, work / "merged.safetensors", path, a.pact_set)
-            rec.update(checkpoint_mb=round(size_mb, 1), cpus=os.cpu_count(),
+            rec.update(model=a.model, blocks=blocks, seed=a.seed, checkpoint_mb=round(size_mb, 1), cpus=os.cpu_count(),
                        measured=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
             records.append(rec)
             print(f"{path:9s} {method:16s} {mode:9s} T={T:2d}: peak {rec['peak_rss_mb']:7.0f} MB  "
-                  f"{rec['wall_s']:7.1f} s" + ("" if rec["rc"] == 0 else f"  FAILED rc={rec['rc']}: {rec['stderr'][-300:]}"),
-                  flush=True)
+                  f"{rec['wall_s']:7.1f} s (merge {rec.get('merge_s', float('nan')):.1f} s, CPU "
+                  f"{rec.get('merge_cpu_s', float('nan')):.1f} s)"
+                  + ("" if rec["rc"] == 0 else f"  FAILED rc={rec['rc']}: {rec['stderr'][-300:]}"), flush=True)
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -240,26 +299,43 @@ def main(argv=None) -> list[dict]:
     for path in ("streamed", "in-memory"):
         for method in METHODS:
             for mode in MODES:
-                rs = sorted((r for r in records if r["path"] == path and r["method"] == method and r["mode"] == mode
+                rs = sorted((r for r in records if r.get("path") == path and r["method"] == method and r["mode"] == mode
                              and r["rc"] == 0), key=lambda r: r["tasks"])
                 if len(rs) >= 2:
                     lo, hi = rs[0], rs[-1]
                     summary.append(dict(kind="summary", path=path, method=method, mode=mode, tasks_lo=lo["tasks"],
                                         tasks_hi=hi["tasks"], peak_lo_mb=lo["peak_rss_mb"], peak_hi_mb=hi["peak_rss_mb"],
-                                        ratio=round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3)))
+                                        ratio=round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3),
+                                        model=a.model, blocks=blocks, seed=a.seed))
     for s in summary:
         print(f"{s['path']:9s} {s['method']:16s} {s['mode']:9s} peak(T={s['tasks_hi']})/peak(T={s['tasks_lo']}) "
               f"= {s['ratio']:.2f}" + ("" if s["path"] != "streamed" else "  (goal <= 1.5)"))
+    for method in METHODS:
+        for T in tasks:
+            ok = {r["mode"]: r for r in records if r["kind"] == "run" and r["path"] == "streamed" and r["rc"] == 0
+                  and r["method"] == method and r["tasks"] == T}
+            for mode in ("pact", "pact-rsvd"):
+                if "none" in ok and mode in ok and "merge_s" in ok["none"] and "merge_s" in ok[mode]:
+                    plain, pact = ok["none"], ok[mode]
+                    rec = dict(kind="time_ratio", method=method, mode=mode, tasks=T,
+                               merge_plain_s=plain["merge_s"], merge_pact_s=pact["merge_s"],
+                               ratio=round(pact["merge_s"] / plain["merge_s"], 3),
+                               cpu_plain_s=plain["merge_cpu_s"], cpu_pact_s=pact["merge_cpu_s"],
+                               cpu_ratio=round(pact["merge_cpu_s"] / plain["merge_cpu_s"], 3),
+                               model=a.model, blocks=blocks, seed=a.seed)
+                    summary.append(rec)
+                    print(f"time {method:16s} {mode:9s} / plain, T={T:2d}: {rec['ratio']:.2f} (CPU time "
+                          f"{rec['cpu_ratio']:.2f})" + ("  (goal <= 2)" if (method, mode) == ("iso_c", "pact-rsvd") else ""))
     for rec in records:
-        if rec["path"] == "in-memory" and rec["rc"] == 0:
-            mate = next((r for r in records if r["path"] == "streamed" and r["rc"] == 0 and
+        if rec.get("path") == "in-memory" and rec["rc"] == 0:
+            mate = next((r for r in records if r.get("path") == "streamed" and r["rc"] == 0 and
                          (r["method"], r["mode"], r["tasks"]) == (rec["method"], rec["mode"], rec["tasks"])), None)
             if mate:
                 print(f"old path / streamed, {rec['method']} {rec['mode']} T={rec['tasks']}: "
                       f"{rec['peak_rss_mb']:.0f} / {mate['peak_rss_mb']:.0f} MB = "
                       f"{rec['peak_rss_mb'] / mate['peak_rss_mb']:.1f}x memory, {rec['wall_s']:.0f} / {mate['wall_s']:.0f} s")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w") as f:
+    with open(a.out, "a" if a.append else "w") as f:
         for r in [*records, *summary]:
             f.write(json.dumps({**r, "command": " ".join(["bench/bench_merge_scale.py", *argv])}) + "\n")
     return records
