@@ -145,6 +145,9 @@ def test_protocol_conformance(tiny):
         tb = _tb(tiny, kind)
         assert isinstance(tb, testbeds.Testbed) and (tb.family, tb.kind, tb.tasks) == ("minilm", kind, CHEAP)
         assert tb.matrix_keys() == PRESETS["hf_encoder"].matrix_keys(tiny["sd"]) and len(tb.matrix_keys()) == 12
+        assert tb.network_order()[:6] == [f"encoder.layer.0.{m}.weight" for m in (
+            "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+            "intermediate.dense", "output.dense")]
         keys = set(tb.pretrained)
         assert all(set(ft) == keys for ft in tb.finetuned.values())
         tvs = tb.task_vectors()
@@ -248,3 +251,18 @@ def test_real_minilm_loads_offline(monkeypatch):
         f = torch.nn.functional.normalize(model(x), dim=1)
     assert float(f[0] @ f[1]) > float(f[0] @ f[2]) + 0.3  # pre-trained: paraphrases are close
     assert model_path().name == "model"
+
+
+def test_profiles_and_settings():
+    from pactlib.testbeds.minilm.testbed import zoo_profile
+
+    d, r = zoo_profile("default")
+    assert d.name == "zoo-minilm" and r == Z.Recipe()
+    d2, r2 = zoo_profile("default", ["steps=7", "lr=2e-4", "lora_targets=qv"])
+    assert (r2.steps, r2.lr, r2.lora_targets) == (7, 2e-4, "qv") and d2.name.startswith("zoo-minilm-steps7")
+    assert zoo_profile("default", {"steps": 7, "lr": 2e-4, "lora_targets": "qv"})[1] == r2
+    for bad in (["nope=1"], ["steps"], {"nope": 1}):
+        with pytest.raises(ValueError):
+            zoo_profile("default", bad)
+    with pytest.raises(KeyError):
+        zoo_profile("nope")

@@ -65,13 +65,16 @@ def parse_name(name: str) -> tuple[str, int]:
     return suite, int(n or 0)
 
 
-def zoo_profile(name: str, settings: Mapping | None = None):
+def zoo_profile(name: str, settings: Mapping | Sequence[str] | None = None):
     """(zoo directory, :class:`~pactlib.testbeds.minilm.zoo.Recipe`) of a profile, with ``settings``
-    (field -> value) changed; a changed recipe lives in a sibling folder ``<dir>-<field><value>...``.
+    changed: ``{field: value}`` or ``"FIELD=VALUE"`` strings (converted by the field's type, as
+    Lite0's ``recipe_variant``); a changed recipe lives in a sibling folder ``<dir>-<field><value>...``.
 
     Raises:
-        KeyError: unknown profile. TypeError / ValueError: an unknown or bad recipe field.
+        KeyError: unknown profile. ValueError: an unknown recipe field or a value that does not convert.
     """
+    from dataclasses import fields as dc_fields
+
     from ...paths import cache_dir
     from .zoo import Recipe
 
@@ -80,7 +83,20 @@ def zoo_profile(name: str, settings: Mapping | None = None):
     p = PROFILES[name]
     recipe = Recipe(**p["recipe"])
     d = cache_dir(p["dir"])
+    if settings and not isinstance(settings, Mapping):
+        known = {f.name for f in dc_fields(recipe)}
+        parsed = {}
+        for item in settings:
+            key, sep, value = str(item).partition("=")
+            if not sep or key not in known:
+                raise ValueError(f"recipe setting {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+            cur = getattr(recipe, key)
+            parsed[key] = None if value == "None" else type(cur)(value) if cur is not None else json.loads(value)
+        settings = parsed
     if settings:
+        bad = set(settings) - {f.name for f in dc_fields(recipe)}
+        if bad:
+            raise ValueError(f"unknown MiniLM recipe field(s) {sorted(bad)}")
         recipe = replace(recipe, **settings)
         d = d.with_name(p["dir"] + "-" + "-".join(f"{k}{v}" for k, v in settings.items()))
     return d, recipe
@@ -181,6 +197,12 @@ class MiniLMTestbed:
         """θ0's keys the rule treats as maps (the 36 Linear weights)."""
         return self.rule.matrix_keys(self.pretrained)
 
+    def network_order(self) -> list[str]:
+        """The maps from input to output: layer 0 to 5, in each q, k, v, attention output, fc1, fc2
+        (θ0 is kept in the model's own key order; a sort by name would put the attention output
+        before q)."""
+        return self.matrix_keys()
+
     @classmethod
     def from_zoo(cls, name: str, suite: str, seed: int = 0, kind: str = "full", *, zoo_dir=None, tasks=None,
                  val_limit: int | None = 256, test_limit: int | None = None, tokenizer=None, loader=None,
@@ -229,14 +251,16 @@ class MiniLMTestbed:
         return tb
 
 
-def load(name: str, seed: int = 0, kind: str = "full", *, profile: str = "default", settings: Mapping | None = None,
+def load(name: str, seed: int = 0, kind: str = "full", *, profile: str = "default",
+         settings: Mapping | Sequence[str] | None = None,
          build: bool = True, progress: bool = False, val_limit: int | None = 256, test_limit: int | None = None,
          zoo_dir=None) -> MiniLMTestbed:
     """Load the MiniLM testbed ``name`` (``minilm-8``, ``minilm-14``, ``minilm-<suite>:<n>``).
 
     Args:
         seed, kind: fine-tuning seed and ``"full"``/``"lora"``.
-        profile: a zoo profile of :data:`PROFILES`; ``settings``: recipe changes ({field: value}).
+        profile: a zoo profile of :data:`PROFILES`; ``settings``: recipe changes (``{field: value}`` or
+            ``"FIELD=VALUE"`` strings, :func:`zoo_profile`).
         build: build what is missing of the zoo slice first.
         val_limit, test_limit: caps on examples per task (None: the whole split).
         zoo_dir: a zoo folder instead of the profile's.

@@ -234,15 +234,16 @@ class _Data:
 
 
 # ----------------------------------------------------------------------------- heads
-def fit_prompt_head(class_features: Tensor, features: Tensor, labels: Tensor, classes: Sequence[str], *,
+def fit_prompt_head(class_features: Tensor, features: Tensor | None, labels: Tensor, classes: Sequence[str], *,
                     scale: float | None = 20.0, max_iter: int = 100) -> Head:
     """CLIP's zero-shot head on MiniLM: ``s · normalize(θ0 embedding of class c's description)``
     applied to normalised features. The class directions come from the descriptions alone, so the
     head's accuracy at θ0 is a zero-shot accuracy. ``s`` sets only the temperature (no prediction
     changes with it): fixed (default 20, the scale of sentence-transformers' contrastive loss that
-    all-MiniLM-L6-v2 was trained with; CLIP fixes its own, 100) or, with ``scale=None``, fit by
-    L-BFGS on log s to the train cross-entropy. A fit scale collapses towards 0 where the
-    descriptions barely beat chance, and then no gradient reaches the encoder: hence the fixed one."""
+    all-MiniLM-L6-v2 was trained with; CLIP fixes its own, 100; ``features`` are then not read)
+    or, with ``scale=None``, fit by L-BFGS on log s to the train cross-entropy of ``features``. A
+    fit scale collapses towards 0 where the descriptions barely beat chance, and then no gradient
+    reaches the encoder: hence the fixed one."""
     P = F.normalize(class_features.detach().to(torch.float64), dim=1)  # (C, D)
     if scale is not None:
         return Head((float(scale) * P).float().contiguous(), torch.zeros(len(classes)), tuple(classes),
@@ -269,11 +270,11 @@ def fit_task_head(kind: str, model, data: _Data, recipe: Recipe) -> Head:
     """The ``kind`` head (:data:`HEADS`) of one task from θ0 (``model``: its encoder)."""
     x, y = data.inputs("train")
     tr = data.split("train")
-    feats = encode(model, x, recipe.eval_batch)
     if kind == "prompt":
-        prompts = tokenize(data.tokenizer, tr.prompts, recipe.max_tokens)
-        return fit_prompt_head(encode(model, prompts, recipe.eval_batch), feats, y, tr.classes,
-                               scale=recipe.head_scale, max_iter=recipe.head_max_iter)
+        prompts = encode(model, tokenize(data.tokenizer, tr.prompts, recipe.max_tokens), recipe.eval_batch)
+        feats = None if recipe.head_scale is not None else encode(model, x, recipe.eval_batch)  # only to fit s
+        return fit_prompt_head(prompts, feats, y, tr.classes, scale=recipe.head_scale, max_iter=recipe.head_max_iter)
+    feats = encode(model, x, recipe.eval_batch)
     if kind == "prototype":
         return fit_prototype_head(feats, y, tr.classes, max_iter=recipe.head_max_iter)
     return fit_head(feats, y, tr.classes, l2=recipe.head_l2, max_iter=recipe.head_max_iter)
