@@ -691,7 +691,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{tag} done in {seconds:.1f} s", flush=True)
             if work:
                 print(f">> executed {len(work)} notebook(s) in {time.perf_counter() - t_exec:.1f} s", flush=True)
-        if not args.no_render:
+        missing = [c for c in toc_chapters() if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
+        if args.only and missing and not args.no_render:
+            # one chapter of a set whose others never ran: executing it was the point; the book
+            # is rendered once every chapter has been executed (a run without --only)
+            print(f">> not rendering the {set_name!r} book yet: chapter(s) {', '.join(missing)} not executed "
+                  f"(run the set without --only to render); executed notebooks: {_rel(out_dir)}", flush=True)
+        elif not args.no_render:
             html = render(set_name, args.path_output)
             check_html(html, set_name)
             print(f">> book ready: {html / 'index.html'} ({time.perf_counter() - t_all:.1f} s total)")

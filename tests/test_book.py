@@ -464,3 +464,15 @@ def test_smoke_book_builds_end_to_end(tmp_path):
             assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", body), page
 
     assert "Passed unknown parameter" not in first.stderr  # papermill's noise is silenced
+
+
+def test_one_chapter_of_an_unexecuted_set_is_not_rendered_and_exits_0(tmp_path, monkeypatch, capsys):
+    """`--only` on a set whose other chapters never ran executes that chapter and says the book
+    is rendered once every chapter ran, instead of failing at the render (exit 0)."""
+    rn = _runner()
+    monkeypatch.setattr(rn, "EXECUTED", tmp_path)
+    rendered = []
+    monkeypatch.setattr(rn, "render", lambda *a, **k: rendered.append(a))
+    assert rn.main(["--params", "smoke", "--only", "01_method", "--render-only"]) == 0
+    out = capsys.readouterr().out
+    assert "not rendering the 'smoke' book yet" in out and "02_testbed" in out and not rendered
