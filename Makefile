@@ -51,7 +51,7 @@ bench: setup
 	$(PY) bench/bench_filter.py
 	$(PY) bench/bench_zoo.py
 	$(PY) bench/bench_merge_scale.py --full --blocks 1 --tasks 2 8 20 --old-path-max-tasks 0
-	$(PY) bench/bench_merge_scale.py --append --model vit_l14 --blocks 1 --tasks 2 20 --methods task_arithmetic iso_c --modes none pact-rsvd --old-path-max-tasks 0
+	$(PY) bench/bench_merge_scale.py --append --full --model vit_l14 --blocks 1 --tasks 2 20 --methods task_arithmetic iso_c --modes none pact-rsvd --old-path-max-tasks 0
 	$(PY) bench/bench_reference.py $(if $(REF_TASK_VECTORS),--task-vectors-repo $(REF_TASK_VECTORS)) \
 		$(if $(REF_TIES),--ties-repo $(REF_TIES)) $(if $(REF_TSV),--tsv-repo $(REF_TSV)) $(if $(REF_ISO),--iso-repo $(REF_ISO))
 
