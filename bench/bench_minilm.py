@@ -11,6 +11,7 @@ Parts (each appends records to its file, replacing the records of the same part)
   (``AutoModel.from_pretrained`` offline, 22.6 M parameters) and the tokenizer, and to tokenize.
 - ``throughput`` -> same file: evaluation sequences/s of θ0 (mean-pooled features, no grad) on
   real validation texts of every task, at 16 and 32 tokens, in batches of 128.
+- ``steps`` -> same file: seconds per fine-tuning step (full, LoRA) by batch size and token budget.
 - ``heads`` -> ``book/data/minilm_heads.jsonl``: validation accuracy at θ0 of the three heads
   (``Recipe.head``): ``prompt`` (class descriptions, zero-shot), ``prototype`` (class means of
   ``--head-train`` train examples), ``probe`` (logistic regression on them).
@@ -35,7 +36,19 @@ import torch
 
 from pactlib.book import records
 
-PARTS = ("load", "throughput", "heads", "prompts", "finetune")
+PARTS = ("load", "throughput", "steps", "heads", "prompts", "finetune")
+
+#: Why the testbed's heads are prompt heads (the ``head_decision`` record carries this text).
+HEAD_DECISION = (
+    "The zoo's heads are prompt heads (Recipe.head='prompt'): each class direction is θ0's mean-pooled "
+    "embedding of one English description of the class, the construction of CLIP's zero-shot head that "
+    "the paper's task vectors are fine-tuned through, so zero-shot accuracy is a real zero-shot "
+    "accuracy. Prototype (class means of train features) and probe (logistic regression) heads are "
+    "stronger at θ0 on most tasks, but they are trained on the task's labelled data: the zero-shot "
+    "row would then be a linear probe, close to fine-tuned accuracy, and leave little of the gap that "
+    "merging is measured in; on Lite0 a probe head also made Task Arithmetic barely beat zero-shot "
+    "(book/data/head_choice.jsonl). Fine-tuning through the prompt head beats its zero-shot accuracy "
+    "on every task measured (book/data/minilm_timing.jsonl, part finetune).")
 
 #: Wordings of the class descriptions tried on the validation split (part ``prompts``): the first of
 #: each list is the first one written; ``pactlib.data.text.tasks`` keeps the best where the first
@@ -123,6 +136,39 @@ def part_throughput(args) -> list[dict]:
     return out
 
 
+def part_steps(args) -> list[dict]:
+    """Seconds per optimizer step of full and LoRA fine-tuning, by batch size and token budget
+    (``--step-count`` steps after one warm-up step, on spam's train texts, which fill the budget)."""
+    from pactlib.data.text import load_text_task
+    from pactlib.testbeds.minilm import zoo as Z
+    from pactlib.testbeds.minilm.model import build_encoder, encode, load_pretrained, load_tokenizer, tokenize
+
+    sd, cfg = load_pretrained()
+    tok = load_tokenizer()
+    d = load_text_task("spam", "train", limit=512)
+    model = build_encoder(cfg, sd)
+    out = []
+    for L in args.tokens:
+        x = tokenize(tok, d.texts, L)
+        prompts = encode(model, tokenize(tok, list(d.prompts), L))
+        head = Z.fit_prompt_head(prompts, None, d.labels, d.classes)
+        for kind in args.kinds:
+            for bs in args.batches:
+                recipe = Z.Recipe(steps=args.step_count + 1, batch_size=bs, warmup=1, max_tokens=L)
+                fn = Z.finetune_full if kind == "full" else Z.finetune_lora
+                g = torch.Generator().manual_seed(0)
+                t0 = time.perf_counter()
+                fn(sd, cfg, head, x, d.labels, recipe=recipe, generator=g)
+                dt = (time.perf_counter() - t0) / recipe.steps
+                print(f"{kind:4s} batch {bs:3d} max_tokens {L}: {dt:.3f} s/step (mean length "
+                      f"{float(x[:, 1].sum(1).float().mean()):.1f} tokens)")
+                out.append(records.make_record("step_time", params=dict(kind=kind, batch_size=bs, max_tokens=L,
+                                                                        lora_targets="all", lora_rank=8), seed=0,
+                                               part="steps", metrics=dict(seconds_per_step=dt, steps=recipe.steps),
+                                               **_common(args)))
+    return out
+
+
 def part_heads(args) -> list[dict]:
     from pactlib.data.text import TEXT_SUITES, load_text_task
     from pactlib.testbeds.minilm import zoo as Z
@@ -151,6 +197,12 @@ def part_heads(args) -> list[dict]:
                                        part="heads", task=task, classes=k,
                                        metrics=dict(**{f"val_acc:{h}": a for h, a in accs.items()}, majority=chance),
                                        **_common(args)))
+    means = {h: sum(r["metrics"][f"val_acc:{h}"] for r in out) / len(out) for h in Z.HEADS}
+    print("mean val accuracy at θ0: " + ", ".join(f"{h} {a:.3f}" for h, a in means.items()))
+    out.append(records.make_record("head_decision", params=dict(head_train=args.head_train, head_val=args.head_val),
+                                   seed=None, part="heads", chosen=Z.Recipe().head, note=HEAD_DECISION,
+                                   tasks=[r["task"] for r in out],
+                                   metrics={f"mean_val_acc:{h}": a for h, a in means.items()}, **_common(args)))
     return out
 
 
@@ -182,7 +234,8 @@ def part_finetune(args) -> list[dict]:
     from pactlib.paths import cache_dir
     from pactlib.testbeds.minilm import zoo as Z
 
-    recipe = Z.Recipe(steps=args.steps, warmup=max(1, args.steps // 10))
+    over = {k: v for k, v in (("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
+    recipe = Z.Recipe(steps=args.steps, warmup=max(1, args.steps // 10), **over)
     zoo_dir = cache_dir("zoo-minilm-bench")
     out = []
     t0 = time.perf_counter()
@@ -222,7 +275,11 @@ def main(argv=None) -> int:
     p.add_argument("--head-val", type=int, default=300, help="heads: val examples per task")
     p.add_argument("--ft-tasks", nargs="+", default=["spam", "party"])
     p.add_argument("--kinds", nargs="+", default=["full", "lora"])
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=100, help="finetune: steps per run")
+    p.add_argument("--batch-size", type=int, default=None, help="finetune: batch size (default: the recipe's)")
+    p.add_argument("--lr", type=float, default=None, help="finetune: full fine-tune lr (default: the recipe's)")
+    p.add_argument("--batches", type=int, nargs="+", default=[16, 32], help="steps: batch sizes")
+    p.add_argument("--step-count", type=int, default=8, help="steps: timed steps per setting")
     p.add_argument("--timing-out", default="book/data/minilm_timing.jsonl")
     p.add_argument("--heads-out", default="book/data/minilm_heads.jsonl")
     args = p.parse_args(argv)
