@@ -35,8 +35,9 @@ chapter's measure), ``spectral`` = sine of the largest principal angle (1.0 when
     .venv/bin/python bench/bench_filter.py [--blocks 12] [--tasks 8] [--threads 1] [--out book/data/bench_filter.json]
 
 The efficiency chapter (8) shows ``book/data/bench_filter.json``, which ships with the repository;
-re-running the script refreshes it (about 25 minutes on one thread of a busy 2-core machine; the
-record keeps the command, the time it took and when it ran). K and k default to ``PactOptions()``'s.
+re-running the script refreshes it (over an hour on one thread of a 2-core machine busy with other
+work; the record keeps the command, how long it took and when it ran). K and k default to
+``PactOptions()``'s.
 """
 from __future__ import annotations
 
