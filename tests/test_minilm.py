@@ -266,3 +266,17 @@ def test_profiles_and_settings():
             zoo_profile("default", bad)
     with pytest.raises(KeyError):
         zoo_profile("nope")
+
+
+def test_lora_runs_export_as_peft_adapters(tiny, tmp_path):
+    from pactlib.peft import read_adapter
+
+    zoo = Z.load_zoo(CHEAP, kind="lora", zoo_dir=tiny["zoo_dir"])
+    out = Z.export_peft(tiny["zoo_dir"], "subjectivity", 0, tmp_path / "adapter")
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == tiny["recipe"].lora_rank
+    tv = read_adapter(out, base_keys=zoo.pretrained)
+    want = zoo.task_vectors()["subjectivity"]
+    assert set(tv) == set(want) and all(torch.allclose(tv[k], want[k], atol=1e-7) for k in want)
+    assert any(want[k].any() for k in want)
+

@@ -522,6 +522,40 @@ def load_zoo(suite: str | Sequence[str], *, seed: int = 0, kind: str = "full", z
     return Zoo(kind, seed, pretrained, pre["config"], heads, fts, recs, hrecs, adapters)
 
 
+# ----------------------------------------------------------------------------- PEFT export
+def export_peft(zoo_dir: str | Path, task: str, seed: int, out_dir: str | Path) -> Path:
+    """Write one LoRA run as a Hugging Face PEFT adapter folder (``adapter_model.safetensors`` +
+    ``adapter_config.json``, keys ``base_model.model.<module>.lora_{A,B}.weight``), so that
+    ``pact merge --lora-adapters`` and :func:`pactlib.peft.read_adapter` read the zoo's adapters as
+    any PEFT fine-tune's; the folder's Δ equals the zoo's task vector (tested).
+
+    Raises:
+        FileNotFoundError: the run is missing or its sha256 does not match.
+    """
+    zoo_dir, out = Path(zoo_dir), Path(out_dir)
+    path = run_path(zoo_dir, "lora", task, seed)
+    rec = read_json(path.with_suffix(".json"))
+    if rec is None or not path.is_file() or file_sha256(path) != rec.get("sha256"):
+        raise _missing(f"lora run of task {task!r} seed {seed}", path, "<suite>")
+    adapters = lora_mod.adapters_from_tensors(load_safetensors(path)[0])
+    r = rec["recipe"]
+    tensors = {}
+    for key, (A, B) in adapters.items():
+        module = key[: -len(".weight")]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = A
+        tensors[f"base_model.model.{module}.lora_B.weight"] = B
+    modules = sorted({k.rsplit(".", 2)[-2] for k in adapters})  # query, key, value, dense
+    config = {"peft_type": "LORA", "task_type": "FEATURE_EXTRACTION", "r": r["lora_rank"],
+              "lora_alpha": r["lora_alpha"], "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
+              "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
+              "base_model_name_or_path": "sentence-transformers/all-MiniLM-L6-v2", "rank_pattern": {},
+              "alpha_pattern": {}, "modules_to_save": None, "inference_mode": True}
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(tensors, out / "adapter_model.safetensors", {"format": "pt"})
+    write_json(out / "adapter_config.json", config)
+    return out
+
+
 # ----------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pactlib.testbeds.minilm.zoo --suite 8 --seeds 0 1 2 --kind full lora [--steps N ...]``."""
