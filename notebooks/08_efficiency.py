@@ -244,10 +244,12 @@ else:
 # `PactOptions`' p and q are among the cheapest settings of the sweep that keep the LBW bases
 # within 0.05 of the exact ones in both distances, and every layer's core too (last column: the
 # spectral distance hinges on the closest pair of singular values at the cut, which varies from
-# layer to layer); they serve the core and the updates alike.
-# The whole filter gains less than its SVDs: the shields (one eigendecomposition per task and
-# layer, P4) and the projections (P5) cost the same with either SVD, and the printed bound says
-# how much of the exact filter's time they take.
+# layer to layer). The core and the task updates have settings of their own (`oversample`,
+# `n_iter` and `active_oversample`, `active_n_iter`): the LBW bases come from the core, which
+# needs the accuracy, while one power iteration is enough for the updates' active subspaces.
+# The whole filter gains less than its SVDs: the shields (P4: one eigendecomposition of the
+# union of the LBW bases per layer, then a small one per task) and the projections (P5) cost the
+# same with either SVD, and the printed bound says how much of the exact filter's time they take.
 
 # %% [markdown]
 # ## Verdict

@@ -452,7 +452,10 @@ def test_randomized_share_counts_the_fallback():
     opts = PactOptions(core_frac=0.1, active_frac=0.1, svd="rsvd")
     # layers: lin (12, 10), pw (9, 12), head (4, 9): rank 1 everywhere; r + p >= min(m, n): all exact
     assert efficiency.randomized_share(pre, tvs, opts) == 0.0
-    assert efficiency.randomized_share(pre, tvs, opts.replace(oversample=5)) == pytest.approx(6 / 9)  # lin, pw: 1+5 < 9, 10
+    assert efficiency.randomized_share(pre, tvs, opts.replace(oversample=5, active_oversample=5)) == \
+        pytest.approx(6 / 9)  # lin, pw: 1+5 < 9, 10
+    # the core uses oversample, the task updates active_oversample: only lin's and pw's cores
+    assert efficiency.randomized_share(pre, tvs, opts.replace(oversample=5)) == pytest.approx(2 / 9)
     assert efficiency.randomized_share(pre, tvs, opts.replace(svd="exact", oversample=0)) == 0.0
 
 

@@ -63,8 +63,8 @@ def time_filter(pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVec
 def randomized_share(pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVector], options: PactOptions, *,
                      rule: MatrixRule = DEFAULT_RULE) -> float:
     """Share of the top-r SVDs of one filter run (cores and active subspaces) where
-    ``options.svd == "rsvd"`` really uses the randomized range finder, i.e. r + oversample <
-    min(m, n) (``linalg.top_singular`` falls back to the exact SVD otherwise). 0 for ``"exact"``."""
+    ``options.svd == "rsvd"`` really uses the randomized range finder, i.e. r + p < min(m, n)
+    with p = ``oversample`` for the core and ``active_oversample`` for the task updates (``linalg.top_singular`` falls back to the exact SVD otherwise). 0 for ``"exact"``."""
     if options.svd != "rsvd":
         return 0.0
     used = total = 0
@@ -73,11 +73,13 @@ def randomized_share(pretrained: Mapping[str, Tensor], task_vectors: Sequence[Ta
             continue
         W0 = rule.view(key, pretrained[key])
         d = min(W0.shape)
-        ranks = [choose_rank(W0, frac=options.core_frac, energy=options.core_energy)]
-        ranks += [choose_rank(rule.view(key, tv[key]), frac=options.active_frac, energy=options.active_energy)
+        core = choose_rank(W0, frac=options.core_frac, energy=options.core_energy)
+        active = [choose_rank(rule.view(key, tv[key]), frac=options.active_frac, energy=options.active_energy)
                   for tv in task_vectors]
-        used += sum(r + options.oversample < d for r in ranks if r > 0)
-        total += sum(r > 0 for r in ranks)
+        # the core's SVD uses oversample, the task updates' active_oversample (PactOptions)
+        pairs = [(core, options.oversample)] + [(r, options.active_oversample) for r in active]
+        used += sum(r + p < d for r, p in pairs if r > 0)
+        total += sum(r > 0 for r, _ in pairs)
     return used / total if total else 0.0
 
 
