@@ -17,6 +17,9 @@ Parts (each appends records to its file, replacing the records of the same part)
   ``--head-train`` train examples), ``probe`` (logistic regression on them).
 - ``prompts`` -> ``book/data/minilm_heads.jsonl``: validation accuracy at θ0 of the prompt head
   with each wording of :data:`PROMPT_VARIANTS` (how the descriptions in use were picked).
+- ``merge`` -> same file: on ``minilm-8`` built from the finetune part's zoo, the seconds of
+  loading the testbed, of one evaluation of the capped val split, and of a Task Arithmetic and a
+  TSV-M run (``--alphas`` α values on val, then test), with their normalized accuracy.
 - ``finetune`` -> ``book/data/minilm_timing.jsonl``: full and LoRA fine-tunes of ``--ft-tasks``
   (seed 0, ``--steps`` steps, the default recipe otherwise) in a zoo of their own
   (``$PACT_CACHE/zoo-minilm-bench``): seconds per run and per step, zero-shot vs fine-tuned val and
@@ -36,7 +39,7 @@ import torch
 
 from pactlib.book import records
 
-PARTS = ("load", "throughput", "steps", "heads", "prompts", "finetune")
+PARTS = ("load", "throughput", "steps", "heads", "prompts", "finetune", "merge")
 
 #: Why the testbed's heads are prompt heads (the ``head_decision`` record carries this text).
 HEAD_DECISION = (
@@ -258,6 +261,49 @@ def part_finetune(args) -> list[dict]:
     return out
 
 
+def part_merge(args) -> list[dict]:
+    """What one merge costs on ``minilm-<suite>`` (the finetune part's zoo, seed 0, full): loading the
+    testbed (tokenizing the capped splits, measuring acc_ft / zero-shot, memoised after the first
+    time), Task Arithmetic and TSV-M over ``--alphas`` α values chosen on val (``--val-limit``
+    texts per task), then test on the whole test split, without the run memo."""
+    from pactlib import testbeds
+    from pactlib.paths import cache_dir
+    from pactlib.testbeds.minilm.testbed import MiniLMTestbed
+
+    zoo_dir = cache_dir("zoo-minilm-bench")
+    out = []
+    t0 = time.perf_counter()
+    tb = MiniLMTestbed.from_zoo(f"minilm-{args.suite}", args.suite, 0, "full", zoo_dir=zoo_dir,
+                                val_limit=args.val_limit, test_limit=None)
+    t_load = time.perf_counter() - t0
+    n_val = sum(len(tb.val[t][1]) for t in tb.tasks)
+    n_test = sum(len(tb.test[t][1]) for t in tb.tasks)
+    t0 = time.perf_counter()
+    tb.evaluate(tb.pretrained, "val")
+    t_eval_val = time.perf_counter() - t0
+    print(f"minilm-{args.suite}: load {t_load:.1f}s; one evaluation of val ({n_val} texts) {t_eval_val:.1f}s; "
+          f"test has {n_test} texts")
+    for method in ("task_arithmetic", "tsv_m"):
+        t0 = time.perf_counter()
+        rec = testbeds.run(tb, method, alphas=testbeds.alpha_grid(method, args.alphas), memo=False)
+        dt = time.perf_counter() - t0
+        print(f"  {method:16s} {dt:6.1f}s (merge {rec['merge_seconds']:.1f}s), α={rec['alpha']}, "
+              f"norm_acc {rec['metrics']['norm_acc']:.3f}, acc {rec['metrics']['acc']:.3f}")
+        out.append(records.make_record("merge_cost", params=dict(method=method, alphas=args.alphas,
+                                                                 val_limit=args.val_limit), seed=0, part="merge",
+                                       testbed=tb.name, metrics=dict(seconds=dt, merge_seconds=rec["merge_seconds"],
+                                                                     load_seconds=t_load, eval_val_seconds=t_eval_val,
+                                                                     val_texts=n_val, test_texts=n_test,
+                                                                     norm_acc=rec["metrics"]["norm_acc"],
+                                                                     acc=rec["metrics"]["acc"], alpha=rec["alpha"]),
+                                       **_common(args)))
+    zs, ft = testbeds.reference_records(tb)
+    print(f"  zero-shot acc {zs['metrics']['acc']:.3f} (normalized {zs['metrics']['norm_acc']:.3f}), "
+          f"fine-tuned acc {ft['metrics']['acc']:.3f}")
+    out += [dict(r, part="merge", **_common(args)) for r in (zs, ft)]
+    return out
+
+
 def _write(path: str, part: str, recs: list[dict]) -> None:
     path = Path(path)
     keep = [r for r in records.read_records(path) if r.get("part") != part] if path.exists() else []
@@ -280,6 +326,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=None, help="finetune: full fine-tune lr (default: the recipe's)")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 32], help="steps: batch sizes")
     p.add_argument("--step-count", type=int, default=8, help="steps: timed steps per setting")
+    p.add_argument("--suite", default="8", help="merge: the suite")
+    p.add_argument("--alphas", type=int, default=5, help="merge: α values (geometric grid)")
+    p.add_argument("--val-limit", type=int, default=128, help="merge: val texts per task")
     p.add_argument("--timing-out", default="book/data/minilm_timing.jsonl")
     p.add_argument("--heads-out", default="book/data/minilm_heads.jsonl")
     args = p.parse_args(argv)
