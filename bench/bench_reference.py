@@ -57,7 +57,6 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTH, MLP, TOKENS, EMBED, PATCH = 768, 3072, 50, 512, 32
 #: method -> (option naming the reference checkout, repository, file inside it)
 REFERENCES = {"task_arithmetic": ("task_vectors_repo", "mlfoundations/task_vectors", "src/task_vectors.py"),
               "ties": ("ties_repo", "prateeky2806/ties-merging", "src/utils/merge_utils.py"),
@@ -67,20 +66,12 @@ REFERENCES = {"task_arithmetic": ("task_vectors_repo", "mlfoundations/task_vecto
 
 
 def shapes(blocks: int) -> dict[str, tuple[int, ...]]:
-    """open_clip ViT-B/32 visual tower with ``blocks`` residual blocks: key -> shape."""
-    s = {"visual.class_embedding": (WIDTH,), "visual.positional_embedding": (TOKENS, WIDTH),
-         "visual.proj": (WIDTH, EMBED), "visual.conv1.weight": (WIDTH, 3, PATCH, PATCH),
-         "visual.ln_pre.weight": (WIDTH,), "visual.ln_pre.bias": (WIDTH,)}
-    for b in range(blocks):
-        p = f"visual.transformer.resblocks.{b}."
-        s.update({p + "ln_1.weight": (WIDTH,), p + "ln_1.bias": (WIDTH,),
-                  p + "attn.in_proj_weight": (3 * WIDTH, WIDTH), p + "attn.in_proj_bias": (3 * WIDTH,),
-                  p + "attn.out_proj.weight": (WIDTH, WIDTH), p + "attn.out_proj.bias": (WIDTH,),
-                  p + "ln_2.weight": (WIDTH,), p + "ln_2.bias": (WIDTH,),
-                  p + "mlp.c_fc.weight": (MLP, WIDTH), p + "mlp.c_fc.bias": (MLP,),
-                  p + "mlp.c_proj.weight": (WIDTH, MLP), p + "mlp.c_proj.bias": (WIDTH,)})
-    s.update({"visual.ln_post.weight": (WIDTH,), "visual.ln_post.bias": (WIDTH,)})
-    return s
+    """open_clip ViT-B/32 visual tower with ``blocks`` residual blocks: key -> shape
+    (``bench_merge_scale.vit_shapes``, the same benchmark inputs)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_merge_scale import vit_shapes
+
+    return vit_shapes("vit_b32", blocks)
 
 
 def synthetic(blocks: int, tasks: int, seed: int):

@@ -200,7 +200,13 @@ def fit_prototype_head(
             keep[idx[torch.randperm(idx.numel(), generator=g)[:shots]]] = True
     onehot = F.one_hot(labels[keep], C).to(x.dtype)  # (n, C)
     protos = F.normalize(onehot.T @ x[keep], dim=1)  # (C, D): class sums, then unit rows
-    cos = x @ protos.T  # (N, C)
+    s = fit_logit_scale(x @ protos.T, labels, max_iter=max_iter)
+    return Head((s * protos).float().contiguous(), torch.zeros(C), tuple(classes), normalize=True)
+
+
+def fit_logit_scale(cos: Tensor, labels: Tensor, *, max_iter: int = 100) -> float:
+    """The logit scale s > 0 of a cosine head: L-BFGS on log s (from s = 10) minimising the
+    cross-entropy of ``s · cos``. ``cos``: float64 (N, C) cosines; ``labels``: int64 (N,)."""
     log_s = torch.tensor(math.log(10.0), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10,
                             tolerance_change=1e-14, line_search_fn="strong_wolfe")
@@ -213,8 +219,7 @@ def fit_prototype_head(
 
     with torch.enable_grad():
         opt.step(closure)
-    s = float(log_s.detach().exp())
-    return Head((s * protos).float().contiguous(), torch.zeros(C), tuple(classes), normalize=True)
+    return float(log_s.detach().exp())
 
 
 def head_accuracy(head: Head, features: Tensor, labels: Tensor) -> float:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -52,7 +51,7 @@ from torch import Tensor
 from pactlib import lora as lora_mod
 from pactlib.matrix import PRESETS
 from pactlib.paths import cache_dir
-from pactlib.testbeds.lite0.heads import Head, fit_head, fit_prototype_head, load_head, save_head
+from pactlib.testbeds.lite0.heads import Head, fit_head, fit_logit_scale, fit_prototype_head, load_head, save_head
 from pactlib.testbeds.zoo_files import (file_sha256, load_safetensors, read_json, record_problem, run_seed,
                                        save_safetensors, train_loop, update_manifest, write_json)
 
@@ -256,20 +255,7 @@ def fit_prompt_head(class_features: Tensor, features: Tensor | None, labels: Ten
         return Head((float(scale) * P).float().contiguous(), torch.zeros(len(classes)), tuple(classes),
                     normalize=True)
     x = F.normalize(features.detach().to(torch.float64), dim=1)
-    cos = x @ P.T
-    log_s = torch.tensor(math.log(10.0), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = F.cross_entropy(log_s.exp() * cos, labels)
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    s = float(log_s.detach().exp())
+    s = fit_logit_scale(x @ P.T, labels, max_iter=max_iter)
     return Head((s * P).float().contiguous(), torch.zeros(len(classes)), tuple(classes), normalize=True)
 
 
