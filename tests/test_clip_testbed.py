@@ -388,6 +388,13 @@ def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
         torch.testing.assert_close(lo.finetuned[TASKS[0]][k], lo.pretrained[k] + tv[k])
         rec = testbeds.run(lo, "task_arithmetic", alphas=(0.5, 1.0))
         assert rec["kind"] == "lora" and rec["metrics"]["norm_acc"] > 0
+        from pactlib import merged_update
+
+        for pact in (None, "pact"):  # run's streamed merge reads the adapters key by key: the same D
+            D, _ = testbeds.base.streamed_update(lo, "iso_c", pact=pact)
+            tvs = testbeds.base.filtered(lo, pact)[0] if pact else lo.task_vectors()
+            want, _ = merged_update("iso_c", lo.pretrained, tvs, rule=lo.rule)
+            assert set(D) == set(want) and all(torch.equal(D[k], want[k]) for k in want)
         assert lo.fingerprint() != tb.fingerprint()
     finally:
         testbeds.undefine("clip-lora")

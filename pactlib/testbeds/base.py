@@ -34,7 +34,7 @@ from ..pact import PactOptions, PactReport, pact_filter
 from ..taskvector import TaskVector
 
 __all__ = ["Testbed", "run", "filtered", "reference_records", "alpha_grid", "code_fingerprint", "REFINE",
-           "GRID_SPACING", "ENGINE_MODULES", "source_fingerprint"]
+           "GRID_SPACING", "ENGINE_MODULES", "source_fingerprint", "merge_sources", "streamed_update"]
 
 
 @runtime_checkable
@@ -291,6 +291,102 @@ def filtered(tb: Testbed, mode: str, options: PactOptions | None = None) -> tupl
     return (tvs if engine_device(tb) is None else _to(tvs, "cpu")), report
 
 
+def merge_sources(tb: Testbed):
+    """``tb.merge_sources()`` when the testbed has it (an optional part of the protocol), else None.
+
+    A testbed whose checkpoints are files can offer them to the streamed merge: the method returns
+    ``(θ0, [θt or Δt source per task])``, θ0 and each θt a :class:`pactlib.lazy.LazyCheckpoint`
+    (keys read one at a time from memory-mapped safetensors), or a task-vector source with
+    ``check(meta)`` and ``delta(key)`` (:func:`pactlib.streaming.is_delta_source`, e.g.
+    :class:`pactlib.peft.AdapterSource`), in ``tb.tasks`` order, with ``tb.pretrained``'s keys and
+    values. :func:`run` then merges key by key (:func:`streamed_update`), so its memory does not
+    grow with the number of tasks."""
+    fn = getattr(tb, "merge_sources", None)
+    return fn() if callable(fn) else None
+
+
+def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
+                    sources=None, **params: Any) -> tuple[TaskVector, PactReport | None] | None:
+    """The merged update D of ``method`` over ``tb``'s own task vectors (optionally PACT/S-PACT
+    filtered), computed one key at a time from :func:`merge_sources` as the streamed ``pact merge``
+    computes it (:mod:`pactlib.streaming`: its reader of θ0 and θt, the per-layer filter
+    :func:`pactlib.pact.filter_layer` and the method on one key; layers on torch's thread count,
+    each kernel single-threaded), on :func:`engine_device`. Equal to the in-memory
+    ``merged_update(method, tb.pretrained, filtered or own task vectors)``, bit for bit (the same
+    kernels on the same values); peak memory about D (one tower in float32) plus one layer's
+    (T, m, n) stack per thread, instead of T task vectors (and T filtered ones).
+
+    Returns:
+        ``(D, PACT report or None)``, D over θ0's floating keys (float32, or float64 when θ0 has
+        float64 entries) on :func:`engine_device`; None when ``tb`` offers no sources or the method
+        does not merge key by key (TIES with ``scope="global"``: the caller merges in memory).
+
+    Raises:
+        UnknownMethodError, TypeError, ValueError: as :func:`pactlib.api.merged_update`.
+        CheckpointError: a key or shape mismatch, NaN / Inf in a checkpoint (file and key named).
+    """
+    import warnings
+
+    from ..matrix import split_attention_note
+    from ..pact import MODES, filter_layer, select_layers, warn_if_unchanged
+    from ..streaming import _Inputs, _ordered
+
+    m = merges.get(method)
+    if pact is not None and pact not in MODES:
+        raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
+    if not m.is_per_key(params):
+        return None
+    sources = merge_sources(tb) if sources is None else sources
+    if sources is None:
+        return None
+    from ..api import check_method_params
+
+    check_method_params(method, params)
+    pre, fts = sources
+    inputs = _Inputs(pre, fts, list(tb.tasks))
+    note = split_attention_note(inputs.meta.keys(), where=f"{method}: ")
+    if note:
+        warnings.warn(note, UserWarning, stacklevel=3)
+    dev = engine_device(tb)
+    report, selected, matrix_keys = None, set(), []
+    if pact is not None:
+        options = options or PactOptions()
+        report = PactReport(pact, options)
+        matrix_keys, sel = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact, options=options,
+                                         rule=tb.rule, stacklevel=3)
+        selected = set(sel)
+    T, names = inputs.T, inputs.names
+    from ..streaming import CHUNK_BYTES
+
+    def job(key: str):
+        parts, lr = [], None
+        for rows in inputs.rows(key, m.elementwise and key not in selected, CHUNK_BYTES):
+            p, stack = inputs.deltas(key, rows)
+            if dev is not None:
+                p, stack = p.to(dev), stack.to(dev)
+            views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
+            if key in selected:
+                res = filter_layer(key, p, views, mode=pact, options=options, rule=tb.rule, out=views, keep=False)
+                lr = res[0] if res is not None else None
+                del res
+            parts.append(m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, names)], rule=tb.rule,
+                           **params)[key])
+            del views, stack, p
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), lr
+
+    D: dict[str, Tensor] = {}
+
+    def consume(key: str, result) -> None:
+        D[key], lr = result
+        if lr is not None:
+            report.layers.append(lr)
+
+    _ordered(job, inputs.floats, max(1, torch.get_num_threads()), consume)
+    if report is not None:
+        warn_if_unchanged(report, matrix_keys, sorted(selected), stacklevel=3)
+    return TaskVector._wrap(D), report
+
+
 def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
         alphas: Sequence[float] | None = None, label: str | None = None,
         task_vectors: Sequence[TaskVector] | None = None, widen: int = 3, refine: int = REFINE,
@@ -298,7 +394,11 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
     """Merge (optionally PACT/S-PACT-filtered), choose α on validation, test: one record.
 
     The merge and the PACT filter run on :func:`engine_device` (the testbed's ``device``, e.g.
-    CUDA), and so do the merged states handed to ``tb.evaluate``.
+    CUDA), and so do the merged states handed to ``tb.evaluate``. A testbed that offers its
+    checkpoint files (:func:`merge_sources`) is merged key by key (:func:`streamed_update`: the
+    same D, in memory independent of the number of tasks; the PACT filter then runs again for each
+    base method instead of being kept for all T task vectors); others, and TIES with
+    ``scope="global"``, merge their task vectors in memory.
 
     Args:
         tb: the testbed. ``method``: a name of :func:`pactlib.merges.names`; ``params`` go to it.
@@ -339,7 +439,10 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         if hit is not None:
             return hit
     pre = _engine_pretrained(tb)
-    if own and pact:  # the filter does not depend on the base method: reuse it
+    streamed = streamed_update(tb, method, pact=pact, options=opts, **params) if own else None
+    if streamed is not None:  # key by key from the testbed's files: memory independent of T
+        D, report = streamed
+    elif own and pact:  # the filter does not depend on the base method: reuse it
         tvs, report = _filtered(tb, pact, opts)
         D, _ = merged_update(method, pre, tvs, rule=tb.rule, **params)
     else:

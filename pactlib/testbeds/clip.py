@@ -20,11 +20,11 @@ What it is, in the terms of :class:`pactlib.testbeds.base.Testbed`:
   whatever files they came in; ``naming="native"`` keeps Hugging Face names (separate q/k/v
   matrices: a different per-layer view, hence different Iso-C / TSV-M / PACT updates; a warning
   says so). ``rule`` is the ``open_clip`` or ``hf_encoder`` preset of :data:`pactlib.matrix.PRESETS`.
-  Fine-tuned towers are read when asked for (``finetuned`` is a lazy mapping holding a few at a
-  time), so memory stays near θ0 plus the task vectors a merge needs.
 - Heads: ``heads="zeroshot"`` computes each task's head from the text tower (of θ0's file, or of
   ``text_file`` when θ0's file is an image encoder only) with the dataset's class names and prompt
-  templates (:func:`pactlib.data.paper.prompt_names`, :func:`pactlib.data.paper.templates_for`);
+  templates (:func:`pactlib.data.paper.prompt_names`, :func:`pactlib.data.paper.templates_for`),
+  averaged over every standard name of a class where the standard list gives several (FER2013:
+  :func:`class_synonyms`, :func:`synonym_head`);
   a folder reads the task_vectors / TSV head files there (``head_pattern``, default
   ``head_{task}.pt``, then ``head_{task}Val.pt``) with :func:`pactlib.models.clip.read_head`.
 - Data: one folder per dataset under ``data_root`` in the layouts of :mod:`pactlib.data.paper`;
@@ -33,11 +33,25 @@ What it is, in the terms of :class:`pactlib.testbeds.base.Testbed`:
 - ``evaluate`` is :func:`pactlib.eval.clip_evaluate` on ``device`` (``"auto"``: CUDA when
   present); :func:`pactlib.testbeds.run` also merges and filters there (the testbed's ``device``).
 - ``loss_model(state, task)`` is the vision tower with the task's head frozen, parameter names =
-  the keys of ``state``; ``inputs`` are CLIP-normalised images.
+  the keys of ``state``; ``inputs`` are CLIP-normalised images; both on ``device``.
+
+Memory does not grow with the number of tasks T on the chapters' path (load, :func:`pactlib.testbeds.run`,
+:func:`pactlib.testbeds.reference_records`, ``evaluate``): every tower (θ0 and each θt, whatever its
+format) is converted once into a safetensors file of the cache (``towers/``, keyed by the file's
+sha256, the naming and the converter's code, written atomically), and ``finetuned[task]`` is a
+lazy mapping whose tensors are read from that memory-mapped file key by key; ``run`` merges key
+by key from those files (:meth:`ClipTestbed.merge_sources`, :func:`pactlib.testbeds.base.streamed_update`:
+the streamed ``pact merge``'s reader and per-layer PACT filter), holding θ0, D and one layer's
+(T, m, n) stack instead of T task vectors; each task's validation and test images are kept in a
+file of their own (``splits/``) and read when that task is evaluated, then freed. Peak RSS,
+ViT-B/32 widths (2 blocks), T = 2 vs 20: ``book/data/clip_testbed_memory.jsonl``
+(``bench/bench_clip_memory.py``). Still T × the tower in memory: :meth:`ClipTestbed.task_vectors`
+and :func:`pactlib.testbeds.filtered` (they return every task vector), and TIES with
+``scope="global"`` (its whole-vector threshold has no per-key form here; ``run`` merges it in memory).
 
 Everything slow is cached on disk under ``cache_dir`` (default ``pactlib.paths.cache_dir("clip")``),
 written atomically and keyed by content: the sha256 of every checkpoint file (itself remembered
-per path, size and mtime), decoded splits, zero-shot heads, the fine-tuned and zero-shot
+per path, size and mtime), the converted towers, decoded splits, zero-shot heads, the fine-tuned and zero-shot
 accuracies (keyed by checkpoint and head hashes, the data's digest and the evaluator's code), and,
 through :func:`pactlib.testbeds.run`'s memo and :meth:`ClipTestbed.fingerprint`, merged-model scores.
 
@@ -75,9 +89,6 @@ EVAL_MODULES = ("pactlib.models.clip", "pactlib.eval", "pactlib.data.paper", "pa
 
 #: Options a definition must give (the rest have defaults).
 REQUIRED = ("arch", "checkpoint_dir", "data_root")
-
-#: Bytes of fine-tuned towers :attr:`ClipTestbed.finetuned` keeps in memory (at least two towers).
-KEEP_BYTES = 4 << 30
 
 _HEAD_PATTERNS = ("head_{task}.pt", "head_{task}Val.pt")
 
@@ -315,14 +326,86 @@ def _digest(*tensors: Tensor) -> str:
 
 # ------------------------------------------------------------------------------- fine-tuned towers
 
+#: Version of the tower conversion (:func:`_tower_file`): part of every converted file's name.
+_TOWER_VERSION = "v1"
+
+
+def _tower_file(cache_root: Path, sha: str, naming: str, read, *, source: Path) -> Path:
+    """The vision tower of one checkpoint file as safetensors in ``<cache_root>/towers``, in the
+    testbed's ``naming``: converted once (``read() -> (state dict, format)``), written atomically
+    (:class:`pactlib.lazy.CheckpointWriter`), keyed by the file's content (its sha256 ``sha``),
+    the naming and the conversion code (:mod:`pactlib.models.clip`). The detected format is kept
+    in the file's metadata (``clip_format``). Peak memory: one checkpoint, while it is converted.
+
+    Raises:
+        CheckpointError / PickleRefused: the file cannot be read (as ``read``).
+        OSError: the cache folder is not writable.
+    """
+    from ..lazy import CheckpointWriter
+
+    code = code_fingerprint(["pactlib.models.clip"])[:12]
+    dest = Path(cache_root) / "towers" / f"{sha[:40]}-{naming}-{code}-{_TOWER_VERSION}.safetensors"
+    if dest.is_file():
+        return dest
+    state, fmt = read()
+    entries = [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with CheckpointWriter(dest, entries, metadata={"format": "pt", "clip_format": fmt, "naming": naming,
+                                                    "source": str(source)}) as w:
+        for k, v in state.items():
+            w.write(k, v)
+        w.commit()
+    return dest
+
+
+def _tower_format(path: Path) -> str:
+    """The source format recorded in a converted tower's metadata (:func:`_tower_file`)."""
+    from ..lazy import read_header
+
+    return read_header(Path(path))[1].get("clip_format", "")
+
+
+class _LazyTower(Mapping):
+    """One vision tower ``{key: Tensor}`` whose tensors are read from a memory-mapped safetensors
+    file when asked for (:class:`pactlib.lazy.LazyCheckpoint`), each a fresh copy the caller may
+    modify; nothing is held between reads, so many towers cost no memory until they are read.
+    ``dict(tower)`` materialises one tower."""
+
+    def __init__(self, ckpt):
+        self._ckpt = ckpt
+
+    @property
+    def checkpoint(self):
+        """The :class:`pactlib.lazy.LazyCheckpoint` the tensors are read from."""
+        return self._ckpt
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._ckpt:
+            raise KeyError(key)
+        return self._ckpt.read(key).clone()
+
+    def __contains__(self, key) -> bool:
+        return key in self._ckpt
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ckpt.keys())
+
+    def __len__(self) -> int:
+        return len(self._ckpt)
+
+    def __repr__(self) -> str:
+        return f"<vision tower of {len(self)} keys, read from {self._ckpt.name} on access>"
+
+
 class _Towers(Mapping):
-    """``{task: vision state dict}`` read from the files when asked for; the last few are kept."""
+    """``{task: vision state dict}`` read from the files when asked for; the last ``keep`` are kept
+    (a :class:`_LazyTower` costs nothing until its tensors are read)."""
 
     def __init__(self, reader, tasks: Sequence[str], keep: int):
         self._read, self._tasks, self._keep = reader, list(tasks), max(1, int(keep))
-        self._held: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
+        self._held: OrderedDict[str, Mapping[str, Tensor]] = OrderedDict()
 
-    def __getitem__(self, task: str) -> dict[str, Tensor]:
+    def __getitem__(self, task: str) -> Mapping[str, Tensor]:
         if task not in self._tasks:
             raise KeyError(task)
         if task in self._held:
@@ -344,6 +427,63 @@ class _Towers(Mapping):
         return f"<{len(self._tasks)} fine-tuned vision towers, read from disk on access>"
 
 
+# ------------------------------------------------------------------------------- evaluation data
+
+class _Splits(Mapping):
+    """``{task: TaskData}`` of one split, each task's images read from its file in
+    ``<cache_dir>/splits`` when asked for (a memory map, copied), the last one kept: memory holds
+    about one task's split, whatever the number of tasks."""
+
+    def __init__(self, split: str, files: Mapping[str, Path], classes: Mapping[str, tuple[str, ...]]):
+        self._split, self._files, self._classes = split, dict(files), dict(classes)
+        self._held: tuple[str, Any] | None = None
+
+    def __getitem__(self, task: str):
+        from ..data.store import TaskData
+        from ..lazy import open_checkpoint
+
+        if task not in self._files:
+            raise KeyError(task)
+        if self._held is not None and self._held[0] == task:
+            return self._held[1]
+        ck = open_checkpoint(self._files[task], name=f"{task} {self._split} split")
+        d = TaskData(images=ck.read("images").clone(), labels=ck.read("labels").clone(),
+                     classes=self._classes[task], task=task, split=self._split)
+        self._held = (task, d)
+        return d
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def release(self) -> None:
+        """Drop the split held in memory."""
+        self._held = None
+
+    def __repr__(self) -> str:
+        return f"<{self._split} splits of {len(self)} tasks, read from disk on access>"
+
+
+def _split_file(cache_root: Path, data) -> tuple[Path, str]:
+    """(the safetensors file holding ``data``'s images and labels under ``<cache_root>/splits``,
+    written atomically once, named by their digest; that digest, :func:`_digest`)."""
+    from ..lazy import CheckpointWriter
+
+    digest = _digest(data.images, data.labels)
+    dest = Path(cache_root) / "splits" / f"{digest[:40]}.safetensors"
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        images, labels = data.images.contiguous(), data.labels.contiguous()
+        with CheckpointWriter(dest, [("images", tuple(images.shape), images.dtype),
+                                     ("labels", tuple(labels.shape), labels.dtype)]) as w:
+            w.write("images", images)
+            w.write("labels", labels)
+            w.commit()
+    return dest, digest
+
+
 # ------------------------------------------------------------------------------- the loss model
 
 def _get(module: nn.Module, key: str) -> Tensor:
@@ -359,10 +499,11 @@ class _NamedTower(nn.Module):
     ``vision_model.*``); ``forward`` renames them to the tower's (:func:`pactlib.models.clip.hf_to_open_clip`
     for Hugging Face names: q/k/v concatenated, the projection transposed, all differentiable) and
     runs ``tower`` with them (``torch.func.functional_call``; the tower's own weights are used
-    only for keys the state lacks, e.g. a Hugging Face vision-only file's projection).
+    only for keys the state lacks, e.g. a Hugging Face vision-only file's projection). The
+    parameters are float32 copies of the state's tensors on ``device`` (the tower's device).
     """
 
-    def __init__(self, tower: nn.Module, state: Mapping[str, Tensor], hf: bool):
+    def __init__(self, tower: nn.Module, state: Mapping[str, Tensor], hf: bool, device: str | torch.device = "cpu"):
         super().__init__()
         object.__setattr__(self, "_tower", tower)  # not a sub-module: its parameters are not ours
         self._keys, self._hf = list(state), hf
@@ -373,7 +514,7 @@ class _NamedTower(nn.Module):
                 if part not in mod._modules:
                     mod.add_module(part, nn.Module())
                 mod = mod._modules[part]
-            mod.register_parameter(leaf, nn.Parameter(value.detach().float().clone()))
+            mod.register_parameter(leaf, nn.Parameter(value.detach().to(device, torch.float32, copy=True)))
 
     def forward(self, x: Tensor) -> Tensor:
         from torch.func import functional_call
@@ -394,8 +535,12 @@ class ClipTestbed:
     :class:`~pactlib.testbeds.base.Testbed`; build it with :func:`load`).
 
     Attributes beyond the protocol:
-        device: where evaluation, merging and the PACT filter run (``"cpu"``, ``"cuda"``).
-        heads: ``{task: (H (C, d) unit rows, scale)}``; val, test: ``{task: TaskData}`` (capped).
+        device: where evaluation, merging, the PACT filter, ``loss_model`` and ``inputs`` run
+            (``"cpu"``, ``"cuda"``).
+        heads: ``{task: (H (C, d) unit rows, scale)}``; val, test: ``{task: TaskData}`` (capped;
+            each task's uint8 images (N, 3, S, S) and labels (N,) read from the cache when asked
+            for, the last one kept).
+        finetuned: ``{task: θt}``, each a lazy mapping read key by key from its converted tower.
         classifier: the :class:`~pactlib.models.clip.ClipClassifier` whose tower evaluates every state.
         format: θ0's checkpoint format; naming: ``"open_clip"`` or ``"native"``.
         files: ``{"pretrained": path, task: path, ...}``; options: the loader's options.
@@ -414,34 +559,75 @@ class ClipTestbed:
 
     # ---------------------------------------------------------------------------- the protocol
     def task_vectors(self) -> list[TaskVector]:
-        """Δt = θt − θ0 per task, float32, in task order (LoRA: exactly the adapter's scale·B·A)."""
+        """Δt = θt − θ0 per task, float32, in task order (LoRA: exactly the adapter's scale·B·A).
+
+        Every task vector is materialised: T × the tower's size in float32. :func:`pactlib.testbeds.run`
+        does not call this (it streams the merge key by key through :meth:`merge_sources`)."""
         if self.kind == "lora":
             return [TaskVector(self._lora_delta(t), name=t) for t in self.tasks]
         return [TaskVector.from_checkpoints(self.pretrained, self.finetuned[t], name=t) for t in self.tasks]
 
+    def merge_sources(self):
+        """θ0 and the T fine-tuned towers as the streamed merge reads them, one key at a time
+        (:func:`pactlib.testbeds.base.streamed_update`, as ``pact merge`` does).
+
+        Returns:
+            ``(θ0 as a pactlib.lazy.LazyCheckpoint, [per task: a LazyCheckpoint of θt, or for
+            kind="lora" a pactlib.peft.AdapterSource giving Δt key by key])``, in task order.
+            The tensors are in the converted towers of the cache (``<cache_dir>/towers``).
+
+        Raises:
+            CheckpointError: an adapter whose keys fit θ0 under no key map.
+        """
+        from ..lazy import open_checkpoint
+
+        pre = open_checkpoint(self._tower_files["pretrained"], name=f"θ0 ({self.files['pretrained']})")
+        if self.kind == "full":
+            return pre, [self.finetuned[t].checkpoint for t in self.tasks]
+        return pre, [self._lora_source(t, pre.meta()) for t in self.tasks]
+
     def evaluate(self, state: Mapping[str, Tensor], split: str = "test",
                  tasks: Sequence[str] | None = None) -> dict[str, float]:
-        """``{task: top-1 accuracy}`` of the vision tower ``state`` on the (capped) ``split``."""
+        """``{task: top-1 accuracy in [0, 1]}`` of the vision tower ``state`` (θ0's keys) on the
+        (capped) ``split``, ``"val"`` or ``"test"``. The tower is loaded once; each task's images
+        are read from disk when its turn comes and freed after (one task's split in memory).
+
+        Raises:
+            KeyError: an unknown task. CheckpointError: ``state`` does not fit the tower."""
         from ..eval import clip_evaluate
 
         datas = self.val if split == "val" else self.test
         tasks = list(tasks or self.tasks)
-        return clip_evaluate(state, {t: self.heads[t] for t in tasks}, {t: datas[t] for t in tasks},
-                             classifier=self.classifier, batch_size=self.batch_size, resize=self._resize,
-                             progress=self.progress)
+        unknown = [t for t in tasks if t not in self.heads]
+        if unknown:
+            raise KeyError(f"testbed {self.name!r}: unknown task(s) {unknown}; tasks: {self.tasks}")
+        self.classifier.load_vision(state)
+        out = {}
+        for t in tasks:
+            out[t] = clip_evaluate(None, {t: self.heads[t]}, {t: datas[t]}, classifier=self.classifier,
+                                   batch_size=self.batch_size, resize=self._resize, progress=self.progress)[t]
+        datas.release()
+        return out
 
     def loss_model(self, state: Mapping[str, Tensor], task: str) -> nn.Module:
         """The vision tower (weights ``state``, parameter names = its keys) with ``task``'s head
-        frozen: CLIP-normalised images (N, 3, S, S) -> logits (N, C) = scale · f̂ Hᵀ, on the CPU."""
+        frozen: CLIP-normalised images (N, 3, S, S) -> logits (N, C) = scale · f̂ Hᵀ, on the
+        testbed's ``device`` (parameters and head there; give it :meth:`inputs`)."""
         head, scale = self.heads[task]
-        features = _NamedTower(self._cpu().visual, state, hf=any(k.startswith("vision_model.") for k in state))
-        return with_frozen_head(features, scale * head, None, normalize=True)
+        features = _NamedTower(self.classifier.visual, state, hf=any(k.startswith("vision_model.") for k in state),
+                               device=self.device)
+        return with_frozen_head(features, (scale * head).to(self.device), None, normalize=True)
 
     def inputs(self, task: str, split: str = "val", limit: int | None = None) -> tuple[Tensor, Tensor]:
-        """CLIP-normalised float images (N, 3, S, S) and int64 labels (N,) of a task split."""
+        """CLIP-normalised float32 images (N, 3, S, S) and int64 labels (N,) of a task split (the
+        first ``limit`` examples), on the testbed's ``device``.
+
+        Raises:
+            KeyError: an unknown task."""
         d = (self.val if split == "val" else self.test)[task]
         n = len(d.labels) if limit is None else min(int(limit), len(d.labels))
-        return self._cpu().prepare(d.images[:n]), d.labels[:n].long()
+        x = self.classifier.prepare(d.images[:n].to(self.device))
+        return x, d.labels[:n].long().to(self.device)
 
     def fingerprint(self) -> dict | None:
         """sha256 of every checkpoint, head and data split, the caps, the settings and the
@@ -467,22 +653,34 @@ class ClipTestbed:
         return first + sorted((k for k in keys if k in block), key=lambda k: block[k]) + [
             k for k in keys if k not in block and k not in first]
 
-    def _cpu(self):
-        """A CPU :class:`ClipClassifier` sharing nothing with :attr:`classifier` unless that is on the CPU."""
-        if self._cpu_classifier is None:
-            from ..models.clip import ClipClassifier
-
-            c = self.classifier
-            tower = c.visual if self.device == "cpu" else copy.deepcopy(c.visual).cpu()
-            self._cpu_classifier = ClipClassifier(tower, c.head.cpu(), scale=c.scale, image_size=c.image_size)
-        return self._cpu_classifier
-
     def _data_digest(self, split: str, task: str) -> str:
+        """sha256 of a task split's images and labels (:func:`_digest`), computed at load."""
         key = (split, task)
         if key not in self._digests:
             d = (self.val if split == "val" else self.test)[task]
             self._digests[key] = _digest(d.images, d.labels)
         return self._digests[key]
+
+    def _lora_source(self, task: str, meta: Mapping[str, Tensor]):
+        """The PEFT adapter of ``task`` as a streamed-merge source (``pactlib.peft.AdapterSource``),
+        its keys mapped onto θ0's as :meth:`_lora_delta` maps them.
+
+        Raises:
+            CheckpointError: the adapter's keys fit θ0 under no key map (the first error)."""
+        from ..checks import CheckpointError
+        from ..peft import AdapterSource
+
+        path = self.files[f"lora:{task}"]
+        key_map = self.options.get("lora_key_map")
+        first = None
+        for m in ([key_map] if key_map else [None, "hf_clip_to_open_clip"]):
+            src = AdapterSource(path, key_map=m, name=task)
+            try:
+                src.check(meta)
+                return src
+            except CheckpointError as e:
+                first = first or e
+        raise first
 
     def _lora_delta(self, task: str) -> dict[str, Tensor]:
         """Δ of one PEFT LoRA adapter over θ0's floating keys (zero where the adapter does not act),
@@ -590,6 +788,7 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
         files.update({f"lora:{t}": root / _seeded(lora, seed).format(task=t) for t in task_names})
 
     # θ0: the vision tower in one naming; the rule by format
+    sha = {k: cache.file_sha256(p) for k, p in files.items()}
     raw0 = mclip.load_clip_checkpoint(pre_path, trust_pickle=trust_pickle)
     fmt = mclip.detect_format(raw0)
     theta0 = mclip.vision_state_dict(raw0, naming=naming)
@@ -602,19 +801,27 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
                       "for the same weights; naming='open_clip' (the default) converts them to one view",
                       UserWarning, stacklevel=2)
 
-    def read_tower(task: str) -> dict[str, Tensor]:
+    # every tower converted once to safetensors in the cache (keyed by content), then read key by key
+    from ..checks import CheckpointError
+    from ..lazy import open_checkpoint
+
+    tower_files = {"pretrained": _tower_file(cache.root, sha["pretrained"], naming, lambda: (theta0, fmt),
+                                             source=pre_path)}
+
+    def read_tower(task: str):
         raw = mclip.load_clip_checkpoint(ft_paths[task], trust_pickle=trust_pickle)
-        f = mclip.detect_format(raw)
-        if naming == "native" and (f == "hf") != (fmt == "hf"):
-            from ..checks import CheckpointError
+        return mclip.vision_state_dict(raw, naming=naming), mclip.detect_format(raw)
 
-            raise CheckpointError(f"testbed {name!r}: θ0 ({pre_path.name}) is a {fmt} checkpoint but θt of {task} "
-                                  f"({ft_paths[task]}) is {f}: their keys differ (separate q/k/v vs fused in_proj); "
-                                  "with naming='open_clip' (the default) both are read in one naming")
-        return mclip.vision_state_dict(raw, naming=naming)
-
-    tower_bytes = sum(v.numel() * v.element_size() for v in theta0.values())
-    finetuned = _Towers(read_tower, task_names, keep=max(2, KEEP_BYTES // max(1, tower_bytes)))
+    if kind == "full":
+        for t in task_names:
+            tower_files[t] = _tower_file(cache.root, sha[t], naming, lambda t=t: read_tower(t), source=ft_paths[t])
+            f = _tower_format(tower_files[t])
+            if naming == "native" and (f == "hf") != (fmt == "hf"):
+                raise CheckpointError(f"testbed {name!r}: θ0 ({pre_path.name}) is a {fmt} checkpoint but θt of {t} "
+                                      f"({ft_paths[t]}) is {f}: their keys differ (separate q/k/v vs fused "
+                                      "in_proj); with naming='open_clip' (the default) both are read in one naming")
+    finetuned = _Towers(lambda t: _LazyTower(open_checkpoint(tower_files[t], name=f"θt of {t} ({ft_paths[t]})")),
+                        task_names, keep=len(task_names))
 
     # the model: vision tower + (for zero-shot heads) the text tower; random init, then the user's weights
     text_source: Any = raw0
@@ -630,16 +837,22 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
     size = int(size[0] if isinstance(size, (tuple, list)) else size)
     image_size = int(image_size or size)
 
-    # data: the reference protocol's validation split and the test split, decoded once (cached)
+    # data: the reference protocol's validation split and the test split, decoded once (cached),
+    # each split kept in a file of its own and read per task when evaluated
     limit = {"train": 0, "val": val_limit, "test": test_limit}
-    val, test = {}, {}
+    split_files: dict[str, dict[str, Path]] = {"val": {}, "test": {}}
+    classes: dict[str, tuple[str, ...]] = {}
+    digests: dict[tuple[str, str], str] = {}
     for t in task_names:
         splits = paper.load_paper_task(t, paper.task_root(data_root, t), image_size=image_size, seed=0, limit=limit,
                                        cache_dir=cache.root / "data")
-        val[t], test[t] = splits["val"], splits["test"]
+        classes[t] = tuple(splits["val"].classes)
+        for split in ("val", "test"):
+            split_files[split][t], digests[split, t] = _split_file(cache.root, splits[split])
+        del splits
+    val, test = _Splits("val", split_files["val"], classes), _Splits("test", split_files["test"], classes)
 
     # heads
-    sha = {k: cache.file_sha256(p) for k, p in files.items()}
     text_sha = cache.file_sha256(Path(text_file)) if (heads == "zeroshot" and text_file) else sha["pretrained"]
     head_of: dict[str, tuple[Tensor, float]] = {}
     head_ids: dict[str, str] = {}
@@ -647,11 +860,16 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
     for t in task_names:
         if heads == "zeroshot":
             templates = paper.templates_for(t)
-            key = json.dumps(dict(text=text_sha, arch=arch, quick_gelu=quick_gelu, classes=list(val[t].classes),
-                                  templates=list(templates), code=clip_code), sort_keys=True)
+            names = list(classes[t])
+            synonyms = class_synonyms(t, names)
+            spec = dict(text=text_sha, arch=arch, quick_gelu=quick_gelu, classes=names, templates=list(templates),
+                        code=clip_code)
+            if any(len(s) > 1 for s in synonyms):  # only then: the other heads' keys stay as they were
+                spec["synonyms"] = synonyms
+            key = json.dumps(spec, sort_keys=True)
 
-            def compute(t=t, templates=templates):
-                h = mclip.zeroshot_head(model, tokenizer, val[t].classes, templates)
+            def compute(synonyms=synonyms, templates=templates):
+                h = synonym_head(model, tokenizer, synonyms, templates)
                 return h, float(model.logit_scale.detach().exp())
 
             head_of[t] = cache.head(key, compute)
@@ -674,11 +892,11 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
                      heads=head_of, val=val, test=test, classifier=classifier, device=device, format=fmt,
                      naming=naming, files=files, options=options, val_limit=val_limit, test_limit=test_limit,
                      cache_dir=cache.root, batch_size=int(batch_size), progress=bool(progress),
-                     _resize=image_size != size, _identity=identity, _digests={}, _cpu_classifier=None,
+                     _resize=image_size != size, _identity=identity, _digests=digests, _tower_files=tower_files,
                      ft_val={}, ft_test={}, zs_test={})
-    if kind == "lora":
+    if kind == "lora":  # θ0 + Δt, formed when asked for; one kept
         tb.finetuned = _Towers(lambda t: TaskVector(tb._lora_delta(t), name=t).apply_to(theta0, 1.0), task_names,
-                               keep=finetuned._keep)
+                               keep=1)
 
     # reference accuracies, cached by content
     def acc(which: str, t: str, split: str) -> float:
@@ -695,6 +913,53 @@ def load(name: str, seed: int = 0, kind: str = "full", *, arch: str | dict | Non
         tb.ft_test[t] = acc("fine-tuned", t, "test")
         tb.zs_test[t] = acc("zero-shot", t, "test")
     return tb
+
+
+def class_synonyms(task: str, names: Sequence[str]) -> list[list[str]]:
+    """Every standard name of each class: ``[[name, synonym, ...], ...]`` in the order of ``names``.
+
+    For a dataset whose standard class list gives several names per class (FER2013, as in OpenAI
+    CLIP's ``data/prompts.md`` and tall_masks' ``fer2013.py``; the ``synonyms`` of its entry in
+    ``clip_prompts.json``), a class whose prompt name is the first of its synonyms gets them all;
+    every other class (and every other dataset, or names from ``classnames.txt`` that are not the
+    standard ones) gets ``[name]``.
+    """
+    from ..data.paper import _prompts_doc
+
+    e = _prompts_doc()["datasets"].get(task, {})
+    syn = {cls: list(s) for cls, s in zip(e.get("classnames", ()), e.get("synonyms", ())) if s and s[0] == cls}
+    return [syn.get(n, [n]) for n in names]
+
+
+def synonym_head(model: nn.Module, tokenizer, synonyms: Sequence[Sequence[str]], templates: Sequence) -> Tensor:
+    """Zero-shot head with several names per class: (C, d) float32 unit rows.
+
+    Row c is the normalised mean of the unit text embeddings of every prompt ``template.format(s)``
+    over every template and every name ``s`` of ``synonyms[c]`` (OpenAI CLIP's construction for
+    classes with synonyms); with one name per class it is :func:`pactlib.models.clip.zeroshot_head`
+    exactly (the same call). tall_masks' ``heads.py`` instead formats the Python list itself into
+    each template (``"a photo of a ['happy', 'smiling'] looking face."``); that is not done here.
+
+    Raises:
+        ValueError: as :func:`pactlib.models.clip.zeroshot_head` (no classes, no templates, a
+        template without ``{}``), or a class with no name.
+    """
+    from ..models.clip import zeroshot_head
+
+    if any(len(s) == 0 for s in synonyms):
+        raise ValueError("synonym_head: a class has no name")
+    if all(len(s) == 1 for s in synonyms):
+        return zeroshot_head(model, tokenizer, [s[0] for s in synonyms], templates)
+    if not templates:
+        raise ValueError("zeroshot_head: templates is empty")
+    for t in templates:
+        if isinstance(t, str) and "{}" not in t:
+            raise ValueError(f"zeroshot_head: template {t!r} has no '{{}}' for the class name")
+    rows = []
+    for names in synonyms:
+        prompts = [t.format(n) if isinstance(t, str) else t(n) for n in names for t in templates]
+        rows.append(zeroshot_head(model, tokenizer, [names[0]], [lambda _c, p=p: p for p in prompts]))
+    return torch.cat(rows)
 
 
 def _has_text(raw: Mapping[str, Tensor]) -> bool:

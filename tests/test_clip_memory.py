@@ -1,0 +1,123 @@
+"""The clip testbed's bounded-memory path (issue 15): towers converted once and read key by key,
+`testbeds.run` merging key by key (the streamed merge's reader and per-layer filter) with the same
+D as the in-memory path for every method ± PACT, evaluation data read per task, loss model and
+inputs on the testbed's device, and FER2013's zero-shot head over every class synonym.
+Tiny random-init open_clip models and image folders (the fixtures of test_clip_testbed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+open_clip = pytest.importorskip("open_clip")
+
+from pactlib import merges, testbeds  # noqa: E402
+from pactlib.api import merged_update  # noqa: E402
+from pactlib.models import clip  # noqa: E402
+from pactlib.pact import PactOptions  # noqa: E402
+from pactlib.testbeds import base  # noqa: E402
+from pactlib.testbeds import clip as ctb  # noqa: E402
+from test_clip_testbed import TASKS, TINY, _define, files  # noqa: E402,F401  (files: a fixture)
+
+
+@pytest.fixture(scope="module")
+def tb(files):  # noqa: F811
+    _define("clip-mem", files)
+    yield testbeds.load("clip-mem", 0)
+    testbeds.undefine("clip-mem")
+
+
+def _equal(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("pact", [None, "pact", "s-pact"])
+def test_streamed_update_equals_the_in_memory_merge(tb, pact):
+    """Every registered method that merges key by key, ± PACT / S-PACT: D bit for bit."""
+    opts = PactOptions() if pact else None
+    tvs = base.filtered(tb, pact, opts)[0] if pact else tb.task_vectors()
+    for method in merges.names():
+        params = {"scope": "per_key"} if method == "ties" else {}
+        D, report = base.streamed_update(tb, method, pact=pact, options=opts, **params)
+        want, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **params)
+        _equal(D, want)
+        if pact:
+            assert report is not None and report.layers
+            assert report.cap_binding_rate() == base.filtered(tb, pact, opts)[1].cap_binding_rate()
+    assert base.streamed_update(tb, "ties") is None  # global TIES has no per-key form: run merges in memory
+
+
+def test_run_streams_and_matches_the_in_memory_record(tb, monkeypatch):
+    streamed = testbeds.run(tb, "iso_c", pact="pact", alphas=(0.5, 1.0), memo=False)
+    monkeypatch.setattr(base, "merge_sources", lambda tb: None)  # the in-memory path
+    in_memory = testbeds.run(tb, "iso_c", pact="pact", alphas=(0.5, 1.0), memo=False)
+    for k in ("merge_seconds", "seconds"):
+        streamed.pop(k), in_memory.pop(k)
+    assert streamed == in_memory
+    monkeypatch.undo()
+
+    def refuse(*a, **k):
+        raise AssertionError("every task vector materialised")
+
+    monkeypatch.setattr(tb, "task_vectors", refuse)
+    base._cache(tb).clear()
+    testbeds.run(tb, "task_arithmetic", alphas=(0.5,), memo=False)  # streamed: no task vector asked for
+    with pytest.raises(AssertionError, match="materialised"):
+        testbeds.run(tb, "ties", alphas=(0.5,), memo=False)  # global TIES: in memory
+
+
+def test_towers_and_splits_are_read_per_key_and_per_task(tb, files, monkeypatch):  # noqa: F811
+    ft = tb.finetuned[TASKS[0]]
+    assert isinstance(ft, ctb._LazyTower) and set(ft) == set(tb.pretrained)
+    k = "visual.transformer.resblocks.0.attn.in_proj_weight"
+    torch.testing.assert_close(ft[k], clip.vision_state_dict(files["fts"][TASKS[0]])[k], rtol=0, atol=0)
+    ft[k].add_(1.0)  # a copy: the file is not written
+    assert torch.equal(ft[k], clip.vision_state_dict(files["fts"][TASKS[0]])[k])
+    tb.evaluate(tb.pretrained, "val")
+    assert tb.val._held is None  # freed after the evaluation
+    assert tb.val[TASKS[1]].images.dtype == torch.uint8 and tb.val._held[0] == TASKS[1]
+    # a second load reads the converted towers: no fine-tuned file is unpickled again
+    real = clip.load_clip_checkpoint
+
+    def only_theta0(path, **kw):
+        assert "finetuned" not in str(path), f"{path} read again"
+        return real(path, **kw)
+
+    monkeypatch.setattr(clip, "load_clip_checkpoint", only_theta0)
+    again = testbeds.load("clip-mem", 0)
+    assert again.fingerprint() == tb.fingerprint() and again.ft_test == tb.ft_test
+    assert [c.files for c in again.merge_sources()[1]] == [c.files for c in tb.merge_sources()[1]]
+
+
+def test_loss_model_and_inputs_on_the_testbed_device(tb):
+    t = TASKS[0]
+    model = tb.loss_model(tb.finetuned[t], t)
+    x, y = tb.inputs(t, "test", limit=3)
+    dev = torch.device(tb.device)
+    assert {p.device for p in model.parameters()} == {dev} and model.head_weight.device == dev
+    assert x.device == dev and y.device == dev and x.shape[0] == 3 == y.shape[0]
+    with torch.no_grad():
+        assert model(x).shape == (3, len(tb.heads[t][0]))
+
+
+def test_fer2013_head_averages_every_class_synonym():
+    names = ["angry", "disgusted", "fearful", "happy", "sad", "surprised", "neutral"]
+    syn = ctb.class_synonyms("FER2013", names)
+    assert syn[3] == ["happy", "smiling"] and syn[5] == ["surprised", "shocked", "spooked"] and syn[0] == ["angry"]
+    assert ctb.class_synonyms("FER2013", ["a", "happy"]) == [["a"], ["happy", "smiling"]]
+    assert ctb.class_synonyms("MNIST", ["0", "1"]) == [["0"], ["1"]]
+    torch.manual_seed(0)
+    model, tok = clip.build_clip(TINY)
+    templates = ("a photo of a {} looking face.", "they look {}.")
+    H = ctb.synonym_head(model, tok, syn, templates)
+    assert H.shape == (7, 16)
+    with torch.no_grad():
+        e = torch.nn.functional.normalize(model.encode_text(tok([t.format(n) for n in syn[5] for t in templates])),
+                                          dim=-1)
+    torch.testing.assert_close(H[5], torch.nn.functional.normalize(e.mean(0), dim=0))
+    torch.testing.assert_close(H[0], clip.zeroshot_head(model, tok, ["angry"], templates)[0])
+    single = [[n] for n in names]
+    assert torch.equal(ctb.synonym_head(model, tok, single, templates), clip.zeroshot_head(model, tok, names, templates))
+    with pytest.raises(ValueError, match="no '\\{\\}'"):
+        ctb.synonym_head(model, tok, syn, ("no slot",))
