@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, n_samples: int,
                     empirical: bool = False, seed: int = 0, chunk: int = 32,
-                    names: Iterable[str] | None = None) -> dict[str, Tensor]:
+                    names: Iterable[str] | None = None, per_sample: str = "auto") -> dict[str, Tensor]:
     """Diagonal Fisher of ``model`` (logits (B, C)) over the first ``n_samples`` examples (S1).
 
     Args:
@@ -29,17 +29,24 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
         seed: seed of the label sampling (a private generator; global RNG untouched).
         chunk: examples per vectorised per-sample-gradient call (memory knob only).
         names: parameter names to include (default: all that require grad).
+        per_sample: how per-example gradients are taken: ``"vmap"`` (``torch.func.vmap`` over
+            ``grad``: one call per chunk), ``"loop"`` (``grad`` one example at a time: for models
+            whose forward has data-dependent control flow, e.g. a transformer that trims padding)
+            or ``"auto"`` (vmap, and the loop from the first chunk vmap cannot run). Same result.
 
     Returns:
         {parameter name: F (same shape as the parameter), float32}.
 
     Raises:
-        ValueError: ``n_samples`` < 1, or fewer examples available than ``n_samples``.
+        ValueError: ``n_samples`` < 1, fewer examples available than ``n_samples``, or an unknown
+            ``per_sample``.
     """
     from torch.func import functional_call, grad, vmap
 
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    if per_sample not in ("auto", "vmap", "loop"):
+        raise ValueError(f"per_sample must be 'auto', 'vmap' or 'loop', got {per_sample!r}")
     was_training = model.training
     model.eval()
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
@@ -56,7 +63,26 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
         logits = functional_call(model, ({**p}, buffers), (x.unsqueeze(0),))
         return torch.nn.functional.cross_entropy(logits, y.unsqueeze(0))  # −log p(y|x)
 
-    per_sample = vmap(grad(nll), in_dims=(None, 0, 0))
+    one = grad(nll)
+    batched = vmap(one, in_dims=(None, 0, 0))
+    mode = [per_sample]
+
+    def accumulate(xb, yb):  # total += the chunk's squared per-example gradients
+        if mode[0] != "loop":
+            try:
+                g = batched(params, xb, yb)
+            except RuntimeError as exc:  # data-dependent control flow (.item(), int(tensor)) under vmap
+                if mode[0] == "vmap" or "vmap" not in str(exc):
+                    raise
+                mode[0] = "loop"
+            else:
+                for k in total:
+                    total[k] += (g[k].float() ** 2).sum(0)
+                return
+        for i in range(len(xb)):  # one example at a time: memory of one gradient
+            g = one(params, xb[i], yb[i])
+            for k in total:
+                total[k] += g[k].float() ** 2
     total = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in params.items()}
     seen = 0
     try:
@@ -70,9 +96,7 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
                     with torch.no_grad():
                         probs = torch.softmax(model(xb), -1)
                     yb = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-                g = per_sample(params, xb, yb)
-                for k in total:
-                    total[k] += (g[k].float() ** 2).sum(0)
+                accumulate(xb, yb)
                 seen += len(xb)
             if seen >= n_samples:
                 break

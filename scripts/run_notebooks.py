@@ -100,6 +100,17 @@ class Job:
     key: str = ""
     inputs: dict[str, str] = field(default_factory=dict)
     testbeds: dict[str, dict] = field(default_factory=dict)  # definitions of the testbeds it names
+    variant: str = ""  # "" for the main run, else a variant of the set's `variants:` section
+    title: str = ""    # the run's title (the variant's, or the main run's)
+
+    @property
+    def id(self) -> str:
+        """``05_main_results`` for the main run, ``minilm/05_main_results`` for a variant's."""
+        return f"{self.variant}/{self.name}" if self.variant else self.name
+
+    def out_dir(self, base: Path) -> Path:
+        """Where the executed notebook, its records and figures go: ``base`` or ``base/<variant>``."""
+        return base / self.variant if self.variant else base
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +217,31 @@ def named_testbeds(values: Any) -> set[str]:
     return set()
 
 
+def decorate_variant(nb: Any, variant: str, title: str, set_name: str, values: dict[str, Any]) -> None:
+    """Mark a variant's copy of a notebook (in place): its title gets `` · <title>`` and a note
+    after the title says which run this is and that the prose was written from the main run."""
+    import nbformat
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            lines = cell.source.split("\n")
+            i = next(k for k, line in enumerate(lines) if line.startswith("# "))
+            lines[i] = f"{lines[i].rstrip()} · {title}"
+            cell.source = "\n".join(lines)
+            at = nb.cells.index(cell) + 1
+            break
+    else:
+        at = 0
+    shown = ", ".join(f"`{k}={v!r}`" for k, v in values.items())
+    note = nbformat.v4.new_markdown_cell(
+        f"```{{note}}\nThis page is this chapter run again on **{title}** (variant `{variant}` of the "
+        f"`{set_name}` parameter set: {shown}). Its code, tables, figures and verdicts are this run's. The "
+        f"prose between them was written while reading the main run, the chapter this page belongs "
+        f"to: where it says what a result shows, check it against the output here.\n```")
+    note.metadata["tags"] = ["variant-note"]
+    nb.cells.insert(at, note)
+
+
 def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[Job]:
     """Read, parse and validate every selected notebook (nothing runs yet), in the repository
     root (the kernels' working directory: relative paths mean the same here and there)."""
@@ -224,6 +260,12 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
         define_testbeds(params_file)
     except (pparams.ParameterError, FileNotFoundError) as exc:
         problems.append(str(exc))
+    try:
+        variants = pparams.variant_definitions(params_file)
+    except (pparams.ParameterError, FileNotFoundError) as exc:
+        problems.append(str(exc))
+        variants = {}
+    main_spec = variants.pop(pparams.MAIN, {})
     for path in paths:
         where = _rel(path)
         try:
@@ -240,7 +282,28 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             continue
         named = named_testbeds(list({**defaults, **overrides}.values()))
         jobs.append(Job(path.stem, path, nb, overrides,
-                        testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
+                        testbeds={n: testbeds.definitions()[n] for n in sorted(named)},
+                        title=main_spec.get("title", "")))
+    for variant, spec in variants.items():  # each variant's chapters, after every main run
+        for path in paths:
+            if path.stem not in spec["chapters"]:
+                continue
+            where = f"{_rel(path)} (variant {variant!r})"
+            try:
+                nb = jupytext.read(path)
+                defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
+                overrides = pparams.load_params(params_file, path.stem, declared=defaults, variant=variant)
+                overrides.update({k: v for k, v in cli.items() if k in defaults})
+                overrides = pparams.validate(defaults, overrides, notebook=where)
+                pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
+                                       {**defaults, **overrides}, notebook=where)
+            except (pparams.ParameterError, FileNotFoundError) as exc:
+                problems.append(str(exc))
+                continue
+            named = named_testbeds(list({**defaults, **overrides}.values()))
+            decorate_variant(nb, variant, spec["title"], params_file.stem, spec["chapters"][path.stem])
+            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=spec["title"],
+                            testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
         missing = testbeds.missing_paths(name)
@@ -332,6 +395,8 @@ def compute_key(job: Job, shared: dict[str, str]) -> None:
     }
     if job.testbeds:  # named testbed definitions: what the notebook's testbeds are
         payload["testbeds"] = job.testbeds
+    if job.variant:  # a variant's copy differs from the source by its title and note
+        payload["variant"] = [job.variant, job.title]
     job.key = _sha(json.dumps(payload, sort_keys=True, default=str).encode())
 
 
@@ -362,6 +427,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def stale_reason(job: Job, out_dir: Path) -> str | None:
     """None when the executed notebook is up to date, else what changed (for the log line)."""
+    out_dir = job.out_dir(out_dir)
     nb_path, key_path = out_dir / f"{job.name}.ipynb", out_dir / f"{job.name}.key"
     if not (nb_path.is_file() and key_path.is_file()):
         return "not executed yet"
@@ -410,16 +476,22 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
     # (pactlib.book.params), so only papermill's errors are worth showing
     logging.getLogger("papermill").setLevel(logging.ERROR)
 
+    out_dir = job.out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_dir, figures_dir = out_dir / "records", out_dir / "figures"
     records_dir.mkdir(exist_ok=True)
     (records_dir / f"{job.name}.jsonl").unlink(missing_ok=True)  # records belong to a run
+    (records_dir / f"{job.name}.verdicts.jsonl").unlink(missing_ok=True)
     for old in figures_dir.glob(f"fig{job.name[:2]}.*"):
         old.unlink()
     kernel_env = {
         "PACT_PARAMS": set_name,
         "PACT_RECORDS_DIR": str(records_dir),
         "PACT_FIGURES_DIR": str(figures_dir),
+        # which run this is: verdicts are recorded with it (pactlib.book.plotting.verdict)
+        "PACT_NOTEBOOK": job.name,
+        "PACT_RUN": job.variant or pparams.MAIN,
+        "PACT_RUN_TITLE": job.title or pparams.MAIN,
         # pactlib finds the book's files and the caches by configuration only (pactlib.book.paths):
         # the book folder of this checkout, and the checkout's .cache unless PACT_CACHE says otherwise
         # (the Makefile exports the same)
@@ -467,13 +539,13 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
 
 def _tag(i: int, total: int, name: str) -> str:
     """The prefix of a notebook's log lines: ``[ 5/12] 05_main_results   ``."""
-    return f"[{i:2d}/{total}] {name:<26}"
+    return f"[{i:2d}/{total}] {name:<{max(26, len(name))}}"
 
 
 def _last_seconds(job: Job, out_dir: Path) -> float:
     """Seconds the notebook took last time (its key file), +inf when unknown: schedules it first."""
     try:
-        return float(json.loads((out_dir / f"{job.name}.key").read_text())["seconds"])
+        return float(json.loads((job.out_dir(out_dir) / f"{job.name}.key").read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return float("inf")
 
@@ -481,11 +553,11 @@ def _last_seconds(job: Job, out_dir: Path) -> float:
 def _child(job: Job, out_dir: Path, set_name: str, threads: int, queue) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel inherits it; torch sizes its pool by it
     try:
-        queue.put((job.name, execute(job, out_dir, set_name, progress=False), None))
+        queue.put((job.id, execute(job, out_dir, set_name, progress=False), None))
     except RunError as exc:
-        queue.put((job.name, None, str(exc)))
+        queue.put((job.id, None, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent, which fails the run
-        queue.put((job.name, None, f"notebook {job.name}: {type(exc).__name__}: {exc}"))
+        queue.put((job.id, None, f"notebook {job.id}: {type(exc).__name__}: {exc}"))
 
 
 def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, jobs: int,
@@ -506,6 +578,10 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     # longest first; among notebooks never timed, those that others wait for (AFTER) first
     waited_for = {dep for deps in AFTER.values() for dep in deps}
     pending = sorted(work, key=lambda jw: (-_last_seconds(jw[0], out_dir), jw[0].name not in waited_for))
+
+    def after(job: Job) -> set[str]:  # the ids a job waits for: AFTER, within its own run
+        return {Job(d, job.source, None, {}, variant=job.variant).id for d in AFTER.get(job.name, ())}
+
     running: dict[str, tuple[Any, float]] = {}
     errors: list[str] = []
     suspects: set[str] = set()
@@ -513,16 +589,16 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     tag = lambda name: _tag(index[name], total, name)  # noqa: E731
     while pending or running:
         while pending and len(running) < jobs and not errors:
-            waiting = {j.name for j, _ in pending} | set(running)
-            ready = [jw for jw in pending if not set(AFTER.get(jw[0].name, ())) & (waiting - {jw[0].name})]
+            waiting = {j.id for j, _ in pending} | set(running)
+            ready = [jw for jw in pending if not after(jw[0]) & (waiting - {jw[0].id})]
             if not ready:
                 break
             job, why = ready[0]
             pending.remove((job, why))
             proc = ctx.Process(target=_child, args=(job, out_dir, set_name, threads, queue), daemon=False)
             proc.start()
-            running[job.name] = (proc, time.perf_counter())
-            print(f"{tag(job.name)} executing with {set_name} ({why}; {threads} thread(s)) ...", flush=True)
+            running[job.id] = (proc, time.perf_counter())
+            print(f"{tag(job.id)} executing with {set_name} ({why}; {threads} thread(s)) ...", flush=True)
         if not running:
             break
         try:
@@ -548,7 +624,7 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
         else:
             print(f"{tag(name)} done in {seconds:.1f} s", flush=True)
     if pending and not errors:  # only a cycle in AFTER leaves jobs that can never start
-        errors.append(f"cannot order {[j.name for j, _ in pending]}: they wait for each other (AFTER)")
+        errors.append(f"cannot order {[j.id for j, _ in pending]}: they wait for each other (AFTER)")
     if errors:
         raise RunError("\n".join(errors))
 
@@ -557,14 +633,79 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
 # rendering
 
 
-def toc_for(set_name: str) -> Path:
-    if set_name == DEFAULT_SET:
-        return TOC
-    text = TOC.read_text(encoding="utf-8").replace(TOC_PREFIX, f"book/_executed/{set_name}/")
+VERDICTS_PAGE = "verdicts"
+CLAIM = re.compile(r"^C(\d+)")
+
+
+def variant_pages(params_file: Path) -> dict[str, list[str]]:
+    """``{variant: [chapter stems]}`` of a set's variants (the main run not included)."""
+    return {v: list(spec["chapters"]) for v, spec in pparams.variant_definitions(params_file).items()
+            if v != pparams.MAIN}
+
+
+def write_verdicts_page(set_name: str, params_file: Path) -> Path:
+    """``book/_executed/<set>/verdicts.md``: every claim's verdict in every run (main and variants),
+    read from the verdict records the chapters wrote (``records/<notebook>.verdicts.jsonl``)."""
+    runs = pparams.variant_definitions(params_file)
+    base = EXECUTED / set_name
+    rows: dict[str, dict[str, str]] = {}
+    chapter_of: dict[str, str] = {}
+    for run in runs:
+        folder = base / "records" if run == pparams.MAIN else base / run / "records"
+        for path in sorted(folder.glob("*.verdicts.jsonl")):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    rows.setdefault(rec["claim"], {})[run] = rec["status"]
+                    chapter_of.setdefault(rec["claim"], path.name.split("_")[0].lstrip("0"))
+    order = sorted(rows, key=lambda c: (int(m.group(1)) if (m := CLAIM.match(c)) else 999, c))
+    used = [r for r in runs if any(r in rows[c] for c in rows)] or [pparams.MAIN]
+    lines = ["# Verdicts at a glance", "",
+             "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
+             f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict.", "",
+             "| Claim | Chapter | " + " | ".join(runs[r]["title"] for r in used) + " |",
+             "|---|---|" + "---|" * len(used)]
+    for claim in order:
+        lines.append(f"| {claim} | {chapter_of[claim]} | "
+                     + " | ".join(rows[claim].get(r, "not run") for r in used) + " |")
+    if not order:
+        lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
+    path = base / f"{VERDICTS_PAGE}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, "\n".join(lines) + "\n")
+    return path
+
+
+def toc_for(set_name: str, params_file: Path | None = None) -> Path:
+    """The set's table of contents, ``book/_executed/<set>/_toc.yml``: ``_toc.yml`` pointed at the
+    set's folder, each chapter with its variants' pages as sections, and the verdicts page."""
+    prefix = f"book/_executed/{set_name}/"
+    toc = yaml.safe_load(TOC.read_text(encoding="utf-8"))
+    variants = variant_pages(params_file) if params_file is not None else {}
+    titles = pparams.variant_definitions(params_file) if params_file is not None else {}
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            f = chapter.get("file", "")
+            if f.startswith(TOC_PREFIX):
+                stem = f[len(TOC_PREFIX):]
+                chapter["file"] = prefix + stem
+                extra = [{"file": f"{prefix}{v}/{stem}"} for v, stems in variants.items() if stem in stems]
+                if extra:
+                    chapter["sections"] = extra
+    at = next((i for i, p in enumerate(toc.get("parts", [])) if p.get("caption", "").startswith("About")),
+              len(toc.get("parts", [])))
+    toc.setdefault("parts", []).insert(at, {"caption": "Verdicts", "chapters": [{"file": prefix + VERDICTS_PAGE}]})
     path = EXECUTED / set_name / "_toc.yml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, text)
+    _atomic_write(path, "# generated by scripts/run_notebooks.py from _toc.yml and params/" + set_name
+                  + ".yaml (variants: " + ", ".join(t["title"] for t in titles.values()) + ")\n"
+                  + yaml.safe_dump(toc, sort_keys=False, allow_unicode=True))
     return path
+
+
+def expected_pages(params_file: Path) -> list[str]:
+    """Executed notebooks the set's book shows: ``stem`` and ``<variant>/<stem>``."""
+    return toc_chapters() + [f"{v}/{stem}" for v, stems in variant_pages(params_file).items() for stem in stems]
 
 
 def html_dir_for(set_name: str, out: Path | None) -> tuple[Path, Path]:
@@ -574,14 +715,15 @@ def html_dir_for(set_name: str, out: Path | None) -> tuple[Path, Path]:
     return out, out / "_build" / "html"
 
 
-def render(set_name: str, out: Path | None) -> Path:
-    missing = [c for c in toc_chapters() if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
+def render(set_name: str, out: Path | None, params_file: Path) -> Path:
+    missing = [c for c in expected_pages(params_file) if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
     if missing:
         raise RunError(f"cannot render the {set_name!r} book: not executed yet: {missing} "
                        f"(run the whole set, or pass --no-render)")
     path_output, html = html_dir_for(set_name, out)
+    write_verdicts_page(set_name, params_file)
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
-           "--toc", str(toc_for(set_name)), "--path-output", str(path_output),
+           "--toc", str(toc_for(set_name, params_file)), "--path-output", str(path_output),
            "-W", "-n", "--keep-going", "-q"]
     print(f">> rendering with jupyter-book -> {_rel(html)}", flush=True)
     t0 = time.perf_counter()
@@ -592,13 +734,13 @@ def render(set_name: str, out: Path | None) -> Path:
     return html
 
 
-def check_html(html: Path, set_name: str) -> None:
-    """Every chapter page exists, shows its figures, and nothing is fetched from the web."""
+def check_html(html: Path, set_name: str, params_file: Path) -> None:
+    """Every chapter page (variants' too) exists, shows its figures, and nothing is fetched from the web."""
     problems = []
     index = html / "index.html"
     if not index.is_file():
         problems.append(f"missing {index}")
-    for stem in toc_chapters():
+    for stem in [*expected_pages(params_file), VERDICTS_PAGE]:
         page = html / "book" / "_executed" / set_name / f"{stem}.html"
         if not page.is_file():
             problems.append(f"missing chapter page {page}")
@@ -638,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inputs", action="append", default=None, metavar="GLOB",
                     help="files whose content is part of every notebook's key (zoo/data "
                          "manifests); default: $PACT_BOOK_INPUTS (space-separated globs)")
+    ap.add_argument("--run", action="append", default=None, metavar="RUN",
+                    help="only this run of the selected notebooks: 'main' or a variant of the set "
+                         "(repeatable; default: every run)")
     ap.add_argument("--force", action="store_true", help="re-execute even when up to date")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("PACT_BOOK_JOBS", "1")),
                     help="notebooks executed at once, each kernel with cores/jobs threads "
@@ -661,6 +806,12 @@ def main(argv: list[str] | None = None) -> int:
             raise RunError(f"notebooks and _toc.yml disagree on chapters: {missing}")
         paths = notebook_paths(args.only)
         jobs = prepare(paths, params_file, parse_cli(args.set))
+        if args.run:
+            runs = pparams.variant_definitions(params_file)
+            unknown = sorted(set(args.run) - set(runs))
+            if unknown:
+                raise pparams.ParameterError(f"--run {unknown}: {params_file.name} has the runs {list(runs)}")
+            jobs = [j for j in jobs if (j.variant or pparams.MAIN) in args.run]
         if args.check_only:
             print(f"parameters of {len(jobs)} notebook(s) are valid ({params_file.name})")
             return 0
@@ -674,10 +825,10 @@ def main(argv: list[str] | None = None) -> int:
             work, index = [], {}
             for i, job in enumerate(jobs, 1):
                 compute_key(job, shared)
-                index[job.name] = i
+                index[job.id] = i
                 why = "--force" if args.force else stale_reason(job, out_dir)
                 if why is None:
-                    print(f"{_tag(i, len(jobs), job.name)} up to date", flush=True)
+                    print(f"{_tag(i, len(jobs), job.id)} up to date", flush=True)
                 else:
                     work.append((job, why))
             t_exec = time.perf_counter()
@@ -685,21 +836,21 @@ def main(argv: list[str] | None = None) -> int:
                 execute_parallel(work, out_dir, set_name, args.jobs, len(jobs), index)
             else:
                 for job, why in work:
-                    tag = _tag(index[job.name], len(jobs), job.name)
+                    tag = _tag(index[job.id], len(jobs), job.id)
                     print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
                     seconds = execute(job, out_dir, set_name, progress=progress)
                     print(f"{tag} done in {seconds:.1f} s", flush=True)
             if work:
                 print(f">> executed {len(work)} notebook(s) in {time.perf_counter() - t_exec:.1f} s", flush=True)
-        missing = [c for c in toc_chapters() if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
+        missing = [c for c in expected_pages(params_file) if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
         if args.only and missing and not args.no_render:
             # one chapter of a set whose others never ran: executing it was the point; the book
             # is rendered once every chapter has been executed (a run without --only)
             print(f">> not rendering the {set_name!r} book yet: chapter(s) {', '.join(missing)} not executed "
                   f"(run the set without --only to render); executed notebooks: {_rel(out_dir)}", flush=True)
         elif not args.no_render:
-            html = render(set_name, args.path_output)
-            check_html(html, set_name)
+            html = render(set_name, args.path_output, params_file)
+            check_html(html, set_name, params_file)
             print(f">> book ready: {html / 'index.html'} ({time.perf_counter() - t_all:.1f} s total)")
     except pparams.ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from pactlib.book import plotting, records
 from pactlib.book.records import RecordError
@@ -221,6 +222,55 @@ def test_cache_key_tracks_source_params_and_inputs(tmp_path):
     before = job2.key
     rn.compute_key(job2, rn.shared_inputs([str(tmp_path / "*.json")]))
     assert job2.key != before and job2.key != key
+
+
+def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_column(tmp_path, monkeypatch):
+    rn = _runner()
+    monkeypatch.setattr(rn, "EXECUTED", tmp_path)
+    params_file = tmp_path / "demo.yaml"
+    params_file.write_text(yaml.safe_dump({
+        "common": {}, **{p.stem: {} for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))},
+        "variants": {"main": {"title": "Images"},
+                     "text": {"title": "Text", "chapters": {"06_static_vs_dynamic": {"testbed": "synthetic-4"}}}}}))
+    paths = [ROOT / "notebooks" / "05_main_results.py", ROOT / "notebooks" / "06_static_vs_dynamic.py"]
+    jobs = rn.prepare(paths, params_file, {})
+    assert [j.id for j in jobs] == ["05_main_results", "06_static_vs_dynamic", "text/06_static_vs_dynamic"]
+    main, var = jobs[1], jobs[2]
+    assert var.overrides["testbed"] == "synthetic-4" and "testbed" not in main.overrides
+    assert var.out_dir(tmp_path) == tmp_path / "text" and main.out_dir(tmp_path) == tmp_path
+    first = lambda job: next(c.source for c in job.nb.cells if c.cell_type == "markdown")  # noqa: E731
+    assert first(var) == first(main).replace("(C8)", "(C8) · Text", 1) and first(var) != first(main)
+    notes = [c.source for c in var.nb.cells if "variant-note" in c.metadata.get("tags", [])]
+    assert len(notes) == 1 and "**Text**" in notes[0] and "testbed='synthetic-4'" in notes[0]
+    assert not any("variant-note" in c.metadata.get("tags", []) for c in main.nb.cells)
+    shared = rn.shared_inputs([])
+    rn.compute_key(main, shared)
+    rn.compute_key(var, shared)
+    assert var.key != main.key
+    # the table of contents: the variant's page is a section of its chapter, then the verdicts page
+    toc = yaml.safe_load(rn.toc_for("demo", params_file).read_text())
+    chapters = [c for part in toc["parts"] for c in part["chapters"]]
+    six = next(c for c in chapters if c["file"].endswith("/06_static_vs_dynamic"))
+    assert six["file"] == "book/_executed/demo/06_static_vs_dynamic"
+    assert six["sections"] == [{"file": "book/_executed/demo/text/06_static_vs_dynamic"}]
+    assert sum("sections" in c for c in chapters) == 1
+    assert {"file": "book/_executed/demo/verdicts"} in chapters
+    assert rn.expected_pages(params_file)[-1] == "text/06_static_vs_dynamic"
+    # the verdicts page: a column per run, read from the records the chapters wrote
+    (tmp_path / "demo" / "records").mkdir(parents=True)
+    (tmp_path / "demo" / "text" / "records").mkdir(parents=True)
+    for folder, run, status in (("demo", "main", "reproduced"), ("demo/text", "text", "not reproduced")):
+        monkeypatch.setenv("PACT_NOTEBOOK", "06_static_vs_dynamic")
+        monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / folder / "records"))
+        monkeypatch.setenv("PACT_RUN", run)
+        plotting.record_verdict("C8", status, "S-PACT +0.1 vs PACT +0.5")
+    (tmp_path / "demo" / "records" / "10_theory.verdicts.jsonl").write_text(
+        json.dumps({"claim": "C11", "status": "partly reproduced", "evidence": "x"}) + "\n")
+    page = rn.write_verdicts_page("demo", params_file).read_text()
+    assert "| Claim | Chapter | Images | Text |" in page
+    assert "| C8 | 6 | reproduced | not reproduced |" in page
+    assert "| C11 | 10 | partly reproduced | not run |" in page
+    assert page.index("| C8 ") < page.index("| C11 ")
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------

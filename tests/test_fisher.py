@@ -42,6 +42,39 @@ def test_sampled_fisher_is_seeded_and_converges_to_true_fisher(gen):
     torch.testing.assert_close(a["bias"], true_bias, rtol=0.08, atol=1e-3)
 
 
+class _Trimming(nn.Module):
+    """A linear classifier whose forward does data-dependent control flow (reads a tensor's value,
+    as the MiniLM encoder does when it trims padding): vmap cannot run it, a per-example loop can."""
+
+    def __init__(self, gen):
+        super().__init__()
+        self.lin = _linear_model(gen)
+
+    def forward(self, x):
+        width = int((x != 0).sum(1).max())  # .item() under the hood
+        return self.lin(torch.nn.functional.pad(x[:, :width], (0, x.shape[1] - width)))
+
+
+def test_fisher_falls_back_to_a_per_example_loop_with_the_same_result(gen):
+    model = _Trimming(gen)
+    x = torch.randn(12, 5, generator=gen)
+    y = torch.randint(0, 3, (12,), generator=gen)
+    with pytest.raises(RuntimeError, match="vmap"):
+        diagonal_fisher(model, [(x, y)], n_samples=12, empirical=True, per_sample="vmap")
+    auto = diagonal_fisher(model, [(x, y)], n_samples=12, empirical=True, chunk=5)
+    loop = diagonal_fisher(model, [(x, y)], n_samples=12, empirical=True, per_sample="loop")
+    plain = diagonal_fisher(model.lin, [(x, y)], n_samples=12, empirical=True)  # vmap on the same map
+    for k in ("weight", "bias"):
+        torch.testing.assert_close(auto[f"lin.{k}"], plain[k], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(loop[f"lin.{k}"], plain[k], rtol=1e-5, atol=1e-7)
+    # sampled labels: the same draws whichever way the gradients are taken
+    a = diagonal_fisher(model, [(x, y)], n_samples=12, seed=3, per_sample="loop")
+    b = diagonal_fisher(model.lin, [(x, y)], n_samples=12, seed=3)
+    torch.testing.assert_close(a["lin.bias"], b["bias"], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="per_sample"):
+        diagonal_fisher(model, [(x, y)], n_samples=2, per_sample="batched")
+
+
 def test_fisher_errors(gen):
     model = _linear_model(gen)
     x, y = torch.randn(4, 5), torch.zeros(4, dtype=torch.long)

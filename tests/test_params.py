@@ -163,6 +163,39 @@ def test_testbeds_is_a_reserved_section(tmp_path):
         params.testbed_definitions(_yaml(tmp_path, {"testbeds": ["clip-x"]}))
 
 
+def test_variants_section_runs_chapters_again_with_values_on_top(tmp_path):
+    path = _yaml(tmp_path, {"common": {"seeds": [0]}, "05_main": {"alpha": 0.9, "testbed": "lite0-8"}, "06_x": {},
+                            "variants": {"main": {"title": "Images"},
+                                         "text": {"title": "Text", "chapters": {"05_main": {"testbed": "minilm-8"}}}}})
+    assert params.sections(path) == ["05_main", "06_x"]
+    v = params.variant_definitions(path)
+    assert list(v) == ["main", "text"] and v["main"] == {"title": "Images", "chapters": {}}
+    assert v["text"]["chapters"] == {"05_main": {"testbed": "minilm-8"}}
+    assert params.load_params(path, "05_main") == {"seeds": [0], "alpha": 0.9, "testbed": "lite0-8"}
+    assert params.load_params(path, "05_main", variant="text") == {"seeds": [0], "alpha": 0.9, "testbed": "minilm-8"}
+    with pytest.raises(ParameterError, match="'text' has no values for notebook '06_x'"):
+        params.load_params(path, "06_x", variant="text")
+    # no section: the main run alone, titled "main"
+    assert params.variant_definitions(_yaml(tmp_path, {"05_main": {}})) == {"main": {"title": "main", "chapters": {}}}
+
+
+@pytest.mark.parametrize("variants, fragment", [
+    (["text"], "section .variants. must be a mapping"),
+    ({"Text!": {"title": "T", "chapters": {"05_main": {}}}}, "a variant name is lower-case"),
+    ({"text": "T"}, "must be a mapping with 'title' and 'chapters'"),
+    ({"text": {"title": "T", "chapters": {"05_main": {}}, "seeds": [0]}}, r"unknown key\(s\) \['seeds'\]"),
+    ({"text": {"chapters": {"05_main": {}}}}, "needs a non-empty string 'title'"),
+    ({"text": {"title": "T"}}, "'chapters' must map notebook names"),
+    ({"main": {"title": "M", "chapters": {"05_main": {}}}}, "the main run takes a title only"),
+    ({"text": {"title": "T", "chapters": {"07_nope": {}}}}, r"chapter '07_nope' is not a notebook section.*\['05_main'\]"),
+    ({"text": {"title": "T", "chapters": {"05_main": [1]}}}, "the values of '05_main' must be a mapping"),
+])
+def test_variants_section_errors_name_the_variant_and_key(tmp_path, variants, fragment):
+    path = _yaml(tmp_path, {"05_main": {}, "variants": variants})
+    with pytest.raises(ParameterError, match=fragment):
+        params.variant_definitions(path)
+
+
 def test_existing_path_and_testbed_family_rules(tmp_path):
     rule = params.existing_path()
     assert rule(None) is None and rule(str(tmp_path)) is None
@@ -300,7 +333,9 @@ def test_every_parameter_set_validates_against_every_notebook(param_set):
     assert set(params.sections(param_set)) == {p.stem for p in NOTEBOOKS}
     if not param_set.stem.startswith("paper-"):
         jobs = rn.prepare(NOTEBOOKS, param_set, {})
-        assert [j.name for j in jobs] == [p.stem for p in NOTEBOOKS]
+        variants = params.variant_definitions(param_set)
+        assert [j.id for j in jobs] == [p.stem for p in NOTEBOOKS] + [
+            f"{v}/{p.stem}" for v, spec in variants.items() for p in NOTEBOOKS if p.stem in spec["chapters"]]
         return
     with pytest.raises(ParameterError) as err:
         rn.prepare(NOTEBOOKS, param_set, {})

@@ -12,7 +12,9 @@ notebook (keyed by the notebook's file stem, e.g. ``05_main_results``), and opti
 ``testbeds:`` mapping of named testbed definitions, ``{name: {family: clip, option: value, ...}}``
 (:func:`testbed_definitions`; the runner defines them with :func:`pactlib.testbeds.define_all` and
 hands them to every kernel, so a notebook section can say ``testbed: <name>``). ``common`` and
-``testbeds`` are the reserved sections (:data:`RESERVED`); every other key is a notebook. The book runner
+``testbeds`` are reserved sections (:data:`RESERVED`), and so is ``variants:``, the book's runs on
+more than one testbed (:func:`variant_definitions`: a chapter listed there is executed once more
+per variant, with that variant's values on top of its section); every other key is a notebook. The book runner
 (``scripts/run_notebooks.py``) calls :func:`parse_defaults`, :func:`load_params` and
 :func:`validate` for every notebook *before* executing any, so a misspelt or mistyped
 parameter fails in a second, not after an hour of work. Inside a notebook, :func:`check`
@@ -45,6 +47,7 @@ from __future__ import annotations
 import ast
 import builtins
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -72,6 +75,7 @@ __all__ = [
     "task_count",
     "check_notebook",
     "testbed_definitions",
+    "variant_definitions",
     "existing_path",
     "RESERVED",
 ]
@@ -81,8 +85,12 @@ REQUIRED = Ellipsis
 COMMON = "common"
 #: The section of named testbed definitions (:func:`testbed_definitions`).
 TESTBEDS = "testbeds"
+#: The section of the book's variants (:func:`variant_definitions`).
+VARIANTS = "variants"
+#: The variant name of the main run (it takes a ``title`` only).
+MAIN = "main"
 #: Top-level keys of a parameter set that are not notebooks.
-RESERVED = (COMMON, TESTBEDS)
+RESERVED = (COMMON, TESTBEDS, VARIANTS)
 
 
 class ParameterError(ValueError):
@@ -173,8 +181,9 @@ def _read_set(path: str | Path) -> dict[str, Any]:
 
 
 def load_params(path: str | Path, notebook: str, *,
-                declared: Iterable[str] | None = None) -> dict[str, Any]:
-    """The overrides of one notebook: ``common`` merged with the notebook's own section.
+                declared: Iterable[str] | None = None, variant: str | None = None) -> dict[str, Any]:
+    """The overrides of one notebook: ``common`` merged with the notebook's own section (and,
+    for ``variant``, that variant's values for the notebook on top).
 
     Args:
         path: a parameter set, e.g. ``params/default.yaml``: a mapping with an optional
@@ -186,9 +195,10 @@ def load_params(path: str | Path, notebook: str, *,
             does not declare are skipped (common values apply where they make sense); entries
             of the notebook's own section are always kept, so a typo there fails in
             :func:`validate`.
+        variant: a variant of :func:`variant_definitions` that lists this notebook.
 
     Returns:
-        ``{name: value}``; the notebook section wins over ``common``.
+        ``{name: value}``; the variant wins over the notebook section, which wins over ``common``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -206,7 +216,13 @@ def load_params(path: str | Path, notebook: str, *,
     if declared is not None:
         names = set(declared)
         common = {k: v for k, v in common.items() if k in names}
-    return {**common, **(data[notebook] or {})}
+    extra = {}
+    if variant is not None:
+        chapters = variant_definitions(path).get(variant, {}).get("chapters", {})
+        if notebook not in chapters:
+            raise ParameterError(f"{path}: variants: {variant!r} has no values for notebook {notebook!r}")
+        extra = chapters[notebook]
+    return {**common, **(data[notebook] or {}), **extra}
 
 
 def sections(path: str | Path) -> list[str]:
@@ -224,6 +240,70 @@ def testbed_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
         FileNotFoundError, ParameterError: as :func:`load_params`.
     """
     return {name: dict(spec) for name, spec in (_read_set(path).get(TESTBEDS) or {}).items()}
+
+
+_VARIANT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+def variant_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``variants:`` section of a parameter set: the book's runs beyond the main one.
+
+    ::
+
+        variants:
+          main: {title: "Lite0 (images)"}        # the main run's name in the book (optional)
+          minilm:
+            title: "MiniLM (text)"               # shown in the variant's page titles and verdicts
+            chapters:                            # notebook -> values on top of its own section
+              03_scalar_perspective: {testbed: minilm-8, val_limit: 32}
+
+    Every chapter listed under a variant is executed once more with those values, into
+    ``book/_executed/<set>/<variant>/``, and shown as a section of the main chapter.
+
+    Returns:
+        ``{variant: {"title": str, "chapters": {notebook: {name: value}}}}`` in file order; the
+        main run's entry (``main``, no chapters) is always there, its title defaulting to "main".
+
+    Raises:
+        FileNotFoundError: as :func:`load_params`. ParameterError: the section or a variant is not
+            a mapping, a variant name is not ``[a-z][a-z0-9_-]*``, a key other than ``title`` /
+            ``chapters``, a missing or empty title, ``main`` with chapters, a chapter that is not
+            a section of the set, or values that are not a mapping.
+    """
+    path = Path(path)
+    data = _read_set(path)
+    raw = data.get(VARIANTS) or {}
+    if not isinstance(raw, dict):
+        raise ParameterError(f"{path}: variants must be a mapping of variant names, got {type(raw).__name__}")
+    out = {MAIN: {"title": "main", "chapters": {}}}
+    for name, spec in raw.items():
+        where = f"{path}: variants: {name!r}"
+        if not isinstance(name, str) or not _VARIANT_NAME.match(name):
+            raise ParameterError(f"{where}: a variant name is lower-case letters, digits, '-' and '_' "
+                                 f"(it names a folder)")
+        if not isinstance(spec, dict):
+            raise ParameterError(f"{where} must be a mapping with 'title' and 'chapters'")
+        bad = sorted(set(spec) - {"title", "chapters"})
+        if bad:
+            raise ParameterError(f"{where}: unknown key(s) {bad}; a variant has 'title' and 'chapters'")
+        title = spec.get("title")
+        if not isinstance(title, str) or not title.strip():
+            raise ParameterError(f"{where}: needs a non-empty string 'title'")
+        chapters = spec.get("chapters") or {}
+        if name == MAIN:
+            if chapters:
+                raise ParameterError(f"{where}: the main run takes a title only (its values are the sections)")
+        elif not isinstance(chapters, dict) or not chapters:
+            raise ParameterError(f"{where}: 'chapters' must map notebook names to their values")
+        for nb, values in chapters.items():
+            if nb not in data or nb in RESERVED:
+                known = sorted(k for k in data if k not in RESERVED)
+                raise ParameterError(f"{where}: chapter {nb!r} is not a notebook section of the set; "
+                                     f"sections: {known}")
+            if values is not None and not isinstance(values, dict):
+                raise ParameterError(f"{where}: the values of {nb!r} must be a mapping, got {type(values).__name__}")
+        out[name] = {"title": title.strip(), "chapters": {k: dict(v or {}) for k, v in chapters.items()}}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

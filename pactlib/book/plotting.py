@@ -218,4 +218,29 @@ def verdict(claim: str, status: str, evidence: str) -> None:
     """
     from IPython.display import Markdown
 
-    _show(Markdown(verdict_text(claim, status, evidence)))
+    text = verdict_text(claim, status, evidence)
+    record_verdict(claim, status, evidence)
+    _show(Markdown(text))
+
+
+def record_verdict(claim: str, status: str, evidence: str) -> Path | None:
+    """Append the verdict to ``$PACT_RECORDS_DIR/<$PACT_NOTEBOOK>.verdicts.jsonl`` (one JSON line:
+    claim, status, evidence, notebook, run and its title) when the book runner executes the
+    notebook, so the book can list every claim per testbed; outside the runner nothing is written.
+
+    Returns:
+        The file written to, or None.
+    """
+    import json
+    import os
+
+    notebook, folder = os.environ.get("PACT_NOTEBOOK"), os.environ.get("PACT_RECORDS_DIR")
+    if not notebook or not folder:
+        return None
+    path = Path(folder) / f"{notebook}.verdicts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = dict(claim=claim, status=status, evidence=evidence.strip(), notebook=notebook,
+               run=os.environ.get("PACT_RUN", "main"), title=os.environ.get("PACT_RUN_TITLE", "main"))
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return path
