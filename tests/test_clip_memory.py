@@ -56,6 +56,14 @@ def test_run_streams_and_matches_the_in_memory_record(tb, monkeypatch):
         streamed.pop(k), in_memory.pop(k)
     assert streamed == in_memory
     monkeypatch.undo()
+    import pactlib.pact
+
+    spill, _ = base._cache(tb)["filtered_spill"][("pact", PactOptions())]
+    assert spill.files[0].parent.parent == tb.cache_dir and set(spill) == set(tb.matrix_keys())
+    monkeypatch.setattr(pactlib.pact, "filter_layer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("again")))
+    other = testbeds.run(tb, "tsv_m", pact="pact", alphas=(0.5,), memo=False)  # filtered layers read back
+    assert other["cap_binding_rate"] == streamed["cap_binding_rate"]
+    monkeypatch.undo()
 
     def refuse(*a, **k):
         raise AssertionError("every task vector materialised")

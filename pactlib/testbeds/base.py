@@ -314,7 +314,10 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     each kernel single-threaded), on :func:`engine_device`. Equal to the in-memory
     ``merged_update(method, tb.pretrained, filtered or own task vectors)``, bit for bit (the same
     kernels on the same values); peak memory about D (one tower in float32) plus one layer's
-    (T, m, n) stack per thread, instead of T task vectors (and T filtered ones).
+    (T, m, n) stack per thread, instead of T task vectors (and T filtered ones). With PACT the
+    filtered layers are written once per (mode, options) to a temporary file under
+    ``tb.cache_dir`` (T × the filtered layers' size on disk, removed with the testbed object) and
+    read back by later calls, so each base method does not filter again.
 
     Returns:
         ``(D, PACT report or None)``, D over θ0's floating keys (float32, or float64 when θ0 has
@@ -358,33 +361,91 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     T, names = inputs.T, inputs.names
     from ..streaming import CHUNK_BYTES
 
+    spills = _cache(tb).setdefault("filtered_spill", {})
+    spilled = spills.get((pact, options)) if pact is not None else None  # (LazyCheckpoint, report)
+    writer = None
+    if pact is not None and spilled is None:
+        writer = _spill_writer(tb, [(k, (T, *inputs.pre.shape(k)), inputs.dtype) for k in inputs.floats
+                                    if k in selected])
+
     def job(key: str):
-        parts, lr = [], None
+        parts, lr, keep = [], None, None
         for rows in inputs.rows(key, m.elementwise and key not in selected, CHUNK_BYTES):
-            p, stack = inputs.deltas(key, rows)
-            if dev is not None:
-                p, stack = p.to(dev), stack.to(dev)
+            if spilled is not None and key in selected:  # filtered by an earlier run: read it back
+                stack = spilled[0].read(key)
+                stack = stack if dev is None else stack.to(dev)
+            else:
+                p, stack = inputs.deltas(key, rows)
+                if dev is not None:
+                    p, stack = p.to(dev), stack.to(dev)
+                if key in selected:
+                    res = filter_layer(key, p, [stack[t] for t in range(T)], mode=pact, options=options,
+                                       rule=tb.rule, out=[stack[t] for t in range(T)], keep=False)
+                    lr = res[0] if res is not None else None
+                    del res
+                    keep = stack if writer is not None else None
+                del p
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
-            if key in selected:
-                res = filter_layer(key, p, views, mode=pact, options=options, rule=tb.rule, out=views, keep=False)
-                lr = res[0] if res is not None else None
-                del res
             parts.append(m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, names)], rule=tb.rule,
                            **params)[key])
-            del views, stack, p
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)), lr
+            del views, stack
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), lr, keep
 
     D: dict[str, Tensor] = {}
 
     def consume(key: str, result) -> None:
-        D[key], lr = result
+        D[key], lr, keep = result
         if lr is not None:
             report.layers.append(lr)
+        if keep is not None:
+            writer.write(key, keep)
 
-    _ordered(job, inputs.floats, max(1, torch.get_num_threads()), consume)
+    from contextlib import nullcontext
+
+    with writer if writer is not None else nullcontext():  # a failed run leaves no spill file
+        _ordered(job, inputs.floats, max(1, torch.get_num_threads()), consume)
+        if writer is not None:
+            writer.commit()
+    if writer is not None:
+        from ..lazy import open_checkpoint
+
+        spills[pact, options] = (open_checkpoint(writer.path, name=f"{pact}-filtered task vectors"), report)
+    if spilled is not None:
+        return TaskVector._wrap(D), spilled[1]
     if report is not None:
         warn_if_unchanged(report, matrix_keys, sorted(selected), stacklevel=3)
     return TaskVector._wrap(D), report
+
+
+def _spill_writer(tb: Testbed, entries: list):
+    """A :class:`pactlib.lazy.CheckpointWriter` for the PACT-filtered (T, …) stacks of the selected
+    layers, in a temporary folder under ``tb.cache_dir`` (else the system's) removed with the testbed
+    object, so that later runs with the same PACT mode and options read the filtered layers instead
+    of filtering again (as the in-memory path keeps its filtered task vectors); None when there is
+    no layer or the disk has less than twice their size free (each run then filters again)."""
+    import shutil
+    import tempfile
+    import weakref
+
+    from ..lazy import CheckpointWriter, tensor_bytes
+
+    if not entries:
+        return None
+    need = sum(tensor_bytes(shape, dtype) for _, shape, dtype in entries)
+    root = Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(root).free < 2 * need:
+            return None
+        folder = Path(tempfile.mkdtemp(prefix=".filtered-spill-", dir=root))
+    except OSError:
+        return None
+    try:
+        weakref.finalize(tb, shutil.rmtree, str(folder), True)
+    except TypeError:  # a testbed object without weak references: no spill
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return CheckpointWriter(folder / "filtered.safetensors", entries, metadata={})
 
 
 def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
