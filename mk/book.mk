@@ -20,7 +20,7 @@
 # BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
 # zoo manifests): when they change, every notebook runs again.
 BOOK_DEPS   ?= $(if $(filter paper-%,$(PARAMS)),,data zoo)
-BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/data/**/manifest.json
+BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/zoo-minilm/manifest.json $(PACT_CACHE)/data/**/manifest.json
 # BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). Two 1-thread
 # kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
 # for two such batches at once vs 31.8 s for one batch alone).

@@ -266,33 +266,17 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
         problems.append(str(exc))
         variants = {}
     main_spec = variants.pop(pparams.MAIN, {})
-    for path in paths:
-        where = _rel(path)
-        try:
-            nb = jupytext.read(path)
-            defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
-            declared_any |= set(defaults)
-            overrides = pparams.load_params(params_file, path.stem, declared=defaults)
-            overrides.update({k: v for k, v in cli.items() if k in defaults})
-            overrides = pparams.validate(defaults, overrides, notebook=where)
-            pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
-                                   {**defaults, **overrides}, notebook=where)
-        except (pparams.ParameterError, FileNotFoundError) as exc:
-            problems.append(str(exc))
-            continue
-        named = named_testbeds(list({**defaults, **overrides}.values()))
-        jobs.append(Job(path.stem, path, nb, overrides,
-                        testbeds={n: testbeds.definitions()[n] for n in sorted(named)},
-                        title=main_spec.get("title", "")))
-    for variant, spec in variants.items():  # each variant's chapters, after every main run
+    runs = [("", main_spec.get("title", ""), None)] + [(v, spec["title"], spec["chapters"]) for v, spec in variants.items()]
+    for variant, title, chapters in runs:  # the main run, then each variant's chapters
         for path in paths:
-            if path.stem not in spec["chapters"]:
+            if chapters is not None and path.stem not in chapters:
                 continue
-            where = f"{_rel(path)} (variant {variant!r})"
+            where = _rel(path) + (f" (variant {variant!r})" if variant else "")
             try:
                 nb = jupytext.read(path)
                 defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
-                overrides = pparams.load_params(params_file, path.stem, declared=defaults, variant=variant)
+                declared_any |= set(defaults)
+                overrides = pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None)
                 overrides.update({k: v for k, v in cli.items() if k in defaults})
                 overrides = pparams.validate(defaults, overrides, notebook=where)
                 pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
@@ -301,8 +285,9 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
                 problems.append(str(exc))
                 continue
             named = named_testbeds(list({**defaults, **overrides}.values()))
-            decorate_variant(nb, variant, spec["title"], params_file.stem, spec["chapters"][path.stem])
-            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=spec["title"],
+            if variant:
+                decorate_variant(nb, variant, title, params_file.stem, chapters[path.stem])
+            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=title,
                             testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
