@@ -798,7 +798,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise pparams.ParameterError(f"--run {unknown}: {params_file.name} has the runs {list(runs)}")
             jobs = [j for j in jobs if (j.variant or pparams.MAIN) in args.run]
         if args.check_only:
-            print(f"parameters of {len(jobs)} notebook(s) are valid ({params_file.name})")
+            extra = len(jobs) - len(paths)
+            print(f"parameters of {len(paths)} notebook(s) are valid ({params_file.name}"
+                  + (f"; {extra} more run(s) in variants)" if extra else ")"))
             return 0
         if not args.render_only:
             patterns = args.inputs if args.inputs is not None else \

@@ -475,7 +475,7 @@ def test_smoke_book_builds_end_to_end(tmp_path):
     out = tmp_path / "book"
     cmd = [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--params", "smoke",
            "--path-output", str(out), "--jobs", "2"]  # as `make book` runs it (mk/book.mk BOOK_JOBS)
-    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     html = out / "_build" / "html"
     chapters = rn.toc_chapters()
@@ -514,6 +514,17 @@ def test_smoke_book_builds_end_to_end(tmp_path):
             assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", body), page
 
     assert "Passed unknown parameter" not in first.stderr  # papermill's noise is silenced
+
+    # the smoke set's variant: its pages are sections of their chapters, and the Verdicts page
+    # has a column per run
+    for stem in ("05_main_results", "06_static_vs_dynamic"):
+        page = (html / "book" / "_executed" / "smoke" / "syn4" / f"{stem}.html").read_text()
+        assert "Synthetic, 4 tasks" in page and "Verdict on" in page, stem
+        assert records.read_records(executed / "syn4" / "records" / f"{stem}.jsonl"), stem
+    verdicts = (html / "book" / "_executed" / "smoke" / "verdicts.html").read_text()
+    assert "Synthetic, 3 tasks" in verdicts and "Synthetic, 4 tasks" in verdicts
+    for claim in ("C1", "C5", "C8", "C12"):
+        assert f"<td><p>{claim}</p></td>" in verdicts or f"<td>{claim}</td>" in verdicts, claim
 
 
 def test_one_chapter_of_an_unexecuted_set_is_not_rendered_and_exits_0(tmp_path, monkeypatch, capsys):
