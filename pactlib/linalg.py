@@ -45,7 +45,8 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
     the exact SVD is used (clamping). ``r`` is clamped to ``min(m, n)``.
 
     ``route`` says how the iteration multiplies: ``"direct"`` through A and Aᵀ (2 products of
-    size m·n·(r + p) per iteration: ``torch.svd_lowrank`` itself), ``"gram"`` through the Gram
+    size m·n·(r + p) per iteration: ``torch.svd_lowrank``'s algorithm, :func:`_svd_lowrank_direct`),
+    ``"gram"`` through the Gram
     matrix G = AᵀA of W's smaller side, formed once (m·n·min(m, n)), after which an iteration
     costs one product of size min(m, n)²·(r + p). Both compute the same subspace from the same
     random draw (equal up to rounding); ``"auto"`` (default) takes the one with fewer flops
@@ -80,7 +81,7 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
         devices = [W.device] if W.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            U, S, V = _svd_lowrank_gram(W, width, n_iter) if gram else torch.svd_lowrank(W, q=width, niter=n_iter)
+            U, S, V = _svd_lowrank_gram(W, width, n_iter) if gram else _svd_lowrank_direct(W, width, n_iter)
         return Triplets(U[:, :r], S[:r], V[:, :r])
     U, S, Vh = torch.linalg.svd(W, full_matrices=False)
     return Triplets(U[:, :r], S[:r], Vh[:r].mT)
@@ -100,6 +101,42 @@ def gram_is_cheaper(m: int, n: int, width: int, n_iter: int) -> bool:
     direct = 2 * (q + 1) * M * N * l + 6 * ((q + 1) * M + q * N) * l * l
     gram = M * N * N + q * N * N * l + 2 * M * N * l + 6 * (q * N + M) * l * l
     return gram < direct
+
+
+def _svd_lowrank_direct(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``torch.svd_lowrank(W, q=width, niter=n_iter)``: the same algorithm on the same random draw
+    (equal up to rounding), a little cheaper on one CPU thread.
+
+    As there: on the tall orientation A (M, N), M ≥ N, Ω (N, width) drawn from the global RNG,
+    Q = orth(A Ω), then ``n_iter`` times Q = orth(A orth(Aᵀ Q)) (Householder QR each time), and
+    the SVD of the small B = QᵀA (width, N). Two differences: the products A X are formed as
+    (Xᵀ Aᵀ)ᵀ (the same numbers; single-threaded MKL runs that orientation faster), and the SVD of
+    B comes from the eigendecomposition of the float64 Gram matrix B Bᵀ (width, width) with
+    V = Bᵀ U Σ⁻¹, accurate for every singular value above 1e-6·σ_max (the float32 SVD of B itself:
+    about 1e-6 relative), a third of the cost. If B has smaller singular values, its SVD is taken.
+
+    Returns:
+        U (m, width), S (width,), V (n, width).
+    """
+    wide = W.shape[0] < W.shape[1]
+    A = W.mT if wide else W  # (M, N), M >= N
+    X = torch.randn(A.shape[1], width, dtype=A.dtype, device=A.device)  # Ω (N, width), as torch draws it
+    Q = torch.linalg.qr((X.mT @ A.mT).mT).Q  # (M, width)
+    for _ in range(n_iter):
+        Q = torch.linalg.qr(A.mT @ Q).Q  # (N, width)
+        Q = torch.linalg.qr((Q.mT @ A.mT).mT).Q  # (M, width)
+    B = Q.mT @ A  # (width, N)
+    B64 = B.double()
+    lam, Ub = torch.linalg.eigh(B64 @ B64.mT)  # ascending
+    lam, Ub = lam.flip(0).clamp(min=0), Ub.flip(1)
+    S = lam.sqrt()
+    if float(S[-1]) > 1e-6 * float(S[0]):
+        V, S, Ub = ((B64.mT @ Ub) / S).to(A.dtype), S.to(A.dtype), Ub.to(A.dtype)
+    else:  # (nearly) rank-deficient B: the Gram cannot give those directions
+        Ub, S, Vh = torch.linalg.svd(B, full_matrices=False)
+        V = Vh.mT
+    U = Q @ Ub  # (M, width)
+    return (V, S, U) if wide else (U, S, V)
 
 
 def _svd_lowrank_gram(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -244,7 +281,9 @@ def project_out(X: Tensor, S: Tensor) -> Tensor:
     """X − (X S) Sᵀ for X (m, n) and an orthonormal basis S (n, s), without the n x n projector (P5)."""
     if S.shape[1] == 0:
         return X.clone()
-    return X - (X @ S) @ S.mT
+    # X − (X S) Sᵀ, with X S formed as (Sᵀ Xᵀ)ᵀ: the same products, but single-threaded MKL runs
+    # this orientation ~1.4x faster on (m, 768) x (768, s) shapes; the subtraction is fused (addmm)
+    return torch.addmm(X, (S.mT @ X.mT).mT, S.mT, alpha=-1)
 
 
 def projector_distance(V1: Tensor, V2: Tensor, *, norm: Literal["fro", "spectral"] = "spectral") -> float:

@@ -274,7 +274,8 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
     ref = deltas[0]
     W0 = rule.view(key, W0.to(ref.dtype))  # (m, n)
     views = [rule.view(key, d) for d in deltas]  # T x (m, n)
-    nonzero = [bool(d.any()) for d in views]
+    norms = [float(torch.linalg.vector_norm(d)) for d in views]  # also the removed energy's denominator
+    nonzero = [nv > 0 or bool(d.any()) for d, nv in zip(views, norms)]  # any(): a norm that underflowed
     if not any(nonzero):
         return None  # e.g. a frozen text tower: nothing to protect against
     m, n = W0.shape
@@ -291,7 +292,7 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
         filtered = filter_update(d, sh.basis)
         if keep:
             shields.append(sh.basis)
-        e0 = float(torch.linalg.vector_norm(d)) ** 2
+        e0 = norms[t] ** 2
         removed = e0 - float(torch.linalg.vector_norm(filtered)) ** 2
         lr.active_rank.append(subs.active[t].shape[1])
         lr.lbw_rank.append(subs.lbw[t].basis.shape[1])

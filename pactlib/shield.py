@@ -79,18 +79,29 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
     The same subspaces as T calls of :func:`build_shield` (equal up to rounding, with the same
     ranks, cap and order), for a fraction of the cost. With V = [V_1 … V_T] (n, c), c = Σ r_j, and
     task t's union M_t = [V_j]_{j≠t}: the singular values and left singular vectors of M_t are the
-    eigenpairs of M_t M_tᵀ = V Vᵀ − V_t V_tᵀ, computed in coordinates of a basis B of the union of
-    all T bases:
+    eigenpairs of M_t M_tᵀ = V Vᵀ − V_t V_tᵀ. One eigendecomposition per layer gives an
+    orthonormal basis B (n, R) of the union of all T bases in which V Vᵀ is diagonal,
+    Bᵀ V Vᵀ B = Λ = diag(λ) (from the Gram matrix VᵀV (c, c) when c < n, else from V Vᵀ (n, n)),
+    and the coordinates C = Bᵀ V (R, c); task t's matrix is then G_t = Λ − C_t C_tᵀ (R, R).
+    Directions of the union with singular value below 1e-2·``tol`` (or 1e-7·σ_max) are left out of
+    B: that moves each task's singular values by less than this, so only a value that close to
+    ``tol`` could be kept or dropped otherwise.
 
-    - c < n: one eigendecomposition of the Gram matrix VᵀV (c, c) gives B (n, R), R = rank ≤ c,
-      and the coordinates C = Bᵀ V (R, c) with C Cᵀ = diag(λ); task t's matrix is
-      diag(λ) − C_t C_tᵀ (R, R). Directions of the union with singular value below
-      1e-2·``tol`` (or 1e-7·σ_max) are left out of B: that moves each task's singular values by
-      less than this, so only a value that close to ``tol`` could be kept or dropped otherwise.
-    - c ≥ n: B = I, task t's matrix is V Vᵀ − V_t V_tᵀ (n, n).
+    Each task's shield is then found in one of two ways:
 
-    Either way one eigendecomposition of size min(n, R) per task instead of the Gram of
-    Σ_{j≠t} r_j columns (which grows with T). Computed in float64.
+    - **Complement (no eigendecomposition per task).** G_t = Λ^½ (I − F_t F_tᵀ) Λ^½ with
+      F_t = Λ^-½ C_t (R, r_t), whose singular values φ_i are at most 1. By Ostrowski's theorem the
+      j-th smallest eigenvalue of G_t is θ_j·h_j with θ_j in [λ_min, λ_max], h_j the j-th smallest
+      of {1 − φ_i²} ∪ {1, …}. So the number d of directions of G_t below the tolerance is known
+      exactly from the small SVD of F_t when the counts of h_j < thr²/λ_max and h_j < thr²/λ_min
+      agree; those d directions (the ones task t alone brings) span Λ^-½ P_d (P_d: F_t's
+      leading left singular vectors), exactly when their eigenvalues are 0, else up to an angle
+      bounded by λ_max·h_d / (λ_min·h_(d+1) − λ_max·h_d), required below 1e-8. The shield is
+      B times an orthonormal basis of their complement (the same subspace as the leading
+      singular vectors of M_t; another orthonormal basis of it). Used when the count is certain,
+      the bound holds and the cap does not bind (R − d ≤ cap).
+    - **Eigendecomposition** of G_t (float64) otherwise: when the cap binds (its leading
+      directions are needed), or the count or the angle is not certain.
 
     Args:
         bases: T orthonormal bases (n, r_j) (r_j may be 0).
@@ -115,29 +126,74 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
         yield from (empty for _ in bases)
         return
     V = torch.cat([b.double() for b in bases], dim=1)  # (n, c)
-    if V.shape[1] >= n:  # coordinates: R^n itself
-        B, C = None, V
-        G = V @ V.mT  # (n, n)
+    full = V.shape[1] >= n
+    if full:  # coordinates: eigenvectors of V Vᵀ (n, n); the per-task fallback works in R^n itself
+        VV = V @ V.mT
+        lam, E = torch.linalg.eigh(VV)
     else:
-        lam, R = torch.linalg.eigh(V.mT @ V)  # ascending
-        lam, R = lam.flip(0).clamp(min=0), R.flip(1)
-        sig = lam.sqrt()
-        inside = sig > max(1e-2 * tol, 1e-7 * float(sig[0]))
-        lam, sig, R = lam[inside], sig[inside], R[:, inside]
-        B = ((V @ R) / sig).to(dtype)  # (n, R): orthonormal basis of the union
-        C = sig[:, None] * R.mT  # (R, c) = Bᵀ V
-        G = torch.diag(lam)  # C Cᵀ
+        VV = None
+        lam, E = torch.linalg.eigh(V.mT @ V)  # (c, c)
+    lam, E = lam.flip(0).clamp(min=0), E.flip(1)  # descending
+    sig = lam.sqrt()
+    inside = sig > max(1e-2 * tol, 1e-7 * float(sig[0]))
+    lam, sig, E = lam[inside], sig[inside], E[:, inside]
+    if full:
+        B64, C = E, E.mT @ V  # (n, R), (R, c)
+    else:
+        B64, C = (V @ E) / sig, sig[:, None] * E.mT  # (n, R): orthonormal basis of the union; (R, c) = Bᵀ V
+    B = B64.to(dtype)
     ends = torch.tensor(sizes).cumsum(0).tolist()
     for t in range(len(bases)):
         if sum(sizes) == sizes[t]:
             yield empty  # no other basis
             continue
-        Ct = C[:, ends[t] - sizes[t]: ends[t]]
-        mu, W = torch.linalg.eigh(G - Ct @ Ct.mT)  # M_t M_tᵀ in B's coordinates, ascending
-        mu, W = mu.flip(0).clamp(min=0), W.flip(1)
-        s = mu.sqrt()
-        keep = s >= max(tol, 1e-7 * float(s[0]))
-        union = int(keep.sum())
-        capped = union > cap
-        W = (W[:, keep][:, :cap] if capped else W[:, keep]).to(dtype)
-        yield Shield(W if B is None else B @ W, union, capped)
+        cols = slice(ends[t] - sizes[t], ends[t])
+        sh = _shield_by_complement(lam, C[:, cols], B, cap, tol)
+        if sh is None:
+            if full:  # M_t M_tᵀ in R^n
+                Vt = V[:, cols]
+                mu, W = torch.linalg.eigh(VV - Vt @ Vt.mT)
+            else:  # in B's coordinates
+                Ct = C[:, cols]
+                mu, W = torch.linalg.eigh(torch.diag(lam) - Ct @ Ct.mT)
+            mu, W = mu.flip(0).clamp(min=0), W.flip(1)
+            s = mu.sqrt()
+            keep = s >= max(tol, 1e-7 * float(s[0]))
+            union = int(keep.sum())
+            capped = union > cap
+            W = (W[:, keep][:, :cap] if capped else W[:, keep]).to(dtype)
+            sh = Shield(W if full else B @ W, union, capped)
+        yield sh
+
+
+def _shield_by_complement(lam: Tensor, Ct: Tensor, B: Tensor, cap: int, tol: float) -> Shield | None:
+    """Task t's shield from the small SVD of F_t = Λ^-½ C_t (:func:`iter_shields`, first way), or
+    None when the rank count or the null directions are not certain, or the cap binds.
+
+    ``lam`` (R,) descending and positive, ``Ct`` (R, r_t) float64; ``B`` (n, R) in the shields' dtype.
+    """
+    R = lam.shape[0]
+    lmax, lmin = float(lam[0]), float(lam[-1])
+    root = lam.sqrt()
+    P, phi, _ = torch.linalg.svd(Ct / root[:, None], full_matrices=False)  # phi descending, (min(R, r_t),)
+    h = torch.cat([(1 - phi ** 2).clamp(min=0), phi.new_ones(R - phi.shape[0])])  # ascending
+    # the reference keeps σ ≥ max(tol, 1e-7·σ_max(M_t)), σ_max(M_t)² in [λ_max − ‖C_t‖², λ_max]
+    thr_lo = max(tol, 1e-7 * max(lmax - float((Ct ** 2).sum()), 0.0) ** 0.5)
+    thr_hi = max(tol, 1e-7 * lmax ** 0.5)
+    d = int((h < thr_lo ** 2 / lmax).sum())
+    if d != int((h < thr_hi ** 2 / lmin).sum()):
+        return None  # the count is not certain
+    union = R - d
+    if union > cap:
+        return None  # capped: its leading directions need the eigendecomposition
+    if union == 0:
+        return Shield(B.new_zeros(B.shape[0], 0), 0, False)
+    if d == 0:
+        return Shield(B, union, False)
+    if lmax * float(h[d - 1]) > 1e-8 * (lmin * float(h[d]) - lmax * float(h[d - 1])):
+        return None  # the null directions' angle bound is not small enough
+    # Householder QR of the null directions X (R, d): its full Q (R, R) has X's span in its first
+    # d columns and the complement in the rest; B Q is applied reflector by reflector (ormqr, in
+    # the shields' dtype)
+    a, tau = torch.geqrf(P[:, :d] / root[:, None])
+    return Shield(torch.ormqr(a.to(B.dtype), tau.to(B.dtype), B, left=False)[:, d:], union, False)

@@ -147,3 +147,28 @@ def test_projector_distance_values(gen):
     assert projector_distance(I[:, :1], v) == pytest.approx(float(s))
     with pytest.raises(ValueError, match="different spaces"):
         projector_distance(I[:, :1], torch.eye(5, dtype=torch.float64)[:, :1])
+
+
+@pytest.mark.parametrize("shape", [(60, 24), (24, 60)])
+@pytest.mark.parametrize("n_iter", [0, 1, 3])
+def test_direct_route_is_torch_svd_lowrank(gen, shape, n_iter):
+    # the direct route reimplements torch.svd_lowrank (same draw, same algorithm): compare with it
+    from pactlib.linalg import _svd_lowrank_direct
+    m, n = shape
+    U0, V0 = torch.linalg.qr(torch.randn(m, m, generator=gen))[0], torch.linalg.qr(torch.randn(n, n, generator=gen))[0]
+    s = 2.0 ** -torch.arange(min(m, n), dtype=torch.float32) * 10
+    W = (U0[:, :min(m, n)] * s) @ V0[:, :min(m, n)].T
+    torch.manual_seed(3)
+    want = torch.svd_lowrank(W, q=12, niter=n_iter)
+    torch.manual_seed(3)
+    got = _svd_lowrank_direct(W, 12, n_iter)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+    r = 8  # well above the float32 floor (σ_8 / σ_1 = 2^-7)
+    torch.testing.assert_close(got[1][:r], want[1][:r], rtol=1e-5, atol=0)
+    for a, b in ((got[0], want[0]), (got[2], want[2])):  # singular vectors up to sign
+        torch.testing.assert_close((a[:, :r] * b[:, :r]).sum(0).abs(), torch.ones(r), atol=1e-5, rtol=0)
+    # a rank-deficient W (fewer than 12 non-zero singular values) falls back to the SVD of B
+    torch.manual_seed(3)
+    Ud, Sd, Vd = _svd_lowrank_direct(W[:, :3] @ W[:3, :] if m == n else (U0[:, :3] * s[:3]) @ V0[:, :3].T, 12, n_iter)
+    assert torch.isfinite(Ud).all() and torch.isfinite(Vd).all() and Sd.shape == (12,)

@@ -110,6 +110,60 @@ def test_iter_shields_equal_build_shield_per_task(gen, n, ranks, max_frac):
             torch.testing.assert_close(sh.basis.T @ sh.basis, torch.eye(sh.basis.shape[1], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("n, T, r, shared, max_frac", [(40, 4, 6, 3, 0.9), (24, 5, 5, 2, 1.0), (30, 3, 4, 0, 0.5),
+                                                      (12, 5, 4, 2, 0.5)])
+def test_iter_shields_complement_matches_the_eigendecomposition(monkeypatch, gen, n, T, r, shared, max_frac):
+    # LBW-like bases (a block shared by all, perturbed per task, plus each task's own directions): the
+    # shields found from the small SVD of F_t (no eigendecomposition per task) equal those from the
+    # eigendecomposition of each task's union, and those of build_shield; more columns in all than n
+    # (24 and 12) and fewer (40, 30); the last one is capped, so it must take the eigendecomposition
+    import pactlib.shield as shield
+    base = _basis(n, shared, gen) if shared else torch.zeros(n, 0, dtype=torch.float64)
+    bases = [torch.linalg.qr(torch.cat([base + 0.1 * torch.randn(n, shared, generator=gen, dtype=torch.float64),
+                                        torch.randn(n, r - shared, generator=gen, dtype=torch.float64)], 1)).Q
+             for _ in range(T)]
+    taken = []
+    original = shield._shield_by_complement
+
+    def spy(*a, **kw):
+        out = original(*a, **kw)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(shield, "_shield_by_complement", spy)
+    got = list(iter_shields(bases, n, max_frac=max_frac, tol=1e-4))
+    monkeypatch.setattr(shield, "_shield_by_complement", lambda *a, **kw: None)
+    eig = list(iter_shields(bases, n, max_frac=max_frac, tol=1e-4))
+    capped = max_frac == 0.5 and n == 12
+    assert taken == [not capped] * T
+    for t, (a, b) in enumerate(zip(got, eig)):
+        want = build_shield([x for j, x in enumerate(bases) if j != t], n, max_frac=max_frac, tol=1e-4)
+        for other in (b, want):
+            assert (a.union_rank, a.capped, a.basis.shape) == (other.union_rank, other.capped, other.basis.shape)
+            torch.testing.assert_close(a.basis @ a.basis.T, other.basis @ other.basis.T, atol=1e-10, rtol=0)
+        torch.testing.assert_close(a.basis.T @ a.basis, torch.eye(a.basis.shape[1], dtype=torch.float64))
+    # float32 bases: float32 shields, the same subspaces to float32 rounding
+    got32 = list(iter_shields([b.float() for b in bases], n, max_frac=max_frac, tol=1e-4))
+    for a, b in zip(got32, eig):
+        assert a.basis.dtype == torch.float32 and a.union_rank == b.union_rank
+        torch.testing.assert_close((a.basis @ a.basis.T).double(), b.basis @ b.basis.T, atol=1e-5, rtol=0)
+
+
+def test_iter_shields_complement_refuses_an_uncertain_count():
+    # λ_min of the union ~1e-10 (a direction barely present) makes the count uncertain: None, and
+    # iter_shields falls back to the eigendecomposition (test above: same shields)
+    from pactlib.shield import _shield_by_complement
+    lam = torch.tensor([2.0, 1.0, 1e-10], dtype=torch.float64)
+    Ct = torch.tensor([[1.0], [0.0], [0.0]], dtype=torch.float64)
+    assert _shield_by_complement(lam, Ct, torch.eye(3, dtype=torch.float64), 2, 1e-4) is None
+    # a clear case: task t alone brings the third direction
+    lam = torch.tensor([2.0, 1.0, 0.5], dtype=torch.float64)
+    Ct = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.5 ** 0.5]], dtype=torch.float64)
+    sh = _shield_by_complement(lam, Ct, torch.eye(3, dtype=torch.float64), 2, 1e-4)
+    assert sh is not None and sh.union_rank == 2 and not sh.capped
+    torch.testing.assert_close(sh.basis @ sh.basis.T, torch.diag(torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)))
+
+
 def test_iter_shields_drops_directions_only_task_t_brings():
     I = torch.eye(8, dtype=torch.float64)
     bases = [I[:, [0, 1]], I[:, [0, 2]], I[:, [0, 3]] * 1.0]
