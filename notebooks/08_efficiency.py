@@ -247,9 +247,15 @@ else:
 # layer to layer). The core and the task updates have settings of their own (`oversample`,
 # `n_iter` and `active_oversample`, `active_n_iter`): the LBW bases come from the core, which
 # needs the accuracy, while one power iteration is enough for the updates' active subspaces.
-# The whole filter gains less than its SVDs: the shields (P4: one eigendecomposition of the
-# union of the LBW bases per layer, then a small one per task) and the projections (P5) cost the
+# The whole filter gains less than its SVDs: the shields (P4) and the projections (P5) cost the
 # same with either SVD, and the printed bound says how much of the exact filter's time they take.
+# Both are kept small. The shields take one eigendecomposition of the union of the LBW bases per
+# layer; then, for each task whose shield is not capped, only the SVD of a small R × r_t matrix
+# (R the rank of the union), which says exactly which directions task t alone brings
+# (`pactlib.shield.iter_shields` explains why the count is exact; a capped shield, which needs
+# its leading directions, still takes an eigendecomposition of its own). The projection
+# Δt − (Δt St) Stᵀ is two matrix products per task, 2·m·n·s multiply-adds for a shield of s
+# columns, and in this benchmark it is the largest part of the rest.
 
 # %% [markdown]
 # ## Verdict

@@ -101,7 +101,9 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
       singular vectors of M_t; another orthonormal basis of it). Used when the count is certain,
       the bound holds and the cap does not bind (R − d ≤ cap).
     - **Eigendecomposition** of G_t (float64) otherwise: when the cap binds (its leading
-      directions are needed), or the count or the angle is not certain.
+      directions are needed), or the count or the angle is not certain. With c ≥ n (in R^n,
+      without B) also for the first task and for every task whose shield is surely capped by
+      the union ranks found so far, so that B is only made when some shield may be uncapped.
 
     Args:
         bases: T orthonormal bases (n, r_j) (r_j may be 0).
@@ -127,33 +129,34 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
         return
     V = torch.cat([b.double() for b in bases], dim=1)  # (n, c)
     full = V.shape[1] >= n
-    if full:  # coordinates: eigenvectors of V Vᵀ (n, n); the per-task fallback works in R^n itself
-        VV = V @ V.mT
-        lam, E = torch.linalg.eigh(VV)
-    else:
-        VV = None
-        lam, E = torch.linalg.eigh(V.mT @ V)  # (c, c)
-    lam, E = lam.flip(0).clamp(min=0), E.flip(1)  # descending
-    sig = lam.sqrt()
-    inside = sig > max(1e-2 * tol, 1e-7 * float(sig[0]))
-    lam, sig, E = lam[inside], sig[inside], E[:, inside]
-    if full:
-        B64, C = E, E.mT @ V  # (n, R), (R, c)
-    else:
-        B64, C = (V @ E) / sig, sig[:, None] * E.mT  # (n, R): orthonormal basis of the union; (R, c) = Bᵀ V
-    B = B64.to(dtype)
+    VV = V @ V.mT if full else None  # (n, n): the per-task eigendecompositions work in R^n itself
     ends = torch.tensor(sizes).cumsum(0).tolist()
+    coords = None  # (λ, C, B): made when first needed (with c ≥ n only if a shield may be uncapped)
+    # With c ≥ n, the largest exact union rank found so far bounds the others': task t's is at least
+    # that minus r_t (removing r_t columns removes at most r_t singular values above a threshold;
+    # one threshold for all while 1e-7·σ_max < tol, σ_max ≤ √c), so task t's shield is surely
+    # capped when known − r_t > cap; then, and for the first task, its eigendecomposition is taken
+    # directly, and when every shield is capped the union's coordinates are never made.
+    use_bound = full and 1e-7 * V.shape[1] ** 0.5 < tol
+    known = -1
     for t in range(len(bases)):
         if sum(sizes) == sizes[t]:
             yield empty  # no other basis
             continue
         cols = slice(ends[t] - sizes[t], ends[t])
-        sh = _shield_by_complement(lam, C[:, cols], B, cap, tol)
+        direct = use_bound and (known < 0 or known - sizes[t] > cap)
+        sh = None
+        if not direct:
+            if coords is None:
+                coords = _union_coordinates(V, VV, tol, dtype)
+            lam, C, B = coords
+            sh = _shield_by_complement(lam, C[:, cols], B, cap, tol)
         if sh is None:
             if full:  # M_t M_tᵀ in R^n
                 Vt = V[:, cols]
                 mu, W = torch.linalg.eigh(VV - Vt @ Vt.mT)
             else:  # in B's coordinates
+                lam, C, B = coords
                 Ct = C[:, cols]
                 mu, W = torch.linalg.eigh(torch.diag(lam) - Ct @ Ct.mT)
             mu, W = mu.flip(0).clamp(min=0), W.flip(1)
@@ -161,9 +164,27 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
             keep = s >= max(tol, 1e-7 * float(s[0]))
             union = int(keep.sum())
             capped = union > cap
+            known = max(known, union)
             W = (W[:, keep][:, :cap] if capped else W[:, keep]).to(dtype)
             sh = Shield(W if full else B @ W, union, capped)
         yield sh
+
+
+def _union_coordinates(V: Tensor, VV: Tensor | None, tol: float, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(λ (R,) descending, C = Bᵀ V (R, c) float64, B (n, R) in ``dtype``): an orthonormal basis B of
+    the union of V's columns in which V Vᵀ is diagonal, Bᵀ V Vᵀ B = diag(λ), without the directions
+    of singular value below max(1e-2·tol, 1e-7·σ_max) (:func:`iter_shields`). From the
+    eigendecomposition of V Vᵀ (``VV``, (n, n)) when given, else of the Gram matrix VᵀV (c, c)."""
+    lam, E = torch.linalg.eigh(VV if VV is not None else V.mT @ V)
+    lam, E = lam.flip(0).clamp(min=0), E.flip(1)  # descending
+    sig = lam.sqrt()
+    inside = sig > max(1e-2 * tol, 1e-7 * float(sig[0]))
+    lam, sig, E = lam[inside], sig[inside], E[:, inside]
+    if VV is not None:
+        B64, C = E, E.mT @ V  # (n, R), (R, c)
+    else:
+        B64, C = (V @ E) / sig, sig[:, None] * E.mT  # (n, R): orthonormal basis of the union; (R, c) = Bᵀ V
+    return lam, C, B64.to(dtype)
 
 
 def _shield_by_complement(lam: Tensor, Ct: Tensor, B: Tensor, cap: int, tol: float) -> Shield | None:
