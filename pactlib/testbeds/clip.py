@@ -62,7 +62,6 @@ Book: chapter 12 ("At paper scale") and ``params/paper-*.yaml``.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
