@@ -232,14 +232,8 @@ plotting.table(chapter2.timing_table(runs), chapter=2, number=7, floatfmt="{:.1f
 zs = runs[runs["method"] == "zero-shot"].set_index("task")["metrics.acc"]
 ft = runs[runs["method"] == "full"].groupby("task", sort=False)["metrics.acc"].mean()
 gain = 100 * (ft - zs.reindex(ft.index))
-n_pos, small = int((gain > 0).sum()), gain[gain <= 5]
-plotting.verdict("the testbed's precondition (fine-tuning helps every task)",
-                 verdicts.ladder(n_pos, len(gain)),
-                 f"The full fine-tune beats zero-shot on {n_pos}/{len(gain)} tasks, by more than 5 points on "
-                 f"{len(gain) - len(small)}; gain (points) min {gain.min():+.1f} ({gain.idxmin()}), mean "
-                 f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
-                 + (", ".join(f"{t} {g:+.1f}" for t, g in small.items()) or "none")
-                 + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %.")
+status, evidence = chapter2.precondition_evidence(zs, ft, gain)
+plotting.verdict("the testbed's precondition (fine-tuning helps every task)", status, evidence + ".")
 
 # %% [markdown]
 # ### Why a prototype head
@@ -760,16 +754,9 @@ if run_minilm:
 if run_minilm:
     zs_text, ft_text, gain_text = chapter2_text.fine_tune_gains(text_runs, "full")
     lora_gain = chapter2_text.fine_tune_gains(text_runs, "lora")[2] if (text_runs["method"] == "lora").any() else None
-    n_pos_text, small_text = int((gain_text > 0).sum()), gain_text[gain_text <= 5]
-    plotting.verdict("the MiniLM testbed's precondition (fine-tuning helps every task)",
-                     verdicts.ladder(n_pos_text, len(gain_text)),
-                     f"The full fine-tune beats zero-shot on {n_pos_text}/{len(gain_text)} text tasks, by more than 5 "
-                     f"points on {len(gain_text) - len(small_text)}; gain (points) min {gain_text.min():+.1f} "
-                     f"({gain_text.idxmin()}), mean {gain_text.mean():+.1f}, max {gain_text.max():+.1f} "
-                     f"({gain_text.idxmax()}); gains of 5 points or less: "
-                     + (", ".join(f"{t} {g:+.1f}" for t, g in small_text.items()) or "none")
-                     + f". Mean test accuracy: zero-shot {100 * zs_text.mean():.1f} %, fine-tuned "
-                     f"{100 * ft_text.mean():.1f} %"
+    status_text, evidence_text = chapter2.precondition_evidence(zs_text, ft_text, gain_text, tasks_word="text tasks")
+    plotting.verdict("the MiniLM testbed's precondition (fine-tuning helps every task)", status_text,
+                     evidence_text
                      + (f"; LoRA beats zero-shot on {int((lora_gain > 0).sum())}/{len(lora_gain)} tasks "
                         f"(gain min {lora_gain.min():+.1f}, mean {lora_gain.mean():+.1f})" if lora_gain is not None
                         else "")

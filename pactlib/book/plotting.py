@@ -232,7 +232,6 @@ def record_verdict(claim: str, status: str, evidence: str) -> Path | None:
         The file written to, or None.
     """
     import json
-    import os
 
     notebook, folder = os.environ.get("PACT_NOTEBOOK"), os.environ.get("PACT_RECORDS_DIR")
     if not notebook or not folder:

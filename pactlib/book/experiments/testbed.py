@@ -616,3 +616,18 @@ def cosine_matrix(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequence[
         raise ValueError(f"zero task vector(s): {[n for n, z in zip(names, (norms == 0).tolist()) if z]}")
     cos = gram / (norms[:, None] * norms[None, :])
     return pd.DataFrame(cos.numpy(), index=list(names), columns=list(names))
+
+
+def precondition_evidence(zs, ft, gain, *, tasks_word: str = "tasks") -> tuple[str, str]:
+    """(status, evidence) of chapter 2's precondition "fine-tuning helps every task": per-task
+    zero-shot and fine-tuned test accuracy (fractions) and their gain (points), indexed by task.
+    The evidence ends at the mean accuracies, without a full stop (callers add to it)."""
+    from pactlib.book import verdicts
+
+    n_pos, small = int((gain > 0).sum()), gain[gain <= 5]
+    evidence = (f"The full fine-tune beats zero-shot on {n_pos}/{len(gain)} {tasks_word}, by more than 5 points on "
+                f"{len(gain) - len(small)}; gain (points) min {gain.min():+.1f} ({gain.idxmin()}), mean "
+                f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
+                + (", ".join(f"{t} {g:+.1f}" for t, g in small.items()) or "none")
+                + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %")
+    return verdicts.ladder(n_pos, len(gain)), evidence
