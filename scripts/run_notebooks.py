@@ -655,10 +655,39 @@ def write_verdicts_page(set_name: str, params_file: Path) -> Path:
                      + " | ".join(rows[claim].get(r, "not run") for r in used) + " |")
     if not order:
         lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
+    lines += execution_times(base, runs)
     path = base / f"{VERDICTS_PAGE}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(path, "\n".join(lines) + "\n")
     return path
+
+
+def execution_times(base: Path, runs: dict[str, dict]) -> list[str]:
+    """Markdown lines: minutes of kernel time of each chapter's last execution in each run (the
+    ``seconds`` of its ``.key`` under ``base``), with a total per run; [] when nothing ran. Where a
+    book's time goes, measured by the runner itself (issue: the book's budget)."""
+    cols = [r for r in runs if any((base if r == pparams.MAIN else base / r).glob("*.key"))]
+    if not cols:
+        return []
+    secs: dict[str, dict[str, float]] = {}
+    for run in cols:
+        for key in sorted((base if run == pparams.MAIN else base / run).glob("*.key")):
+            try:
+                secs.setdefault(key.stem, {})[run] = float(json.loads(key.read_text(encoding="utf-8"))["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue  # an old or hand-made key without a time: left out
+    fmt = lambda s: f"{s / 60:.1f}"  # noqa: E731
+    lines = ["", "## Where the time goes", "",
+             "Minutes of kernel time of each chapter's last execution, as the runner measured it "
+             "(the `seconds` of the chapter's `.key`; chapters run two at a time, so a book's wall "
+             "time is about half the total on two cores, less the waits).", "",
+             "| Chapter | " + " | ".join(runs[r]["title"] for r in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for stem in sorted(secs):
+        lines.append(f"| {stem} | " + " | ".join(fmt(secs[stem][r]) if r in secs[stem] else "–" for r in cols) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{fmt(sum(v.get(r, 0.0) for v in secs.values()))}**"
+                                             for r in cols) + " |")
+    return lines
 
 
 def toc_for(set_name: str, params_file: Path | None = None) -> Path:

@@ -271,6 +271,16 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     assert "| C8 | 6 | reproduced | not reproduced |" in page
     assert "| C11 | 10 | partly reproduced | not run |" in page
     assert page.index("| C8 ") < page.index("| C11 ")
+    # where the time goes: each chapter's kernel minutes per run, from the runner's .key files
+    assert "Where the time goes" not in page  # nothing executed yet
+    (tmp_path / "demo" / "06_static_vs_dynamic.key").write_text(json.dumps({"seconds": 90.0}))
+    (tmp_path / "demo" / "text" / "06_static_vs_dynamic.key").write_text(json.dumps({"seconds": 30.0}))
+    (tmp_path / "demo" / "05_main_results.key").write_text(json.dumps({"seconds": 600.0}))
+    (tmp_path / "demo" / "02_testbed.key").write_text(json.dumps({"key": "no time recorded"}))
+    page = rn.write_verdicts_page("demo", params_file).read_text()
+    assert "| Chapter | Images | Text |" in page
+    assert "| 05_main_results | 10.0 | – |" in page and "| 06_static_vs_dynamic | 1.5 | 0.5 |" in page
+    assert "| **total** | **11.5** | **0.5** |" in page and "02_testbed" not in page
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------
