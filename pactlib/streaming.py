@@ -42,7 +42,7 @@ import tempfile
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,9 +107,25 @@ def is_delta_source(x) -> bool:
     return callable(getattr(x, "check", None)) and callable(getattr(x, "delta", None))
 
 
-class _Inputs:
+class DeltaReader:
     """θ0 and the T fine-tuned checkpoints (or task-vector sources), checked from their headers;
-    deltas read on demand."""
+    the deltas Δt = θt − θ0 read key by key (or rows of a key) on demand.
+
+    Args:
+        pre: θ0 as a :class:`pactlib.lazy.LazyCheckpoint`.
+        fts: per task, a :class:`~pactlib.lazy.LazyCheckpoint` of θt (θ0's keys and shapes) or a
+            task-vector source (:func:`is_delta_source`).
+        names: task names for messages, one per entry of ``fts``.
+
+    Attributes:
+        meta: θ0's keys as ``meta``-device tensors (shapes, dtypes). ``floats``: θ0's floating
+            keys, in θ0's order (the keys that have a task vector). ``T``: the number of tasks.
+        dtype: the compute dtype, float64 when θ0 has a float64 entry, else float32.
+
+    Raises:
+        CheckpointError: θ0 is not a state dict of tensors; a θt with a key missing or extra or a
+            shape mismatch (named by task and key); a source whose ``check`` refuses θ0.
+    """
 
     def __init__(self, pre: LazyCheckpoint, fts: Sequence, names: Sequence[str]):
         self.pre, self.fts, self.names = pre, list(fts), list(names)
@@ -126,7 +142,13 @@ class _Inputs:
         self.T = len(self.fts)
 
     def rows(self, key: str, chunked: bool, chunk_bytes: int) -> list[tuple[int, int] | None]:
-        """Row ranges covering ``key`` (``[None]``: the whole key)."""
+        """Row ranges ``(start, stop)`` along dimension 0 that cover ``key`` in order, each
+        chunk's (T, rows, …) stack at most about ``chunk_bytes`` (one row at least); ``[None]``:
+        the whole key at once (``chunked`` False, a 0-d key, or a key within the budget).
+
+        Raises:
+            KeyError: ``key`` is not in θ0.
+        """
         shape = self.pre.shape(key)
         if not chunked or not shape:
             return [None]
@@ -137,8 +159,14 @@ class _Inputs:
         return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)]
 
     def deltas(self, key: str, rows: tuple[int, int] | None = None, *, check: bool = True) -> tuple[Tensor, Tensor]:
-        """(θ0's entry (or rows), the (T, …) stack of Δt in the compute dtype), checked finite
-        (unless ``check`` is False: a later pass over data already checked)."""
+        """``(p, stack)``: θ0's entry (or its ``rows``), shape (…), in θ0's dtype, and the
+        (T, …) stack of Δt = θt − θ0 in :attr:`dtype` (a fresh tensor the caller may modify),
+        checked finite unless ``check`` is False (a later pass over data already checked).
+
+        Raises:
+            KeyError: ``key`` is not in θ0.
+            CheckpointError: NaN / Inf in θ0 or a θt (naming the file and the key), an unreadable file.
+        """
         p = self.pre.read(key, rows)
         if check:
             check_finite({key: p}, name=f"pre-trained ({self.pre.name})")
@@ -160,9 +188,15 @@ class _Inputs:
         return p, stack
 
 
-def _ordered(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
-    """``consume(item, job(item))`` for every item in order, ``job`` on ``workers`` threads (at
-    most ``workers`` results in flight), each kernel single-threaded."""
+def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
+    """``consume(item, job(item))`` for every item, in the order of ``items``: ``job`` runs on
+    ``workers`` threads (at most ``workers`` results in flight, so memory grows with it), each
+    torch kernel single-threaded (:func:`pactlib.threads.single_threaded`); ``consume`` runs on the
+    calling thread. ``workers`` <= 1: one item at a time on the calling thread.
+
+    Raises:
+        whatever ``job`` or ``consume`` raises (the jobs not started yet are cancelled).
+    """
     if workers <= 1:
         with single_threaded():
             for it in items:
@@ -190,14 +224,77 @@ def _ordered(job: Callable, items: Sequence, workers: int, consume: Callable) ->
             raise
 
 
-def _apply(key: str, p: Tensor, D: Tensor, alpha: float) -> Tensor:
-    """θ0 + α·D for one key (or rows of it), in θ0's dtype: :meth:`TaskVector.apply_to`."""
+def apply_update(key: str, p: Tensor, D: Tensor, alpha: float) -> Tensor:
+    """θ0 + α·D for one key (or rows of it), same shape as ``p``, in θ0's dtype:
+    :meth:`TaskVector.apply_to` on that one key (method.md §4; D of any of M1–M5).
+
+    Raises:
+        MergeOverflowError: a merged value overflows θ0's dtype (fp16), naming the key.
+    """
     return TaskVector._wrap({key: D}).apply_to({key: p}, alpha)[key]
 
 
-def _probe(m: merges.MergeMethod, rule: MatrixRule, params: dict, dtype: torch.dtype) -> None:
-    """Check the method's parameter values before any file is read: merge a one-entry dummy."""
+def check_method_values(m: merges.MergeMethod, rule: MatrixRule, params: dict, dtype: torch.dtype) -> None:
+    """Check the method's parameter values (``params``, e.g. TIES' ``k`` and ``scope``) before any
+    file is read, by merging a one-entry dummy task vector of ``dtype``.
+
+    Raises:
+        TypeError: an unknown parameter. ValueError: a value the method refuses (named by it).
+    """
     m([TaskVector._wrap({"probe": torch.ones(1, dtype=dtype)}, "probe")], rule=rule, **params)
+
+
+def observe_stack(gt: GlobalThreshold, stack: Tensor) -> None:
+    """Count one (T, …) stack of chunks (row t: a chunk of Δt, on any device) in ``gt``'s pass.
+
+    Raises:
+        ValueError: the first dimension of ``stack`` is not ``gt.tasks``.
+    """
+    if stack.shape[0] != gt.tasks:
+        raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
+    stack = stack.cpu()
+    for t in range(gt.tasks):
+        gt.observe(t, stack[t])
+
+
+def find_thresholds(gt: GlobalThreshold, passes: Callable[[bool], Iterable[Tensor]]) -> GlobalThreshold:
+    """Finish ``gt``: every task's TIES trim threshold (M2, ``scope="global"``) and tie count.
+
+    ``passes(first)`` yields (T, …) stacks (row t: a chunk of Δt) that together cover every entry
+    of every task vector not counted yet, once, in any order; it is called once per remaining pass
+    (2 for float32, 4 for float64), ``first`` True on the first call (e.g. to check the values, or
+    skip layers already counted with :func:`observe_stack`, only then). Memory: one stack at a time.
+
+    Returns:
+        ``gt``, with ``gt.done``.
+
+    Raises:
+        ValueError: a stack whose first dimension is not T.
+    """
+    first = True
+    while not gt.done:
+        for stack in passes(first):
+            observe_stack(gt, stack)
+        gt.end_pass()
+        first = False
+    return gt
+
+
+def trim_stack(gt: GlobalThreshold, stack: Tensor) -> Tensor:
+    """The trimmed (T, …) stack Δt · mask_t of the next chunk of every task: chunks must come in
+    the in-memory position order (keys in order, rows in order), as
+    :meth:`~pactlib.merges.ties.GlobalThreshold.mask`; what the in-memory TIES computes as
+    ``flat * mask`` (M2). A CPU tensor of ``stack``'s shape and dtype.
+
+    Raises:
+        RuntimeError: the passes are not finished. ValueError: the first dimension is not T.
+    """
+    if stack.shape[0] != gt.tasks:
+        raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
+    out = torch.empty_like(stack)
+    for t in range(gt.tasks):
+        torch.mul(stack[t], gt.mask(t, stack[t]), out=out[t])
+    return out
 
 
 def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[str | os.PathLike],
@@ -275,13 +372,13 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     if not per_key and m.name != "ties":
         raise ValueError(f"merge method {m.name!r} with {mparams} does not merge key by key and has no "
                          "streamed form; use pactlib.merge (in memory)")
-    _probe(m, rule, mparams, torch.float32)
+    check_method_values(m, rule, mparams, torch.float32)
 
     loader = loader or default_loader(trust_pickle)
     pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
     fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
            for p, nm in zip(finetuned, names)]
-    inputs = _Inputs(pre, fts, names)
+    inputs = DeltaReader(pre, fts, names)
     selected: list[str] = []
     report = None
     matrix_keys: list[str] = []
@@ -308,7 +405,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     return MergedFiles(writer.path, files, inputs.T, report)
 
 
-def _per_key(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
+def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
              workers, chunk_bytes) -> None:
     T = inputs.T
 
@@ -326,7 +423,7 @@ def _per_key(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selecte
                 del res
             D = m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, inputs.names)], rule=rule, **mparams)[key]
             del views, stack
-            outs.append(_apply(key, p, D, alpha))
+            outs.append(apply_update(key, p, D, alpha))
         return outs, lr
 
     def consume(key: str, result) -> None:
@@ -336,10 +433,10 @@ def _per_key(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selecte
         for o in outs:
             writer.write(key, o)
 
-    _ordered(job, inputs.pre.keys(), workers, consume)
+    consume_in_order(job, inputs.pre.keys(), workers, consume)
 
 
-def _ties_global(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
+def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
                  workers, chunk_bytes, out: Path) -> None:
     T = inputs.T
     k = float(mparams.get("k", m.params["k"]))
@@ -366,12 +463,11 @@ def _ties_global(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, sel
                 stack, lr = result
                 if lr is not None:
                     report.layers.append(lr)
-                for t in range(T):
-                    gt.observe(t, stack[t])
+                observe_stack(gt, stack)
                 spill_writer.write(key, stack)
 
             with spill_writer:
-                _ordered(job, sel, workers, consume)
+                consume_in_order(job, sel, workers, consume)
                 spill_writer.commit()
             spill = open_checkpoint(spill_dir / "filtered.safetensors", name="filtered task vectors")
 
@@ -384,19 +480,15 @@ def _ties_global(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, sel
                 checks.update(st)
             return p, st
 
+        def passes(first: bool):
+            for key in inputs.floats:
+                if first and key in selected:
+                    continue  # counted in the filtering pass
+                for rows in inputs.rows(key, True, chunk_bytes):
+                    yield stack(key, rows, first)[1]
+
         with single_threaded():
-            first = True
-            while not gt.done:
-                for key in inputs.floats:
-                    if first and key in selected:
-                        continue  # counted in the filtering pass
-                    for rows in inputs.rows(key, True, chunk_bytes):
-                        _, st = stack(key, rows, first)
-                        for t in range(T):
-                            gt.observe(t, st[t])
-                        del st
-                gt.end_pass()
-                first = False
+            find_thresholds(gt, passes)
             for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
                 if key not in inputs.floats:
                     writer.write(key, inputs.pre.read(key))
@@ -405,11 +497,9 @@ def _ties_global(*, inputs: _Inputs, m, mparams, rule, alpha, pact, options, sel
                     p, st = stack(key, rows, False)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    trimmed = torch.empty_like(st)
-                    for t in range(T):
-                        torch.mul(st[t], gt.mask(t, st[t]), out=trimmed[t])  # = flat * mask in memory
+                    trimmed = trim_stack(gt, st)  # = flat * mask in memory
                     del st
-                    writer.write(key, _apply(key, p, ties_kernel(trimmed), alpha))
+                    writer.write(key, apply_update(key, p, ties_kernel(trimmed), alpha))
                     del trimmed, p
     finally:
         if spill_dir is not None:

@@ -37,15 +37,14 @@ def test_streamed_update_equals_the_in_memory_merge(tb, pact):
     """Every registered method that merges key by key, ± PACT / S-PACT: D bit for bit."""
     opts = PactOptions() if pact else None
     tvs = base.filtered(tb, pact, opts)[0] if pact else tb.task_vectors()
-    for method in merges.names():
-        params = {"scope": "per_key"} if method == "ties" else {}
+    runs = [(method, {}) for method in merges.names()] + [("ties", {"scope": "per_key"}), ("ties", {"k": 55.0})]
+    for method, params in runs:  # TIES: scope="global" (the default) in passes, and per key
         D, report = base.streamed_update(tb, method, pact=pact, options=opts, **params)
         want, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **params)
         _equal(D, want)
         if pact:
             assert report is not None and report.layers
             assert report.cap_binding_rate() == base.filtered(tb, pact, opts)[1].cap_binding_rate()
-    assert base.streamed_update(tb, "ties") is None  # global TIES has no per-key form: run merges in memory
 
 
 def test_run_streams_and_matches_the_in_memory_record(tb, monkeypatch):
@@ -71,8 +70,77 @@ def test_run_streams_and_matches_the_in_memory_record(tb, monkeypatch):
     monkeypatch.setattr(tb, "task_vectors", refuse)
     base._cache(tb).clear()
     testbeds.run(tb, "task_arithmetic", alphas=(0.5,), memo=False)  # streamed: no task vector asked for
-    with pytest.raises(AssertionError, match="materialised"):
-        testbeds.run(tb, "ties", alphas=(0.5,), memo=False)  # global TIES: in memory
+    testbeds.run(tb, "ties", alphas=(0.5,), memo=False)  # global TIES too, in passes over the keys
+    testbeds.run(tb, "ties", pact="pact", alphas=(0.5,), memo=False)
+
+
+@pytest.fixture(scope="module")
+def tied(files, tmp_path_factory):  # noqa: F811
+    """The clip testbed over fine-tuned towers whose updates are multiples of 2^-9: thousands of
+    entries tie at every task's global TIES threshold; the tasks in the order given."""
+    root = tmp_path_factory.mktemp("tied")
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    pre = files["theta0"]
+    torch.save(pre, ckpt / "zeroshot.pt")
+    for t in TASKS:
+        (ckpt / t).mkdir()
+        ft = {k: pre[k] + torch.round((v - pre[k]) * 512) / 512 if v.is_floating_point() else v
+              for k, v in files["fts"][t].items()}
+        torch.save(ft, ckpt / t / "finetuned.pt")
+    made = []
+
+    def load(tasks, name):
+        _define(name, files, checkpoint_dir=str(ckpt), tasks=list(tasks), cache_dir=str(root / "cache"))
+        made.append(name)
+        return testbeds.load(name, 0)
+
+    yield load
+    for name in made:
+        testbeds.undefine(name)
+
+
+@pytest.mark.parametrize("order", [TASKS, TASKS[::-1]])
+def test_streamed_global_ties_keeps_the_in_memory_entries_with_tied_magnitudes(tied, order, monkeypatch):
+    """Global TIES (M2) streamed in passes = the in-memory TIES bit for bit, with thousands of
+    magnitudes tied at each task's threshold (kept by position over θ0's key order), in either task
+    order, plain and after PACT (the filtered layers read back, or filtered again in every pass
+    when there is no room for them on disk), whatever the chunk size."""
+    from pactlib.merges.ties import trim_count
+
+    tb = tied(order, "clip-tied-" + "-".join(order).lower())
+    tvs = tb.task_vectors()
+    flat = torch.cat([v.reshape(-1) for v in tvs[0].values()]).abs()
+    keep = trim_count(flat.numel(), 30.0)
+    v = torch.topk(flat, keep).values.min()
+    assert int((flat == v).sum()) > 100 and int((flat > v).sum()) < keep  # ties decide which entries count
+    want, _ = merged_update("ties", tb.pretrained, tvs, rule=tb.rule, k=30.0)
+    D, _ = base.streamed_update(tb, "ties", k=30.0)
+    _equal(D, want)
+    assert list(D) == list(want)  # θ0's key order, as the in-memory task vectors
+    import pactlib.streaming
+
+    monkeypatch.setattr(pactlib.streaming, "CHUNK_BYTES", 256)  # many chunks per key
+    _equal(base.streamed_update(tb, "ties", k=30.0)[0], want)
+    monkeypatch.undo()
+    ftvs, rep = base.filtered(tb, "pact", PactOptions())
+    want, _ = merged_update("ties", tb.pretrained, ftvs, rule=tb.rule, k=30.0)
+    monkeypatch.setattr(base, "_spill_writer", lambda tb, entries: None)  # no room on disk: filter in every pass
+    D, report = base.streamed_update(tb, "ties", pact="pact", k=30.0)
+    _equal(D, want)
+    assert report.cap_binding_rate() == rep.cap_binding_rate()
+    monkeypatch.undo()
+    D, _ = base.streamed_update(tb, "ties", pact="pact", k=30.0)  # filtered once, spilled
+    _equal(D, want)
+    assert ("pact", PactOptions()) in base._cache(tb)["filtered_spill"]
+    _equal(base.streamed_update(tb, "ties", pact="pact", k=30.0)[0], want)  # read back from the spill
+
+
+def test_streamed_global_ties_refuses_bad_parameters(tb):
+    with pytest.raises(ValueError, match="k must be in"):
+        base.streamed_update(tb, "ties", k=0.0)
+    with pytest.raises(ValueError, match="scope"):
+        base.streamed_update(tb, "ties", scope="everywhere")
 
 
 def test_towers_and_splits_are_read_per_key_and_per_task(tb, files, monkeypatch):  # noqa: F811

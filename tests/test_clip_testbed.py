@@ -391,10 +391,11 @@ def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
         from pactlib import merged_update
 
         for pact in (None, "pact"):  # run's streamed merge reads the adapters key by key: the same D
-            D, _ = testbeds.base.streamed_update(lo, "iso_c", pact=pact)
             tvs = testbeds.base.filtered(lo, pact)[0] if pact else lo.task_vectors()
-            want, _ = merged_update("iso_c", lo.pretrained, tvs, rule=lo.rule)
-            assert set(D) == set(want) and all(torch.equal(D[k], want[k]) for k in want)
+            for method in ("iso_c", "ties"):  # TIES: scope="global", in passes over the keys
+                D, _ = testbeds.base.streamed_update(lo, method, pact=pact)
+                want, _ = merged_update(method, lo.pretrained, tvs, rule=lo.rule)
+                assert set(D) == set(want) and all(torch.equal(D[k], want[k]) for k in want), method
         assert lo.fingerprint() != tb.fingerprint()
     finally:
         testbeds.undefine("clip-lora")

@@ -16,6 +16,7 @@ from pactlib.io import load_state_dict, save_state_dict
 from pactlib.lazy import CheckpointWriter, open_checkpoint, parse_size
 from pactlib.merges.ties import GlobalThreshold, trim_count, trim_mask
 from pactlib.models.clip import load_clip_checkpoint
+from pactlib.streaming import find_thresholds, trim_stack
 
 from conftest import make_checkpoints
 
@@ -160,6 +161,28 @@ def test_global_threshold_finds_trim_mask_exactly(dtype, gen):
             got = torch.cat([gt.mask(t, x[t, a:b]) for a, b in zip(cuts, cuts[1:])])
             assert torch.equal(got, want), (k, t)
             assert float(gt.threshold(t)) == float(x[t].abs()[want].min())
+
+
+def test_global_threshold_run_and_trim_on_stacks(gen):
+    """find_thresholds (the passes over (T, …) stacks, in any order) and trim_stack (position
+    order) give what trim_mask gives on each whole task vector; a stack of the wrong T is refused."""
+    T, n = 4, 3000
+    x = (torch.randint(-20, 21, (T, n), generator=gen) / 4).float()
+    cuts = [0, 5, 1000, 1001, n]
+    calls = []
+
+    def passes(first):
+        calls.append(first)
+        for a, b in reversed(list(zip(cuts, cuts[1:]))):  # counting does not depend on the order
+            yield x[:, a:b]
+
+    gt = find_thresholds(GlobalThreshold(T, trim_count(n, 20.0), torch.float32), passes)
+    assert gt.done and calls == [True, False]
+    got = torch.cat([trim_stack(gt, x[:, a:b]) for a, b in zip(cuts, cuts[1:])], dim=1)
+    want = torch.stack([x[t] * trim_mask(x[t], 20.0) for t in range(T)])
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="3 rows for 4 tasks"):
+        find_thresholds(GlobalThreshold(T, 10, torch.float32), lambda first: iter([x[:3]]))
 
 
 def test_streamed_ties_with_tied_magnitudes_is_exact(tmp_path):

@@ -62,6 +62,16 @@ class GlobalThreshold:
 
     Use: ``observe(t, values)`` for every chunk of every task, then ``end_pass()``; repeat while
     ``not done``; then ``mask(t, values)`` over every chunk of every task in position order.
+    On (T, …) stacks of chunks: :func:`pactlib.streaming.find_thresholds` does the passes,
+    :func:`pactlib.streaming.trim_stack` the masking. Memory: the counters plus one chunk,
+    whatever the size of the task vectors. Chunks are CPU tensors.
+
+    Args:
+        tasks: T. ``keep``: entries kept per task (:func:`trim_count` of the task vector's size).
+        dtype: the task vectors' dtype, float32 or float64.
+
+    Raises:
+        ValueError: another ``dtype``.
     """
 
     DIGIT = 16

@@ -319,25 +319,37 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     ``tb.cache_dir`` (T × the filtered layers' size on disk, removed with the testbed object) and
     read back by later calls, so each base method does not filter again.
 
+    TIES with ``scope="global"`` (M2; its trim threshold ranks each task's entries over its whole
+    task vector) is streamed too: :class:`pactlib.merges.ties.GlobalThreshold` finds every task's
+    exact ``k``%-th largest |Δt| and how many entries tied with it are kept by radix selection in
+    two passes over the keys (four for float64; chunks of :data:`pactlib.streaming.CHUNK_BYTES`,
+    65,536 counters per task; :func:`pactlib.streaming.find_thresholds`), then a last pass trims each chunk in the in-memory position order
+    (θ0's keys in ``tb.pretrained``'s order, ties kept first by position, as
+    :func:`pactlib.merges.ties.trim_mask` on the concatenated task vector), elects and averages.
+    With PACT the filtered layers are read back from the file above (filtered again in every pass
+    when the disk had no room for it).
+
     Returns:
         ``(D, PACT report or None)``, D over θ0's floating keys (float32, or float64 when θ0 has
         float64 entries) on :func:`engine_device`; None when ``tb`` offers no sources or the method
-        does not merge key by key (TIES with ``scope="global"``: the caller merges in memory).
+        has no key-by-key form (the caller merges in memory).
 
     Raises:
-        UnknownMethodError, TypeError, ValueError: as :func:`pactlib.api.merged_update`.
+        UnknownMethodError, TypeError, ValueError: as :func:`pactlib.api.merged_update` (TIES'
+            ``k`` outside (0, 100] or an unknown ``scope`` before any key is read).
         CheckpointError: a key or shape mismatch, NaN / Inf in a checkpoint (file and key named).
     """
     import warnings
 
     from ..matrix import split_attention_note
-    from ..pact import MODES, filter_layer, select_layers, warn_if_unchanged
-    from ..streaming import _Inputs, _ordered
+    from ..pact import MODES, select_layers, warn_if_unchanged
+    from ..streaming import DeltaReader, check_method_values
 
     m = merges.get(method)
     if pact is not None and pact not in MODES:
         raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
-    if not m.is_per_key(params):
+    per_key = m.is_per_key(params)
+    if not per_key and m.name != "ties":
         return None
     sources = merge_sources(tb) if sources is None else sources
     if sources is None:
@@ -346,11 +358,11 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
 
     check_method_params(method, params)
     pre, fts = sources
-    inputs = _Inputs(pre, fts, list(tb.tasks))
+    inputs = DeltaReader(pre, fts, list(tb.tasks))
+    check_method_values(m, tb.rule, params, inputs.dtype)
     note = split_attention_note(inputs.meta.keys(), where=f"{method}: ")
     if note:
         warnings.warn(note, UserWarning, stacklevel=3)
-    dev = engine_device(tb)
     report, selected, matrix_keys = None, set(), []
     if pact is not None:
         options = options or PactOptions()
@@ -358,15 +370,49 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
         matrix_keys, sel = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact, options=options,
                                          rule=tb.rule, stacklevel=3)
         selected = set(sel)
-    T, names = inputs.T, inputs.names
-    from ..streaming import CHUNK_BYTES
-
     spills = _cache(tb).setdefault("filtered_spill", {})
     spilled = spills.get((pact, options)) if pact is not None else None  # (LazyCheckpoint, report)
     writer = None
     if pact is not None and spilled is None:
-        writer = _spill_writer(tb, [(k, (T, *inputs.pre.shape(k)), inputs.dtype) for k in inputs.floats
+        writer = _spill_writer(tb, [(k, (inputs.T, *inputs.pre.shape(k)), inputs.dtype) for k in inputs.floats
                                     if k in selected])
+    args = dict(tb=tb, inputs=inputs, m=m, params=params, pact=pact, options=options, selected=selected,
+                report=report, spilled=spilled, writer=writer, dev=engine_device(tb))
+    D = _streamed_per_key(**args) if per_key else _streamed_ties_global(**args)
+    if writer is not None:
+        from ..lazy import open_checkpoint
+
+        spills[pact, options] = (open_checkpoint(writer.path, name=f"{pact}-filtered task vectors"), report)
+    if spilled is not None:
+        return TaskVector._wrap(D), spilled[1]
+    if report is not None:
+        warn_if_unchanged(report, matrix_keys, sorted(selected), stacklevel=3)
+    return TaskVector._wrap(D), report
+
+
+def _filter_job(tb: Testbed, inputs, pact: str, options: PactOptions, dev):
+    """One selected layer's PACT/S-PACT-filtered (T, m, n) stack (on ``dev``) and its layer report."""
+    from ..pact import filter_layer
+
+    def job(key: str):
+        p, stack = inputs.deltas(key)
+        if dev is not None:
+            p, stack = p.to(dev), stack.to(dev)
+        rows = [stack[t] for t in range(inputs.T)]
+        res = filter_layer(key, p, rows, mode=pact, options=options, rule=tb.rule, out=rows, keep=False)
+        return stack, (res[0] if res is not None else None)
+
+    return job
+
+
+def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev) -> dict:
+    """D of a per-key method, key by key (:func:`streamed_update`)."""
+    from contextlib import nullcontext
+
+    from ..streaming import CHUNK_BYTES, consume_in_order
+
+    T, names = inputs.T, inputs.names
+    filt = _filter_job(tb, inputs, pact, options, dev) if pact is not None else None
 
     def job(key: str):
         parts, lr, keep = [], None, None
@@ -374,17 +420,12 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
             if spilled is not None and key in selected:  # filtered by an earlier run: read it back
                 stack = spilled[0].read(key)
                 stack = stack if dev is None else stack.to(dev)
+            elif key in selected:
+                stack, lr = filt(key)
+                keep = stack if writer is not None else None
             else:
-                p, stack = inputs.deltas(key, rows)
-                if dev is not None:
-                    p, stack = p.to(dev), stack.to(dev)
-                if key in selected:
-                    res = filter_layer(key, p, [stack[t] for t in range(T)], mode=pact, options=options,
-                                       rule=tb.rule, out=[stack[t] for t in range(T)], keep=False)
-                    lr = res[0] if res is not None else None
-                    del res
-                    keep = stack if writer is not None else None
-                del p
+                _, stack = inputs.deltas(key, rows)
+                stack = stack if dev is None else stack.to(dev)
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
             parts.append(m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, names)], rule=tb.rule,
                            **params)[key])
@@ -400,21 +441,79 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
         if keep is not None:
             writer.write(key, keep)
 
-    from contextlib import nullcontext
-
     with writer if writer is not None else nullcontext():  # a failed run leaves no spill file
-        _ordered(job, inputs.floats, max(1, torch.get_num_threads()), consume)
+        consume_in_order(job, inputs.floats, max(1, torch.get_num_threads()), consume)
         if writer is not None:
             writer.commit()
-    if writer is not None:
-        from ..lazy import open_checkpoint
+    return D
 
-        spills[pact, options] = (open_checkpoint(writer.path, name=f"{pact}-filtered task vectors"), report)
-    if spilled is not None:
-        return TaskVector._wrap(D), spilled[1]
-    if report is not None:
-        warn_if_unchanged(report, matrix_keys, sorted(selected), stacklevel=3)
-    return TaskVector._wrap(D), report
+
+def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev) -> dict:
+    """D of TIES with ``scope="global"`` (M2) in passes over the keys (:func:`streamed_update`)."""
+    from contextlib import nullcontext
+
+    from ..lazy import open_checkpoint
+    from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
+    from ..streaming import CHUNK_BYTES, consume_in_order, find_thresholds, observe_stack, trim_stack
+
+    T = inputs.T
+    k = float(params.get("k", m.params["k"]))
+    floats = set(inputs.floats)
+    order = [key for key in tb.pretrained if key in floats]  # the in-memory task vectors' key order
+    if len(order) != len(floats):
+        order = list(inputs.floats)
+    gt = GlobalThreshold(T, trim_count(sum(inputs.pre.entry(key).numel for key in order), k), inputs.dtype)
+    spill = spilled[0] if spilled is not None else None
+    counted: set[str] = set()  # filtered layers counted in the filtering pass
+    if pact is not None and spilled is None and selected:
+        filt = _filter_job(tb, inputs, pact, options, dev)
+
+        def consume(key: str, result) -> None:
+            stack, lr = result
+            if lr is not None:
+                report.layers.append(lr)
+            observe_stack(gt, stack)
+            counted.add(key)
+            if writer is not None:
+                writer.write(key, stack)
+
+        with writer if writer is not None else nullcontext():  # a failed run leaves no spill file
+            consume_in_order(filt, [key for key in inputs.floats if key in selected], max(1, torch.get_num_threads()),
+                             consume)
+            if writer is not None:
+                writer.commit()
+        if writer is not None:
+            spill = open_checkpoint(writer.path, name=f"{pact}-filtered task vectors")
+    refilter = _filter_job(tb, inputs, pact, options, dev) if pact is not None and spill is None else None
+
+    def chunks(key: str, first: bool):
+        """The (T, rows, …) stacks of Δt (filtered when ``key`` is selected) covering ``key``, in order, on the CPU."""
+        if key in selected and spill is not None:
+            for rows in inputs.rows(key, True, CHUNK_BYTES):
+                yield spill.read(key, rows, dim=1)
+        elif key in selected:  # no room on disk for the filtered layers: filter again
+            with torch.no_grad():
+                yield refilter(key)[0].cpu()
+        else:
+            for rows in inputs.rows(key, True, CHUNK_BYTES):
+                yield inputs.deltas(key, rows, check=first)[1]
+
+    def passes(first: bool):
+        for key in order:
+            if not (first and key in counted):
+                yield from chunks(key, first and key not in selected)
+
+    find_thresholds(gt, passes)
+    D: dict[str, Tensor] = {}
+    for key in order:  # the merge pass: trim in position order, elect, disjoint mean
+        parts = []
+        for st in chunks(key, False):
+            trimmed = trim_stack(gt, st)  # = flat * mask in memory
+            del st
+            parts.append(ties_kernel(trimmed if dev is None else trimmed.to(dev)))
+            del trimmed
+        D[key] = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return D
 
 
 def _spill_writer(tb: Testbed, entries: list):
@@ -458,8 +557,8 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
     CUDA), and so do the merged states handed to ``tb.evaluate``. A testbed that offers its
     checkpoint files (:func:`merge_sources`) is merged key by key (:func:`streamed_update`: the
     same D, in memory independent of the number of tasks; the PACT filter then runs again for each
-    base method instead of being kept for all T task vectors); others, and TIES with
-    ``scope="global"``, merge their task vectors in memory.
+    base method instead of being kept for all T task vectors; TIES with ``scope="global"`` in
+    passes over the keys); others merge their task vectors in memory.
 
     Args:
         tb: the testbed. ``method``: a name of :func:`pactlib.merges.names`; ``params`` go to it.

@@ -45,9 +45,10 @@ the streamed ``pact merge``'s reader and per-layer PACT filter), holding θ0, D 
 (T, m, n) stack instead of T task vectors; each task's validation and test images are kept in a
 file of their own (``splits/``) and read when that task is evaluated, then freed. Peak RSS,
 ViT-B/32 widths (2 blocks), T = 2 vs 20: ``book/data/clip_testbed_memory.jsonl``
-(``bench/bench_clip_memory.py``). Still T × the tower in memory: :meth:`ClipTestbed.task_vectors`
-and :func:`pactlib.testbeds.filtered` (they return every task vector), and TIES with
-``scope="global"`` (its whole-vector threshold has no per-key form here; ``run`` merges it in memory).
+(``bench/bench_clip_memory.py``). TIES with ``scope="global"`` (a whole-vector threshold per
+task) streams too, in passes over the keys (:func:`pactlib.testbeds.base.streamed_update`). Still
+T × the tower in memory: :meth:`ClipTestbed.task_vectors` and :func:`pactlib.testbeds.filtered`
+(they return every task vector).
 
 Everything slow is cached on disk under ``cache_dir`` (default ``pactlib.paths.cache_dir("clip")``),
 written atomically and keyed by content: the sha256 of every checkpoint file (itself remembered
