@@ -143,6 +143,48 @@ def test_streamed_global_ties_refuses_bad_parameters(tb):
         base.streamed_update(tb, "ties", scope="everywhere")
 
 
+@pytest.mark.parametrize("method,pact,suffix", [("iso_c", "pact", "safetensors"), ("ties", None, "pt")])
+def test_search_out_writes_the_streamed_merge_key_by_key(tb, method, pact, suffix, tmp_path, monkeypatch):
+    """``pact search --out`` on a testbed with merge_sources: D streamed, the file written key by
+    key (write_merged), equal bit for bit to θ0 + α·D of the in-memory merge; no task vector asked for."""
+    from pactlib.io import load_state_dict
+    from pactlib.testbeds import search
+
+    out = tmp_path / f"merged.{suffix}"
+
+    def refuse(self):
+        raise AssertionError("every task vector materialised")
+
+    monkeypatch.setattr(ctb.ClipTestbed, "task_vectors", refuse)
+    rec, merged, fresh = search.search("clip-mem", method, pact=pact, alphas=(0.5, 1.0), params={}, out=str(out),
+                                       options={"cache_dir": str(tmp_path / "memo")})
+    monkeypatch.undo()
+    assert merged is None and rec["alpha"] > 0
+    opts = PactOptions() if pact else None
+    tvs = base.filtered(tb, pact, opts)[0] if pact else tb.task_vectors()
+    D, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule)
+    _equal(load_state_dict(out), D.apply_to(tb.pretrained, rec["alpha"]))
+
+
+def test_write_merged_refuses_a_d_that_does_not_fit(tb, tmp_path):
+    from pactlib.testbeds.search import write_merged
+
+    pre, _ = tb.merge_sources()
+    D = {k: torch.zeros(v.shape) for k, v in pre.meta().items() if v.is_floating_point()}
+    k = next(iter(D))
+    with pytest.raises(ValueError, match="missing from D"):
+        write_merged(tmp_path / "a.safetensors", pre, {j: v for j, v in D.items() if j != k}, 1.0)
+    with pytest.raises(ValueError, match="has shape"):
+        write_merged(tmp_path / "a.safetensors", pre, {**D, k: torch.zeros(3, 3, 3)}, 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        write_merged(tmp_path / "a.safetensors", pre, D, float("nan"))
+    assert not (tmp_path / "a.safetensors").exists()
+    write_merged(tmp_path / "a.safetensors", pre, D, 1.0)
+    from pactlib.io import load_state_dict
+
+    _equal(load_state_dict(tmp_path / "a.safetensors"), dict(tb.pretrained))
+
+
 def test_towers_and_splits_are_read_per_key_and_per_task(tb, files, monkeypatch):  # noqa: F811
     ft = tb.finetuned[TASKS[0]]
     assert isinstance(ft, ctb._LazyTower) and set(ft) == set(tb.pretrained)

@@ -12,7 +12,11 @@ split, takes the α with the best mean normalized accuracy, evaluates it on test
 prints the α curve and the choice, and writes
 
 - ``--out-records``: the record (:func:`pactlib.book.records.write_records`, appended);
-- ``--out``: the merged checkpoint θ0 + α·D at the chosen α (:func:`pactlib.io.save_state_dict`).
+- ``--out``: the merged checkpoint θ0 + α·D at the chosen α. A testbed that offers its checkpoint
+  files (:func:`pactlib.testbeds.base.merge_sources`, e.g. ``clip``) gets D key by key
+  (:func:`pactlib.testbeds.base.streamed_update`) and the file is written key by key
+  (:func:`write_merged`, :class:`pactlib.lazy.CheckpointWriter`): no task vector is held; other
+  testbeds merge in memory (:func:`pactlib.io.save_state_dict`). The same numbers either way.
 
 The grid: ``--alphas`` as given, else ``--alpha-points`` values over the method's range
 (:func:`pactlib.testbeds.alpha_grid`; LoRA testbeds: 0.1…3.0 for every method, method.md §5),
@@ -34,7 +38,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_cli", "cmd_search", "search", "resolve_device", "grid"]
+__all__ = ["add_cli", "cmd_search", "search", "resolve_device", "grid", "write_merged"]
 
 
 def resolve_device(device: str | None) -> str | None:
@@ -95,11 +99,57 @@ def _load(name: str, seed: int, kind: str, device: str | None, options: dict):
         return load(name, seed=seed, kind=kind, **options)
 
 
+def write_merged(out, pretrained, D, alpha: float, *, metadata: dict[str, str] | None = None):
+    """Write θ0 + α·D to ``out`` key by key (method.md §4; D of any of M1–M5, optionally after PACT),
+    in θ0's dtypes, atomically (:class:`pactlib.lazy.CheckpointWriter`: a failed run leaves no
+    file): one key of θ0 and of θ0 + α·D in memory at a time besides D.
+
+    Args:
+        out: ``*.safetensors`` or a torch file (``.pt``, collected in memory).
+        pretrained: θ0 as a :class:`pactlib.lazy.LazyCheckpoint` (every key is written, in its
+            order; keys without an entry in D, e.g. integer buffers, are copied from θ0).
+        D: the merged update ``{key: Tensor}`` over θ0's floating keys, each of θ0's shape (any
+            device). ``alpha``: α, a finite real number.
+        metadata: the safetensors ``__metadata__`` strings.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        ValueError: a bad ``out`` extension, α not finite; a key of D that θ0 lacks, or a float
+            key of θ0 missing from D, or a shape mismatch (named).
+        MergeOverflowError: a merged value overflows θ0's dtype (fp16).
+    """
+    from ..checks import check_alpha
+    from ..streaming import apply_update
+    from ..lazy import CheckpointWriter
+
+    alpha = check_alpha(alpha)
+    meta = pretrained.meta()
+    extra = sorted(set(D) - set(meta))
+    missing = sorted(k for k, v in meta.items() if v.is_floating_point() and k not in D)
+    if extra or missing:
+        raise ValueError(f"write_merged: D does not fit θ0 ({pretrained.name}): keys not in θ0 {extra[:5]}, "
+                         f"floating keys of θ0 missing from D {missing[:5]}")
+    for k in D:
+        if tuple(D[k].shape) != tuple(meta[k].shape):
+            raise ValueError(f"write_merged: key {k!r}: D has shape {tuple(D[k].shape)}, θ0 {tuple(meta[k].shape)}")
+    with CheckpointWriter(out, [(k, v.shape, v.dtype) for k, v in meta.items()], metadata=metadata) as writer:
+        for k in meta:
+            p = pretrained.read(k)
+            writer.write(k, apply_update(k, p, D[k].detach().cpu(), alpha) if k in D else p)
+            del p
+        return writer.commit()
+
+
 def search(testbed: str, method: str, *, pact: str | None = None, alphas=None, alpha_points: int | None = None,
            seed: int = 0, kind: str = "full", device: str | None = None, params: dict | None = None,
            options: dict | None = None, widen: int = 3, refine: int = 0, out: str | None = None):
     """Load ``testbed``, run ``method`` (± PACT) over the α grid, and return ``(record, merged
-    state dict at the chosen α or None, testbed)``; with ``out`` the merged state is also saved.
+    state dict at the chosen α or None, testbed)``; with ``out`` the merged state is also saved
+    (module docstring). The merged state is None without ``out``, and also when the testbed
+    offers its checkpoint files: D is then computed key by key and the file written key by key
+    (:func:`write_merged`); read ``out`` for the state.
 
     Raises:
         KeyError / UnknownMethodError: unknown testbed or method. ValueError, TypeError: bad
@@ -121,7 +171,18 @@ def search(testbed: str, method: str, *, pact: str | None = None, alphas=None, a
     tb = _load(testbed, seed, kind, resolve_device(device), dict(options or {}))
     rec = run(tb, method, pact=pact, options=opts, alphas=alphas, widen=widen, refine=refine, **mparams)
     merged = None
+    streamed = None
     if out is not None:
+        from .base import merge_sources, streamed_update
+
+        sources = merge_sources(tb)
+        if sources is not None:
+            streamed = streamed_update(tb, method, pact=pact, options=opts, sources=sources, **mparams)
+    meta = None if out is None else {"testbed": tb.name, "method": rec["method"], "alpha": repr(rec["alpha"]),
+                                     "seed": str(tb.seed), "kind": tb.kind}
+    if streamed is not None:  # key by key: no task vector in memory
+        write_merged(out, sources[0], streamed[0], rec["alpha"], metadata=meta)
+    elif out is not None:
         if pact:  # as run() merges: the filter once per testbed, then the base method
             tvs, _ = filtered(tb, pact, opts)
             D, _ = merged_update(method, tb.pretrained, tvs, rule=tb.rule, **mparams)
@@ -130,9 +191,7 @@ def search(testbed: str, method: str, *, pact: str | None = None, alphas=None, a
         merged = D.apply_to(tb.pretrained, rec["alpha"])
         from ..io import save_state_dict
 
-        save_state_dict({k: v.detach().cpu() for k, v in merged.items()}, out,
-                        metadata={"testbed": tb.name, "method": rec["method"], "alpha": repr(rec["alpha"]),
-                                  "seed": str(tb.seed), "kind": tb.kind})
+        save_state_dict({k: v.detach().cpu() for k, v in merged.items()}, out, metadata=meta)
     return rec, merged, tb
 
 
