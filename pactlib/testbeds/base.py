@@ -278,16 +278,57 @@ def _filtered(tb: Testbed, mode: str, options: PactOptions | None) -> tuple[list
     options = options or PactOptions()
     c = _cache(tb).setdefault("filtered", {})
     if (mode, options) not in c:
-        c[mode, options] = pact_filter(_engine_pretrained(tb), _engine_task_vectors(tb), mode=mode, options=options,
-                                       rule=tb.rule)
+        if merge_sources(tb) is not None:  # filtered layers on disk, read on access; moved only for a device
+            tvs, report = filtered(tb, mode, options)
+            dev = engine_device(tb)
+            c[mode, options] = (tvs if dev is None else _to(tvs, dev)), report
+        else:
+            c[mode, options] = pact_filter(_engine_pretrained(tb), _engine_task_vectors(tb), mode=mode,
+                                           options=options, rule=tb.rule)
     return c[mode, options]
 
 
-def filtered(tb: Testbed, mode: str, options: PactOptions | None = None) -> tuple[list[TaskVector], PactReport]:
+def filtered(tb: Testbed, mode: str, options: PactOptions | None = None, *,
+             keep: bool = False) -> tuple[list[TaskVector], PactReport]:
     """(PACT/S-PACT-filtered task vectors, :class:`~pactlib.pact.PactReport`) of ``tb``'s own task
     vectors for ``mode`` (``"pact"``, ``"s-pact"``) and ``options``; computed once per testbed, on
-    :func:`engine_device` (the task vectors returned are on the CPU)."""
-    tvs, report = _filtered(tb, mode, options)
+    :func:`engine_device` (the task vectors returned are on the CPU). ``keep``: the report also
+    holds every filtered layer's subspaces and shields (``pact_filter(..., keep=True)``).
+
+    A testbed with :func:`merge_sources` (``clip``) gets read-only
+    :class:`~pactlib.testbeds.lazy_vectors.LazyTaskVector` objects instead of T in-memory task
+    vectors: the filtered layers are computed once, layer by layer, and kept in a file of
+    ``<tb.cache_dir>/filtered`` keyed by the inputs' content, mode and options (reused by later
+    calls, processes and :func:`run`'s PACT merges), each access reading one layer of one task
+    (:func:`pactlib.testbeds.lazy_vectors.filtered_task_vectors`); the values are the in-memory
+    ones, bit for bit.
+
+    Raises:
+        ValueError: an unknown mode. CheckpointError: mismatched or non-finite checkpoints.
+    """
+    sources = merge_sources(tb)
+    if sources is not None:
+        from .lazy_vectors import filtered_task_vectors
+
+        options = options or PactOptions()
+        c = _cache(tb).setdefault("filtered_lazy", {})
+        if (mode, options, keep) not in c:
+            tvs, report = filtered_task_vectors(tb, mode, options, keep=keep, sources=sources)
+            c[mode, options, keep] = (tvs, report)
+            if tvs and not any(v.dtype == torch.float64 for v in tb.pretrained.values()):
+                # the same (T, ...) float32 stacks streamed_update spills: its PACT merges read them too
+                _cache(tb).setdefault("filtered_spill", {}).setdefault((mode, options), (tvs[0]._d._layers, report))
+        tvs, report = c[mode, options, keep]
+        return list(tvs), report
+    if keep:
+        options = options or PactOptions()
+        c = _cache(tb).setdefault("filtered_keep", {})
+        if (mode, options) not in c:
+            c[mode, options] = pact_filter(_engine_pretrained(tb), _engine_task_vectors(tb), mode=mode,
+                                           options=options, rule=tb.rule, keep=True)
+        tvs, report = c[mode, options]
+    else:
+        tvs, report = _filtered(tb, mode, options)
     return (tvs if engine_device(tb) is None else _to(tvs, "cpu")), report
 
 

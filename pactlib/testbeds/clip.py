@@ -46,9 +46,11 @@ the streamed ``pact merge``'s reader and per-layer PACT filter), holding θ0, D 
 file of their own (``splits/``) and read when that task is evaluated, then freed. Peak RSS,
 ViT-B/32 widths (2 blocks), T = 2 vs 20: ``book/data/clip_testbed_memory.jsonl``
 (``bench/bench_clip_memory.py``). TIES with ``scope="global"`` (a whole-vector threshold per
-task) streams too, in passes over the keys (:func:`pactlib.testbeds.base.streamed_update`). Still
-T × the tower in memory: :meth:`ClipTestbed.task_vectors` and :func:`pactlib.testbeds.filtered`
-(they return every task vector).
+task) streams too, in passes over the keys (:func:`pactlib.testbeds.base.streamed_update`).
+:meth:`ClipTestbed.task_vectors` and :func:`pactlib.testbeds.filtered` return read-only lazy task
+vectors (:mod:`pactlib.testbeds.lazy_vectors`: each entry computed on access from the towers; the
+filtered layers computed once and kept in ``<cache_dir>/filtered``), so the chapters that hold T task
+vectors hold about one layer × T of them at a time.
 
 Everything slow is cached on disk under ``cache_dir`` (default ``pactlib.paths.cache_dir("clip")``),
 written atomically and keyed by content: the sha256 of every checkpoint file (itself remembered
@@ -559,13 +561,20 @@ class ClipTestbed:
 
     # ---------------------------------------------------------------------------- the protocol
     def task_vectors(self) -> list[TaskVector]:
-        """Δt = θt − θ0 per task, float32, in task order (LoRA: exactly the adapter's scale·B·A).
+        """Δt = θt − θ0 per task, float32, in task order (LoRA: exactly the adapter's scale·B·A),
+        as read-only :class:`pactlib.testbeds.lazy_vectors.LazyTaskVector` objects: ``tv[key]``
+        (the key's stored shape) is computed when asked for, from the memory-mapped converted tower
+        (or the adapter) of :meth:`merge_sources`, and nothing is held, so T of them cost no memory
+        until read; the values are ``TaskVector.from_checkpoints(pretrained, finetuned[t])``'s, bit
+        for bit (``tv.materialize()`` gives that in-memory task vector).
 
-        Every task vector is materialised: T × the tower's size in float32. :func:`pactlib.testbeds.run`
-        does not call this (it streams the merge key by key through :meth:`merge_sources`)."""
-        if self.kind == "lora":
-            return [TaskVector(self._lora_delta(t), name=t) for t in self.tasks]
-        return [TaskVector.from_checkpoints(self.pretrained, self.finetuned[t], name=t) for t in self.tasks]
+        Raises:
+            CheckpointError: a tower's keys or shapes differ from θ0's, NaN / Inf in θ0 (here) or
+                in a θt entry (when it is read)."""
+        from .lazy_vectors import lazy_task_vectors
+
+        _, sources = self.merge_sources()
+        return lazy_task_vectors(self.pretrained, sources, self.tasks)
 
     def merge_sources(self):
         """θ0 and the T fine-tuned towers as the streamed merge reads them, one key at a time
