@@ -103,7 +103,8 @@ groups = study.depth_groups(keys)
 from tqdm.auto import tqdm
 
 from pactlib.book import records
-from pactlib.pact import PactOptions, pact_filter
+from pactlib.pact import PactOptions
+from pactlib.testbeds.base import filtered as pact_filtered
 
 opts = PactOptions()
 runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds[:1])]
@@ -113,7 +114,8 @@ for name, seed in tqdm(runs, desc="testbeds"):
     suite = suite_of(name)
     sizes[suite] = len(tb.tasks)
     raw = tb.task_vectors()
-    filtered, report = pact_filter(tb.pretrained, raw, options=opts, keep=True, rule=tb.rule)
+    # pact_filter(tb.pretrained, raw, options=opts, keep=True); a clip testbed's are lazy, read from its files
+    filtered, report = pact_filtered(tb, "pact", opts, keep=True)
     recs += depth.intrusion_records(raw, report.subspaces, keys=keys, params=P, seed=seed, rule=tb.rule, suite=suite)
     for g in tqdm(depth.GROUPS, desc=f"{name} seed {seed}", leave=False):
         recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,

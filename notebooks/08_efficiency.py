@@ -97,7 +97,7 @@ for seed in tqdm(seeds, desc="seeds"):
     keys = (tb.network_order() if hasattr(tb, "network_order")  # the testbed's maps, input to output
             else depth.network_order(tb.rule.matrix_keys(tb.pretrained)))
     tvs = tb.task_vectors()
-    t_exact, f_exact, r_exact = efficiency.time_filter(tb.pretrained, tvs, exact, repeats=timing_repeats, rule=tb.rule)
+    t_exact, f_exact, r_exact = efficiency.time_filter(tb.pretrained, tvs, exact, repeats=timing_repeats, rule=tb.rule, tb=tb)
     recs.append(records.make_record("filter-time", params=P, seed=seed, svd="exact", n_iter=None,
                                     metrics={"seconds": t_exact, "rsvd_share": 0.0}))
     recs += efficiency.gap_records(tb.pretrained, exact.replace(oversample=oversample), keys=keys, params=P, seed=seed,
@@ -105,7 +105,7 @@ for seed in tqdm(seeds, desc="seeds"):
     variants = {method: None, f"pact-{method}": f_exact}
     for q in tqdm(n_iters, desc=f"RSVD, seed {seed}", leave=False):
         rsvd = exact.replace(svd="rsvd", n_iter=q, oversample=oversample)
-        t_q, f_q, r_q = efficiency.time_filter(tb.pretrained, tvs, rsvd, repeats=timing_repeats, rule=tb.rule)
+        t_q, f_q, r_q = efficiency.time_filter(tb.pretrained, tvs, rsvd, repeats=timing_repeats, rule=tb.rule, tb=tb)
         recs.append(records.make_record("filter-time", params=P, seed=seed, svd="rsvd", n_iter=q, metrics={
             "seconds": t_q, "speedup": t_exact / t_q,
             "rsvd_share": efficiency.randomized_share(tb.pretrained, tvs, rsvd, rule=tb.rule)}))

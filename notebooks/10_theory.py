@@ -72,13 +72,13 @@ from tqdm.auto import tqdm
 
 from pactlib.book import records
 from pactlib.book.experiments import theory
-from pactlib.pact import pact_filter
 
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
     tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     tvs = tb.task_vectors()
-    filtered, report = pact_filter(tb.pretrained, tvs, keep=True, rule=tb.rule)
+    # pact_filter(tb.pretrained, tvs, keep=True); a clip testbed's are lazy, read from its files
+    filtered, report = testbeds.filtered(tb, "pact", keep=True)
     for i, t in enumerate(tqdm(tb.tasks, desc=f"seed {seed}", leave=False)):
         recs += theory.theory_records(tb, i, tvs[i], filtered[i], report, xy_loss=tb.inputs(t, "val", loss_examples),
                                       xy_test=tb.inputs(t, "test", test_limit), fracs=fracs, seed=seed, params=P,

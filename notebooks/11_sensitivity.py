@@ -73,7 +73,8 @@ alphas = testbeds.alpha_grid(method, alpha_points)
 for seed in seeds:
     tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
     recs.append(testbeds.run(tb, method, alphas=alphas))
-    tvs = tb.task_vectors()
+    # a testbed with files (clip) merges key by key from them (memory independent of T); others in memory
+    tvs = None if testbeds.base.merge_sources(tb) is not None else tb.task_vectors()
     at_default = testbeds.run(tb, method, pact="pact", options=defaults, alphas=alphas, task_vectors=tvs)
     for knob, values in tqdm(sweeps.items(), desc=f"seed {seed}"):
         for value in values:

@@ -93,10 +93,17 @@ def group_task_vectors(raw: Sequence[TaskVector], filtered: Sequence[TaskVector]
 
     With ``filtered`` from ``pact_filter(..., options)`` over every layer, this is what
     ``pact_filter(..., group_options(options, keys))`` returns (P4–P5 act on each layer alone).
+    When either side is lazy (:class:`pactlib.testbeds.lazy_vectors.LazyTaskVector`, e.g. a clip
+    testbed's), the result is lazy too (:func:`pactlib.testbeds.lazy_vectors.overlay`: nothing
+    copied, each key read from its side on access); otherwise in-memory copies.
 
     Raises:
         ValueError: different task counts; KeyError: a key missing from a task vector.
     """
+    from pactlib.testbeds.lazy_vectors import is_lazy, overlay
+
+    if is_lazy(raw) or is_lazy(filtered):
+        return overlay(raw, filtered, keys)
     if len(raw) != len(filtered):
         raise ValueError(f"group_task_vectors: {len(raw)} raw vs {len(filtered)} filtered task vectors")
     out = []

@@ -40,18 +40,49 @@ __all__ = ["time_filter", "randomized_share", "subspace_distances", "gap_records
 
 
 def time_filter(pretrained: Mapping[str, Tensor], task_vectors: Sequence[TaskVector], options: PactOptions, *,
-                repeats: int = 1, rule: MatrixRule = DEFAULT_RULE) -> tuple[float, list[TaskVector], PactReport]:
+                repeats: int = 1, rule: MatrixRule = DEFAULT_RULE, tb=None) -> tuple[float, list[TaskVector], PactReport]:
     """Run the PACT filter ``repeats`` times; return (fastest seconds, filtered task vectors, report).
 
     The fastest run is reported: other processes and first-call set-up can only slow a run down.
     The filter keeps its subspaces and shields (``keep=True``) so that they can be compared;
     keeping them costs memory, not time.
 
+    With ``tb``, a testbed whose task vectors are read from files (``merge_sources``, e.g.
+    ``clip``; ``task_vectors`` are then its own), the filter runs layer by layer with the filtered
+    layers written to a fresh folder under ``tb.cache_dir`` each time
+    (:func:`pactlib.testbeds.lazy_vectors.filtered_task_vectors`, the same values as
+    ``pact_filter``; the time includes writing them) and lazy task vectors are returned: memory
+    does not grow with T. Other testbeds (and ``tb=None``) time ``pact_filter`` in memory.
+
     Raises:
         ValueError: ``repeats`` < 1.
     """
     if repeats < 1:
         raise ValueError(f"time_filter: repeats must be >= 1, got {repeats}")
+    from pactlib.testbeds.base import merge_sources
+
+    sources = merge_sources(tb) if tb is not None else None
+    if sources is not None:
+        import shutil
+        import tempfile
+        import weakref
+        from pathlib import Path
+
+        from pactlib.testbeds.lazy_vectors import _cache_folder, filtered_task_vectors
+
+        root = _cache_folder(tb)
+        root.mkdir(parents=True, exist_ok=True)
+        times, out, folder = [], None, None
+        for _ in range(repeats):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            folder = Path(tempfile.mkdtemp(prefix=".timed-", dir=root))
+            t0 = time.perf_counter()
+            out = filtered_task_vectors(tb, "pact", options, keep=True, raw=list(task_vectors), sources=sources,
+                                        folder=folder)
+            times.append(time.perf_counter() - t0)
+        weakref.finalize(tb, shutil.rmtree, str(folder), True)
+        return min(times), out[0], out[1]
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
