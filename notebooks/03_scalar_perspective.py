@@ -86,24 +86,36 @@ P
 # over the entries the fine-tuning moved at all (Δt ≠ 0, our default `touched_only = True`). The
 # LBW entries used in C2 and C3 come from the second.
 
+# %% [markdown]
+# **One pass per task.** Each measurement of this chapter needs a task's boolean masks over
+# every entry of the network: U_t ∩ H_t, H_t, the population they are drawn from, and the control
+# sets of C2 and C3 below. Keeping them for every (seed, task) until the last section costs
+# memory in proportion to the number of tasks (about 37 GB for a ViT-B/32 on 20 tasks), so
+# the cell below runs each task's whole pipeline at once: Fisher, enrichment (C1),
+# perturbations (C2) and restores into the Task Arithmetic merge (C3; the merge itself is
+# computed first, once per seed). Then it drops that task's masks and moves on. The sections
+# below explain each measurement and read its records.
+
 # %%
 from tqdm.auto import tqdm
 
 from pactlib.book import records
 from pactlib.book.experiments import scalar
+from pactlib.taskvector import TaskVector
 
-runs, recs, lbw, sens, pool = {}, [], {}, {}, {}
+recs = []
 for seed in tqdm(seeds, desc="seeds"):
     tb = testbeds.load(testbed, seed, val_limit=val_limit, test_limit=test_limit)
-    tvs = dict(zip(tb.tasks, tb.task_vectors()))
-    runs[seed] = (tb, tvs)
-    for t in tqdm(tb.tasks, desc=f"Fisher, seed {seed}", leave=False):
-        F_t = scalar.task_fisher(tb, t, tb.finetuned[t], n_samples=fisher_samples, empirical=empirical_fisher, seed=seed)
-        for only in (False, True):  # per-tensor scores only for the population the chapter uses
-            recs += scalar.enrichment_records(tvs[t], F_t, q=quantile, seed=seed, task=t, params=P, touched_only=only,
-                                              per_key=only == touched_only, rule=tb.rule, suite=suite)
-        lbw[seed, t], sens[seed, t] = scalar.lbw_sets(tvs[t], F_t, q=quantile, touched_only=touched_only)
-        pool[seed, t] = scalar.population(tvs[t], list(F_t), touched_only=touched_only)
+    ta = testbeds.run(tb, "task_arithmetic", alphas=testbeds.alpha_grid("task_arithmetic", alpha_points))
+    recs.append(ta)
+    tvs = tb.task_vectors()  # lazy on a testbed with files (clip): read one task at a time
+    merged = TaskVector.sum(tvs).apply_to(tb.pretrained, ta["alpha"])
+    for t, tv in tqdm(list(zip(tb.tasks, tvs)), desc=f"tasks, seed {seed}", leave=False):
+        recs += scalar.task_records(tb, t, tv, fisher_samples=fisher_samples, empirical=empirical_fisher,
+                                    quantile=quantile, touched_only=touched_only, seed=seed, scales=perturb_scales,
+                                    draws=draws, test_limit=test_limit, params=P, suite=suite, merged=merged,
+                                    merge_fields=dict(alpha=ta["alpha"], on_edge=ta["on_edge"]))
+    del tb, tvs, merged
 path = records.records_path("03_scalar_perspective")
 records.write_records(path, recs, replace=True)
 frame = records.records_frame(path)
@@ -154,19 +166,6 @@ plotting.verdict("C1", v1["status"], v1["evidence"])
 #   anything beyond being sensitive.
 
 # %%
-xy, ctl, recs = {}, {}, []
-for seed, (tb, tvs) in tqdm(runs.items(), desc="C2 seeds"):
-    for t in tqdm(tb.tasks, desc=f"perturb, seed {seed}", leave=False):
-        xy[seed, t] = tb.inputs(t, "test", test_limit)
-        ctl[seed, t] = scalar.control_masks(lbw[seed, t], sens[seed, t], draws=draws, seed=seed, pool=pool[seed, t])
-        unit = scalar.typical_update(tvs[t], list(lbw[seed, t]), touched_only=touched_only)
-        recs += scalar.perturbation_records(tb, t, tb.finetuned[t], lbw[seed, t], unit=unit, scales=perturb_scales,
-                                            draws=draws, seed=seed, xy=xy[seed, t], controls=ctl[seed, t], params=P,
-                                            suite=suite)
-records.write_records(path, recs)
-frame = records.records_frame(path)
-
-# %%
 with plotting.figure("perturbation", chapter=3, number=3, size="wide", paper="Fig. 3",
                      caption=f"Drop in task t's test accuracy (points) when ±{perturb_scales[0]:g}× the median "
                              "|Δt| is added to its scalar LBW entries or to as many control entries; bars: "
@@ -195,22 +194,6 @@ plotting.verdict("C2", v2["status"], v2["evidence"])
 # write θt's values back into the merged model at task t's LBW entries (`causal.restore`) and
 # measure how much of the gap between the merge and θt this closes, for the loss and the
 # accuracy of task t, against restoring as many control entries.
-
-# %%
-from pactlib.taskvector import TaskVector
-
-recs = []
-for seed, (tb, tvs) in tqdm(runs.items(), desc="C3 seeds"):
-    ta = testbeds.run(tb, "task_arithmetic", alphas=testbeds.alpha_grid("task_arithmetic", alpha_points))
-    recs.append(ta)
-    merged = TaskVector.sum(tvs.values()).apply_to(tb.pretrained, ta["alpha"])
-    for t in tqdm(tb.tasks, desc=f"restore, seed {seed}", leave=False):
-        moved = scalar.displacement(tb.finetuned[t], merged, tvs[t], lbw[seed, t])
-        recs += scalar.restore_records(tb, t, merged, tb.finetuned[t], lbw[seed, t], xy=xy[seed, t],
-                                       controls=ctl[seed, t], seed=seed, params=P, moved=moved, suite=suite,
-                                       alpha=ta["alpha"], on_edge=ta["on_edge"])
-records.write_records(path, recs)
-frame = records.records_frame(path)
 
 # %%
 plotting.table(scalar.displacement_table(frame), chapter=3, number=2, floatfmt="{:.3g}",

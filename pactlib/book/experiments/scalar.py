@@ -12,7 +12,9 @@ differentiable model + frozen head whose parameter names are the state-dict keys
   updated" control H_t \\ U_t of C2/C3;
 - :func:`enrichment_records` (C1), :func:`perturbation_records` (C2), :func:`displacement` and
   :func:`restore_records` (C3): result records for :mod:`pactlib.book.records`;
-- :func:`c1_verdict`, :func:`c2_verdict`, :func:`c3_verdict`: statuses computed from records.
+- :func:`c1_verdict`, :func:`c2_verdict`, :func:`c3_verdict`: statuses computed from records;
+- :func:`task_records`: one (seed, task)'s whole pipeline (C1–C3), so that a loop over tasks holds
+  one task's masks at a time.
 
 Every function returns new tensors / records; the caller's state dicts are never modified.
 """
@@ -35,7 +37,7 @@ __all__ = ["task_fisher", "state_scores", "scores", "typical_update", "populatio
            "random_subset", "control_masks", "layer_kind",
            "enrichment_records", "perturbation_records", "displacement", "restore_records",
            "enrichment_table", "displacement_table", "task_means", "plot_task_enrichment", "plot_layer_enrichment", "plot_dose", "plot_conditions",
-           "c1_verdict", "c2_verdict", "c3_verdict"]
+           "c1_verdict", "c2_verdict", "c3_verdict", "task_records"]
 
 
 
@@ -381,6 +383,78 @@ def restore_records(tb, task: str, merged: Mapping[str, Tensor], theta_t: Mappin
                                              gain_acc=s["acc"] - mg["acc"], recovered_acc=_recovered(s["acc"], mg["acc"], ft["acc"]),
                                              recovered_loss=_recovered(-s["loss"], -mg["loss"], -ft["loss"])),
                                 **extra))
+    return recs
+
+
+# --- one task's whole pipeline (memory bounded in T) ----------------------------------------
+
+
+def task_records(tb, task: str, delta: Mapping[str, Tensor], *, fisher_samples: int, quantile: float, seed: int,
+                 scales: Sequence[float], draws: int, test_limit: int | None, params: Mapping[str, Any],
+                 empirical: bool = False, touched_only: bool = True, merged: Mapping[str, Tensor] | None = None,
+                 merge_fields: Mapping[str, Any] | None = None, **extra) -> list[dict]:
+    """Chapter 3's measurements of one (seed, task), start to end: Fisher F_t (S1), enrichment
+    (C1), the LBW and control masks, perturbations (C2) and, given ``merged``, displacement and
+    restores (C3). Every mask is built, used and dropped inside the call, so a loop over tasks
+    holds one task's masks at a time (full-size boolean tensors: U_t ∩ H_t, H_t, the population,
+    2 × ``draws`` control masks), whatever the number of tasks; a lazy ``delta`` is read once into
+    memory (one float32 copy of the model) and dropped at return.
+
+    The records are those of the book's former three passes (:func:`enrichment_records` over all
+    entries then over the chapter's population, :func:`perturbation_records`, :func:`displacement`
+    + :func:`restore_records`), value for value: the same calls on the same inputs with the same
+    seeds (Fisher labels ``seed``, control draws ``seed·1000 + d``, signs ``seed·1000 + d``).
+
+    Args:
+        tb: a testbed (module docstring; its ``rule``, default :data:`DEFAULT_RULE`, gives the layer
+            kinds); ``task``: one of its tasks; ``delta``: Δt (any mapping,
+            e.g. a :class:`pactlib.testbeds.lazy_vectors.LazyTaskVector`), keys ⊇ the Fisher's.
+        fisher_samples: N validation examples of the Fisher; ``empirical``: true labels instead of
+            sampled ones (:func:`task_fisher`).
+        quantile: q of U_t and H_t, in (0, 1); ``touched_only``: the population of the LBW sets
+            (per-key enrichment records are written for that population only).
+        seed: the records' seed, the Fisher's label seed and the draws' base seed.
+        scales: C2's perturbation sizes in units of :func:`typical_update` (weight units);
+            ``draws``: sign / entry draws per condition (≥ 1).
+        test_limit: test examples scored by C2 and C3 (``tb.inputs(task, "test", test_limit)``).
+        params: the records' parameters; ``**extra``: fields of every record (e.g. ``suite``).
+        merged: the merged state (θ0's keys) for C3, or None to skip C3;
+            ``merge_fields``: fields of the restore records only (e.g. ``alpha``, ``on_edge``).
+
+    Returns:
+        Records in this order: 2 ``"enrichment"`` globals (population ``"all"`` then
+        ``"touched"``, with the per-key ones of ``touched_only``'s population after its global),
+        ``"perturb"`` records (scale × condition × draw), then with ``merged`` the ``"restore"``
+        records (``"merged"`` first, carrying the displacement metrics).
+
+    Raises:
+        ValueError: too few validation examples for the Fisher, an empty test split, an empty
+            population; KeyError: a Fisher key missing from ``delta``.
+    """
+    F_t = task_fisher(tb, task, tb.finetuned[task], n_samples=fisher_samples, empirical=empirical, seed=seed)
+    keys = list(F_t)
+    missing = [k for k in keys if k not in delta]
+    if missing:
+        raise KeyError(f"task_records: key(s) {missing[:3]} of the Fisher not in task {task!r}'s task vector")
+    d = {k: delta[k] for k in delta}  # a lazy Δt read once (fresh tensors), an in-memory one shared
+    recs = []
+    for only in (False, True):
+        recs += enrichment_records(d, F_t, q=quantile, seed=seed, task=task, params=params, touched_only=only,
+                                   per_key=only == touched_only, rule=getattr(tb, "rule", DEFAULT_RULE), **extra)
+    lbw, sens = lbw_sets(d, F_t, q=quantile, touched_only=touched_only)
+    pool = population(d, keys, touched_only=touched_only)
+    del F_t
+    ctl = control_masks(lbw, sens, draws=draws, seed=seed, pool=pool)
+    del sens, pool
+    xy = tb.inputs(task, "test", test_limit)
+    theta_t = tb.finetuned[task]
+    unit = typical_update(d, list(lbw), touched_only=touched_only)
+    recs += perturbation_records(tb, task, theta_t, lbw, unit=unit, scales=scales, draws=draws, seed=seed, xy=xy,
+                                 controls=ctl, params=params, **extra)
+    if merged is not None:
+        moved = displacement(theta_t, merged, d, lbw)
+        recs += restore_records(tb, task, merged, theta_t, lbw, xy=xy, controls=ctl, seed=seed, params=params,
+                                moved=moved, **extra, **dict(merge_fields or {}))
     return recs
 
 
