@@ -22,17 +22,39 @@ times, which carry the checkpoints' sha256), the mode, the options, the matrix r
 kind and the engine's code fingerprint, so a later process (another chapter) reads it instead of
 filtering again. The values equal ``pact_filter(tb.pretrained, in-memory task vectors, ...)`` bit
 for bit (the same kernels on the same values).
+
+The report is JSON (``<key>.report.json``, or ``<key>.keep.json`` with the subspaces and shields
+of ``keep=True`` in ``<key>.keep.safetensors``): read without unpickling anything
+(:func:`save_report`, :func:`load_report`); a corrupted or foreign file is a
+:class:`FilterCacheError` naming it.
+
+**Disk bound.** ``<cache_dir>/filtered`` holds one entry per (inputs, mode, options): a sweep of
+options (chapter 11) adds several GB per setting at ViT-B/32, T = 20. After each new entry is
+written, the least recently used entries are deleted until the folder's entries total at most
+``$PACT_FILTERED_CACHE_GB`` gigabytes (default :data:`DEFAULT_CACHE_GB`; ``0`` keeps only the entries
+in use; ``inf`` never deletes), or the ``max_bytes`` given to :func:`filtered_task_vectors` /
+:func:`prune_cache`. An entry in use — its filtered task vectors alive in this or another process
+on the machine (a shared ``flock`` on ``<key>.lock`` held while they live) — and the entry just
+written are never deleted, so the bound can be exceeded by the entries in use. A deleted entry is
+computed again when next asked for.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+try:  # the in-use locks of the cache's entries (POSIX)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: entries in use are protected in this process only
+    fcntl = None
 
 import torch
 from torch import Tensor
@@ -42,10 +64,25 @@ from ..pact import PactOptions, PactReport
 from ..taskvector import TaskVector
 
 __all__ = ["LazyTaskVector", "lazy_task_vectors", "filtered_task_vectors", "overlay", "is_lazy", "cache_key",
-           "FILTER_CACHE_VERSION"]
+           "FILTER_CACHE_VERSION", "FilterCacheError", "save_report", "load_report", "prune_cache", "cache_limit",
+           "CACHE_ENV", "DEFAULT_CACHE_GB"]
 
 #: Bump when the filtered-layer cache's layout or meaning changes.
 FILTER_CACHE_VERSION = "v1"
+
+#: Environment variable bounding ``<cache_dir>/filtered`` (gigabytes, 10⁹ bytes; ``inf``: no bound).
+CACHE_ENV = "PACT_FILTERED_CACHE_GB"
+#: Its default: about three ViT-B/32 entries at T = 20.
+DEFAULT_CACHE_GB = 20.0
+
+_REPORT_FORMAT = "pactlib.filtered-report"
+_REPORT_VERSION = 1
+
+
+class FilterCacheError(ValueError):
+    """A file of the filtered-layer cache that cannot be read as one this module wrote (corrupted,
+    truncated, foreign, or inconsistent with its key); the message names the file. Deleting it makes
+    the next call filter again."""
 
 
 def _meta(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -278,9 +315,233 @@ def _report_to_cpu(report: PactReport) -> PactReport:
     return report
 
 
+class _Release:
+    """Called once: ends this process's use of a cache entry (closes its lock descriptor)."""
+
+    def __init__(self, folder: str, name: str, fd: int):
+        self._key, self._fd = (folder, name), fd
+
+    def __call__(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        n = _HELD_HERE.get(self._key, 0) - 1
+        if n > 0:
+            _HELD_HERE[self._key] = n
+        else:
+            _HELD_HERE.pop(self._key, None)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def save_report(report: PactReport, path: str | os.PathLike) -> Path:
+    """Write ``report`` as JSON at ``path`` (mode, options, every :class:`~pactlib.pact.LayerReport`),
+    its subspaces and shields (``keep=True`` reports), if any, as tensors in a safetensors file
+    beside it (``path`` with the suffix ``.safetensors``). Both written atomically, the tensors first.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    from safetensors.torch import save_file
+
+    from ..io import atomic_write
+
+    path = Path(path)
+    tensors: dict[str, Tensor] = {}
+    names: dict[int, str] = {}
+
+    def put(x: Tensor) -> str:
+        if id(x) in names:  # S-PACT: one shield object for every task, stored once
+            return names[id(x)]
+        y = x.detach().cpu()
+        if not y.is_contiguous() or y.untyped_storage().nbytes() != y.numel() * y.element_size():
+            y = y.contiguous().clone()  # a view into a larger tensor: safetensors stores whole tensors
+        name = f"t{len(tensors)}"
+        tensors[name], names[id(x)] = y, name
+        return name
+
+    shields = {k: [put(s) for s in v] for k, v in report.shields.items()}
+    subspaces = {k: {"core": put(s.core), "active": [put(a) for a in s.active],
+                     "lbw": [[put(b.basis), put(b.sigma)] for b in s.lbw]} for k, s in report.subspaces.items()}
+    tensor_file = path.with_suffix(".safetensors") if tensors else None
+    doc = {"format": _REPORT_FORMAT, "version": _REPORT_VERSION, "mode": report.mode,
+           "options": {k: v for k, v in vars(report.options).items()},
+           "layers": [dataclasses.asdict(lr) for lr in report.layers],
+           "shields": shields, "subspaces": subspaces,
+           "tensors": tensor_file.name if tensor_file is not None else None}
+    text = json.dumps(doc, default=repr)
+    if tensor_file is not None:
+        atomic_write(tensor_file, lambda tmp: save_file(tensors, str(tmp)))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    return path
+
+
+def load_report(path: str | os.PathLike, *, mode: str | None = None, options: PactOptions | None = None
+                ) -> PactReport:
+    """Read a report written by :func:`save_report` (JSON, and its safetensors file when it has
+    subspaces and shields; nothing is unpickled).
+
+    Args:
+        path: the JSON file. mode: the PACT mode it must hold (None: any).
+        options: the report's :class:`PactOptions` (the cache key holds them; default: rebuilt
+            from the file).
+
+    Returns:
+        The :class:`~pactlib.pact.PactReport` (tensors on the CPU, in their stored dtypes).
+
+    Raises:
+        FilterCacheError: the file (or its tensor file) is unreadable, not JSON, not a report of
+            this format and version, of another mode, or inconsistent (names the file).
+    """
+    from ..pact import LayerReport, LayerSubspaces
+    from ..subspaces import LBW
+
+    path = Path(path)
+    hint = "; delete it to filter again"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise FilterCacheError(f"{path}: not a readable filtered-layer report ({type(e).__name__}: {e}){hint}") from e
+    if not isinstance(doc, dict) or doc.get("format") != _REPORT_FORMAT:
+        raise FilterCacheError(f"{path}: not a pactlib filtered-layer report (no format {_REPORT_FORMAT!r}){hint}")
+    if doc.get("version") != _REPORT_VERSION:
+        raise FilterCacheError(f"{path}: report version {doc.get('version')!r}, this pactlib reads "
+                               f"{_REPORT_VERSION}{hint}")
+    if mode is not None and doc.get("mode") != mode:
+        raise FilterCacheError(f"{path}: a report of mode {doc.get('mode')!r}, not {mode!r}{hint}")
+    try:
+        opts = options if options is not None else PactOptions(**doc["options"])
+        report = PactReport(doc["mode"], opts, layers=[LayerReport(**lr) for lr in doc["layers"]])
+        tensors: dict[str, Tensor] = {}
+        if doc["tensors"] is not None:
+            name = str(doc["tensors"])
+            if Path(name).name != name:
+                raise ValueError(f"tensor file {name!r} outside the report's folder")
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path.parent / name))
+        report.shields = {k: [tensors[n] for n in v] for k, v in doc["shields"].items()}
+        report.subspaces = {k: LayerSubspaces(core=tensors[s["core"]], active=[tensors[n] for n in s["active"]],
+                                              lbw=[LBW(tensors[b], tensors[g]) for b, g in s["lbw"]])
+                            for k, s in doc["subspaces"].items()}
+    except FilterCacheError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a malformed file, whatever failed: name it
+        raise FilterCacheError(f"{path}: a malformed filtered-layer report ({type(e).__name__}: {e}){hint}") from e
+    return report
+
+
+def cache_limit(max_bytes: float | None = None) -> float:
+    """The bound of ``<cache_dir>/filtered`` in bytes: ``max_bytes`` if given, else
+    ``$PACT_FILTERED_CACHE_GB`` × 10⁹, else :data:`DEFAULT_CACHE_GB` × 10⁹ (``math.inf``: no bound).
+
+    Raises:
+        ValueError: a negative or NaN bound, or an environment value that is not a number (named).
+    """
+    if max_bytes is None:
+        raw = os.environ.get(CACHE_ENV)
+        try:
+            gb = DEFAULT_CACHE_GB if raw in (None, "") else float(raw)
+        except ValueError:
+            raise ValueError(f"${CACHE_ENV}={raw!r} is not a number of gigabytes (e.g. 20, 0, inf)") from None
+        max_bytes = gb * 1e9
+    max_bytes = float(max_bytes)
+    if math.isnan(max_bytes) or max_bytes < 0:
+        raise ValueError(f"filtered cache bound must be >= 0 bytes, got {max_bytes}")
+    return max_bytes
+
+
+def _entries(folder: Path) -> dict[str, list[Path]]:
+    """{cache key: its files} of the cache folder (dot files and folders — temporary writes, timed
+    filters — are not entries)."""
+    out: dict[str, list[Path]] = {}
+    for f in folder.iterdir() if folder.is_dir() else ():
+        if f.name.startswith(".") or not f.is_file():
+            continue
+        key = f.name.split(".", 1)[0]
+        if len(key) == 40 and all(c in "0123456789abcdef" for c in key):
+            out.setdefault(key, []).append(f)
+    return out
+
+
+def _hold(folder: Path, name: str):
+    """An open descriptor of ``<name>.lock`` with a shared lock: the entry is in use while it is open."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+_HELD_HERE: dict[tuple[str, str], int] = {}  # entries in use in this process (no flock: Windows)
+
+
+def prune_cache(folder: str | os.PathLike, max_bytes: float | None = None, *, keep: Sequence[str] = ()
+                ) -> list[str]:
+    """Delete the least recently used entries of a filtered-layer cache folder until its entries
+    total at most ``max_bytes`` (default :func:`cache_limit`). Last use = the newest modification time
+    of an entry's files (a reuse touches its layers file). Entries in ``keep`` and entries in use
+    (their lock held by live filtered task vectors, in any process) are never deleted.
+
+    Returns:
+        The keys of the deleted entries, oldest first.
+
+    Raises:
+        ValueError: as :func:`cache_limit`.
+    """
+    limit = cache_limit(max_bytes)
+    folder = Path(folder)
+    entries = _entries(folder)
+
+    def stat(files):
+        size, last = 0, 0.0
+        for f in files:
+            if f.name.endswith(".lock"):  # holding an entry is not a use of it
+                continue
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            size, last = size + st.st_size, max(last, st.st_mtime)
+        return size, last
+
+    info = {k: stat(fs) for k, fs in entries.items()}
+    order = sorted(info, key=lambda k: (k not in keep, -info[k][1]))  # kept first, then newest first
+    total, deleted = 0, []
+    for k in order:
+        size = info[k][0]
+        if k in keep or total + size <= limit:
+            total += size
+            continue
+        if (str(folder), k) in _HELD_HERE:
+            total += size
+            continue
+        fd = os.open(folder / f"{k}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # in use elsewhere
+                    total += size
+                    continue
+            for f in entries[k]:
+                if not f.name.endswith(".lock"):
+                    f.unlink(missing_ok=True)
+            (folder / f"{k}.lock").unlink(missing_ok=True)
+            deleted.append(k)
+        finally:
+            os.close(fd)
+    return sorted(deleted, key=lambda k: info[k][1])
+
+
 def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, keep: bool = False,
-                          raw: Sequence[LazyTaskVector] | None = None, sources=None, folder: Path | None = None
-                          ) -> tuple[list[LazyTaskVector], PactReport]:
+                          raw: Sequence[LazyTaskVector] | None = None, sources=None, folder: Path | None = None,
+                          max_bytes: float | None = None) -> tuple[list[LazyTaskVector], PactReport]:
     """PACT / S-PACT-filtered task vectors of ``tb`` as :class:`LazyTaskVector`, the filtered layers
     computed once and kept on disk (module docstring), and the :class:`~pactlib.pact.PactReport`.
 
@@ -291,7 +552,8 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
     (T, m, n) stack and its filtered copy per thread (plus, with ``keep``, every layer's subspaces
     and shields in the report, as ``pact_filter(keep=True)`` keeps them). Disk: T × the filtered
     layers in float32 under ``<tb.cache_dir>/filtered`` (a temporary folder when ``cache_dir`` is
-    None), plus the report (a torch pickle written by this function).
+    None), plus the report (JSON, with ``keep`` its tensors in safetensors: :func:`save_report`).
+    After a new entry is written, the cache folder is bounded (module docstring, :func:`prune_cache`).
 
     Args:
         tb: a testbed with ``merge_sources`` (:func:`pactlib.testbeds.base.merge_sources`).
@@ -300,17 +562,20 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
         raw: the lazy task vectors to filter (default ``lazy_task_vectors`` of the sources).
         sources: ``tb.merge_sources()`` when the caller has it.
         folder: where the filtered layers are kept instead of ``<tb.cache_dir>/filtered`` (e.g. an
-            empty folder, to time the filter itself: :func:`pactlib.book.experiments.efficiency.time_filter`).
+            empty folder, to time the filter itself: :func:`pactlib.book.experiments.efficiency.time_filter`;
+            such a folder is not bounded).
+        max_bytes: the bound of ``<tb.cache_dir>/filtered`` in bytes (default :func:`cache_limit`:
+            ``$PACT_FILTERED_CACHE_GB``, else :data:`DEFAULT_CACHE_GB` gigabytes).
 
     Raises:
-        ValueError: an unknown mode; the testbed has no ``merge_sources``.
+        ValueError: an unknown mode; the testbed has no ``merge_sources``; a bad bound (:func:`cache_limit`).
         CheckpointError: as :func:`lazy_task_vectors`; a selected layer of another shape in θ0.
+        FilterCacheError: a cached report or layers file that cannot be read as ours (named).
 
     Warns:
         UserWarning: as :func:`pactlib.pact.pact_filter` (patterns that match no layer, a filter
         that changed nothing).
     """
-    from ..io import atomic_write
     from ..lazy import CheckpointWriter, open_checkpoint
     from ..pact import MODES, filter_layer, select_layers, warn_if_unchanged
     from ..streaming import consume_in_order
@@ -329,19 +594,32 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
     keys = list(raw[0])
     refs = {k: torch.empty(tuple(pre_sd[k].shape), dtype=raw[0].dtype, device="meta") for k in keys}
     matrix_keys, selected = select_layers(refs, mode=mode, options=options, rule=tb.rule, stacklevel=3)
+    bounded = folder is None
+    limit = cache_limit(max_bytes) if bounded else math.inf  # a bad bound fails before any work
     folder = Path(folder) if folder is not None else _cache_folder(tb)
     name = cache_key(tb, mode, options, sources)
     layers_path = folder / f"{name}.safetensors"
-    report_path = folder / f"{name}.{'keep' if keep else 'report'}.pt"
+    report_path = folder / f"{name}.{'keep' if keep else 'report'}.json"
+    lock = _hold(folder, name)  # in use from here on: prune_cache (any process) leaves it alone
+    _HELD_HERE[str(folder), name] = _HELD_HERE.get((str(folder), name), 0) + 1
+    release = _Release(str(folder), name, lock)
     report = None
-    if layers_path.is_file() and report_path.is_file():
-        try:
-            report = torch.load(report_path, map_location="cpu", weights_only=False)  # our own file
-            layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
-            if not isinstance(report, PactReport) or set(layers) != set(selected):
-                report = None
-        except (OSError, RuntimeError, ValueError, EOFError, CheckpointError, AttributeError):
-            report = None
+    try:
+        if layers_path.is_file() and report_path.is_file():
+            report = load_report(report_path, mode=mode, options=options)
+            try:
+                layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
+                stored = set(layers)
+            except Exception as e:  # noqa: BLE001 - corrupted / foreign: name the file
+                raise FilterCacheError(f"{layers_path}: not readable as filtered layers ({type(e).__name__}: {e}); "
+                                       "delete it to filter again") from e
+            if stored != set(selected):
+                raise FilterCacheError(f"{layers_path}: holds {len(stored)} layers, not the {len(selected)} "
+                                       f"selected ones of its key; delete it to filter again")
+            os.utime(layers_path)  # last use, for the bound
+    except BaseException:
+        release()
+        raise
     if report is None:
         dev = engine_device(tb)
         report = PactReport(mode, options)
@@ -367,14 +645,21 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
                     report.shields[key] = shields
                     report.subspaces[key] = subs
 
-        for key in selected:
-            if tuple(pre_sd[key].shape) != tuple(refs[key].shape):
-                raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
-        with CheckpointWriter(layers_path, entries, metadata={"mode": mode}) as writer:
-            consume_in_order(job, selected, max(1, torch.get_num_threads()), consume)
-            writer.commit()
-        _report_to_cpu(report)
-        atomic_write(report_path, lambda tmp: torch.save(report, tmp))
-        layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
+        try:
+            for key in selected:
+                if tuple(pre_sd[key].shape) != tuple(refs[key].shape):
+                    raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
+            with CheckpointWriter(layers_path, entries, metadata={"mode": mode}) as writer:
+                consume_in_order(job, selected, max(1, torch.get_num_threads()), consume)
+                writer.commit()
+            _report_to_cpu(report)
+            save_report(report, report_path)
+            layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
+        except BaseException:
+            release()
+            raise
+        if bounded:
+            prune_cache(folder, limit, keep=[name])
+    weakref.finalize(layers, release)  # the entry stays in use while its task vectors live
     warn_if_unchanged(report, matrix_keys, selected, stacklevel=3)
     return [LazyTaskVector(_Filtered(tv, layers, t), name=tv.name) for t, tv in enumerate(raw)], report
