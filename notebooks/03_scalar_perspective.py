@@ -34,6 +34,7 @@ testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite;
 seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
 fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
 empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
+fisher_chunk = 64               # examples per per-sample-gradient call: memory only (~64 float32 model copies)
 quantile = 0.1                  # U_t, H_t = lowest / top 10 % (method.md §3)
 touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (see "A tie at zero" below)
 perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
@@ -49,7 +50,7 @@ from pactlib.book import params
 P = params.check(
     globals(), testbed=params.testbed(),
     seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
-    empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
+    fisher_chunk=params.at_least(1), empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
     perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
     val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
@@ -111,7 +112,8 @@ for seed in tqdm(seeds, desc="seeds"):
     tvs = tb.task_vectors()  # lazy on a testbed with files (clip): read one task at a time
     merged = TaskVector.sum(tvs).apply_to(tb.pretrained, ta["alpha"])
     for t, tv in tqdm(list(zip(tb.tasks, tvs)), desc=f"tasks, seed {seed}", leave=False):
-        recs += scalar.task_records(tb, t, tv, fisher_samples=fisher_samples, empirical=empirical_fisher,
+        recs += scalar.task_records(tb, t, tv, fisher_samples=fisher_samples, fisher_chunk=fisher_chunk,
+                                    empirical=empirical_fisher,
                                     quantile=quantile, touched_only=touched_only, seed=seed, scales=perturb_scales,
                                     draws=draws, test_limit=test_limit, params=P, suite=suite, merged=merged,
                                     merge_fields=dict(alpha=ta["alpha"], on_edge=ta["on_edge"]))

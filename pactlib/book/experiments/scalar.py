@@ -392,7 +392,7 @@ def restore_records(tb, task: str, merged: Mapping[str, Tensor], theta_t: Mappin
 def task_records(tb, task: str, delta: Mapping[str, Tensor], *, fisher_samples: int, quantile: float, seed: int,
                  scales: Sequence[float], draws: int, test_limit: int | None, params: Mapping[str, Any],
                  empirical: bool = False, touched_only: bool = True, merged: Mapping[str, Tensor] | None = None,
-                 merge_fields: Mapping[str, Any] | None = None, **extra) -> list[dict]:
+                 merge_fields: Mapping[str, Any] | None = None, fisher_chunk: int = 64, **extra) -> list[dict]:
     """Chapter 3's measurements of one (seed, task), start to end: Fisher F_t (S1), enrichment
     (C1), the LBW and control masks, perturbations (C2) and, given ``merged``, displacement and
     restores (C3). Every mask is built, used and dropped inside the call, so a loop over tasks
@@ -410,7 +410,9 @@ def task_records(tb, task: str, delta: Mapping[str, Tensor], *, fisher_samples: 
             kinds); ``task``: one of its tasks; ``delta``: Δt (any mapping,
             e.g. a :class:`pactlib.testbeds.lazy_vectors.LazyTaskVector`), keys ⊇ the Fisher's.
         fisher_samples: N validation examples of the Fisher; ``empirical``: true labels instead of
-            sampled ones (:func:`task_fisher`).
+            sampled ones; ``fisher_chunk``: examples per per-sample-gradient call, a memory knob
+            only (about ``fisher_chunk`` float32 copies of the model: 64 × 0.35 GB for a ViT-B/32
+            tower) (:func:`task_fisher`).
         quantile: q of U_t and H_t, in (0, 1); ``touched_only``: the population of the LBW sets
             (per-key enrichment records are written for that population only).
         seed: the records' seed, the Fisher's label seed and the draws' base seed.
@@ -431,7 +433,8 @@ def task_records(tb, task: str, delta: Mapping[str, Tensor], *, fisher_samples: 
         ValueError: too few validation examples for the Fisher, an empty test split, an empty
             population; KeyError: a Fisher key missing from ``delta``.
     """
-    F_t = task_fisher(tb, task, tb.finetuned[task], n_samples=fisher_samples, empirical=empirical, seed=seed)
+    F_t = task_fisher(tb, task, tb.finetuned[task], n_samples=fisher_samples, empirical=empirical, seed=seed,
+                      chunk=fisher_chunk)
     keys = list(F_t)
     missing = [k for k in keys if k not in delta]
     if missing:
