@@ -14,14 +14,12 @@ from pactlib.pact import PactOptions, pact_filter  # noqa: E402
 from pactlib.taskvector import TaskVector  # noqa: E402
 from pactlib.testbeds import base  # noqa: E402
 from pactlib.testbeds.lazy_vectors import LazyTaskVector  # noqa: E402
-from test_clip_testbed import TASKS, _define, files  # noqa: E402,F401  (files: a fixture)
+from test_clip_testbed import TASKS, files, loaded  # noqa: E402,F401  (files: a fixture)
 
 
 @pytest.fixture(scope="module")
 def tb(files, tmp_path_factory):  # noqa: F811
-    _define("clip-lazy", files, cache_dir=str(tmp_path_factory.mktemp("lazycache")))
-    yield testbeds.load("clip-lazy", 0)
-    testbeds.undefine("clip-lazy")
+    yield from loaded("clip-lazy", files, tmp_path_factory)
 
 
 def _in_memory(tb):

@@ -6,17 +6,14 @@ import pytest
 
 open_clip = pytest.importorskip("open_clip")
 
-from pactlib import testbeds  # noqa: E402
 from pactlib.testbeds.lazy_vectors import LazyTaskVector  # noqa: E402
-from test_clip_testbed import _define, files  # noqa: E402,F401  (files: a fixture)
+from test_clip_testbed import files, loaded  # noqa: E402,F401  (files: a fixture)
 from test_exp_scalar_pipeline import KW, _by_method, _check_same, _merged, _one_pass, _three_passes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tb(files, tmp_path_factory):  # noqa: F811
-    _define("clip-scalar", files, cache_dir=str(tmp_path_factory.mktemp("scalarcache")))
-    yield testbeds.load("clip-scalar", 0)
-    testbeds.undefine("clip-scalar")
+    yield from loaded("clip-scalar", files, tmp_path_factory)
 
 
 def test_one_pass_equals_the_three_passes_on_the_clip_testbed(tb):

@@ -95,11 +95,18 @@ def _define(name, files, tmp_path_factory=None, **more):
     return name
 
 
+def loaded(name, files, tmp_path_factory=None):
+    """Define ``name`` over ``files`` (its own cache folder when ``tmp_path_factory`` is given),
+    yield its seed-0 testbed, undefine it: the body of the module-scoped ``tb`` fixtures."""
+    more = dict(cache_dir=str(tmp_path_factory.mktemp(name))) if tmp_path_factory is not None else {}
+    _define(name, files, **more)
+    yield testbeds.load(name, 0)
+    testbeds.undefine(name)
+
+
 @pytest.fixture(scope="module")
 def tb(files):
-    _define("clip-tiny", files)
-    yield testbeds.load("clip-tiny", 0)
-    testbeds.undefine("clip-tiny")
+    yield from loaded("clip-tiny", files)
 
 
 # ----------------------------------------------------------------------------- definitions

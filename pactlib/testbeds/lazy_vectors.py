@@ -199,15 +199,23 @@ def overlay(raw: Sequence[TaskVector], filtered: Sequence[TaskVector], keys: Seq
     Raises:
         ValueError: different task counts. KeyError: a key of ``keys`` missing from a task vector.
     """
+    check_pairs(raw, filtered, keys, "overlay")
+    return [LazyTaskVector(_Overlay(r, f, keys), name=r.name) for r, f in zip(raw, filtered)]
+
+
+def check_pairs(raw: Sequence[TaskVector], filtered: Sequence[TaskVector], keys: Sequence[str], who: str) -> None:
+    """Check that ``raw`` and ``filtered`` pair up task by task and that every task vector on
+    both sides has every key of ``keys`` (``who`` names the caller in the errors).
+
+    Raises:
+        ValueError: different task counts. KeyError: a key of ``keys`` missing (the first three named).
+    """
     if len(raw) != len(filtered):
-        raise ValueError(f"overlay: {len(raw)} raw vs {len(filtered)} filtered task vectors")
-    out = []
+        raise ValueError(f"{who}: {len(raw)} raw vs {len(filtered)} filtered task vectors")
     for r, f in zip(raw, filtered):
         missing = [k for k in keys if k not in r or k not in f]
         if missing:
-            raise KeyError(f"overlay: key(s) {missing[:3]} missing from task vector {r.name!r}")
-        out.append(LazyTaskVector(_Overlay(r, f, keys), name=r.name))
-    return out
+            raise KeyError(f"{who}: key(s) {missing[:3]} missing from task vector {r.name!r}")
 
 
 def is_lazy(task_vectors: Sequence[TaskVector]) -> bool:

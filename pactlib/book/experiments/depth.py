@@ -100,17 +100,13 @@ def group_task_vectors(raw: Sequence[TaskVector], filtered: Sequence[TaskVector]
     Raises:
         ValueError: different task counts; KeyError: a key missing from a task vector.
     """
-    from pactlib.testbeds.lazy_vectors import is_lazy, overlay
+    from pactlib.testbeds.lazy_vectors import check_pairs, is_lazy, overlay
 
     if is_lazy(raw) or is_lazy(filtered):
         return overlay(raw, filtered, keys)
-    if len(raw) != len(filtered):
-        raise ValueError(f"group_task_vectors: {len(raw)} raw vs {len(filtered)} filtered task vectors")
+    check_pairs(raw, filtered, keys, "group_task_vectors")
     out = []
     for r, f in zip(raw, filtered):
-        missing = [k for k in keys if k not in r or k not in f]
-        if missing:
-            raise KeyError(f"group_task_vectors: key(s) {missing[:3]} missing from task vector {r.name!r}")
         d = dict(r.items())
         d.update({k: f[k] for k in keys})
         out.append(TaskVector(d, name=r.name, dtype=r.dtype))
