@@ -25,7 +25,15 @@ Stages, each timed (cuda kernels synchronised) with its peak GPU memory
    second, batch ``--batch``;
 4. ``paper path``: PACT (RSVD) + Iso-C, α chosen on validation over three values, test at the
    chosen α (:func:`pactlib.eval.select_alpha` with :func:`pactlib.eval.clip_evaluator`): the
-   whole path, timed once (cuda only).
+   whole path, timed once (cuda only);
+5. ``chapter 3`` / ``chapter 10`` (cuda only): a :class:`pactlib.testbeds.clip.ClipTestbed` on
+   ``device`` over these weights, heads and images (its own ``loss_model`` and ``inputs``, as a
+   clip testbed with files has them), running chapter 3's per-task pipeline for task 0
+   (:func:`pactlib.book.experiments.scalar.task_records`: the diagonal Fisher of 8 validation
+   images, 4 per per-sample-gradient call as the paper sets' ``fisher_chunk``, the masks, the
+   perturbations and restores scored on the device) and chapter 10's first-order check for task 0
+   (:func:`pactlib.book.experiments.theory.theory_records` after a ``keep=True`` PACT filter):
+   CPU weights, masks and labels meeting a model on the GPU.
 
 Prints a table and writes ``gpu_check.json`` under ``--out`` (default ``$OUT`` when set, else
 ``results/``). Without a GPU it prints why and exits 0, doing nothing. ``--cpu-smoke`` runs the
@@ -150,6 +158,48 @@ class Timer:
         s = f"{row['seconds']:.3f} s" if row["seconds"] is not None else row["error"]
         print(f"  {stage:10s} {variant:24s} {device:5s} {s}", flush=True)
         return result
+
+
+def chapter_checks(pre: dict, tvs, heads: dict, val: dict, test: dict, clf, device: str, timer: "Timer", *,
+                   fisher_samples: int = 8, test_limit: int = 32) -> None:
+    """Stage 5 (module docstring): chapters 3 and 10 for task 0 on a clip testbed on ``device``,
+    each timed by ``timer``; a note gives the record count and, for chapter 10, predicted vs
+    measured loss change (nats). ``pre``, ``tvs``: CPU; ``heads``: {task: (C, d) unit rows}."""
+    from pactlib import PactOptions, TaskVector, pact_filter
+    from pactlib.book.experiments import scalar, theory
+    from pactlib.matrix import DEFAULT_RULE
+    from pactlib.testbeds.clip import ClipTestbed
+
+    tasks = list(heads)
+    clf.to(device)
+    tb = ClipTestbed("gpu-check", 0, "full", tasks, heads={t: (h, 100.0) for t, h in heads.items()},
+                     val=val, test=test, classifier=clf, device=device, pretrained=pre, rule=DEFAULT_RULE,
+                     finetuned={t: tv.apply_to(pre, 1.0) for t, tv in zip(tasks, tvs)})
+    t0 = tasks[0]
+
+    def chapter3():
+        merged = TaskVector.sum(tvs).apply_to(pre, 0.3)
+        recs = scalar.task_records(tb, t0, tvs[0], fisher_samples=fisher_samples, fisher_chunk=4, quantile=0.1,
+                                   seed=0, scales=[1.0], draws=1, test_limit=test_limit, params={}, merged=merged)
+        return f"{len(recs)} records"
+
+    def chapter10():
+        pre_d = {k: v.to(device) for k, v in pre.items()}
+        tvs_d = [tv.map(lambda k, v: v.to(device)) for tv in tvs]
+        filtered, report = pact_filter(pre_d, tvs_d, mode="pact", options=PactOptions(svd="rsvd"),
+                                       rule=DEFAULT_RULE, keep=True)
+        filtered = [tv.map(lambda k, v: v.cpu()) for tv in filtered]  # as testbeds.filtered returns them
+        del pre_d, tvs_d
+        recs = theory.theory_records(tb, 0, tvs[0], filtered[0], report, xy_loss=tb.inputs(t0, "val", 16),
+                                     xy_test=tb.inputs(t0, "test", test_limit), fracs=[0.5, 1.0], seed=0,
+                                     params={}, rule=DEFAULT_RULE)
+        fo = recs[0]["metrics"]
+        return f"{len(recs)} records; predicted {fo['predicted']:.2e}, measured {fo['measured']:.2e} nats"
+
+    for name, fn in (("chapter 3", chapter3), ("chapter 10", chapter10)):
+        note = timer.run(name, "task 0 on the testbed", device, fn)
+        if note is not None:
+            timer.rows[-1]["note"] = note
 
 
 def _num(x) -> str:
@@ -285,6 +335,8 @@ def main(argv=None) -> int:
             if rec is not None:
                 timer.rows[-1]["alpha"] = rec["alpha"]
                 timer.rows[-1]["note"] = f"α = {rec['alpha']}"
+            chapter_checks(pre, tvs, heads, val, test, clf, dev, timer,
+                           fisher_samples=4 if smoke else 8, test_limit=8 if smoke else 32)
         if dev != device:
             timer.run("filter", "pact (exact)", dev,
                       lambda: pact_filter(pre_d, tvs_d, mode="pact", options=PactOptions(svd="exact"),

@@ -21,9 +21,14 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
                     names: Iterable[str] | None = None, per_sample: str = "auto") -> dict[str, Tensor]:
     """Diagonal Fisher of ``model`` (logits (B, C)) over the first ``n_samples`` examples (S1).
 
+    Devices: the examples are moved to the model's device (that of its first parameter or buffer;
+    the CPU for a model with neither), the sampled labels are drawn on the CPU from a CPU
+    generator (so a seed gives the same labels on every device) and moved there, and the Fisher is
+    returned on the CPU.
+
     Args:
         model: a classifier returning logits; evaluated in eval mode (BatchNorm statistics frozen).
-        batches: iterable of (inputs (B, …), labels (B,)).
+        batches: iterable of (inputs (B, …), labels (B,)), on any device.
         n_samples: N, the number of examples used (the estimate is a mean over them).
         empirical: use the given labels (empirical Fisher) instead of sampling y ~ p(y|x; θ).
         seed: seed of the label sampling (a private generator; global RNG untouched).
@@ -35,7 +40,7 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
             or ``"auto"`` (vmap, and the loop from the first chunk vmap cannot run). Same result.
 
     Returns:
-        {parameter name: F (same shape as the parameter), float32}.
+        {parameter name: F (same shape as the parameter), float32, on the CPU}.
 
     Raises:
         ValueError: ``n_samples`` < 1, fewer examples available than ``n_samples``, or an unknown
@@ -57,7 +62,8 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
             raise ValueError(f"diagonal_fisher: unknown parameter name(s) {sorted(missing)[:5]}")
         params = {k: v for k, v in params.items() if k in wanted}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
-    gen = torch.Generator().manual_seed(seed)
+    device = next(iter([*params.values(), *buffers.values()]), torch.empty(0)).device
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws whatever the device
 
     def nll(p, x, y):  # one example
         logits = functional_call(model, ({**p}, buffers), (x.unsqueeze(0),))
@@ -90,12 +96,12 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
             for s in range(0, len(x), chunk):
                 if seen >= n_samples:
                     break
-                xb = x[s:s + min(chunk, n_samples - seen)]
-                yb = y[s:s + len(xb)]
+                xb = x[s:s + min(chunk, n_samples - seen)].to(device)
+                yb = y[s:s + len(xb)].to(device)
                 if not empirical:
                     with torch.no_grad():
                         probs = torch.softmax(model(xb), -1)
-                    yb = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+                    yb = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(1).to(device)
                 accumulate(xb, yb)
                 seen += len(xb)
             if seen >= n_samples:
@@ -104,25 +110,33 @@ def diagonal_fisher(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], 
         model.train(was_training)
     if seen < n_samples:
         raise ValueError(f"diagonal_fisher: asked for n_samples={n_samples} but the batches held only {seen}")
-    return {k: v / seen for k, v in total.items()}
+    return {k: (v / seen).cpu() for k, v in total.items()}
 
 
 def _exact_mask(values: Tensor, count: int, largest: bool) -> Tensor:
     flat = values.reshape(-1)
-    mask = torch.zeros(flat.numel(), dtype=torch.bool)
+    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     if count > 0:
         mask[torch.topk(flat, count, largest=largest, sorted=False).indices] = True
     return mask.reshape(values.shape)
 
 
 def lowest_mask(values: Tensor, q: float) -> Tensor:
-    """Mask of exactly ⌊q·N⌋ entries of smallest value (U: small |Δ|, S2)."""
+    """Mask of exactly ⌊q·N⌋ entries of smallest value (U: small |Δ|, S2): bool, ``values``'
+    shape, on ``values``' device.
+
+    Raises:
+        ValueError: q outside (0, 1)."""
     _check_q(q)
     return _exact_mask(values, int(q * values.numel()), largest=False)
 
 
 def highest_mask(values: Tensor, q: float) -> Tensor:
-    """Mask of exactly ⌊q·N⌋ entries of largest value (H: high Fisher, S2)."""
+    """Mask of exactly ⌊q·N⌋ entries of largest value (H: high Fisher, S2): bool, ``values``'
+    shape, on ``values``' device.
+
+    Raises:
+        ValueError: q outside (0, 1)."""
     _check_q(q)
     return _exact_mask(values, int(q * values.numel()), largest=True)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check: the paper path (PACT filter, merges, CLIP evaluation, α search) on ViT-B/32-shaped
+# GPU check: the paper path (PACT filter, merges, CLIP evaluation, α search, chapters 3 and 10 on a
+# clip testbed: Fisher, masks, loss and scores of CPU weights on the GPU model) on ViT-B/32-shaped
 # random weights, timed on cuda vs the CPU, with peak GPU memory; a table on stdout and
 # gpu_check.json under $OUT (or results/). No GPU: says so and exits 0. Under 10 minutes.
 #

@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh (bench/gpu_check.py): without a GPU it exits 0 saying so; with
 --cpu-smoke it runs the whole path (PACT filter exact/RSVD, every merge, CLIP evaluation, the α
-search) on tiny shapes on the CPU and writes its JSON report."""
+search, chapters 3 and 10 on a clip testbed) on tiny shapes on the CPU and writes its JSON report."""
 from __future__ import annotations
 
 import json
@@ -31,12 +31,15 @@ def test_cpu_smoke_runs_the_paper_path(tmp_path):
     assert report["info"]["mode"] == "cpu-smoke" and report["info"]["tasks"] == 3
     rows = {(r["stage"], r["variant"].split(",")[0]): r for r in report["stages"]}
     want = {("filter", "pact (rsvd)"), ("filter", "pact (exact)"), ("eval", "θ0"), ("path", "PACT(rsvd)+Iso-C")} | \
-        {("merge", m) for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")}
+        {("merge", m) for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")} | \
+        {("chapter 3", "task 0 on the testbed"), ("chapter 10", "task 0 on the testbed")}
     assert set(rows) == want
     for r in rows.values():
         assert r["error"] is None and r["seconds"] > 0 and r["device"] == "cpu", r
     assert rows["eval", "θ0"]["images_per_second"] > 0
     assert rows["path", "PACT(rsvd)+Iso-C"]["alpha"] in (0.5, 1.0, 2.0)
+    assert rows["chapter 3", "task 0 on the testbed"]["note"].endswith(" records")
+    assert "measured" in rows["chapter 10", "task 0 on the testbed"]["note"]
     assert "speed-up" in proc.stdout and "peak GPU MiB" in proc.stdout and "wrote" in proc.stdout
 
 

@@ -78,7 +78,11 @@ def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, e
 def state_scores(model: torch.nn.Module, state: Mapping[str, Tensor], xy: tuple[Tensor, Tensor], *,
                  batch_size: int = 256) -> dict[str, float]:
     """Accuracy in [0, 1] and mean cross-entropy (nats) of ``model`` run with the backbone weights
-    ``state`` (``torch.func.functional_call``: the module is reused, nothing is loaded or copied).
+    ``state`` (``torch.func.functional_call``: the module is reused, nothing is loaded).
+
+    Devices: ``state`` and ``xy`` may be anywhere; they are moved to the model's device (that of
+    its first parameter or buffer: a copy of the state there when it is elsewhere, e.g. CPU
+    weights for a clip testbed's CUDA model).
 
     Args:
         model: a classifier from ``tb.loss_model(..., task)`` (parameter names = state-dict keys).
@@ -93,9 +97,19 @@ def state_scores(model: torch.nn.Module, state: Mapping[str, Tensor], xy: tuple[
     if len(y) == 0:
         raise ValueError("scores: no examples to score")
     model.eval()
-    logits = torch.cat([functional_call(model, dict(state), (x[i:i + batch_size],))
+    device = _device_of(model)
+    state = {k: v.to(device) for k, v in state.items()}
+    x, y = x.to(device), y.to(device)
+    logits = torch.cat([functional_call(model, state, (x[i:i + batch_size],))
                         for i in range(0, len(x), batch_size)])  # (N, C)
     return {"acc": float((logits.argmax(1) == y).float().mean()), "loss": float(F.cross_entropy(logits, y))}
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (the CPU when it has neither)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def scores(tb, state: Mapping[str, Tensor], task: str, xy: tuple[Tensor, Tensor]) -> dict[str, float]:
@@ -159,7 +173,7 @@ def _select(values: Mapping[str, Tensor], pop: Mapping[str, Tensor]) -> dict[str
 def _scatter(masks: Mapping[str, Tensor], pop: Mapping[str, Tensor]) -> dict[str, Tensor]:
     out = {}
     for k, m in masks.items():
-        full = torch.zeros(pop[k].shape, dtype=torch.bool)
+        full = torch.zeros(pop[k].shape, dtype=torch.bool, device=pop[k].device)
         full[pop[k]] = m
         out[k] = full
     return out
@@ -201,7 +215,7 @@ def random_subset(pool: Mapping[str, Tensor], count: int, *, seed: int) -> dict[
         raise ValueError(f"random_subset: asked for {count} entries from a pool of {len(idx)}")
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros_like(flat)
-    out[idx[torch.randperm(len(idx), generator=gen)[:count]]] = True
+    out[idx[torch.randperm(len(idx), generator=gen)[:count].to(idx.device)]] = True  # drawn on the CPU
     return _split(out, pool)
 
 

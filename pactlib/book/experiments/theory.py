@@ -28,7 +28,7 @@ from pactlib import causal
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.book.records import make_record
 from pactlib.book.verdicts import ladder, verdict
-from pactlib.book.experiments.scalar import state_scores
+from pactlib.book.experiments.scalar import _device_of, state_scores
 
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
            "summary_table", "plot_sides", "plot_path", "plot_layers", "c12_verdict"]
@@ -41,16 +41,22 @@ def task_loss(tb, task: str, xy: tuple[Tensor, Tensor]) -> Callable[[Mapping[str
     The returned function is differentiable in the tensors it is given (``torch.func.functional_call``
     on one classifier module built here); BatchNorm runs in eval mode, as in the zoo.
 
+    Devices: the model is where ``tb.loss_model`` puts it (a clip testbed's ``device``); ``xy`` is
+    moved there once, and each state's tensors are moved there at each call (differentiably: the
+    gradient of the returned 0-d loss, which lives on the model's device, flows back to the
+    tensors given, e.g. CPU weights).
+
     Args:
         xy: model-ready inputs (N, ...) and labels (N,), e.g. ``tb.inputs(task, "val", 256)``.
     """
     from torch.func import functional_call
 
-    x, y = xy
     model = tb.loss_model(dict(tb.finetuned[task]), task).eval()
+    device = _device_of(model)
+    x, y = (v.to(device) for v in xy)
 
     def loss(state: Mapping[str, Tensor]) -> Tensor:
-        logits = functional_call(model, dict(state), (x,))  # (N, C)
+        logits = functional_call(model, {k: v.to(device) for k, v in state.items()}, (x,))  # (N, C)
         return F.cross_entropy(logits, y)
 
     return loss
@@ -96,8 +102,8 @@ def layer_terms(loss_fn: Callable[[Mapping[str, Tensor]], Tensor], theta: Mappin
     grads = torch.autograd.grad(loss_fn(params), [params[k] for k in removed])
     out = []
     for (k, r), g in zip(removed.items(), grads):
-        G, R = rule.view(k, g).double(), rule.view(k, r).double()  # (m, n)
-        gs = float((G @ shields[k].to(G.dtype)).norm())
+        G, R = rule.view(k, g).double(), rule.view(k, r.to(g.device)).double()  # (m, n)
+        gs = float((G @ shields[k].to(G.device, G.dtype)).norm())
         dn = float(delta[k].double().norm()) ** 2
         out.append(dict(key=k, predicted=-float((G * R).sum()), bound=gs * float(R.norm()),
                         grad_share=gs / float(G.norm()) if float(G.norm()) else math.nan,
@@ -116,7 +122,7 @@ def loss_path(loss_fn: Callable[[Mapping[str, Tensor]], Tensor], theta: Mapping[
     base = float(loss_fn(dict(theta))) if base is None else base
     out = []
     for s in fracs:
-        moved = {k: (v - s * removed[k].to(v.dtype) if k in removed else v) for k, v in theta.items()}
+        moved = {k: (v - s * removed[k].to(v.device, v.dtype) if k in removed else v) for k, v in theta.items()}
         out.append(float(loss_fn(moved)) - base)
     return out
 
@@ -153,7 +159,8 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     tot = sum(float(delta[k].double().norm()) ** 2 for k in keys)
     model = tb.loss_model(dict(theta), task)
     ft = state_scores(model, theta, xy_test)
-    filt = state_scores(model, {k: (v - removed[k].to(v.dtype) if k in removed else v) for k, v in theta.items()}, xy_test)
+    filt = state_scores(model, {k: (v - removed[k].to(v.device, v.dtype) if k in removed else v)
+                                for k, v in theta.items()}, xy_test)
     common = dict(params=params, seed=seed, task=task, **extra)
     recs = [make_record("first-order", metrics=dict(**fo, removed_energy=rem / tot if tot else math.nan,
                                                     acc_ft=ft["acc"], acc_filtered=filt["acc"],
