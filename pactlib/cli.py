@@ -56,7 +56,7 @@ from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha
 from .io import load_state_dict
 from .lazy import check_out_suffix, parse_size, trusted_reader
-from .matrix import PRESETS, MatrixRule, detect_preset, split_attention_note
+from .matrix import PRESETS, MatrixRule, detect_preset
 from .streaming import merge_files
 
 
@@ -196,9 +196,7 @@ def cmd_merge(args) -> int:
     rule = args.rule
     if rule == "auto":  # from θ0's key names
         rule = detect_preset(keys)
-    note = split_attention_note(keys, where="pact merge: ")
-    if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
-        warnings.warn(note, UserWarning)
+    # merge_files warns on Hugging Face CLIP's separate q/k/v (another per-layer view than open_clip's fused in_proj)
     if adapters:
         from .peft import AdapterSource
 

@@ -54,7 +54,7 @@ from . import merges
 from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict
 from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
-from .matrix import DEFAULT_RULE, MatrixRule
+from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_layer, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
@@ -343,6 +343,12 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
             file and key, before any data is read), NaN / Inf (file and key).
         MergeOverflowError: a merged value overflows θ0's dtype.
+
+    Warns:
+        UserWarning: as :func:`pactlib.merge`: θ0 has Hugging Face CLIP keys, whose separate
+            q/k/v matrices merge differently from open_clip's fused ``in_proj_weight``
+            (:func:`pactlib.matrix.split_attention_note`; said once θ0's header is read, before any
+            merging); PACT changed nothing; a task vector is all zeros, or two are identical.
     """
     alpha = check_alpha(alpha)
     mparams, options = resolve_kwargs(method, pact, kw)
@@ -376,6 +382,9 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
     loader = loader or default_loader(trust_pickle)
     pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
+    note = split_attention_note(pre.keys(), where=f"{method}: ")
+    if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
+        warnings.warn(note, UserWarning, stacklevel=2)
     fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
            for p, nm in zip(finetuned, names)]
     inputs = DeltaReader(pre, fts, names)

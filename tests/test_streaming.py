@@ -3,6 +3,7 @@ in-memory path, bit for bit, for every method with and without PACT / S-PACT, on
 sharded and pickled inputs, whole or in chunks, into one file or shards; exact TIES trimming;
 lazy reading, the writer, and errors that name the file and the key and leave no output."""
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,26 @@ def test_a_method_that_is_not_per_key_needs_a_streamed_form(tmp_path, ckpts, mon
         pactlib.merge_files("whole", p0, ps, tmp_path / "o.safetensors", alpha=1.0)
     assert merges.get("ties").is_per_key({"scope": "per_key"}) and not merges.get("ties").is_per_key({})
     assert merges.get("task_arithmetic").elementwise and merges.get("iso_c").is_per_key({})
+
+
+def test_merge_files_warns_on_hugging_face_attention_layout_as_merge_does(tmp_path):
+    """Separate q/k/v (Hugging Face CLIP keys) merge differently from a fused in_proj_weight:
+    merge_files says so, with pactlib.merge's words, once; open_clip keys get no such warning."""
+    g = torch.Generator().manual_seed(0)
+    hf = {f"vision_model.encoder.layers.0.self_attn.{p}_proj.weight": torch.randn(4, 4, generator=g) for p in "qkv"}
+    fused = {"visual.transformer.resblocks.0.attn.in_proj_weight": torch.randn(12, 4, generator=g)}
+    for sd, split in ((hf, True), (fused, False)):
+        fts = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in sd.items()} for _ in range(2)]
+        p0, ps = _files(tmp_path, sd, fts)
+        with pytest.warns(UserWarning) as streamed:
+            pactlib.merge_files("iso_c", p0, ps, tmp_path / "m.safetensors", alpha=1.0)
+            warnings.warn("sentinel", UserWarning)  # pytest.warns needs one warning when none is expected
+        with pytest.warns(UserWarning) as memory:
+            pactlib.merge("iso_c", sd, fts, alpha=1.0)
+            warnings.warn("sentinel", UserWarning)
+        said = [str(w.message) for w in streamed if "Hugging Face CLIP keys" in str(w.message)]
+        assert said == ([str(w.message) for w in memory if "Hugging Face CLIP keys" in str(w.message)]
+                        if split else [])
+        assert len(said) == int(split)
+        if split:
+            assert said[0].startswith("iso_c: Hugging Face CLIP keys") and "naming='open_clip'" in said[0]
