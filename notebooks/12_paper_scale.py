@@ -156,9 +156,13 @@ display(Markdown(
 #     --out merged.safetensors --set core_frac=0.1 svd=rsvd
 # ```
 #
-# It reads `.safetensors` and plain `.pt` state dicts (not pickled modules: convert those once
-# with `vision_state_dict` and `pactlib.save_state_dict`). In Python, `pactlib.merge` does the
-# same and `pactlib.merged_update` returns D once for an α sweep.
+# It reads `.safetensors` files, sharded checkpoints and `.pt`/`.pth`/`.bin` state dicts,
+# converting pickles once to safetensors in a cache, then merges one layer at a time (about one
+# layer's memory, whatever the number of tasks). The task_vectors / TSV releases' files are whole
+# pickled `ImageEncoder` modules: `--trust-pickle` reads them too (unpickling runs code from the
+# files: trusted files only), keys unchanged (`model.visual.*`). PEFT LoRA adapters go in with
+# `--lora-adapters`. In Python, `pactlib.merge_files` is the same streamed merge, `pactlib.merge`
+# the in-memory one, and `pactlib.merged_update` returns D once for an α sweep.
 #
 # **Evaluating.** `pactlib.eval.clip_evaluate(state, heads, datas, classifier=...)` scores a
 # vision tower (θ0, θt or a merge) on several tasks, each with its own head, loading the tower
