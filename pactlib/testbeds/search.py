@@ -1,6 +1,6 @@
 """``pact search``: choose α on validation for a testbed from the command line.
 
-    pact search --testbed synthetic-3 --method iso_c [--pact pact|s-pact]
+    pact search --testbed synthetic-3 --method iso_c [--pact pact|s-pact] [--params FILE.yaml]
                 [--alphas 0.1 0.5 1.0 | --alpha-points 5] [--seed 0] [--kind full|lora]
                 [--device cpu|cuda|auto] [--threads N] [--set KEY=VALUE ...] [--option KEY=VALUE ...]
                 [--widen 3] [--refine 0] [--out-records r.jsonl] [--out merged.safetensors]
@@ -26,6 +26,15 @@ loader's options (``val_limit=64``, ``cache_dir=…``). ``--device`` is passed t
 loader as ``device=`` (``auto``: cuda when present); a family without that option runs on the
 CPU, so ``cpu`` is then accepted and ``cuda`` refused. ``--threads`` sets torch's thread count
 (the PACT filter runs that many layers at once, :mod:`pactlib.threads`).
+
+Named testbeds (a family whose testbeds need options, e.g. ``clip``: checkpoint and data paths)
+must be defined before they are named. ``--params FILE`` defines the ``testbeds:`` section of a
+parameter set as the book runner does (:func:`define_from_params`), e.g.
+``pact search --params params/paper-vitb32-8.yaml --testbed clip-vitb32-8 --method iso_c``; a
+named testbed whose path options name no existing file is refused before anything is loaded.
+``$PACT_TESTBEDS`` also defines testbeds: JSON ``{name: {"family": ..., option: value, ...}}``,
+read when :mod:`pactlib.testbeds` is imported (the book runner hands a set's definitions to its
+kernels this way); ``--params`` replaces a definition of the same name.
 
 A plug-in of the ``pact`` command (entry point ``search`` of the group ``pactlib.cli``): it needs
 the book's dependencies (numpy for the α grid). Errors (an unknown method or testbed, a bad
@@ -208,11 +217,46 @@ def _table(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def define_from_params(path) -> list[str]:
+    """Define the ``testbeds:`` section of the parameter set ``path`` (a YAML file), as the book
+    runner does (:func:`pactlib.book.params.testbed_definitions`, then
+    :func:`pactlib.testbeds.define_all` replacing same-named definitions).
+
+    Returns:
+        The names defined, in file order (``[]`` for a set without a ``testbeds:`` section).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError (``ParameterError``): not YAML, a malformed
+            section, an unknown family or option, a bad option value (every problem at once,
+            naming the file, the testbed and the key).
+    """
+    from pathlib import Path as _Path
+
+    from ..book.params import testbed_definitions
+    from . import define_all
+
+    path = _Path(path)
+    return define_all(testbed_definitions(path), where=f"{path.name}: testbeds", replace=True)
+
+
+def _check_paths(name: str) -> None:
+    """Refuse a defined testbed whose path options name no existing file (placeholders)."""
+    from . import missing_paths
+
+    missing = missing_paths(name)
+    if missing:
+        raise ValueError(f"testbed {name!r}: " + "; ".join(f"{opt} {path} does not exist" for opt, path in missing)
+                         + " (edit the definition's paths)")
+
+
 def cmd_search(args) -> int:
     from ..cli import parse_set, set_threads
     from ..merges import UnknownMethodError
 
     set_threads(args.threads)
+    if args.params is not None:
+        define_from_params(args.params)
+    _check_paths(args.testbed)
     if args.out_records is not None and Path(args.out_records).is_dir():
         raise ValueError(f"--out-records {args.out_records} is a folder; name a .jsonl file")
     try:
@@ -242,8 +286,18 @@ def add_cli(sub) -> None:
     """Add ``pact search`` to the ``pact`` sub-parsers (entry point ``search`` of ``pactlib.cli``)."""
     p = sub.add_parser("search", help="choose α on validation for a testbed (method ± PACT), write the record "
                                       "and the merged checkpoint",
-                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--testbed", required=True, help="a registered testbed name, e.g. synthetic-3, lite0-8")
+                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="named testbeds (e.g. the clip family, read from your checkpoint files) need a\n"
+                              "definition: --params FILE defines the testbeds: section of a parameter set, as the\n"
+                              "book runner does, e.g.\n"
+                              "  pact search --params params/paper-vitb32-8.yaml --testbed clip-vitb32-8 \\\n"
+                              "      --method iso_c --pact pact\n"
+                              "$PACT_TESTBEDS also defines testbeds: JSON {name: {\"family\": ..., option: value, ...}},\n"
+                              "read when pactlib.testbeds is imported; --params replaces a definition of the same name.")
+    p.add_argument("--testbed", required=True,
+                   help="a testbed name, e.g. synthetic-3, lite0-8, or one defined by --params / $PACT_TESTBEDS")
+    p.add_argument("--params", default=None, metavar="FILE.yaml",
+                   help="a parameter set whose testbeds: section defines named testbeds (as the book runner)")
     p.add_argument("--method", required=True, help="a merge method (pact methods lists them)")
     p.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter the task vectors first")
     g = p.add_mutually_exclusive_group()
