@@ -13,13 +13,17 @@
 # venv only, and build the data, the zoo and the rest of the setup only once that passed (a
 # sub-make after the check, so the order holds under -j too): a wrong value fails in seconds.
 #
-# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip. It
-# depends on the parameter set: the paper-scale sets (params/paper-*.yaml) run on the user's CLIP
-# files and synthetic/smoke testbeds that build themselves in seconds, so they need neither the
-# Lite0 data of all 20 tasks nor the Lite0 zoo (`make book PARAMS=paper-vitb32-8` builds neither).
+# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip. The
+# runner derives them from what the chapters (of `chapter`: chapter $(NB)) name under the set and
+# ARGS (`scripts/run_notebooks.py --needs`): `data zoo` when a run names a built-in testbed that
+# reads them (Lite0 with its default zoo, MiniLM), else nothing. So the default set builds both,
+# while a set that runs on the user's CLIP files and on testbeds that build themselves in seconds
+# (synthetic, Lite0's smoke zoo: params/paper-*.yaml, params/smoke.yaml) builds neither, whether
+# PARAMS names it or gives its path (`make book PARAMS=$$PWD/params/paper-vitb32-8.yaml`). Without
+# the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
 # BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
 # zoo manifests): when they change, every notebook runs again.
-BOOK_DEPS   ?= $(if $(filter paper-%,$(PARAMS)),,data zoo)
+BOOK_DEPS   ?= $(if $(wildcard $(PY)),$(shell $(PY) scripts/run_notebooks.py --params $(PARAMS) --needs $(BOOK_ONLY) $(ARGS)),data zoo)
 BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/zoo-minilm/manifest.json $(PACT_CACHE)/data/**/manifest.json
 # BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). Two 1-thread
 # kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
@@ -36,6 +40,7 @@ book: book-check
 	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
 	$(BOOK_RUN) $(ARGS)
 
+chapter: BOOK_ONLY = --only $(NB)
 chapter: chapter-check
 	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
 	$(BOOK_RUN) --only $(NB) $(ARGS)

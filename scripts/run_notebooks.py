@@ -4,6 +4,7 @@
     .venv/bin/python scripts/run_notebooks.py                      # the whole book, params/default.yaml
     .venv/bin/python scripts/run_notebooks.py --params smoke       # tiny values (tests)
     .venv/bin/python scripts/run_notebooks.py --only 05_main_results -p alpha_points=5
+    .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --needs   # what `make` builds first
 
 Steps, in order:
 
@@ -37,6 +38,12 @@ Steps, in order:
 3. Render with ``jupyter-book build -W -n --keep-going`` (execution off) into ``_build/html``
    (set ``default``) or ``_build/<set>/_build/html`` (other sets), then check that every
    chapter page exists and that no page loads anything from a CDN (MathJax is local).
+
+``--needs`` runs nothing: it prints the make targets that produce the selected notebooks'
+inputs, ``data zoo`` when any run of them (main or variant, after ``-p``) names a built-in
+testbed that reads the book's data and model zoo (:data:`ZOO_FAMILIES`: Lite0 with its default
+zoo profile, MiniLM), else nothing (``mk/book.mk``'s ``BOOK_DEPS``). A set that cannot be read
+prints ``data zoo`` (the safe answer) and the reason on stderr, with status 2.
 
 Exit status: 0 on success, 1 on a failed notebook / build / check, 2 on bad parameters.
 """
@@ -145,6 +152,62 @@ def toc_chapters(toc_path: Path = TOC) -> list[str]:
     text = toc_path.read_text(encoding="utf-8")
     return [f[len(TOC_PREFIX):] for f in re.findall(r"file:\s*(\S+)", text)
             if f.startswith(TOC_PREFIX)]
+
+
+#: Testbed families whose testbeds read what `make data zoo` builds (the prepared datasets and the
+#: book's model zoos); a Lite0 testbed with ``zoo_profile: smoke`` builds its seconds-sized zoo itself.
+ZOO_FAMILIES = ("lite0", "minilm")
+#: What ``--needs`` prints when a run needs them: mk/book.mk's targets.
+NEEDS = ("data", "zoo")
+
+
+def _names_zoo_testbed(values: dict[str, Any]) -> bool:
+    """Whether a notebook's final parameter values name a testbed of :data:`ZOO_FAMILIES` (in a
+    parameter whose name holds ``testbed``: ``testbed``, ``testbeds``, ``minilm_testbed``)."""
+    from pactlib import testbeds
+
+    smoke = values.get("zoo_profile") == "smoke"
+    for name, value in values.items():
+        if "testbed" not in name:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(v, str) or not v:
+                continue
+            try:
+                family = testbeds.check_name(v)
+            except (KeyError, ValueError, TypeError):  # not a testbed name, or one that needs a definition
+                continue
+            if family in ZOO_FAMILIES and not (family == "lite0" and smoke):
+                return True
+    return False
+
+
+def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: list[str] | None = None) -> list[str]:
+    """The make targets (:data:`NEEDS`) that produce the inputs of ``paths`` run with
+    ``params_file`` and the ``-p`` values ``cli``: all of them when any run (the main one and the
+    set's variants, or only ``runs``) names a testbed of :data:`ZOO_FAMILIES`, else ``[]``. Reads
+    the parameter cells and the set; validates nothing else and loads no testbed.
+
+    Raises:
+        FileNotFoundError: no such set. ParameterError: a malformed set or parameter cell.
+    """
+    import jupytext
+
+    variants = pparams.variant_definitions(params_file)
+    variants.pop(pparams.MAIN, None)
+    plan = [("", None)] + [(v, spec["chapters"]) for v, spec in variants.items()]
+    if runs:
+        plan = [(v, chapters) for v, chapters in plan if (v or pparams.MAIN) in runs]
+    for variant, chapters in plan:
+        for path in paths:
+            if chapters is not None and path.stem not in chapters:
+                continue
+            defaults = pparams.parse_defaults(parameters_cell(jupytext.read(path), _rel(path)).source, where=_rel(path))
+            values = {**defaults, **pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None),
+                      **{k: v for k, v in cli.items() if k in defaults}}
+            if _names_zoo_testbed(values):
+                return list(NEEDS)
+    return []
 
 
 def parameters_cell(nb: Any, where: str) -> Any:
@@ -807,10 +870,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="jupyter-book output folder (HTML in <it>/_build/html)")
     ap.add_argument("--check-only", action="store_true",
                     help="validate notebooks and parameters, execute nothing")
+    ap.add_argument("--needs", action="store_true",
+                    help="print the make targets producing the selected notebooks' inputs ('data zoo' when "
+                         "a run names a Lite0 / MiniLM testbed, else nothing), run nothing")
     args = ap.parse_args(argv)
 
     params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) \
         else PARAMS_DIR / f"{args.params}.yaml"
+    if args.needs:
+        try:
+            with contextlib.chdir(ROOT):
+                needs = book_needs(notebook_paths(args.only), params_file.resolve(), parse_cli(args.set), args.run)
+        except (pparams.ParameterError, FileNotFoundError, RunError) as exc:
+            print(f"run_notebooks: --needs: {exc}; answering {' '.join(NEEDS)!r}", file=sys.stderr)
+            print(" ".join(NEEDS))
+            return 2
+        print(" ".join(needs))
+        return 0
     set_name = params_file.stem
     out_dir = EXECUTED / set_name
     t_all = time.perf_counter()

@@ -424,10 +424,11 @@ data: ; @echo STEP data
 zoo: ; @echo STEP zoo
 include {root}/mk/book.mk
 """
-# $(PY) of the stub: the real runner for the check, a log line instead of executing notebooks
+# $(PY) of the stub: the real runner for the check and the --needs query (BOOK_DEPS), a log line
+# instead of executing notebooks
 STUB_PY = """\
 #!/bin/bash
-case " $* " in *" --check-only "*) exec {python} "$@";; *) echo "STEP run $*";; esac
+case " $* " in *" --check-only "*|*" --needs "*) exec {python} "$@";; *) echo "STEP run $*";; esac
 """
 
 
@@ -453,15 +454,18 @@ def test_make_chapter_checks_parameters_before_building_anything(tmp_path):
     assert bad.returncode != 0
     assert "05_main_results.py: parameter 'alpha_points' must be a finite number >= 2, got -1" in bad.stderr
     assert "STEP" not in bad.stdout  # no setup, data, zoo or run
-    good = _make(tmp_path, "-j4", "chapter", "NB=05", "PARAMS=smoke", "ARGS=-p alpha_points=3")
-    assert good.returncode == 0, good.stdout + good.stderr
-    lines = good.stdout.splitlines()
-    checked = next(i for i, line in enumerate(lines) if "parameters of 1 notebook(s) are valid" in line)
-    steps = [line for line in lines[checked:] if line.startswith("STEP")]
-    assert set(steps[:-1]) == {"STEP setup", "STEP data", "STEP zoo"}
-    assert steps[-1].startswith("STEP run scripts/run_notebooks.py --params smoke") \
-        and steps[-1].endswith("--only 05 -p alpha_points=3")
-    assert not [line for line in lines[:checked] if line.startswith("STEP")]
+    # data and zoo (BOOK_DEPS) only where the chapter's testbeds read them: Lite0 / MiniLM in the
+    # default set, the seconds-sized synthetic testbed (nothing to build) in the smoke set
+    for params, built in (("default", {"STEP setup", "STEP data", "STEP zoo"}), ("smoke", {"STEP setup"})):
+        good = _make(tmp_path, "-j4", "chapter", "NB=05", f"PARAMS={params}", "ARGS=-p alpha_points=3")
+        assert good.returncode == 0, good.stdout + good.stderr
+        lines = good.stdout.splitlines()
+        checked = next(i for i, line in enumerate(lines) if "parameters of 1 notebook(s) are valid" in line)
+        steps = [line for line in lines[checked:] if line.startswith("STEP")]
+        assert set(steps[:-1]) == built, params
+        assert steps[-1].startswith(f"STEP run scripts/run_notebooks.py --params {params}") \
+            and steps[-1].endswith("--only 05 -p alpha_points=3")
+        assert not [line for line in lines[:checked] if line.startswith("STEP")]
 
 
 def test_make_book_checks_every_notebook_first(tmp_path):

@@ -1,0 +1,71 @@
+"""What `make book` / `make chapter` build before the notebooks (mk/book.mk's BOOK_DEPS): the
+runner's ``--needs`` answer, from the testbeds the chapters name under the set, whatever way
+PARAMS names the set (issue 15 review: a path to a paper set used to build the Lite0 + MiniLM
+zoos, because the old rule looked at the set's name)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import load_runner
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_runner()
+
+
+@pytest.fixture
+def needs(runner, capsys):
+    def run(*args) -> tuple[str, int]:
+        rc = runner.main(["--needs", *args])
+        return capsys.readouterr().out.strip(), rc
+    return run
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--params", "default"], "data zoo"),                      # Lite0 + MiniLM chapters
+    (["--params", "smoke"], ""),                                # synthetic + Lite0's smoke zoo: builds itself
+    (["--params", "paper-vitb32-8"], ""),                       # the user's CLIP files
+    (["--params", str(ROOT / "params" / "paper-vitl14-20.yaml")], ""),  # a path, not a name
+    (["--params", "default", "--only", "01"], ""),              # chapter 1: synthetic only
+    (["--params", "default", "--only", "03", "--run", "minilm"], "data zoo"),  # a variant's testbed
+    (["--params", "paper-vitb32-8", "--only", "03", "-p", "testbed=lite0-8"], "data zoo"),  # -p counts
+    (["--params", "paper-vitb32-8", "--only", "02", "-p", "zoo_profile=default"], "data zoo"),
+])
+def test_needs_follow_the_testbeds_the_chapters_name(needs, args, want):
+    assert needs(*args) == (want, 0)
+
+
+def test_needs_of_a_set_that_cannot_be_read_is_the_safe_answer(needs, tmp_path):
+    out, rc = needs("--params", str(tmp_path / "none.yaml"))
+    assert (out, rc) == ("data zoo", 2)
+
+
+def _make_n(*args) -> str:
+    proc = subprocess.run(["make", "-n", "--no-print-directory", *args, f"PY={sys.executable}"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_make_book_builds_data_and_zoo_only_for_sets_that_need_them():
+    zoo = ("pact data prepare", "pactlib.testbeds.lite0.testbed default", "pactlib.testbeds.minilm.testbed default")
+    default = _make_n("book")  # unchanged: the default book builds the data and both zoos first
+    assert all(z in default for z in zoo) and "setup data zoo" in default
+    for params in ("paper-vitb32-8", str(ROOT / "params" / "paper-vitb32-8.yaml")):
+        out = _make_n("book", f"PARAMS={params}")
+        assert not any(z in out for z in zoo), params
+        assert "run_notebooks.py --params " + params in out
+    chapter = _make_n("chapter", "NB=12_paper_scale")  # one chapter of the default set: its own needs (none)
+    assert not any(z in chapter for z in zoo) and "--only 12_paper_scale" in chapter
+    assert not any(z in _make_n("book", "BOOK_DEPS=") for z in zoo)  # empty: skip, as before
