@@ -50,7 +50,7 @@ from pactlib.book import params
 P = params.check(
     globals(), testbed=params.testbed(),
     seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
-    fisher_chunk=params.at_least(1), empirical_fisher=None, quantile=params.between(0.001, 0.5), touched_only=None,
+    empirical_fisher=None, fisher_chunk=params.at_least(1), quantile=params.between(0.001, 0.5), touched_only=None,
     perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
     val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
