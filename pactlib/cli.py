@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    import torch
+
+    threads = torch.get_num_threads()  # --threads is the command's: restored for a caller in the same process
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
@@ -337,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         except (CheckpointError, FileNotFoundError, ValueError, TypeError, KeyError) as e:
             print(f"pact: error: {e}", file=sys.stderr)
             return 2
+        finally:
+            torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,9 @@ def test_chapters_pass_the_testbeds_rule(path):
             if not (isinstance(rule, ast.Attribute) and rule.attr == "rule"):
                 missing.append(f"code cell {i}, line {node.lineno}: {ast.unparse(node.func)}(...)")
     assert not missing, f"{path.name}: calls without rule=tb.rule: {missing}"
-    expected = {"03": 1, "04": 3, "07": 2, "08": 4, "10": 2}.get(path.name[:2], 0)
+    # chapter 3's per-task pipeline (scalar.task_records) and chapters 7 and 10's filter
+    # (testbeds.filtered) take the testbed itself and read its rule inside (tested there)
+    expected = {"03": 0, "04": 3, "07": 1, "08": 4, "10": 1}.get(path.name[:2], 0)
     assert calls >= expected, f"{path.name}: found {calls} calls that take a rule, expected at least {expected}"
 
 

@@ -93,3 +93,19 @@ def test_search_device(capsys):
                  "--widen", "0"]) == 0
     with pytest.raises(SystemExit):  # --alphas and --alpha-points are exclusive (argparse: status 2)
         main(["search", "--testbed", "synthetic-2", "--method", "ties", "--alphas", "1", "--alpha-points", "2"])
+
+
+def test_threads_option_does_not_leak_into_the_caller(tmp_path):
+    """``--threads`` sets torch's thread count for the command only: an in-process caller (a test,
+    a notebook) gets its own count back, or later work would run (and round) differently."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        argv = ["search", "--testbed", "synthetic-3", "--method", "task_arithmetic", "--alphas", "0.5",
+                "--threads", "1", "--out-records", str(tmp_path / "r.jsonl")]
+        assert main(argv) == 0
+        assert torch.get_num_threads() == 2
+        assert main(["search", "--testbed", "synthetic-3", "--method", "nope", "--threads", "1"]) == 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

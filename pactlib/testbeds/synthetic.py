@@ -55,6 +55,7 @@ from torch.nn import functional as F
 from ..lora import attach, init_adapters, lora_scale, lora_task_vector, merge_adapters, read_adapters
 from ..matrix import DEFAULT_RULE, PRESETS, MatrixRule
 from ..taskvector import TaskVector
+from ..threads import single_threaded
 from .base import code_fingerprint, with_frozen_head
 
 __all__ = ["FAMILY", "MAX_TASKS", "DEFAULT_TASKS", "Recipe", "RECIPE", "SynthNet", "SyntheticTestbed", "load",
@@ -222,7 +223,20 @@ def _train(params: list[Tensor], loss_fn, x: Tensor, y: Tensor, steps: int, batc
 
 # ------------------------------------------------------------------------- memoised parts
 
+def _one_thread(fn):
+    """Run a training function with torch single-threaded (:func:`pactlib.threads.single_threaded`):
+    SGD sums in a different order with another thread count, so θ0 and θt would differ in their
+    last bits depending on the caller's thread count (a CLI ``--threads``, a notebook's kernel).
+    One thread makes the testbed the same in every process."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with single_threaded():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 @functools.lru_cache(maxsize=None)
+@_one_thread
 def _pretrained(r: Recipe) -> dict[str, Tensor]:
     """θ0: the network trained from a random start on the generic ``pre_classes``-way problem."""
     g = _gen(r.data_seed, 4)
@@ -258,6 +272,7 @@ def _classifier(r: Recipe, state: Mapping[str, Tensor], head: Tensor) -> nn.Modu
 
 
 @functools.lru_cache(maxsize=None)
+@_one_thread
 def _finetune(r: Recipe, i: int, seed: int, kind: str) -> tuple[dict[str, Tensor], dict | None]:
     """(θt, LoRA adapters or None) of task ``i`` fine-tuned with ``seed`` and ``kind``."""
     theta0 = _pretrained(r)
