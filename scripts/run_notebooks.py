@@ -704,7 +704,8 @@ def write_verdicts_page(set_name: str, params_file: Path) -> Path:
             for line in path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
                     rec = json.loads(line)
-                    rows.setdefault(rec["claim"], {})[run] = rec["status"]
+                    about = rec.get("run") if rec.get("run") in runs else run  # a verdict on another run's testbed
+                    rows.setdefault(rec["claim"], {})[about] = rec["status"]
                     chapter_of.setdefault(rec["claim"], path.name.split("_")[0].lstrip("0"))
     order = sorted(rows, key=lambda c: (int(m.group(1)) if (m := CLAIM.match(c)) else 999, c))
     used = [r for r in runs if any(r in rows[c] for c in rows)] or [pparams.MAIN]

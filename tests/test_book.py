@@ -266,11 +266,19 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
         plotting.record_verdict("C8", status, "S-PACT +0.1 vs PACT +0.5")
     (tmp_path / "demo" / "records" / "10_theory.verdicts.jsonl").write_text(
         json.dumps({"claim": "C11", "status": "partly reproduced", "evidence": "x"}) + "\n")
+    # a verdict the main run gives about another run's testbed lands in that run's column
+    monkeypatch.setenv("PACT_NOTEBOOK", "02_testbed")
+    monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / "demo" / "records"))
+    monkeypatch.setenv("PACT_RUN", "main")
+    plotting.record_verdict("precondition", "reproduced", "14/14 tasks")
+    plotting.record_verdict("precondition", "partly reproduced", "7/8 tasks", run="text")
+    plotting.record_verdict("aside", "reproduced", "x", run="no-such-run")  # unknown run: the notebook's own
     page = rn.write_verdicts_page("demo", params_file).read_text()
     assert "| Claim | Chapter | Images | Text |" in page
     assert "| C8 | 6 | reproduced | not reproduced |" in page
     assert "| C11 | 10 | partly reproduced | not run |" in page
     assert page.index("| C8 ") < page.index("| C11 ")
+    assert "| precondition | 2 | reproduced | partly reproduced |" in page and "| aside | 2 | reproduced | not run |" in page
     # where the time goes: each chapter's kernel minutes per run, from the runner's .key files
     assert "Where the time goes" not in page  # nothing executed yet
     (tmp_path / "demo" / "06_static_vs_dynamic.key").write_text(json.dumps({"seconds": 90.0}))

@@ -207,10 +207,12 @@ def verdict_text(claim: str, status: str, evidence: str) -> str:
     return f"**Verdict on {claim}: {status}.** {evidence.strip()}"
 
 
-def verdict(claim: str, status: str, evidence: str) -> None:
+def verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -> None:
     """Show a claim's verdict, e.g. ``verdict("C5", "reproduced", f"PACT-TA +{gain:.1f} pts")``.
 
     ``evidence`` should be built from records (f-strings over a frame), not typed numbers.
+    ``run``: the run (a testbed column of the book's Verdicts page) the verdict is about, when it
+    is not the run executing the notebook (chapter 2 judges the MiniLM testbed in the main run).
     Returns None, so a verdict as a cell's last line prints once.
 
     Raises:
@@ -219,14 +221,15 @@ def verdict(claim: str, status: str, evidence: str) -> None:
     from IPython.display import Markdown
 
     text = verdict_text(claim, status, evidence)
-    record_verdict(claim, status, evidence)
+    record_verdict(claim, status, evidence, run=run)
     _show(Markdown(text))
 
 
-def record_verdict(claim: str, status: str, evidence: str) -> Path | None:
+def record_verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -> Path | None:
     """Append the verdict to ``$PACT_RECORDS_DIR/<$PACT_NOTEBOOK>.verdicts.jsonl`` (one JSON line:
     claim, status, evidence, notebook, run and its title) when the book runner executes the
     notebook, so the book can list every claim per testbed; outside the runner nothing is written.
+    ``run``: the run the verdict is about (default ``$PACT_RUN``: the run executing the notebook).
 
     Returns:
         The file written to, or None.
@@ -239,7 +242,8 @@ def record_verdict(claim: str, status: str, evidence: str) -> Path | None:
     path = Path(folder) / f"{notebook}.verdicts.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rec = dict(claim=claim, status=status, evidence=evidence.strip(), notebook=notebook,
-               run=os.environ.get("PACT_RUN", "main"), title=os.environ.get("PACT_RUN_TITLE", "main"))
+               run=run or os.environ.get("PACT_RUN", "main"),
+               title=run or os.environ.get("PACT_RUN_TITLE", "main"))
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     return path
