@@ -99,6 +99,12 @@ class FakeGpuMode(TorchDispatchMode):
 
 @contextlib.contextmanager
 def fake_gpu():
-    """Within: the ``fakegpu`` device (module docstring). Yields ``torch.device("fakegpu", 0)``."""
-    with FakeGpuMode():
+    """Within: the ``fakegpu`` device (module docstring). Yields ``torch.device("fakegpu", 0)``.
+
+    A dispatch mode holds for the thread that entered it only, so torch runs single-threaded
+    inside (:func:`pactlib.threads.single_threaded`): the streamed merges and filters spread layers
+    over as many worker threads as torch has, and a worker would see a bare PrivateUse1 device."""
+    from pactlib.threads import single_threaded
+
+    with single_threaded(), FakeGpuMode():
         yield DEVICE
