@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - Windows: entries in use are protected 
 import torch
 from torch import Tensor
 
-from ..checks import CheckpointError, check_compatible, check_finite
+from ..checks import check_compatible, check_finite
 from ..pact import PactOptions, PactReport
 from ..taskvector import TaskVector
 
@@ -89,17 +89,33 @@ def _meta(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in sd.items()}
 
 
-class _Deltas(Mapping):
+class _KeyView(Mapping):
+    """A read-on-access mapping whose keys (order, ``in``, ``len``) are those of ``self._keyspace``
+    (any mapping or dict of the keys); subclasses compute the values."""
+
+    _keyspace: Mapping
+
+    def __contains__(self, key) -> bool:
+        return key in self._keyspace
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keyspace)
+
+    def __len__(self) -> int:
+        return len(self._keyspace)
+
+
+class _Deltas(_KeyView):
     """``{key: Δt[key]}`` over θ0's floating keys, each computed when asked for (a fresh tensor)."""
 
     def __init__(self, pretrained: Mapping[str, Tensor], source, keys: Sequence[str], name: str,
                  dtype: torch.dtype = torch.float32):
-        self._pre, self._src, self._keys, self._name, self.dtype = pretrained, source, list(keys), name, dtype
-        self._set = frozenset(self._keys)
+        self._pre, self._src, self._name, self.dtype = pretrained, source, name, dtype
+        self._keyspace = dict.fromkeys(keys)
         self._is_delta = callable(getattr(source, "check", None)) and callable(getattr(source, "delta", None))
 
     def __getitem__(self, key: str) -> Tensor:
-        if key not in self._set:
+        if key not in self._keyspace:
             raise KeyError(key)
         p = self._pre[key]
         if self._is_delta:  # a LoRA adapter: Δt itself (None: no update on this key)
@@ -109,35 +125,18 @@ class _Deltas(Mapping):
         check_finite({key: x}, name=self._name)
         return x.to(self.dtype) - p.to(self.dtype)  # as TaskVector.from_checkpoints computes it
 
-    def __contains__(self, key) -> bool:
-        return key in self._set
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-class _Filtered(Mapping):
+class _Filtered(_KeyView):
     """Task t's filtered task vector: the filtered layers read from the cache file, the rest Δt."""
 
     def __init__(self, raw: "LazyTaskVector", layers, t: int):
         self._raw, self._layers, self._t, self.dtype = raw, layers, t, raw.dtype
+        self._keyspace = raw
 
     def __getitem__(self, key: str) -> Tensor:
         if key in self._layers:
             return self._layers.read(key, (self._t, self._t + 1))[0].clone()
         return self._raw[key]
-
-    def __contains__(self, key) -> bool:
-        return key in self._raw
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._raw)
-
-    def __len__(self) -> int:
-        return len(self._raw)
 
 
 class LazyTaskVector(TaskVector):
@@ -172,24 +171,16 @@ class LazyTaskVector(TaskVector):
         return TaskVector._wrap({k: self._d[k] for k in self._d}, self.name)
 
 
-class _Overlay(Mapping):
+class _Overlay(_KeyView):
     """``top[key]`` for the keys of ``over``, ``base[key]`` for the others (both read on access)."""
 
     def __init__(self, base: Mapping[str, Tensor], top: Mapping[str, Tensor], over: Sequence[str]):
         self._base, self._top, self._over = base, top, frozenset(over)
+        self._keyspace = base
         self.dtype = getattr(base, "dtype", torch.float32)
 
     def __getitem__(self, key: str) -> Tensor:
         return (self._top if key in self._over else self._base)[key]
-
-    def __contains__(self, key) -> bool:
-        return key in self._base
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._base)
-
-    def __len__(self) -> int:
-        return len(self._base)
 
 
 def overlay(raw: Sequence[TaskVector], filtered: Sequence[TaskVector], keys: Sequence[str]) -> list[LazyTaskVector]:
@@ -577,7 +568,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
 
     Raises:
         ValueError: an unknown mode; the testbed has no ``merge_sources``; a bad bound (:func:`cache_limit`).
-        CheckpointError: as :func:`lazy_task_vectors`; a selected layer of another shape in θ0.
+        CheckpointError: as :func:`lazy_task_vectors` (which refuses a θt of other keys or shapes).
         FilterCacheError: a cached report or layers file that cannot be read as ours (named).
 
     Warns:
@@ -654,9 +645,6 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
                     report.subspaces[key] = subs
 
         try:
-            for key in selected:
-                if tuple(pre_sd[key].shape) != tuple(refs[key].shape):
-                    raise CheckpointError(f"pact_filter: key {key!r} missing from θ0 or of another shape")
             with CheckpointWriter(layers_path, entries, metadata={"mode": mode}) as writer:
                 consume_in_order(job, selected, max(1, torch.get_num_threads()), consume)
                 writer.commit()
