@@ -188,3 +188,79 @@ def test_a_sweep_of_options_stays_bounded_and_entries_in_use_survive(tb, monkeyp
     for frac in (0.05, 0.2):
         lv.filtered_task_vectors(tb, "pact", PactOptions(core_frac=frac))
     assert len(lv._entries(folder)) == 3
+
+
+def test_a_pact_merge_filters_once_into_the_cache_for_every_method_and_process(tb, monkeypatch):
+    """The streamed PACT merge of ``run`` (before any ``filtered()`` call) writes the filtered-layer
+    cache and reads it back: each selected layer is filtered once, for every base method and for a
+    new testbed object over the same files (another process), and the merges equal the in-memory
+    ones on the filtered task vectors, bit for bit."""
+    import pactlib.pact
+    from pactlib.api import merged_update
+
+    real, calls = pactlib.pact.filter_layer, []
+
+    def counting(key, *a, **k):
+        calls.append(key)
+        return real(key, *a, **k)
+
+    monkeypatch.setattr(pactlib.pact, "filter_layer", counting)
+    D, report = base.streamed_update(tb, "iso_c", pact="pact")
+    assert calls and sorted(calls) == sorted(set(calls))  # every filtered layer once
+    assert sorted(calls) == sorted(lr.key for lr in report.layers)
+    assert len(lv._entries(tb.cache_dir / "filtered")) == 1  # the persistent entry, no temporary spill
+    assert not list(tb.cache_dir.glob(".filtered-spill-*"))
+    n = len(calls)
+    for method in ("task_arithmetic", "ties", "tsv_m"):
+        base.streamed_update(tb, method, pact="pact")
+    other = _fresh()
+    D2, report2 = base.streamed_update(other, "iso_c", pact="pact")
+    ftvs, _ = base.filtered(other, "pact")
+    assert len(calls) == n  # nobody filtered again
+    assert [lr.__dict__ for lr in report2.layers] == [lr.__dict__ for lr in report.layers]
+    monkeypatch.undo()
+    want, _ = merged_update("iso_c", tb.pretrained, pact_filter(tb.pretrained, _in_memory(tb), rule=tb.rule)[0],
+                            rule=tb.rule)
+    for k in want:
+        assert torch.equal(D[k], want[k]) and torch.equal(D2[k], want[k]), k
+
+
+def test_changed_checkpoint_contents_invalidate_every_cache(files, tmp_path, monkeypatch):
+    """Overwriting one fine-tuned checkpoint (same path) gives a new fingerprint, a re-converted
+    tower, a new filtered-layer cache entry equal to the filter of the new files, and a run-memo
+    miss; the old entry is not read for the new files."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(files["ckpt"], ckpt)
+    _define("clip-inval", files, checkpoint_dir=str(ckpt), cache_dir=str(tmp_path / "cache"))
+    try:
+        tb = testbeds.load("clip-inval", 0)
+        first, _ = base.filtered(tb, "pact")
+        first = [{k: tv[k].clone() for k in tv} for tv in first]
+        rec = testbeds.run(tb, "task_arithmetic", alphas=(0.5,))
+        task = tb.tasks[1]
+        path = ckpt / task / "finetuned.pt"
+        theta0 = files["theta0"]
+        torch.save({k: theta0[k] + 3 * (v - theta0[k]) if v.is_floating_point() else v
+                    for k, v in torch.load(path).items()}, path)
+        new = testbeds.load("clip-inval", 0)
+        assert new.fingerprint() != tb.fingerprint()
+        old_tv, new_tv = tb.task_vectors()[1], new.task_vectors()[1]  # the tower converted again
+        assert all(torch.allclose(new_tv[k], 3 * old_tv[k], atol=1e-6) for k in old_tv)
+        assert not torch.equal(new_tv[next(iter(old_tv))], old_tv[next(iter(old_tv))])
+        got, _ = base.filtered(new, "pact")
+        want = pact_filter(new.pretrained, _in_memory(new), rule=new.rule)[0]
+        for a, b, old in zip(got, want, first):
+            assert all(torch.equal(a[k], b[k]) for k in b)
+        assert any(not torch.equal(got[1][k], first[1][k]) for k in first[1])
+        assert len(lv._entries(tmp_path / "cache" / "filtered")) == 2
+        evaluated = []
+        real = new.evaluate
+        monkeypatch.setattr(new, "evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+        testbeds.run(new, "task_arithmetic", alphas=(0.5,))
+        assert evaluated  # no memo hit on the old files' record
+        assert len(list((tmp_path / "cache" / "run_memo").glob("*.json"))) == 2
+        assert testbeds.run(tb, "task_arithmetic", alphas=(0.5,)) == rec  # the old record is still the old files'
+    finally:
+        testbeds.undefine("clip-inval")

@@ -125,7 +125,7 @@ def test_streamed_global_ties_keeps_the_in_memory_entries_with_tied_magnitudes(t
     monkeypatch.undo()
     ftvs, rep = base.filtered(tb, "pact", PactOptions())
     want, _ = merged_update("ties", tb.pretrained, ftvs, rule=tb.rule, k=30.0)
-    monkeypatch.setattr(base, "_spill_writer", lambda tb, entries: None)  # no room on disk: filter in every pass
+    monkeypatch.setattr(base, "_room", lambda tb, entries: False)  # no room on disk: filter in every pass
     D, report = base.streamed_update(tb, "ties", pact="pact", k=30.0)
     _equal(D, want)
     assert report.cap_binding_rate() == rep.cap_binding_rate()

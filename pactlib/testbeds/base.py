@@ -356,9 +356,12 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     ``merged_update(method, tb.pretrained, filtered or own task vectors)``, bit for bit (the same
     kernels on the same values); peak memory about D (one tower in float32) plus one layer's
     (T, m, n) stack per thread, instead of T task vectors (and T filtered ones). With PACT the
-    filtered layers are written once per (mode, options) to a temporary file under
-    ``tb.cache_dir`` (T × the filtered layers' size on disk, removed with the testbed object) and
-    read back by later calls, so each base method does not filter again.
+    filtered layers come from the filtered-layer cache of :func:`filtered` (``<tb.cache_dir>/filtered``,
+    T × the filtered layers' size on disk, written once per inputs, mode and options and read by
+    later calls and processes), so no base method filters again. The filter runs inside the merge
+    instead, every call, when ``sources`` are not the testbed's own or the disk has less than twice
+    the filtered layers' size free; θ0 with float64 entries spills its float64 filtered layers to a
+    temporary file under ``tb.cache_dir`` (removed with the testbed object).
 
     TIES with ``scope="global"`` (M2; its trim threshold ranks each task's entries over its whole
     task vector) is streamed too: :class:`pactlib.merges.ties.GlobalThreshold` finds every task's
@@ -392,7 +395,8 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     per_key = m.is_per_key(params)
     if not per_key and m.name != "ties":
         return None
-    sources = merge_sources(tb) if sources is None else sources
+    own = sources is None  # tb's own files: the filtered-layer cache applies
+    sources = merge_sources(tb) if own else sources
     if sources is None:
         return None
     from ..api import check_method_params
@@ -415,8 +419,12 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     spilled = spills.get((pact, options)) if pact is not None else None  # (LazyCheckpoint, report)
     writer = None
     if pact is not None and spilled is None:
-        writer = _spill_writer(tb, [(k, (inputs.T, *inputs.pre.shape(k)), inputs.dtype) for k in inputs.floats
-                                    if k in selected])
+        entries = [(k, (inputs.T, *inputs.pre.shape(k)), inputs.dtype) for k in inputs.floats if k in selected]
+        if own and inputs.dtype == torch.float32 and _room(tb, entries):
+            filtered(tb, pact, options)  # the filtered-layer cache <cache_dir>/filtered, kept across processes
+            spilled = spills.get((pact, options))
+        elif inputs.dtype == torch.float64:  # the cache holds float32 layers: a spill of our own
+            writer = _spill_writer(tb, entries)
     args = dict(tb=tb, inputs=inputs, m=m, params=params, pact=pact, options=options, selected=selected,
                 report=report, spilled=spilled, writer=writer, dev=engine_device(tb))
     D = _streamed_per_key(**args) if per_key else _streamed_ties_global(**args)
@@ -432,15 +440,13 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
 
 
 def _filter_job(tb: Testbed, inputs, pact: str, options: PactOptions, dev):
-    """One selected layer's PACT/S-PACT-filtered (T, m, n) stack (on ``dev``) and its layer report."""
-    from ..pact import filter_layer
+    """One selected layer's PACT/S-PACT-filtered (T, m, n) stack (on ``dev``) and its layer report,
+    by the filtered-layer cache's kernel (:func:`pactlib.testbeds.lazy_vectors.filter_stack`)."""
+    from .lazy_vectors import filter_stack
 
     def job(key: str):
         p, stack = inputs.deltas(key)
-        if dev is not None:
-            p, stack = p.to(dev), stack.to(dev)
-        rows = [stack[t] for t in range(inputs.T)]
-        res = filter_layer(key, p, rows, mode=pact, options=options, rule=tb.rule, out=rows, keep=False)
+        stack, res = filter_stack(key, p, stack, mode=pact, options=options, rule=tb.rule, dev=dev)
         return stack, (res[0] if res is not None else None)
 
     return job
@@ -557,26 +563,39 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
     return D
 
 
-def _spill_writer(tb: Testbed, entries: list):
-    """A :class:`pactlib.lazy.CheckpointWriter` for the PACT-filtered (T, …) stacks of the selected
-    layers, in a temporary folder under ``tb.cache_dir`` (else the system's) removed with the testbed
-    object, so that later runs with the same PACT mode and options read the filtered layers instead
-    of filtering again (as the in-memory path keeps its filtered task vectors); None when there is
-    no layer or the disk has less than twice their size free (each run then filters again)."""
+def _room(tb: Testbed, entries: list) -> bool:
+    """Whether the disk under ``tb.cache_dir`` (else the system's temporary folder) has at least
+    twice the size of ``entries`` (key, shape, dtype) free: room for the filtered layers."""
     import shutil
     import tempfile
-    import weakref
 
-    from ..lazy import CheckpointWriter, tensor_bytes
+    from ..lazy import tensor_bytes
 
-    if not entries:
-        return None
     need = sum(tensor_bytes(shape, dtype) for _, shape, dtype in entries)
     root = Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if shutil.disk_usage(root).free < 2 * need:
-            return None
+        return shutil.disk_usage(root).free >= 2 * need
+    except OSError:
+        return False
+
+
+def _spill_writer(tb: Testbed, entries: list):
+    """A :class:`pactlib.lazy.CheckpointWriter` for the PACT-filtered (T, …) float64 stacks of the
+    selected layers (θ0 with float64 entries, which the float32 filtered-layer cache does not
+    hold), in a temporary folder under ``tb.cache_dir`` (else the system's) removed with the testbed
+    object, so that later runs with the same PACT mode and options read the filtered layers instead
+    of filtering again; None when there is no layer or no :func:`_room` (each run then filters again)."""
+    import shutil
+    import tempfile
+    import weakref
+
+    from ..lazy import CheckpointWriter
+
+    if not entries or not _room(tb, entries):
+        return None
+    root = Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
+    try:
         folder = Path(tempfile.mkdtemp(prefix=".filtered-spill-", dir=root))
     except OSError:
         return None
@@ -597,9 +616,9 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
     The merge and the PACT filter run on :func:`engine_device` (the testbed's ``device``, e.g.
     CUDA), and so do the merged states handed to ``tb.evaluate``. A testbed that offers its
     checkpoint files (:func:`merge_sources`) is merged key by key (:func:`streamed_update`: the
-    same D, in memory independent of the number of tasks; the PACT filter then runs again for each
-    base method instead of being kept for all T task vectors; TIES with ``scope="global"`` in
-    passes over the keys); others merge their task vectors in memory.
+    same D, in memory independent of the number of tasks; the PACT-filtered layers read from the
+    filtered-layer cache on disk, filtered once for every base method, chapter and process; TIES
+    with ``scope="global"`` in passes over the keys); others merge their task vectors in memory.
 
     Args:
         tb: the testbed. ``method``: a name of :func:`pactlib.merges.names`; ``params`` go to it.

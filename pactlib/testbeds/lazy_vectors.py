@@ -538,6 +538,30 @@ def prune_cache(folder: str | os.PathLike, max_bytes: float | None = None, *, ke
     return sorted(deleted, key=lambda k: info[k][1])
 
 
+def filter_stack(key: str, pre: Tensor, stack: Tensor, *, mode: str, options: PactOptions, rule,
+                 dev: torch.device | None = None, keep: bool = False):
+    """PACT / S-PACT on one layer's (T, …) stack of task vectors, filtered in place: the one
+    per-layer job of the filtered-layer cache (:func:`filtered_task_vectors`) and of the streamed
+    merge when it filters as it goes (:func:`pactlib.testbeds.base.streamed_update`).
+
+    Args:
+        key: the checkpoint key; pre: θ0's entry, stored shape (…); stack: (T, …) Δt in the
+            compute dtype, a tensor the caller gives up (it is overwritten); dev: move both there
+            first (None: where they are); keep: as :func:`pactlib.pact.filter_layer`.
+
+    Returns:
+        ``(stack, result)``: the (T, …) filtered stack on ``dev`` (unchanged when every Δt of the
+        layer is zero) and :func:`pactlib.pact.filter_layer`'s result (None in that case).
+    """
+    from ..pact import filter_layer
+
+    if dev is not None:
+        pre, stack = pre.to(dev), stack.to(dev)
+    rows = [stack[t] for t in range(stack.shape[0])]  # views: filter_layer writes the filtered rows here
+    res = filter_layer(key, pre, rows, mode=mode, options=options, rule=rule, out=rows, keep=keep)
+    return stack, res
+
+
 def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, keep: bool = False,
                           raw: Sequence[LazyTaskVector] | None = None, sources=None, folder: Path | None = None,
                           max_bytes: float | None = None) -> tuple[list[LazyTaskVector], PactReport]:
@@ -576,7 +600,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
         that changed nothing).
     """
     from ..lazy import CheckpointWriter, open_checkpoint
-    from ..pact import MODES, filter_layer, select_layers, warn_if_unchanged
+    from ..pact import MODES, select_layers, warn_if_unchanged
     from ..streaming import consume_in_order
     from .base import engine_device, merge_sources
 
@@ -626,13 +650,9 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
         folder.mkdir(parents=True, exist_ok=True)
 
         def job(key: str):
-            p = pre_sd[key]
-            deltas = [tv[key] for tv in raw]
-            if dev is not None:
-                p, deltas = p.to(dev), [d.to(dev) for d in deltas]
-            res = filter_layer(key, p, deltas, mode=mode, options=options, rule=tb.rule, keep=keep)
-            stack = torch.stack(deltas if res is None else res[1]).cpu()
-            return stack, res
+            stack, res = filter_stack(key, pre_sd[key], torch.stack([tv[key] for tv in raw]), mode=mode,
+                                      options=options, rule=tb.rule, dev=dev, keep=keep)
+            return stack.cpu(), res
 
         def consume(key: str, result) -> None:
             stack, res = result

@@ -186,7 +186,7 @@ def search(testbed: str, method: str, *, pact: str | None = None, alphas=None, a
 
         sources = merge_sources(tb)
         if sources is not None:
-            streamed = streamed_update(tb, method, pact=pact, options=opts, sources=sources, **mparams)
+            streamed = streamed_update(tb, method, pact=pact, options=opts, **mparams)  # its own files
     meta = None if out is None else {"testbed": tb.name, "method": rec["method"], "alpha": repr(rec["alpha"]),
                                      "seed": str(tb.seed), "kind": tb.kind}
     if streamed is not None:  # key by key: no task vector in memory
