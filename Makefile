@@ -18,6 +18,7 @@ export PACT_CACHE ?= $(CURDIR)/.cache
 
 help:
 	@echo "make book   - set up, prepare data, build the model zoo, execute every notebook, render _build/html"
+	@echo "             [PARAMS=<set in params/>] [THREADS=<torch threads per kernel; default cores/BOOK_JOBS>]"
 	@echo "make test   - set up, then run the test suite (includes the smoke book)"
 	@echo "make bench  - engine benchmarks (bench/)"
 

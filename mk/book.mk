@@ -6,6 +6,7 @@
 #   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html)
 #   make book PARAMS=paper-vitb32-8  chapters 3-12 on your CLIP checkpoints (edit the file's paths first)
 #   make chapter NB=05_main_results [ARGS="-p alpha_points=5 --force"]
+#   make book PARAMS=paper-vitb32-8 THREADS=16   torch threads of each kernel (default below)
 #   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
 #   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
 #
@@ -29,7 +30,11 @@ BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/zoo-minilm/manif
 # kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
 # for two such batches at once vs 31.8 s for one batch alone).
 BOOK_JOBS   ?= 2
-BOOK_RUN     = PACT_BOOK_INPUTS="$(BOOK_INPUTS)" $(PY) scripts/run_notebooks.py --params $(PARAMS) --jobs $(BOOK_JOBS)
+# THREADS: torch threads of each kernel (the runner's --threads, a whole number >= 1). Empty: the
+# set's `threads:` (common: or a chapter's section), else cores / BOOK_JOBS. Checked with the
+# parameters, before anything is built; a new count re-executes no chapter (not in the cache key).
+THREADS     ?=
+BOOK_RUN     = PACT_BOOK_INPUTS="$(BOOK_INPUTS)" $(PY) scripts/run_notebooks.py --params $(PARAMS) --jobs $(BOOK_JOBS)$(if $(THREADS), --threads '$(THREADS)')
 
 .PHONY: book chapter book-assets book-check chapter-check book-screenshot
 
@@ -51,7 +56,7 @@ book-check: $(STAMP)
 	$(BOOK_RUN) --check-only $(ARGS)
 
 chapter-check: $(STAMP)
-	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
+	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [THREADS=N] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
 	$(BOOK_RUN) --only $(NB) --check-only $(ARGS)
 
 book-screenshot:

@@ -112,13 +112,9 @@ spectra_tasks = 4             # tasks merged on that layer
 rsvd_shape = [512, 256]       # planted-rank matrix of the P7 check: large enough for RSVD to pay off, instant on CPU
 
 # %%
-import torch
-
 from pactlib import merges
 from pactlib.book import params, plotting, records, report, verdicts
 from pactlib.book.experiments import geometry
-
-torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
 
 P = params.check(
     globals(), seed=params.at_least(0), task_angles=params.each(params.between(-180, 180)),

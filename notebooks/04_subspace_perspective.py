@@ -34,11 +34,8 @@ strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.2
 margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points
 val_limit = 16           # validation images per task: loaded with the testbed, not used here
 test_limit = 200         # test images per task behind every accuracy here (1 image = 0.5 points)
-threads = 1              # one BLAS thread: two spin against each other when the two cores are shared
 
 # %%
-import torch
-
 from pactlib import testbeds
 from pactlib.book import params
 
@@ -46,11 +43,8 @@ P = params.check(
     globals(), testbed=params.testbed(),
     seeds=params.each(params.at_least(0), unique=True), draws=params.at_least(1),
     strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
-    threads=params.at_least(0),
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
-if threads:
-    torch.set_num_threads(threads)
 
 # %% [markdown]
 # ## Three subspaces per layer (P1–P3)

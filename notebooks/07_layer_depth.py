@@ -37,11 +37,8 @@ alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick
 most = 0.5               # "most of the gain": early-only keeps at least half of the all-layer gain
 val_limit = 48           # validation images per task for the α search (10 merges x 6 α: the CPU budget)
 test_limit = 150         # test images per task
-threads = 1              # one BLAS thread: two spin against each other when the two cores are shared
 
 # %%
-import torch
-
 from pactlib.book import params, study
 from pactlib.testbeds import alpha_grid, load, suite_of
 
@@ -49,10 +46,8 @@ P = params.check(
     globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
     method=params.merge_method(), alpha_points=params.at_least(2),
     alpha_min=params.between(1e-4, 1), most=params.fraction(), val_limit=params.at_least(8),
-    test_limit=params.at_least(8), threads=params.at_least(0),
+    test_limit=params.at_least(8),
 )
-if threads:
-    torch.set_num_threads(threads)
 suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]

@@ -43,12 +43,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import torch
-
 from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
-torch.set_num_threads(1)  # small matrices only: one thread is faster, and far faster on a busy machine
 from pactlib import PactOptions, cli, pact_filter, task_vectors_from, testbeds
 from pactlib.book import params, plotting, records, reference
 from pactlib.data import paper

@@ -5,6 +5,7 @@
     .venv/bin/python scripts/run_notebooks.py --params smoke       # tiny values (tests)
     .venv/bin/python scripts/run_notebooks.py --only 05_main_results -p alpha_points=5
     .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --needs   # what `make` builds first
+    .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --threads 16  # torch threads per kernel
 
 Steps, in order:
 
@@ -22,11 +23,21 @@ Steps, in order:
    notebooks are validated before any is executed, with the repository root as working
    directory, as the kernels have it; ``--check-only`` stops there (``make book`` / ``make
    chapter`` run it before they build data or a zoo).
+   ``threads`` is the runner's, not a notebook parameter: each kernel's torch thread count
+   (``torch.set_num_threads`` as the notebook imports torch: ``scripts/kernel_threads.py``, run
+   at kernel start-up; ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` in its environment). Precedence: ``--threads N`` (``make ...
+   THREADS=N``) > ``threads:`` in the set (a variant's chapter values > the chapter's section >
+   ``common:``; ``null`` = unset) > cores / ``--jobs`` (the cores this process may use). A
+   value that is not a whole number >= 1 is an error naming where it was given, before anything
+   runs; so is a notebook that declares a parameter named ``threads``, and ``-p threads=N``.
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
    parameters, the code of every ``pactlib/**/*.py`` (syntax trees without docstrings, so comment
    edits re-run nothing), ``requirements.lock``, the content of files named
    by path-valued parameters, the definitions of the testbeds the notebook names (and a listing
-   of the files and folders they name), and of the ``--inputs`` files (zoo / data manifests). The result
+   of the files and folders they name), and of the ``--inputs`` files (zoo / data manifests).
+   The thread count is not part of the key: merges and filters are bit-identical for any thread
+   count (``pactlib.threads``), so a change of ``threads`` re-executes nothing (the ``.key`` and
+   the notebook's ``pact`` metadata say which count a notebook ran with). The result
    is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
    atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
    to ``book/_executed/<set>/figures/``. Every kernel gets the testbed definitions as JSON in
@@ -92,6 +103,10 @@ AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_ma
 FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
                    re.I)
 REMOTE = re.compile(r"^(https?:)?//", re.I)
+#: The runner's own key of a parameter set (in ``common:``, a chapter's section or a variant's
+#: chapter values) and its option ``--threads``: each kernel's torch thread count. No notebook
+#: may declare a parameter of that name (one name, one meaning).
+THREADS = "threads"
 
 
 class RunError(RuntimeError):
@@ -109,6 +124,7 @@ class Job:
     testbeds: dict[str, dict] = field(default_factory=dict)  # definitions of the testbeds it names
     variant: str = ""  # "" for the main run, else a variant of the set's `variants:` section
     title: str = ""    # the run's title (the variant's, or the main run's)
+    threads: int | None = None  # the kernel's torch threads; None: cores / jobs (see resolve_threads)
 
     @property
     def id(self) -> str:
@@ -208,6 +224,93 @@ def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: 
             if _names_zoo_testbed(values):
                 return list(NEEDS)
     return []
+
+
+# ---------------------------------------------------------------------------------------------
+# threads: each kernel's torch thread count (the runner's setting, not a notebook parameter)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else all)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads(jobs: int) -> int:
+    """A kernel's thread count when neither ``--threads`` nor the set gives one: cores / jobs."""
+    return max(1, usable_cores() // max(1, jobs))
+
+
+def check_threads(value: Any, where: str) -> int | None:
+    """``value`` as a kernel thread count: None (unset) or a whole number >= 1.
+
+    Raises:
+        ParameterError: anything else (a bool, a float, a string, a number < 1), naming ``where``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise pparams.ParameterError(f"{where} must be a whole number >= 1 (torch threads per kernel), "
+                                     f"got {value!r}")
+    return value
+
+
+def threads_option(text: str | None) -> int | None:
+    """The value of ``--threads`` (a string from the command line or make's ``THREADS``)."""
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = text
+    return check_threads(value, "--threads")
+
+
+def set_thread_problems(params_file: Path) -> list[str]:
+    """Every ``threads:`` of a parameter set that is not a valid count (``common:``, each chapter's
+    section, each variant's chapter values), each named by where it is. A set that does not read
+    gives ``[]`` here (its loading reports it)."""
+    try:
+        data = yaml.safe_load(params_file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    places = [(name, body) for name, body in data.items()
+              if name not in (pparams.TESTBEDS, pparams.VARIANTS)]
+    variants = data.get(pparams.VARIANTS)
+    for v, spec in (variants.items() if isinstance(variants, dict) else ()):
+        chapters = spec.get("chapters") if isinstance(spec, dict) else None
+        places += [(f"variants: {v}: {nb}", body) for nb, body in
+                   (chapters.items() if isinstance(chapters, dict) else ())]
+    problems = []
+    for where, body in places:
+        if isinstance(body, dict) and THREADS in body:
+            try:
+                check_threads(body[THREADS], f"{params_file.name}: {where}: {THREADS}")
+            except pparams.ParameterError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def resolve_threads(cli: int | None, job: Job, jobs: int) -> int:
+    """A kernel's thread count: ``--threads`` > the set's ``threads`` for the job > cores / jobs."""
+    return cli or job.threads or default_threads(jobs)
+
+
+#: Run in every kernel at start-up: torch.set_num_threads($PACT_THREADS) right after the notebook
+#: imports torch (the environment alone does not do it: MKL caps OMP_NUM_THREADS at the physical
+#: cores), without importing torch in a kernel that does not (see the file).
+KERNEL_THREADS = Path(__file__).resolve().with_name("kernel_threads.py")
+
+
+def kernel_threads_env(threads: int) -> dict[str, str]:
+    """The environment that gives a kernel ``threads`` torch threads (with :data:`KERNEL_THREADS`);
+    BLAS libraries that read ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` follow it too."""
+    return {"PACT_THREADS": str(int(threads)), "OMP_NUM_THREADS": str(int(threads)),
+            "MKL_NUM_THREADS": str(int(threads))}
 
 
 def parameters_cell(nb: Any, where: str) -> Any:
@@ -319,6 +422,7 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
     from pactlib import testbeds
 
     jobs, problems, declared_any = [], [], set()
+    problems += set_thread_problems(params_file)
     try:
         define_testbeds(params_file)
     except (pparams.ParameterError, FileNotFoundError) as exc:
@@ -338,8 +442,17 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             try:
                 nb = jupytext.read(path)
                 defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
+                if THREADS in defaults:
+                    raise pparams.ParameterError(
+                        f"{where}: declares a parameter {THREADS!r}, the runner's name for each kernel's torch "
+                        f"thread count (--threads, a set's `threads:`); use torch.get_num_threads() in the "
+                        f"notebook, or rename the parameter")
                 declared_any |= set(defaults)
-                overrides = pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None)
+                overrides = pparams.load_params(params_file, path.stem, declared=[*defaults, THREADS],
+                                                variant=variant or None)
+                threads = overrides.pop(THREADS, None)  # the runner's, not the notebook's
+                if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+                    threads = None  # unset, or bad: set_thread_problems reports it
                 overrides.update({k: v for k, v in cli.items() if k in defaults})
                 overrides = pparams.validate(defaults, overrides, notebook=where)
                 pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
@@ -350,7 +463,7 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             named = named_testbeds(list({**defaults, **overrides}.values()))
             if variant:
                 decorate_variant(nb, variant, title, params_file.stem, chapters[path.stem])
-            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=title,
+            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=title, threads=threads,
                             testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
@@ -364,11 +477,14 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
         except (OSError, yaml.YAMLError, AttributeError):
             common = {}  # load_params above already reported it
-        unused = sorted(set(common) - declared_any)
+        unused = sorted(set(common) - declared_any - {THREADS})
         if unused:
             problems.append(f"{params_file.name}: common {unused} is declared by no notebook; "
                             f"known: {sorted(declared_any)}")
-    stray = sorted(set(cli) - declared_any)
+    if THREADS in cli:
+        problems.append(f"-p {THREADS}={cli[THREADS]!r}: the kernels' thread count is not a notebook parameter; "
+                        f"use --threads N (make book/chapter THREADS=N)")
+    stray = sorted(set(cli) - declared_any - {THREADS})
     if stray:
         problems.append(f"-p {stray}: no selected notebook has such a parameter; "
                         f"known: {sorted(declared_any)}")
@@ -513,7 +629,10 @@ def _failure(job: Job, exc: Exception, partial: Path) -> str:
 
 
 def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
-    """Run one notebook with papermill; write ``<name>.ipynb`` and ``<name>.key`` atomically."""
+    """Run one notebook with papermill; write ``<name>.ipynb`` and ``<name>.key`` atomically.
+
+    The kernel runs torch with ``job.threads`` threads (None: all the cores, :func:`default_threads`
+    of one job); the count is recorded in the ``.key`` and the notebook's metadata, not hashed."""
     import logging
 
     import nbformat
@@ -532,7 +651,9 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
     (records_dir / f"{job.name}.verdicts.jsonl").unlink(missing_ok=True)
     for old in figures_dir.glob(f"fig{job.name[:2]}.*"):
         old.unlink()
+    threads = job.threads or default_threads(1)
     kernel_env = {
+        **kernel_threads_env(threads),  # the kernel's torch thread count (KERNEL_THREADS sets it)
         "PACT_PARAMS": set_name,
         "PACT_RECORDS_DIR": str(records_dir),
         "PACT_FIGURES_DIR": str(figures_dir),
@@ -564,7 +685,7 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
         result = pm.execute_notebook(
             nb, str(tmp), parameters=job.overrides, kernel_name=KERNEL, cwd=str(ROOT),
             progress_bar=progress, log_output=False, request_save_on_cell_execute=False,
-            extra_arguments=KERNEL_ARGS)
+            extra_arguments=[*KERNEL_ARGS, f"--IPKernelApp.exec_files={KERNEL_THREADS}"])
     except Exception as exc:  # papermill wrote the partial notebook to tmp
         if tmp.exists():
             os.replace(tmp, partial)
@@ -573,14 +694,16 @@ def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
         os.environ.clear()
         os.environ.update(saved_env)
     seconds = time.perf_counter() - t0
-    result.metadata["pact"] = {"params_set": set_name, "key": job.key, "seconds": round(seconds, 2)}
+    result.metadata["pact"] = {"params_set": set_name, "key": job.key, "seconds": round(seconds, 2),
+                               "threads": threads}
     nbformat.write(result, str(tmp))
     key_path.unlink(missing_ok=True)
     os.replace(tmp, out_dir / f"{job.name}.ipynb")
     partial.unlink(missing_ok=True)
     _atomic_write(key_path, json.dumps({"key": job.key, "params": job.overrides,
                                         "notebook": _sha(job.source.read_bytes()),
-                                        "inputs": job.inputs, "seconds": round(seconds, 2)},
+                                        "inputs": job.inputs, "seconds": round(seconds, 2),
+                                        "threads": threads},  # not part of the key: same results
                                        indent=1, sort_keys=True, default=str))
     return seconds
 
@@ -598,8 +721,7 @@ def _last_seconds(job: Job, out_dir: Path) -> float:
         return float("inf")
 
 
-def _child(job: Job, out_dir: Path, set_name: str, threads: int, queue) -> None:
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel inherits it; torch sizes its pool by it
+def _child(job: Job, out_dir: Path, set_name: str, queue) -> None:
     try:
         queue.put((job.id, execute(job, out_dir, set_name, progress=False), None))
     except RunError as exc:
@@ -613,7 +735,8 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
     """Execute ``work`` ((job, why) pairs) in up to ``jobs`` forked workers, longest first (by the
     time each took last; never-timed notebooks that others wait for start before the rest).
 
-    Each worker runs :func:`execute` with ``OMP_NUM_THREADS = max(1, cores // jobs)``. A job
+    Each worker runs :func:`execute`, its kernel with ``job.threads`` torch threads (None:
+    ``max(1, cores // jobs)``, :func:`default_threads`). A job
     waits for the jobs :data:`AFTER` names when they are part of ``work``. After a failure no
     new job starts; the running ones finish, then :class:`RunError` lists every failure.
     """
@@ -622,7 +745,8 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
 
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    for job, _ in work:
+        job.threads = job.threads or default_threads(jobs)
     # longest first; among notebooks never timed, those that others wait for (AFTER) first
     waited_for = {dep for deps in AFTER.values() for dep in deps}
     pending = sorted(work, key=lambda jw: (-_last_seconds(jw[0], out_dir), jw[0].name not in waited_for))
@@ -643,10 +767,10 @@ def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, 
                 break
             job, why = ready[0]
             pending.remove((job, why))
-            proc = ctx.Process(target=_child, args=(job, out_dir, set_name, threads, queue), daemon=False)
+            proc = ctx.Process(target=_child, args=(job, out_dir, set_name, queue), daemon=False)
             proc.start()
             running[job.id] = (proc, time.perf_counter())
-            print(f"{tag(job.id)} executing with {set_name} ({why}; {threads} thread(s)) ...", flush=True)
+            print(f"{tag(job.id)} executing with {set_name} ({why}; {job.threads} thread(s)) ...", flush=True)
         if not running:
             break
         try:
@@ -863,8 +987,13 @@ def main(argv: list[str] | None = None) -> int:
                          "(repeatable; default: every run)")
     ap.add_argument("--force", action="store_true", help="re-execute even when up to date")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("PACT_BOOK_JOBS", "1")),
-                    help="notebooks executed at once, each kernel with cores/jobs threads "
-                         "(default: $PACT_BOOK_JOBS or 1)")
+                    help="notebooks executed at once (default: $PACT_BOOK_JOBS or 1)")
+    ap.add_argument("--threads", default=None, metavar="N",
+                    help="torch threads of each kernel (torch.set_num_threads as it imports torch), a "
+                         "whole number >= 1. Precedence: this option (make THREADS=N) > the set's "
+                         "`threads:` (a variant's chapter values > the chapter's section > common:) > "
+                         "cores / --jobs (the default). Not part of the cache key: results are the same "
+                         "for any count, so a new count re-executes nothing")
     ap.add_argument("--no-render", action="store_true", help="execute only")
     ap.add_argument("--render-only", action="store_true", help="render what is executed")
     ap.add_argument("--path-output", type=Path, default=None,
@@ -895,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = sorted(set(p.stem for p in notebook_paths(None)) ^ set(toc_chapters()))
         if missing:
             raise RunError(f"notebooks and _toc.yml disagree on chapters: {missing}")
+        cli_threads = threads_option(args.threads)
         paths = notebook_paths(args.only)
         jobs = prepare(paths, params_file, parse_cli(args.set))
         if args.run:
@@ -905,8 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
             jobs = [j for j in jobs if (j.variant or pparams.MAIN) in args.run]
         if args.check_only:
             extra = len(jobs) - len(paths)
+            counts = sorted({resolve_threads(cli_threads, j, args.jobs) for j in jobs})
             print(f"parameters of {len(paths)} notebook(s) are valid ({params_file.name}"
-                  + (f"; {extra} more run(s) in variants)" if extra else ")"))
+                  + (f"; {extra} more run(s) in variants)" if extra else ")")
+                  + (f"; torch threads per kernel: {', '.join(map(str, counts))}" if counts else ""))
             return 0
         if not args.render_only:
             patterns = args.inputs if args.inputs is not None else \
@@ -917,6 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RunError(f"--jobs must be >= 1, got {args.jobs}")
             work, index = [], {}
             for i, job in enumerate(jobs, 1):
+                job.threads = resolve_threads(cli_threads, job, args.jobs)
                 compute_key(job, shared)
                 index[job.id] = i
                 why = "--force" if args.force else stale_reason(job, out_dir)
@@ -930,7 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for job, why in work:
                     tag = _tag(index[job.id], len(jobs), job.id)
-                    print(f"{tag} executing with {set_name} ({why}) ...", flush=True)
+                    print(f"{tag} executing with {set_name} ({why}; {job.threads} thread(s)) ...", flush=True)
                     seconds = execute(job, out_dir, set_name, progress=progress)
                     print(f"{tag} done in {seconds:.1f} s", flush=True)
             if work:

@@ -376,8 +376,7 @@ def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path
     assert {"a", "b"} <= finished  # running jobs finish after d fails
     if "c" in finished:  # c may not start once d failed; when it did, it waited for a
         assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
-    cpus = os.cpu_count() or 1
-    assert (stamps / "a.end").read_text().split()[1] == str(max(1, cpus // 2))  # cores / jobs threads per kernel
+    assert (stamps / "a.end").read_text().split()[1] == str(rn.default_threads(2))  # cores / jobs threads per kernel
     # without the failing notebook everything runs, c after a, and every key is written
     monkeypatch.setattr(rn, "AFTER", {"c": ("a",)})
     for f in stamps.iterdir():
@@ -482,6 +481,15 @@ def test_make_book_checks_every_notebook_first(tmp_path):
     assert "parameter 'methods'" in bad.stderr and "'bogus'" in bad.stderr
     usage = _make(tmp_path, "chapter")
     assert usage.returncode != 0 and "usage: make chapter NB=" in usage.stderr and "STEP" not in usage.stdout
+
+
+def test_make_passes_threads_to_the_runner(tmp_path):
+    """`make book/chapter THREADS=N` hands --threads N to the runner: BOOK_RUN, which runs the
+    check (book-check, chapter-check: a bad value fails there, before anything is built, as the
+    tests above show for ARGS; tests/test_book_threads.py for the value) and then the notebooks."""
+    show = ["--eval", "show-run: ; @echo $(BOOK_RUN)", "show-run"]
+    assert " --jobs 2 --threads 3" in _make(tmp_path, *show, "THREADS=3").stdout
+    assert "--threads" not in _make(tmp_path, *show).stdout  # unset: the set's value, else cores / jobs
 
 
 def _write_set(tmp_path, name, section):
