@@ -488,6 +488,24 @@ def test_read_bench_and_table(tmp_path):
     assert list(sw["updates (p, q, route)"]) == ["10, 2, direct"] * 2 and sw["LBW /√r max"].tolist() == [0.45, 0.07]
 
 
+def test_floor_table_sets_the_least_ratio_beside_the_measured_one():
+    floor = {"floors": {"8": {"floor": 2.4, "projections_only": 1.7, "actives_only": 1.7},
+                        "2": {"floor": 1.3, "projections_only": 1.1, "actives_only": 1.2}}}
+    ratio = dict(kind="time_ratio", method="iso_c", mode="pact-rsvd", ratio=9.0)
+    scale = [dict(ratio, tasks=8, cpu_ratio=3.0, model="vit_b32"), dict(ratio, tasks=8, cpu_ratio=2.9, model="vit_b32"),
+             dict(ratio, tasks=2, model="vit_l14", cpu_ratio=1.4), dict(ratio, tasks=8, mode="pact", cpu_ratio=7.0),
+             dict(ratio, tasks=8, method="task_arithmetic", cpu_ratio=8.0), {"kind": "run", "tasks": 8}]
+    t = efficiency.floor_table(floor, scale)
+    assert list(t.index) == [2, 8]  # by T, not by the file's order
+    assert list(t.columns) == ["least possible", "active SVDs alone", "projections alone", "measured, vit_b32",
+                               "measured, vit_l14"]
+    assert t.loc[8, "measured, vit_b32"] == 2.9  # the last record per (model, T); exact PACT and TA left out
+    assert t.loc[2, "measured, vit_l14"] == 1.4 and math.isnan(t.loc[8, "measured, vit_l14"])
+    assert t.loc[2, "least possible"] == 1.3 and list(efficiency.floor_table(floor).columns)[-1] == "projections alone"
+    with pytest.raises(KeyError):
+        efficiency.floor_table({"blocks": 12})
+
+
 def _acc_frame(exact, other, n_test=1000):
     recs = [make_record(m, params={}, seed=s, n_test=n_test, metrics={"acc": a})
             for m, accs in (("pact-iso_c", exact), ("pact-rsvd-iso_c", other)) for s, a in enumerate(accs)]

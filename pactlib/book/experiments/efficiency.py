@@ -349,6 +349,32 @@ def bench_sweep_table(bench: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
+    """PACT-Iso-C's time over Iso-C's per number of tasks T: the least possible (``floor``, the
+    record of ``bench/bench_pact_floor.py``: with free shields, cores and LBW bases, only the T
+    active-subspace RSVDs and the T projections; and each of the two alone) beside the ratio
+    measured for the whole streamed ``pact merge`` (``scale``: ``kind="time_ratio"`` records of
+    ``bench/bench_merge_scale.py`` for Iso-C with ``mode="pact-rsvd"``, CPU time; the last record
+    per model and T; one column per model). One row per T of the floor record.
+
+    Raises:
+        KeyError: a floor record without ``floors`` (not bench_pact_floor's).
+    """
+    measured: dict[tuple[str, int], float] = {}
+    for r in scale:
+        if r.get("kind") == "time_ratio" and r.get("method") == "iso_c" and r.get("mode") == "pact-rsvd":
+            measured[str(r.get("model", "vit_b32")), int(r["tasks"])] = float(r.get("cpu_ratio", r["ratio"]))
+    models = sorted({m for m, _ in measured})
+    rows = []
+    for T, f in sorted(floor["floors"].items(), key=lambda kv: int(kv[0])):
+        row = {"tasks": int(T), "least possible": f["floor"], "active SVDs alone": f.get("actives_only", math.nan),
+               "projections alone": f["projections_only"]}
+        for m in models:
+            row[f"measured, {m}"] = measured.get((m, int(T)), math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("tasks")
+
+
 def plot_distances(frame: pd.DataFrame, *, ax) -> None:
     """Projector distance of the randomized LBW bases from the exact ones against layer depth, one
     line per power-iteration count q (mean over tasks; band: smallest to largest task)."""
