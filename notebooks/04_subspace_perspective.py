@@ -71,8 +71,8 @@ opts = PactOptions()
 {k: getattr(opts, k) for k in ("core_frac", "active_frac", "lbw_tol", "svd")}
 
 # %% [markdown]
-# We compute the three subspaces for every one of the 32 pointwise convolutions of the
-# EfficientNet-Lite0 backbone (its matrix layers), every task and every seed.
+# We compute the three subspaces for every matrix layer of the testbed's backbone (on
+# EfficientNet-Lite0 its 32 pointwise convolutions), every task and every seed.
 
 # %%
 from tqdm.auto import tqdm
@@ -95,7 +95,7 @@ frame = records.records_frame(path)
 from pactlib.book import plotting
 
 with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2,
-                     caption="Subspaces of the backbone's 32 matrix layers, input to output. Left: input "
+                     caption=f"Subspaces of the backbone's {len(subs[seeds[0]])} matrix layers, input to output. Left: input "
                              "dimension n, core rank K, active rank k and LBW rank (mean over tasks and "
                              "seeds; band: smallest to largest task); lines that coincide are drawn on top of "
                              "each other (K = k when both are the same fraction of the rank). Right: mean "
