@@ -219,12 +219,12 @@ def set_threads(threads: int | None) -> None:
     """``--threads N``: torch's intra-op thread count (None: leave it as it is).
 
     Raises:
-        ValueError: N < 1.
+        ValueError: N < 1 or N > 4096.
     """
     if threads is None:
         return
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if not 1 <= threads <= 4096:
+        raise ValueError(f"--threads must be from 1 to 4096, got {threads}")
     import torch
 
     torch.set_num_threads(threads)

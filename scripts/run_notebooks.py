@@ -27,17 +27,21 @@ Steps, in order:
    (``torch.set_num_threads`` as the notebook imports torch: ``scripts/kernel_threads.py``, run
    at kernel start-up; ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` in its environment). Precedence: ``--threads N`` (``make ...
    THREADS=N``) > ``threads:`` in the set (a variant's chapter values > the chapter's section >
-   ``common:``; ``null`` = unset) > cores / ``--jobs`` (the cores this process may use). A
-   value that is not a whole number >= 1 is an error naming where it was given, before anything
-   runs; so is a notebook that declares a parameter named ``threads``, and ``-p threads=N``.
+   ``common:``; ``null`` at any level resets to the default, it does not inherit) > cores /
+   ``--jobs`` (the cores this process may use). A value that is not a whole number from 1 to
+   4096 is an error naming where it was given, before anything runs; so is a notebook that
+   declares a parameter named ``threads``, ``-p threads=N`` and ``--jobs`` < 1. The merges and
+   the PACT filter run N layers at once, so N also multiplies their layer memory.
 2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
    parameters, the code of every ``pactlib/**/*.py`` (syntax trees without docstrings, so comment
    edits re-run nothing), ``requirements.lock``, the content of files named
    by path-valued parameters, the definitions of the testbeds the notebook names (and a listing
    of the files and folders they name), and of the ``--inputs`` files (zoo / data manifests).
    The thread count is not part of the key: merges and filters are bit-identical for any thread
-   count (``pactlib.threads``), so a change of ``threads`` re-executes nothing (the ``.key`` and
-   the notebook's ``pact`` metadata say which count a notebook ran with). The result
+   count (``pactlib.threads``; evaluations, Fisher and loss sums may differ by float noise, and
+   chapter 8's timings depend on it), so a change of ``threads`` re-executes nothing (the ``.key``
+   and the notebook's ``pact`` metadata say which count a notebook ran with; ``--force``
+   re-times chapter 8 with a new count). The result
    is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
    atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
    to ``book/_executed/<set>/figures/``. Every kernel gets the testbed definitions as JSON in
@@ -243,17 +247,21 @@ def default_threads(jobs: int) -> int:
     return max(1, usable_cores() // max(1, jobs))
 
 
+#: the largest kernel thread count accepted (torch.set_num_threads refuses more than 2^31 - 1)
+MAX_THREADS = 4096
+
+
 def check_threads(value: Any, where: str) -> int | None:
-    """``value`` as a kernel thread count: None (unset) or a whole number >= 1.
+    """``value`` as a kernel thread count: None (unset) or a whole number in [1, :data:`MAX_THREADS`].
 
     Raises:
-        ParameterError: anything else (a bool, a float, a string, a number < 1), naming ``where``.
+        ParameterError: anything else (a bool, a float, a string, a number < 1 or too large), naming ``where``.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise pparams.ParameterError(f"{where} must be a whole number >= 1 (torch threads per kernel), "
-                                     f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise pparams.ParameterError(f"{where} must be a whole number from 1 to {MAX_THREADS} (torch threads per "
+                                     f"kernel), got {value!r}")
     return value
 
 
@@ -990,10 +998,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="notebooks executed at once (default: $PACT_BOOK_JOBS or 1)")
     ap.add_argument("--threads", default=None, metavar="N",
                     help="torch threads of each kernel (torch.set_num_threads as it imports torch), a "
-                         "whole number >= 1. Precedence: this option (make THREADS=N) > the set's "
-                         "`threads:` (a variant's chapter values > the chapter's section > common:) > "
-                         "cores / --jobs (the default). Not part of the cache key: results are the same "
-                         "for any count, so a new count re-executes nothing")
+                         "whole number from 1 to 4096; merges and the PACT filter run that many layers "
+                         "at once. Precedence: this option (make THREADS=N) > the set's `threads:` (a "
+                         "variant's chapter values > the chapter's section > common:; null = the "
+                         "default) > cores / --jobs (the default). Not part of the cache key: merges and "
+                         "filters are bit-identical for any count (other sums may differ by float noise, "
+                         "chapter 8's timings do depend on it), so a new count re-executes nothing; add "
+                         "--force to re-time")
     ap.add_argument("--no-render", action="store_true", help="execute only")
     ap.add_argument("--render-only", action="store_true", help="render what is executed")
     ap.add_argument("--path-output", type=Path, default=None,
@@ -1025,6 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             raise RunError(f"notebooks and _toc.yml disagree on chapters: {missing}")
         cli_threads = threads_option(args.threads)
+        if args.jobs < 1:  # before anything runs (make book-check passes it too)
+            raise pparams.ParameterError(f"--jobs must be a whole number >= 1, got {args.jobs}")
         paths = notebook_paths(args.only)
         jobs = prepare(paths, params_file, parse_cli(args.set))
         if args.run:
@@ -1045,8 +1058,6 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.get("PACT_BOOK_INPUTS", "").split()
             shared = shared_inputs(patterns)
             progress = sys.stderr.isatty()
-            if args.jobs < 1:
-                raise RunError(f"--jobs must be >= 1, got {args.jobs}")
             work, index = [], {}
             for i, job in enumerate(jobs, 1):
                 job.threads = resolve_threads(cli_threads, job, args.jobs)

@@ -87,16 +87,22 @@ def test_bad_set_value_fails_naming_where_before_anything_runs(rn, tmp_path, mon
     monkeypatch.setattr(rn, "execute", lambda *a, **k: pytest.fail("executed despite a bad thread count"))
     assert rn.main(["--params", str(path), "--no-render"]) == 2
     err = capsys.readouterr().err
-    assert f"set.yaml: {where}: threads must be a whole number >= 1 (torch threads per kernel), got {value!r}" in err, err
+    assert f"set.yaml: {where}: threads must be a whole number from 1 to 4096 (torch threads per kernel), got {value!r}" in err, err
     assert err.count("threads must be") == 1  # once, not once per chapter
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "x", "2.5", ""])
+@pytest.mark.parametrize("value", ["0", "-1", "x", "2.5", "", "4097", "99999999999999999999"])
 def test_bad_option_fails_naming_it_before_anything_runs(rn, tmp_path, monkeypatch, capsys, value):
     monkeypatch.setattr(rn, "execute", lambda *a, **k: pytest.fail("executed despite a bad --threads"))
     assert rn.main(["--params", str(_set(tmp_path, {})), "--no-render", "--threads", value]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --threads must be a whole number >= 1") and err.count("\n") == 1, err
+    assert err.startswith("error: --threads must be a whole number from 1 to 4096") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3"])
+def test_bad_jobs_fail_before_anything_even_with_check_only(rn, tmp_path, capsys, jobs):
+    assert rn.main(["--params", str(_set(tmp_path, {})), "--check-only", "--jobs", jobs]) == 2
+    assert f"--jobs must be a whole number >= 1, got {jobs}" in capsys.readouterr().err
 
 
 def test_threads_is_no_notebook_parameter(rn, tmp_path, capsys):

@@ -62,10 +62,22 @@ def test_search_params_errors_exit_2_naming_the_culprit(files, tmp_path, capsys,
     assert "b.yaml: testbeds" in err and "'colour'" in err
     assert main([*base, "--params", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml" in capsys.readouterr().err
+    assert main([*base, "--params", "no-such-set"]) == 2
+    assert "no parameter set params/no-such-set.yaml under the current folder" in capsys.readouterr().err
+
+
+def test_search_params_takes_a_set_name_as_the_runner_does(files, tmp_path, monkeypatch, undefine):  # noqa: F811
+    from pactlib.testbeds.search import define_from_params
+
+    (tmp_path / "params").mkdir()
+    _write_set(tmp_path / "params" / "mine.yaml", files)
+    monkeypatch.chdir(tmp_path)
+    assert define_from_params("mine") == [NAME]
+    assert testbeds.definitions()[NAME]["checkpoint_dir"] == str(files["ckpt"])
 
 
 def test_search_help_documents_params_and_the_environment(capsys):
     with pytest.raises(SystemExit):
         main(["search", "--help"])
     out = capsys.readouterr().out
-    assert "--params FILE" in out and "$PACT_TESTBEDS" in out and "testbeds:" in out
+    assert "--params SET" in out and "$PACT_TESTBEDS" in out and "testbeds:" in out and "./params/" in out

@@ -73,7 +73,8 @@ def test_search_lora_grid_and_plain_method(tmp_path, capsys):
     (["--testbed", "synthetic-3", "--method", "iso_c", "--alphas", "nan"], "alpha must be a finite number"),
     (["--testbed", "synthetic-3", "--method", "iso_c", "--option", "colour=red"], "'colour'"),
     (["--testbed", "synthetic-3", "--method", "iso_c", "--out", "x.txt"], "x.txt"),
-    (["--testbed", "synthetic-3", "--method", "iso_c", "--threads", "0"], "--threads must be >= 1"),
+    (["--testbed", "synthetic-3", "--method", "iso_c", "--threads", "0"], "--threads must be from 1 to 4096"),
+    (["--testbed", "synthetic-3", "--method", "iso_c", "--threads", "99999999999999999999"], "--threads must be from 1 to 4096"),
 ])
 def test_search_errors_exit_2_naming_the_culprit(args, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -72,7 +72,7 @@ FILTER_CACHE_VERSION = "v1"
 
 #: Environment variable bounding ``<cache_dir>/filtered`` (gigabytes, 10⁹ bytes; ``inf``: no bound).
 CACHE_ENV = "PACT_FILTERED_CACHE_GB"
-#: Its default: about three ViT-B/32 entries at T = 20.
+#: Its default: about two ViT-B/32 entries at T = 20 (6.8 GB each).
 DEFAULT_CACHE_GB = 20.0
 
 _REPORT_FORMAT = "pactlib.filtered-report"

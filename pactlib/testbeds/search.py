@@ -218,7 +218,8 @@ def _table(rec: dict) -> str:
 
 
 def define_from_params(path) -> list[str]:
-    """Define the ``testbeds:`` section of the parameter set ``path`` (a YAML file), as the book
+    """Define the ``testbeds:`` section of the parameter set ``path`` (a YAML file, or a set's name:
+    ``params/<name>.yaml`` under the current folder, as the book runner takes it), as the book
     runner does (:func:`pactlib.book.params.testbed_definitions`, then
     :func:`pactlib.testbeds.define_all` replacing same-named definitions).
 
@@ -236,6 +237,12 @@ def define_from_params(path) -> list[str]:
     from . import define_all
 
     path = _Path(path)
+    if path.suffix not in (".yaml", ".yml") and not path.exists():  # a set's name, as the book runner takes it
+        named = _Path("params") / f"{path}.yaml"
+        if not named.is_file():
+            raise FileNotFoundError(f"--params {path}: no such file, and no parameter set {named} under the "
+                                    f"current folder (give a path, or a set's name from the repository's root)")
+        path = named
     return define_all(testbed_definitions(path), where=f"{path.name}: testbeds", replace=True)
 
 
@@ -296,8 +303,9 @@ def add_cli(sub) -> None:
                               "read when pactlib.testbeds is imported; --params replaces a definition of the same name.")
     p.add_argument("--testbed", required=True,
                    help="a testbed name, e.g. synthetic-3, lite0-8, or one defined by --params / $PACT_TESTBEDS")
-    p.add_argument("--params", default=None, metavar="FILE.yaml",
-                   help="a parameter set whose testbeds: section defines named testbeds (as the book runner)")
+    p.add_argument("--params", default=None, metavar="SET",
+                   help="a parameter set (a YAML file, or a name under ./params/, e.g. paper-vitb32-8) whose "
+                        "testbeds: section defines named testbeds (as the book runner)")
     p.add_argument("--method", required=True, help="a merge method (pact methods lists them)")
     p.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter the task vectors first")
     g = p.add_mutually_exclusive_group()
@@ -308,7 +316,9 @@ def add_cli(sub) -> None:
     p.add_argument("--kind", choices=["full", "lora"], default="full", help="full or LoRA fine-tunes")
     p.add_argument("--device", default=None, metavar="cpu|cuda|auto",
                    help="passed to the testbed's loader (auto: cuda when present); default: the testbed's own")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch's thread count")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch's thread count for the command (1 to 4096; default: torch's): the merge and "
+                        "the PACT filter run N layers at once, with the same result for any N; restored after")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="method parameters / PACT options, e.g. k=20 core_frac=0.1 svd=exact")
     p.add_argument("--option", nargs="*", default=[], metavar="KEY=VALUE",
