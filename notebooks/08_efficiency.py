@@ -300,13 +300,15 @@ else:
     print(f"{floor_json} not found: run `.venv/bin/python bench/bench_pact_floor.py` to show it")
 
 # %% [markdown]
-# At two tasks PACT costs little on top of Iso-C. From eight tasks on, no way of building the
-# shields can keep it within 2×: the T active SVDs alone cost about as much as Iso-C's one SVD
-# per layer. A fused path for the summed methods could make the projections cheaper (project the
-# summed update once onto the union of all shields, then correct each task in its own small
-# complement), but not those SVDs. So we keep the goal unmet and report the gap. A GPU shifts the
-# balance, because matrix products run much faster there than SVDs. We have not measured that:
-# this book was built without a GPU.
+# At two tasks PACT costs little on top of Iso-C. From eight tasks on, the two parts that no
+# implementation can skip already take PACT-Iso-C past 2×, however cheaply the shields are
+# built. The T active SVDs alone (the middle column) come close to 2× at eight tasks; they grow
+# with T, while Iso-C does one SVD per layer. A fused path for the summed methods could make the projections cheaper:
+# project the summed update once onto the union of all shields, then correct each task in the
+# small complement of its own shield. It cannot remove those SVDs, so it would leave little room
+# under 2× at eight tasks and none at twenty. So we leave the goal unmet and report the gap. A GPU
+# shifts the balance, because matrix products run much faster there than SVDs. We have not
+# measured that: this book was built without a GPU.
 
 # %% [markdown]
 # ## Verdict

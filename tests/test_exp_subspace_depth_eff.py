@@ -504,6 +504,8 @@ def test_floor_table_sets_the_least_ratio_beside_the_measured_one():
     assert t.loc[2, "least possible"] == 1.3 and list(efficiency.floor_table(floor).columns)[-1] == "projections alone"
     with pytest.raises(KeyError):
         efficiency.floor_table({"blocks": 12})
+    with pytest.raises(KeyError, match="actives_only"):  # an older record: no silent NaN column
+        efficiency.floor_table({"floors": {"8": {"floor": 2.4, "projections_only": 1.7}}})
 
 
 def _acc_frame(exact, other, n_test=1000):

@@ -358,7 +358,8 @@ def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
     per model and T; one column per model). One row per T of the floor record.
 
     Raises:
-        KeyError: a floor record without ``floors`` (not bench_pact_floor's).
+        KeyError: a floor record without ``floors`` or a floor without one of its parts (not
+            bench_pact_floor's, or an older one: run the script again).
     """
     measured: dict[tuple[str, int], float] = {}
     for r in scale:
@@ -367,7 +368,7 @@ def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
     models = sorted({m for m, _ in measured})
     rows = []
     for T, f in sorted(floor["floors"].items(), key=lambda kv: int(kv[0])):
-        row = {"tasks": int(T), "least possible": f["floor"], "active SVDs alone": f.get("actives_only", math.nan),
+        row = {"tasks": int(T), "least possible": f["floor"], "active SVDs alone": f["actives_only"],
                "projections alone": f["projections_only"]}
         for m in models:
             row[f"measured, {m}"] = measured.get((m, int(T)), math.nan)
