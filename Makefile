@@ -54,6 +54,7 @@ test: setup
 # make bench REF_TIES=~/ties-merging REF_TSV=~/task_singular_vectors REF_ISO=~/iso-merging REF_TASK_VECTORS=~/task_vectors
 bench: setup
 	$(PY) bench/bench_filter.py
+	$(PY) bench/bench_pact_floor.py
 	$(PY) bench/bench_zoo.py
 	$(PY) bench/bench_merge_scale.py --full --blocks 1 --tasks 2 8 20 --old-path-max-tasks 0
 	$(PY) bench/bench_merge_scale.py --append --full --model vit_l14 --blocks 1 --tasks 2 20 --methods task_arithmetic iso_c --modes none pact-rsvd --old-path-max-tasks 0
