@@ -308,6 +308,30 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
     return lr, filtered_all, shields, subs if keep else None
 
 
+def filter_stack(key: str, pre: Tensor, stack: Tensor, *, mode: Mode, options: PactOptions, rule: MatrixRule,
+                 dev: torch.device | None = None, keep: bool = False):
+    """PACT / S-PACT on one layer's (T, …) stack of task vectors, filtered in place
+    (:func:`filter_layer` with ``out`` = the stack's rows): the one per-layer job of the streamed
+    ``pact merge`` (:mod:`pactlib.streaming`), of the clip testbed's filtered-layer cache
+    (:func:`pactlib.testbeds.lazy_vectors.filtered_task_vectors`) and of its streamed merges
+    (:func:`pactlib.testbeds.base.streamed_update`).
+
+    Args:
+        key: the checkpoint key; pre: θ0's entry, stored shape (…); stack: (T, …) Δt in the
+            compute dtype, a tensor the caller gives up (it is overwritten); dev: move both there
+            first (None: where they are); keep: as :func:`pactlib.pact.filter_layer`.
+
+    Returns:
+        ``(stack, result)``: the (T, …) filtered stack on ``dev`` (unchanged when every Δt of the
+        layer is zero) and :func:`pactlib.pact.filter_layer`'s result (None in that case).
+    """
+    if dev is not None:
+        pre, stack = pre.to(dev), stack.to(dev)
+    rows = [stack[t] for t in range(stack.shape[0])]  # views: filter_layer writes the filtered rows here
+    res = filter_layer(key, pre, rows, mode=mode, options=options, rule=rule, out=rows, keep=keep)
+    return stack, res
+
+
 def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector], *, mode: Mode = "pact",
                 options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE, keep: bool = False
                 ) -> tuple[list[TaskVector], PactReport]:

@@ -56,7 +56,7 @@ from .checks import CheckpointError, check_alpha, check_compatible, check_finite
 from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
-from .pact import PactOptions, PactReport, filter_layer, select_layers, warn_if_unchanged
+from .pact import PactOptions, PactReport, filter_stack, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
 from .threads import single_threaded
 
@@ -427,9 +427,8 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
             checks.update(stack)  # on the unfiltered deltas, as the in-memory path
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
             if key in selected:
-                res = filter_layer(key, p, views, mode=pact, options=options, rule=rule, out=views, keep=False)
-                lr = res[0] if res is not None else None
-                del res
+                lr = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)[1]
+                lr = lr[0] if lr is not None else None
             D = m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, inputs.names)], rule=rule, **mparams)[key]
             del views, stack
             outs.append(apply_update(key, p, D, alpha))
@@ -464,8 +463,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
             def job(key):
                 p, stack = inputs.deltas(key)
                 checks.update(stack)
-                rows = [stack[t] for t in range(T)]
-                res = filter_layer(key, p, rows, mode=pact, options=options, rule=rule, out=rows, keep=False)
+                stack, res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)
                 return stack, (res[0] if res is not None else None)
 
             def consume(key, result):

@@ -441,8 +441,8 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
 
 def _filter_job(tb: Testbed, inputs, pact: str, options: PactOptions, dev):
     """One selected layer's PACT/S-PACT-filtered (T, m, n) stack (on ``dev``) and its layer report,
-    by the filtered-layer cache's kernel (:func:`pactlib.testbeds.lazy_vectors.filter_stack`)."""
-    from .lazy_vectors import filter_stack
+    by the filtered-layer cache's kernel (:func:`pactlib.pact.filter_stack`)."""
+    from ..pact import filter_stack
 
     def job(key: str):
         p, stack = inputs.deltas(key)

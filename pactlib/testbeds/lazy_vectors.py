@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_compatible, check_finite
-from ..pact import PactOptions, PactReport
+from ..pact import PactOptions, PactReport, filter_stack
 from ..taskvector import TaskVector
 
 __all__ = ["LazyTaskVector", "lazy_task_vectors", "filtered_task_vectors", "overlay", "is_lazy", "cache_key",
@@ -536,30 +536,6 @@ def prune_cache(folder: str | os.PathLike, max_bytes: float | None = None, *, ke
         finally:
             os.close(fd)
     return sorted(deleted, key=lambda k: info[k][1])
-
-
-def filter_stack(key: str, pre: Tensor, stack: Tensor, *, mode: str, options: PactOptions, rule,
-                 dev: torch.device | None = None, keep: bool = False):
-    """PACT / S-PACT on one layer's (T, …) stack of task vectors, filtered in place: the one
-    per-layer job of the filtered-layer cache (:func:`filtered_task_vectors`) and of the streamed
-    merge when it filters as it goes (:func:`pactlib.testbeds.base.streamed_update`).
-
-    Args:
-        key: the checkpoint key; pre: θ0's entry, stored shape (…); stack: (T, …) Δt in the
-            compute dtype, a tensor the caller gives up (it is overwritten); dev: move both there
-            first (None: where they are); keep: as :func:`pactlib.pact.filter_layer`.
-
-    Returns:
-        ``(stack, result)``: the (T, …) filtered stack on ``dev`` (unchanged when every Δt of the
-        layer is zero) and :func:`pactlib.pact.filter_layer`'s result (None in that case).
-    """
-    from ..pact import filter_layer
-
-    if dev is not None:
-        pre, stack = pre.to(dev), stack.to(dev)
-    rows = [stack[t] for t in range(stack.shape[0])]  # views: filter_layer writes the filtered rows here
-    res = filter_layer(key, pre, rows, mode=mode, options=options, rule=rule, out=rows, keep=keep)
-    return stack, res
 
 
 def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, keep: bool = False,
