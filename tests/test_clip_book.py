@@ -33,7 +33,7 @@ from pactlib import testbeds  # noqa: E402
 from pactlib.book import records  # noqa: E402
 from pactlib.book.verdicts import STATUSES  # noqa: E402
 
-from test_clip_testbed import TASKS, TINY, files  # noqa: E402,F401  (files: the module fixture)
+from test_clip_testbed import TASKS, TINY, files, write_adapters  # noqa: E402,F401  (files: the module fixture)
 
 NAME = "clip-booktiny"
 DIRECT = "clip-booktiny-direct"
@@ -47,23 +47,8 @@ CLAIMS = {"04_subspace_perspective": {"C4"}, "05_main_results": {"C5", "C6", "C7
 
 
 def _adapters(files):
-    """PEFT LoRA adapters (rank 2, lora_alpha 8, on Hugging Face CLIP module names) of every task
-    under ``<checkpoint_dir>/<task>/adapter``; returns the ``lora`` option's pattern."""
-    from pactlib.io import save_state_dict
-
-    g = torch.Generator().manual_seed(5)
-    mods = {"vision_model.encoder.layers.0.self_attn.q_proj": (32, 32),
-            "vision_model.encoder.layers.1.mlp.fc1": (128, 32)}
-    for t in TASKS:
-        folder = files["ckpt"] / t / "adapter"
-        folder.mkdir(exist_ok=True)
-        tensors = {}
-        for m, (out, inn) in mods.items():
-            tensors[f"base_model.model.{m}.lora_A.weight"] = 0.1 * torch.randn(2, inn, generator=g)
-            tensors[f"base_model.model.{m}.lora_B.weight"] = 0.1 * torch.randn(out, 2, generator=g)
-        save_state_dict(tensors, folder / "adapter_model.safetensors")
-        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 8,
-                                                                "target_modules": ["q_proj", "fc1"]}))
+    """The adapters of test_clip_testbed's LoRA test (seed 5) for every task; the ``lora`` option's pattern."""
+    write_adapters(files, seed=5)
     return "{task}/adapter"
 
 

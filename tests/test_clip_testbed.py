@@ -356,14 +356,13 @@ def test_device_option(files):
     assert testbeds.base.engine_device(OnDevice()) == torch.device("cuda:0")
 
 
-def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
-    """PEFT adapters on Hugging Face CLIP module names (q_proj, fc1) land on open_clip's keys: q
-    as the first third of in_proj_weight, the scale lora_alpha / r applied once."""
+def write_adapters(files, seed: int) -> dict[str, dict]:
+    """PEFT LoRA adapters (rank 2, lora_alpha 8, on Hugging Face CLIP module names q_proj and fc1)
+    of every task under ``<checkpoint_dir>/<task>/adapter`` (the ``lora`` option's pattern
+    ``"{task}/adapter"``), drawn with ``seed``; returns each task's factors."""
     from pactlib.io import save_state_dict
 
-    with pytest.raises(ValueError, match="needs the option 'lora'"):
-        testbeds.load("clip-tiny", kind="lora")
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     mods = {"vision_model.encoder.layers.0.self_attn.q_proj": (32, 32),
             "vision_model.encoder.layers.1.mlp.fc1": (128, 32)}
     factors = {}
@@ -378,6 +377,15 @@ def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
         save_state_dict(tensors, folder / "adapter_model.safetensors")
         (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 8,
                                                                 "target_modules": ["q_proj", "fc1"]}))
+    return factors
+
+
+def test_lora_kind_reads_peft_adapters(tb, files, tmp_path):
+    """PEFT adapters on Hugging Face CLIP module names (q_proj, fc1) land on open_clip's keys: q
+    as the first third of in_proj_weight, the scale lora_alpha / r applied once."""
+    with pytest.raises(ValueError, match="needs the option 'lora'"):
+        testbeds.load("clip-tiny", kind="lora")
+    factors = write_adapters(files, seed=3)
     _define("clip-lora", files, lora="{task}/adapter", cache_dir=str(tmp_path / "cache"))
     try:
         lo = testbeds.load("clip-lora", kind="lora")
