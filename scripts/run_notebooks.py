@@ -496,8 +496,8 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
     if stray:
         problems.append(f"-p {stray}: no selected notebook has such a parameter; "
                         f"known: {sorted(declared_any)}")
-    if problems:
-        raise pparams.ParameterError("\n  ".join(["bad parameters:", *problems]))
+    if problems:  # a problem of the set itself is met once per notebook: each said once
+        raise pparams.ParameterError("\n  ".join(["bad parameters:", *dict.fromkeys(problems)]))
     return jobs
 
 

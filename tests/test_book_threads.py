@@ -164,3 +164,12 @@ def test_thread_count_reaches_torch_in_the_kernel_and_a_new_count_reexecutes_not
     monkeypatch.setattr(rn, "execute", lambda job, *a, **k: seen.setdefault(job.id, job.threads) and 0.0)
     assert rn.main(["--params", str(path), "--no-render", "--jobs", "1", "--threads", "4", "--force"]) == 0
     assert seen == {"01_a": 4, "02_b": 4}
+
+
+def test_a_problem_of_the_set_itself_is_said_once(rn, tmp_path, capsys):
+    """A missing set or a malformed section is met once per notebook; the error says it once."""
+    assert rn.main(["--params", str(tmp_path / "missing.yaml"), "--check-only"]) == 2
+    assert capsys.readouterr().err.count("parameter set not found") == 1
+    (tmp_path / "top.yaml").write_text("threads: 4\n")
+    assert rn.main(["--params", str(tmp_path / "top.yaml"), "--check-only"]) == 2
+    assert capsys.readouterr().err.count("section 'threads' must be a mapping") == 1
