@@ -127,9 +127,11 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
     if sum(sizes) == 0:
         yield from (empty for _ in bases)
         return
-    V = torch.cat([b.double() for b in bases], dim=1)  # (n, c)
-    full = V.shape[1] >= n
-    VV = V @ V.mT if full else None  # (n, n): the per-task eigendecompositions work in R^n itself
+    full = sum(sizes) >= n
+    # (n, c); in float64 when the per-task eigendecompositions work in R^n itself (VV (n, n)), else
+    # in the bases' dtype: _union_coordinates reads it a block of rows at a time in float64
+    V = torch.cat([b.double() if full else b for b in bases], dim=1)
+    VV = V @ V.mT if full else None
     ends = torch.tensor(sizes).cumsum(0).tolist()
     coords = None  # (λ, C, B): made when first needed (with c ≥ n only if a shield may be uncapped)
     # With c ≥ n, the largest exact union rank found so far bounds the others': task t's is at least
@@ -149,6 +151,8 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
         if not direct:
             if coords is None:
                 coords = _union_coordinates(V, VV, tol, dtype)
+                if not full:  # every later step works in B's coordinates: V (n, c) float64 can go
+                    V = None
             lam, C, B = coords
             sh = _shield_by_complement(lam, C[:, cols], B, cap, tol)
         if sh is None:
@@ -170,21 +174,38 @@ def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
         yield sh
 
 
+#: rows of V read at a time in float64 (:func:`_union_coordinates`)
+_ROWS = 512
+
+
 def _union_coordinates(V: Tensor, VV: Tensor | None, tol: float, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """(λ (R,) descending, C = Bᵀ V (R, c) float64, B (n, R) in ``dtype``): an orthonormal basis B of
     the union of V's columns in which V Vᵀ is diagonal, Bᵀ V Vᵀ B = diag(λ), without the directions
     of singular value below max(1e-2·tol, 1e-7·σ_max) (:func:`iter_shields`). From the
-    eigendecomposition of V Vᵀ (``VV``, (n, n)) when given, else of the Gram matrix VᵀV (c, c)."""
-    lam, E = torch.linalg.eigh(VV if VV is not None else V.mT @ V)
+    eigendecomposition of V Vᵀ (``VV``, (n, n), with V in float64) when given, else of the Gram
+    matrix VᵀV (c, c), formed in float64 from V (any float dtype) a block of rows at a time."""
+    if VV is None:  # the Gram matrix VᵀV (c, c) in float64, a block of V's rows at a time
+        G = torch.zeros(V.shape[1], V.shape[1], dtype=torch.float64, device=V.device)
+        for i in range(0, V.shape[0], _ROWS):
+            Vi = V[i:i + _ROWS].double()
+            G.addmm_(Vi.mT, Vi)
+        del Vi
+    lam, E = torch.linalg.eigh(VV if VV is not None else G)
+    G = None
     lam, E = lam.flip(0).clamp(min=0), E.flip(1)  # descending
     sig = lam.sqrt()
     inside = sig > max(1e-2 * tol, 1e-7 * float(sig[0]))
     lam, sig, E = lam[inside], sig[inside], E[:, inside]
     if VV is not None:
-        B64, C = E, E.mT @ V  # (n, R), (R, c)
-    else:
-        B64, C = (V @ E) / sig, sig[:, None] * E.mT  # (n, R): orthonormal basis of the union; (R, c) = Bᵀ V
-    return lam, C, B64.to(dtype)
+        return lam, E.mT @ V, E.to(dtype)  # B (n, R), C (R, c)
+    C = sig[:, None] * E.mT  # (R, c) = Bᵀ V
+    E /= sig  # in place (E is the copy made by the mask): B = V E / σ, the union's orthonormal basis
+    # formed a block of rows at a time in float64, each cast as it is made: for a wide layer
+    # (n = 4096, c = T·K = 2,040 at T = 20) V and the product in float64 would be 67 MB each
+    B = torch.empty(V.shape[0], E.shape[1], dtype=dtype, device=V.device)
+    for i in range(0, V.shape[0], _ROWS):
+        B[i:i + _ROWS] = V[i:i + _ROWS].double() @ E
+    return lam, C, B
 
 
 def _shield_by_complement(lam: Tensor, Ct: Tensor, B: Tensor, cap: int, tol: float) -> Shield | None:
