@@ -99,16 +99,7 @@ sens = report.sensitivity_table(frame, list(sweeps), defaults=defaults)
 plotting.table(sens, chapter=11, number=2,
                caption="Best value of each knob on validation next to the default, with its test score "
                        "(mean normalized accuracy, %) and the share of shields where the cap bound.")
-moved = sens[sens["best on validation"] != sens["default"]]
-
-
-def gain(best, default):
-    return "n/a (the default was not swept)" if default != default else f"{best - default:+.2f}"  # NaN: not swept
-
-
-print("knobs whose best value on validation is not the default: " + ("; ".join(
-    f"{knob} = {r['best on validation']:g}: validation {gain(r['val (best)'], r['val (default)'])}, "
-    f"test {gain(r['test (best)'], r['test (default)'])} points" for knob, r in moved.iterrows()) or "none"))
+print(report.moved_knobs_text(sens))
 
 # %% [markdown]
 # ## How the defaults were set

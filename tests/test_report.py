@@ -98,3 +98,22 @@ def test_null_space_table_and_choice_on_known_values():
                  "mean_delta_val": pytest.approx(2.0), "mean_delta_test": pytest.approx(1.5), "choice": "drop"}
     with pytest.raises(ValueError, match="both conventions"):
         report.null_space_table([r for r in recs if r["convention"] == "drop"])
+
+
+def test_moved_knobs_text_gives_gains_and_says_when_the_default_was_not_swept():
+    import pandas as pd
+
+    from pactlib.book.report import moved_knobs_text
+
+    sens = pd.DataFrame([
+        {"knob": "core_frac", "default": 0.1, "best on validation": 0.2, "val (default)": 80.0, "val (best)": 83.33,
+         "test (default)": 79.0, "test (best)": 81.59},
+        {"knob": "active_frac", "default": 0.05, "best on validation": 0.1, "val (default)": None, "val (best)": 82.0,
+         "test (default)": None, "test (best)": 81.0},
+        {"knob": "lbw_tol", "default": 0.5, "best on validation": 0.5, "val (default)": 80.0, "val (best)": 80.0,
+         "test (default)": 79.0, "test (best)": 79.0}]).set_index("knob")
+    assert moved_knobs_text(sens) == (
+        "knobs whose best value on validation is not the default: core_frac = 0.2: validation +3.33, test +2.59 "
+        "points; active_frac = 0.1: validation n/a (the default was not swept), test n/a (the default was not "
+        "swept) points")
+    assert moved_knobs_text(sens.loc[["lbw_tol"]]).endswith(": none")

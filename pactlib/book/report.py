@@ -294,6 +294,20 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("knob")
 
 
+def moved_knobs_text(sens: pd.DataFrame) -> str:
+    """One sentence from :func:`sensitivity_table`: the knobs whose best value on validation is
+    not the default, each with its validation and test gain over the default (points); "n/a (the
+    default was not swept)" where the sweep left the default out (its scores are missing)."""
+
+    def gain(best, default) -> str:
+        return "n/a (the default was not swept)" if pd.isna(default) else f"{best - default:+.2f}"
+
+    moved = sens[sens["best on validation"] != sens["default"]]
+    return "knobs whose best value on validation is not the default: " + ("; ".join(
+        f"{knob} = {r['best on validation']:g}: validation {gain(r['val (best)'], r['val (default)'])}, "
+        f"test {gain(r['test (best)'], r['test (default)'])} points" for knob, r in moved.iterrows()) or "none")
+
+
 def _null_space_pairs(frame) -> pd.DataFrame:
     """One row per merge (kind, suite, method, seed) with val / test (points) per convention."""
     f = _frame(frame).copy()
