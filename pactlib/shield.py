@@ -189,7 +189,6 @@ def _union_coordinates(V: Tensor, VV: Tensor | None, tol: float, dtype: torch.dt
         for i in range(0, V.shape[0], _ROWS):
             Vi = V[i:i + _ROWS].double()
             G.addmm_(Vi.mT, Vi)
-        del Vi
     lam, E = torch.linalg.eigh(VV if VV is not None else G)
     G = None
     lam, E = lam.flip(0).clamp(min=0), E.flip(1)  # descending

@@ -427,8 +427,8 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
             checks.update(stack)  # on the unfiltered deltas, as the in-memory path
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
             if key in selected:
-                lr = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)[1]
-                lr = lr[0] if lr is not None else None
+                res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)[1]  # views see it
+                lr = res[0] if res is not None else None
             D = m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, inputs.names)], rule=rule, **mparams)[key]
             del views, stack
             outs.append(apply_update(key, p, D, alpha))

@@ -563,16 +563,22 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
     return D
 
 
-def _room(tb: Testbed, entries: list) -> bool:
-    """Whether the disk under ``tb.cache_dir`` (else the system's temporary folder) has at least
-    twice the size of ``entries`` (key, shape, dtype) free: room for the filtered layers."""
-    import shutil
+def _spill_root(tb: Testbed) -> Path:
+    """``tb.cache_dir``, else the system's temporary folder: where filtered layers are kept."""
     import tempfile
+
+    return Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
+
+
+def _room(tb: Testbed, entries: list) -> bool:
+    """Whether the disk under :func:`_spill_root` has at least twice the size of ``entries`` (key,
+    shape, dtype) free: room for the filtered layers."""
+    import shutil
 
     from ..lazy import tensor_bytes
 
     need = sum(tensor_bytes(shape, dtype) for _, shape, dtype in entries)
-    root = Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
+    root = _spill_root(tb)
     try:
         root.mkdir(parents=True, exist_ok=True)
         return shutil.disk_usage(root).free >= 2 * need
@@ -594,9 +600,8 @@ def _spill_writer(tb: Testbed, entries: list):
 
     if not entries or not _room(tb, entries):
         return None
-    root = Path(tb.cache_dir) if getattr(tb, "cache_dir", None) is not None else Path(tempfile.gettempdir())
     try:
-        folder = Path(tempfile.mkdtemp(prefix=".filtered-spill-", dir=root))
+        folder = Path(tempfile.mkdtemp(prefix=".filtered-spill-", dir=_spill_root(tb)))
     except OSError:
         return None
     try:
