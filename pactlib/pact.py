@@ -14,7 +14,7 @@ import math
 import re
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Sequence
 
@@ -210,15 +210,29 @@ def layer_subspaces(W0: Tensor, deltas: Sequence[Tensor], options: PactOptions =
     (``active_oversample``, ``active_n_iter``). ``nonzero``: whether each Δt has a non-zero entry,
     when the caller knows (else checked here).
     """
-    K = choose_rank(W0, frac=options.core_frac, energy=options.core_energy)
-    core = pretrained_core(W0, K, **options.svd_kw)
-    actives, lbws = [], []
+    core = layer_core(W0, options)
     nonzero = [bool(d.any()) for d in deltas] if nonzero is None else nonzero
-    for d, nz in zip(deltas, nonzero):
-        k = choose_rank(d, frac=options.active_frac, energy=options.active_energy, nonzero=nz)
-        act = active_subspace(d, k, nonzero=nz, **options.active_svd_kw) if k else d.new_zeros(d.shape[1], 0)
-        actives.append(act)
-        lbws.append(lbw_subspace(core, act.to(core.dtype), tol=options.lbw_tol))
+    actives = [task_active(d, nz, options) for d, nz in zip(deltas, nonzero)]
+    return _with_lbw(core, actives, options)
+
+
+def task_active(delta: Tensor, nonzero: bool, options: PactOptions) -> Tensor:
+    """Vt,k (n, k) of one task's Δt (m, n) (P2), k chosen by ``options`` (``active_frac`` /
+    ``active_energy``); (n, 0) for an all-zero Δt."""
+    k = choose_rank(delta, frac=options.active_frac, energy=options.active_energy, nonzero=nonzero)
+    return active_subspace(delta, k, nonzero=nonzero, **options.active_svd_kw) if k else delta.new_zeros(delta.shape[1], 0)
+
+
+def layer_core(W0: Tensor, options: PactOptions) -> Tensor:
+    """V0,K (n, K) of θ0's matrix W0 (m, n) (P1), K chosen by ``options`` (``core_frac`` /
+    ``core_energy``)."""
+    K = choose_rank(W0, frac=options.core_frac, energy=options.core_energy)
+    return pretrained_core(W0, K, **options.svd_kw)
+
+
+def _with_lbw(core: Tensor, actives: list[Tensor], options: PactOptions) -> LayerSubspaces:
+    """The layer's subspaces: each task's LBW subspace (P3) from its active one and the core."""
+    lbws = [lbw_subspace(core, act.to(core.dtype), tol=options.lbw_tol) for act in actives]
     return LayerSubspaces(core, actives, lbws)
 
 
@@ -253,7 +267,8 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
                  options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE,
                  out: Sequence[Tensor] | None = None, keep: bool = True
                  ) -> tuple[LayerReport, list[Tensor], list[Tensor], LayerSubspaces | None] | None:
-    """PACT (P1–P5) or S-PACT (P6) on one matrix layer: what :func:`pact_filter` does per layer.
+    """PACT (P1–P5) or S-PACT (P6) on one matrix layer: what :func:`pact_filter` does per layer
+    (:func:`filter_tasks` on a list).
 
     Args:
         key: the checkpoint key (the matrix view depends on it).
@@ -271,25 +286,74 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
         :class:`LayerReport`, the filtered updates in stored shape (``out`` when given), the
         shields S_t (n, s_t), the layer's subspaces).
     """
-    ref = deltas[0]
-    W0 = rule.view(key, W0.to(ref.dtype))  # (m, n)
-    views = [rule.view(key, d) for d in deltas]  # T x (m, n)
-    norms = [float(torch.linalg.vector_norm(d)) for d in views]  # also the removed energy's denominator
-    nonzero = [nv > 0 or bool(d.any()) for d, nv in zip(views, norms)]  # any(): a norm that underflowed
+    filtered_all: list[Tensor] = []
+
+    def emit(t: int, filtered: Tensor) -> None:
+        if out is not None:
+            out[t].copy_(filtered)
+            filtered = out[t]
+        filtered_all.append(filtered)
+
+    res = filter_tasks(key, W0, deltas.__getitem__, len(deltas), emit=emit, mode=mode, options=options,
+                       rule=rule, keep=keep)
+    if res is None:
+        return None
+    lr, shields, subs = res
+    return lr, filtered_all, shields, subs
+
+
+def filter_tasks(key: str, W0: Tensor, read: Callable[[int], Tensor], T: int, *, emit: Callable[[int, Tensor], None],
+                 mode: Mode = "pact", options: PactOptions = PactOptions(), rule: MatrixRule = DEFAULT_RULE,
+                 keep: bool = False) -> tuple[LayerReport, list[Tensor], LayerSubspaces | None] | None:
+    """PACT (P1–P5) or S-PACT (P6) on one matrix layer whose T task vectors are read one at a
+    time, in two passes: the first reads each Δt for its norm and active subspace (P2), then the
+    layer's core (P1) and LBW subspaces (P3) follow; the second reads each Δt again, filters it
+    with its shield (P4–P5, :func:`pactlib.shield.iter_shields`, made one at a time) and hands it
+    to ``emit``. Peak memory: a few (m, n) matrices and the subspaces, whatever T. The streamed
+    merges of methods with a per-task reducer (Task Arithmetic, TSV-M, Iso-C:
+    :attr:`pactlib.merges.MergeMethod.reducer`) filter this way, each filtered Δ̃t going to the reducer; :func:`filter_layer` is this on a list.
+
+    Args:
+        key: the checkpoint key (the matrix view depends on it).
+        W0: θ0's entry, stored shape (cast to the deltas' dtype).
+        read: ``read(t)`` -> task t's Δt of this key, stored shape, the same dtype for every t;
+            called twice per task (t = 0..T−1, then again), it must give the same values both
+            times. Not modified.
+        T: the number of tasks.
+        emit: ``emit(t, Δ̃t)`` for t = 0..T−1 in order, Δ̃t in stored shape (a tensor of its own).
+        keep: also return the shields and the subspaces (else ``[]`` and None).
+
+    Returns:
+        None when every Δt is zero (nothing to protect; ``emit`` is not called), else (the
+        layer's :class:`LayerReport`, the shields S_t (n, s_t), the layer's subspaces).
+    """
+    norms, nonzero, actives = [], [], []
+    dtype = shape = None
+    for t in range(T):  # pass 1: norms (also the removed energy's denominator) and actives
+        x = read(t)
+        dtype, shape = x.dtype, x.shape
+        d = rule.view(key, x)  # (m, n)
+        nv = float(torch.linalg.vector_norm(d))
+        nz = nv > 0 or bool(d.any())  # any(): a norm that underflowed
+        norms.append(nv)
+        nonzero.append(nz)
+        actives.append(task_active(d, nz, options))
+        del x, d
     if not any(nonzero):
         return None  # e.g. a frozen text tower: nothing to protect against
+    W0 = rule.view(key, W0.to(dtype))  # (m, n)
     m, n = W0.shape
-    subs = layer_subspaces(W0, views, options, nonzero=nonzero)
+    subs = _with_lbw(layer_core(W0, options), actives, options)
     lr = LayerReport(key, m, n, subs.core.shape[1], shield_cap(n, options.max_shield_frac))
-    filtered_all, shields = [], []
+    shields = []
     if mode == "pact":  # all T shields from one decomposition of the union (P4), made one at a time
         task_shields = iter_shields([lbw.basis for lbw in subs.lbw], n, max_frac=options.max_shield_frac,
                                     tol=options.shield_tol)
     else:  # S-PACT: one shield, the core's, for every task (P6)
         static = build_shield([subs.core], n, max_frac=options.max_shield_frac, tol=options.shield_tol)
-        task_shields = (static for _ in views)
-    for t, (d, sh) in enumerate(zip(views, task_shields)):
-        filtered = filter_update(d, sh.basis)
+        task_shields = (static for _ in range(T))
+    for t, sh in enumerate(task_shields):  # pass 2: filter each task with its shield
+        filtered = filter_update(rule.view(key, read(t)), sh.basis)
         if keep:
             shields.append(sh.basis)
         e0 = norms[t] ** 2
@@ -300,12 +364,9 @@ def filter_layer(key: str, W0: Tensor, deltas: Sequence[Tensor], *, mode: Mode =
         lr.union_rank.append(sh.union_rank)
         lr.capped.append(sh.capped)
         lr.removed_energy.append(removed / e0 if e0 > 0 else math.nan)
-        filtered = rule.unview(key, filtered, ref.shape)
-        if out is not None:
-            out[t].copy_(filtered)
-            filtered = out[t]
-        filtered_all.append(filtered)
-    return lr, filtered_all, shields, subs if keep else None
+        emit(t, rule.unview(key, filtered, shape))
+        del filtered
+    return lr, shields, subs if keep else None
 
 
 def filter_stack(key: str, pre: Tensor, stack: Tensor, *, mode: Mode, options: PactOptions, rule: MatrixRule,

@@ -11,6 +11,14 @@ one key, write θ0 + α·D in θ0's dtype to the output, and free it. Peak memor
 entry-wise method, :attr:`MergeMethod.elementwise`) and TIES stream large keys in chunks of rows,
 so that their peak does not grow with T either.
 
+**Methods with a per-task reducer** (:attr:`MergeMethod.reducer`: Task Arithmetic and Iso-C, a
+running sum; TSV-M, each task's top singular triplets) need no stack at all:
+:func:`reduced_update` reads one task's delta at a time and hands it to the reducer, in task
+order (the in-memory kernels reduce in that order too, e.g.
+:func:`pactlib.merges.driver.task_sum`, so the numbers stay the same). With PACT, each selected
+layer is filtered by :func:`pactlib.pact.filter_tasks` in two passes over the tasks (subspaces,
+then filtering; each Δt is read twice), so memory is a few copies of the layer, whatever T.
+
 **Per-key methods** (:meth:`MergeMethod.is_per_key`: Task Arithmetic, TSV-M, Iso-C, Iso-CTS,
 TIES with ``scope="per_key"``, and any method written with ``map_layers``) are called on T
 one-key task vectors whose tensors are the rows of the stack (``map_layers`` takes the stack
@@ -56,7 +64,7 @@ from .checks import CheckpointError, check_alpha, check_compatible, check_finite
 from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
-from .pact import PactOptions, PactReport, filter_stack, select_layers, warn_if_unchanged
+from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
 from .threads import single_threaded
 
@@ -93,12 +101,44 @@ class _TaskChecks:
                     self.nonzero[t] = True
             self.same = {(i, j) for i, j in self.same if torch.equal(stack[i], stack[j])}
 
+    def probe(self) -> "_KeyProbe":
+        """The same look at one key (or chunk) whose deltas are read one task at a time."""
+        return _KeyProbe(self)
+
     def warn(self) -> None:
         for t, nz in enumerate(self.nonzero):
             if not nz:
                 warnings.warn(f"task vector of {self.names[t]!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
         for i, j in sorted(self.same):
             warnings.warn(f"task vectors of {self.names[i]!r} and {self.names[j]!r} are identical", stacklevel=3)
+
+
+class _KeyProbe:
+    """:meth:`_TaskChecks.update` for one key whose T deltas come one at a time: ``add(t, Δt)``
+    for each task, then ``commit()``. Identical tasks are compared by a hash of their bytes, taken
+    only while some pair of tasks may still be identical (after the first key that tells them
+    apart, never)."""
+
+    def __init__(self, checks: _TaskChecks):
+        self.checks = checks
+        self.nonzero: dict[int, bool] = {}
+        self.digest: dict[int, bytes] = {}
+
+    def add(self, t: int, x: Tensor) -> None:
+        import hashlib
+
+        self.nonzero[t] = self.checks.nonzero[t] or bool(x.any())
+        if any(t in pair for pair in self.checks.same):
+            data = x.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+            self.digest[t] = hashlib.blake2b(data, digest_size=32).digest()
+
+    def commit(self) -> None:
+        c = self.checks
+        with c._lock:
+            for t, nz in self.nonzero.items():
+                c.nonzero[t] = c.nonzero[t] or nz
+            c.same = {(i, j) for i, j in c.same
+                      if i in self.digest and j in self.digest and self.digest[i] == self.digest[j]}
 
 
 def is_delta_source(x) -> bool:
@@ -172,20 +212,95 @@ class DeltaReader:
             check_finite({key: p}, name=f"pre-trained ({self.pre.name})")
         stack = torch.empty((self.T, *p.shape), dtype=self.dtype)
         p_c = p.to(self.dtype)
-        for t, (ft, nm) in enumerate(zip(self.fts, self.names)):
-            if is_delta_source(ft):  # Δt itself (None: zero); checked finite when it was read
-                d = ft.delta(key)
-                if d is None:
-                    stack[t].zero_()
-                else:
-                    stack[t].copy_(d if rows is None else d[rows[0]:rows[1]])
-                continue
-            x = ft.read(key, rows)
-            if check:
-                check_finite({key: x}, name=nm)
-            torch.sub(x.to(self.dtype), p_c, out=stack[t])
-            del x
+        for t in range(self.T):
+            self.delta(key, t, rows, pre=p_c, check=check, out=stack[t])
         return p, stack
+
+    def delta(self, key: str, t: int, rows: tuple[int, int] | None = None, *, pre: Tensor | None = None,
+              check: bool = True, out: Tensor | None = None) -> Tensor:
+        """Task t's Δt = θt − θ0 of ``key`` (or its ``rows``) in :attr:`dtype`: ``out`` when
+        given, else a fresh tensor the caller may modify; checked finite unless ``check`` is False.
+        ``pre``: θ0's entry (or rows) already cast to :attr:`dtype` (else read here, unchecked).
+
+        Raises:
+            KeyError: ``key`` is not in θ0.
+            CheckpointError: NaN / Inf in θt (naming the file and the key), an unreadable file.
+        """
+        ft, nm = self.fts[t], self.names[t]
+        if pre is None:
+            pre = self.pre.read(key, rows).to(self.dtype)
+        if out is None:
+            out = torch.empty(pre.shape, dtype=self.dtype)
+        if is_delta_source(ft):  # Δt itself (None: zero); checked finite when it was read
+            d = ft.delta(key)
+            return out.zero_() if d is None else out.copy_(d if rows is None else d[rows[0]:rows[1]])
+        x = ft.read(key, rows)
+        if check:
+            check_finite({key: x}, name=nm)
+        return torch.sub(x.to(self.dtype), pre, out=out)
+
+
+def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor, *,
+                   m: merges.MergeMethod, params: dict, rule: MatrixRule, pact: str | None = None,
+                   options: PactOptions | None = None, read: Callable[[int, bool], Tensor] | None = None,
+                   checks: _TaskChecks | None = None, dev: torch.device | None = None) -> tuple[Tensor, object]:
+    """``(D, layer report or None)`` of a method with a per-task reducer
+    (:attr:`pactlib.merges.MergeMethod.reducer`: Task Arithmetic, TSV-M, Iso-C) on one key (or its
+    ``rows``), reading one task at a time: each Δt (PACT/S-PACT-filtered when ``pact`` is given,
+    :func:`pactlib.pact.filter_tasks`, which reads each Δt twice) goes to the reducer (a running
+    sum; TSV-M's top triplets) instead of a (T, m, n) stack. The same values as the method on the
+    stack; memory: a few copies of the key (TSV-M: and its triplets), whatever T.
+
+    Args:
+        inputs: θ0 and the θt; key, rows: what to merge (``rows``: only for an entry-wise method,
+            :attr:`pactlib.merges.MergeMethod.elementwise`); pre: θ0's entry (or rows), θ0's dtype.
+        read: ``read(t, first)`` -> task t's Δt (a tensor the caller gives up; ``first`` the first
+            time t is read), default from ``inputs`` (checked finite the first time); the streamed
+            testbed merges read their filtered-layer cache through it (then ``pact`` is None).
+        checks: fed the unfiltered deltas (all-zero and identical task vectors).
+        dev: compute device (default: where ``read`` gives the deltas).
+
+    Raises:
+        CheckpointError: NaN / Inf in a checkpoint (file and key).
+    """
+    T, probe = inputs.T, checks.probe() if checks is not None else None
+    if read is None:
+        pre_c = pre.to(inputs.dtype)
+
+        def read(t: int, first: bool) -> Tensor:
+            return inputs.delta(key, t, rows, pre=pre_c, check=first)
+
+    seen: set[int] = set()
+
+    def get(t: int) -> Tensor:
+        d = read(t, t not in seen)
+        d = d if dev is None else d.to(dev)
+        if t not in seen:
+            seen.add(t)
+            if probe is not None:
+                probe.add(t, d)
+        return d
+
+    shape = tuple(inputs.meta[key].shape) if rows is None else (rows[1] - rows[0], *inputs.meta[key].shape[1:])
+    matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
+    reducer = m.reducer(T, matrix, **params)
+    add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
+    lr = None
+    if pact is not None:
+        res = filter_tasks(key, pre if dev is None else pre.to(dev), get, T, emit=add, mode=pact, options=options,
+                           rule=rule)
+        if res is None:  # every Δt is zero: nothing filtered
+            for t in range(T):
+                add(t, get(t))
+        else:
+            lr = res[0]
+    else:
+        for t in range(T):
+            add(t, get(t))
+    if probe is not None:
+        probe.commit()
+    D = reducer.result()
+    return (rule.unview(key, D, shape) if matrix else D), lr
 
 
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
@@ -417,12 +532,20 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
              workers, chunk_bytes) -> None:
     T = inputs.T
+    reduced = m.reducer is not None
 
     def job(key: str):
         if key not in inputs.floats:
             return [inputs.pre.read(key)], None
         outs, lr = [], None
         for rows in inputs.rows(key, m.elementwise and key not in selected, chunk_bytes):
+            if reduced:  # tasks read one at a time into the method's reducer: no (T, m, n) stack
+                p = inputs.pre.read(key, rows)
+                check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
+                D, lr = reduced_update(inputs, key, rows, p, m=m, params=mparams, rule=rule,
+                                      pact=pact if key in selected else None, options=options, checks=checks)
+                outs.append(apply_update(key, p, D, alpha))
+                continue
             p, stack = inputs.deltas(key, rows)
             checks.update(stack)  # on the unfiltered deltas, as the in-memory path
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy

@@ -239,3 +239,35 @@ def test_fer2013_head_averages_every_class_synonym():
     assert torch.equal(ctb.synonym_head(model, tok, single, templates), clip.zeroshot_head(model, tok, names, templates))
     with pytest.raises(ValueError, match="no '\\{\\}'"):
         ctb.synonym_head(model, tok, syn, ("no slot",))
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "tsv_m", "iso_c"])
+def test_streamed_reducer_methods_read_one_task_at_a_time(tb, monkeypatch, method):
+    """Task Arithmetic, TSV-M and Iso-C over the testbed's files never stack the T deltas: plain, PACT
+    read back from the filtered-layer cache, and PACT filtered inside the merge (no room on disk);
+    D is the in-memory merge's, bit for bit."""
+    from pactlib.streaming import DeltaReader
+
+    opts = PactOptions()
+    ftvs, rep = base.filtered(tb, "pact", opts)  # the cache, before stacking is forbidden
+    plain, _ = merged_update(method, tb.pretrained, tb.task_vectors(), rule=tb.rule)
+    want, _ = merged_update(method, tb.pretrained, ftvs, rule=tb.rule)
+
+    def no_stack(*a, **k):
+        raise AssertionError("a method with a reducer stacked the T deltas")
+
+    monkeypatch.setattr(DeltaReader, "deltas", no_stack)
+    _equal(base.streamed_update(tb, method)[0], plain)
+    D, report = base.streamed_update(tb, method, pact="pact", options=opts)  # from the cache
+    _equal(D, want)
+    monkeypatch.setattr(base, "_cache", lambda tb, _c={}: _c)  # a fresh object: no spill known
+    monkeypatch.setattr(base, "_room", lambda tb, entries: False)  # no room on disk: filter in the merge
+    import pactlib.streaming
+
+    filtered_keys = []
+    original = pactlib.streaming.filter_tasks
+    monkeypatch.setattr(pactlib.streaming, "filter_tasks", lambda key, *a, **k: filtered_keys.append(key) or original(key, *a, **k))
+    D, report = base.streamed_update(tb, method, pact="pact", options=opts)
+    _equal(D, want)
+    assert sorted(filtered_keys) == sorted(lr.key for lr in rep.layers)
+    assert [lr.removed_energy for lr in report.layers] == [lr.removed_energy for lr in rep.layers]

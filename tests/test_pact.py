@@ -311,3 +311,26 @@ def test_pact_rsvd_defaults_keep_the_lbw_bases_of_a_trained_like_layer(gen):
     # method.md's p = 10, q = 2 would not be close
     old = layer_subspaces(W0, deltas, PactOptions(svd="rsvd", oversample=10, n_iter=2))
     assert max(projector_distance(a.basis, b.basis) for a, b in zip(exact.lbw, old.lbw)) > 0.2
+
+
+@pytest.mark.parametrize("mode", ["pact", "s-pact"])
+def test_filter_tasks_reads_each_task_twice_and_equals_filter_layer(gen, mode):
+    """filter_tasks (the streamed summed merges' filter) reads Δ1..ΔT for the subspaces, then again
+    to filter them, one at a time, and gives filter_layer's updates and report bit for bit."""
+    from pactlib.pact import filter_layer, filter_tasks
+
+    W0 = torch.randn(40, 30, generator=gen)
+    deltas = [torch.randn(40, 30, generator=gen) * 0.1 for _ in range(3)] + [torch.zeros(40, 30)]
+    opts = PactOptions(core_frac=0.3)
+    lr_ref, want, _, _ = filter_layer("w", W0, deltas, mode=mode, options=opts)
+    reads, got = [], []
+    lr, shields, subs = filter_tasks("w", W0, lambda t: reads.append(t) or deltas[t].clone(), 4,
+                                     emit=lambda t, d: got.append((t, d)), mode=mode, options=opts)
+    assert reads == [0, 1, 2, 3, 0, 1, 2, 3] and [t for t, _ in got] == [0, 1, 2, 3]
+    for (_, d), w in zip(got, want):
+        assert torch.equal(d, w)
+    assert lr == lr_ref and shields == [] and subs is None
+    assert sum(lr.shield_rank[:3]) > 0 and torch.equal(got[3][1], torch.zeros(40, 30))
+    called = []
+    assert filter_tasks("w", W0, lambda t: torch.zeros(40, 30), 2, emit=lambda t, d: called.append(t)) is None
+    assert called == []  # every Δt zero: nothing to filter, nothing emitted

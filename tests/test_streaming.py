@@ -15,6 +15,7 @@ from pactlib import merges
 from pactlib.cli import main
 from pactlib.io import load_state_dict, save_state_dict
 from pactlib.lazy import CheckpointWriter, open_checkpoint, parse_size
+from pactlib.matrix import MatrixRule
 from pactlib.merges.ties import GlobalThreshold, trim_count, trim_mask
 from pactlib.models.clip import load_clip_checkpoint
 from pactlib.streaming import find_thresholds, trim_stack
@@ -341,3 +342,54 @@ def test_merge_files_warns_on_hugging_face_attention_layout_as_merge_does(tmp_pa
         assert len(said) == int(split)
         if split:
             assert said[0].startswith("iso_c: Hugging Face CLIP keys") and "naming='open_clip'" in said[0]
+
+
+@pytest.mark.parametrize("method,pact", [("task_arithmetic", None), ("task_arithmetic", "pact"), ("tsv_m", None),
+                                         ("tsv_m", "pact"), ("iso_c", None), ("iso_c", "pact"), ("iso_c", "s-pact")])
+def test_reducer_methods_read_one_task_at_a_time(tmp_path, ckpts, monkeypatch, method, pact):
+    """Task Arithmetic and Iso-C (a running sum) and TSV-M (each task's top triplets) take the tasks
+    one at a time: the streamed merge never builds a (T, m, n) stack of deltas, and PACT reads each
+    task's delta twice (subspaces, then filtering); the result is still the in-memory one, bit for bit."""
+    from pactlib.streaming import DeltaReader
+
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    kw = dict(core_frac=0.3) if pact else {}
+    want = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **kw)
+    reads: list[tuple[str, int]] = []
+    original = DeltaReader.delta
+
+    def delta(self, key, t, *a, **k):
+        reads.append((key, t))
+        return original(self, key, t, *a, **k)
+
+    def no_stack(*a, **k):
+        raise AssertionError("a method with a reducer stacked the T deltas")
+
+    monkeypatch.setattr(DeltaReader, "deltas", no_stack)
+    monkeypatch.setattr(DeltaReader, "delta", delta)
+    res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact=pact, **kw)
+    _assert_identical(load_file(str(res.path)), want)
+    T = len(fts)
+    matrices = {k for k, v in pre.items() if MatrixRule().kind(k, v) == "matrix"}
+    for key in (k for k in pre if torch.is_floating_point(pre[k])):
+        order = [t for k, t in reads if k == key]
+        twice = pact is not None and key in matrices
+        assert order == (list(range(T)) * (2 if twice else 1)), key
+
+
+def test_a_method_without_a_reducer_still_stacks(tmp_path, ckpts, monkeypatch):
+    """Iso-CTS needs the sum before each task's own part: the (T, m, n) stack path (the check
+    above can fail)."""
+    from pactlib.streaming import DeltaReader
+
+    assert merges.get("iso_cts").reducer is None and merges.get("ties").reducer is None
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+
+    def no_stack(*a, **k):
+        raise AssertionError("stacked")
+
+    monkeypatch.setattr(DeltaReader, "deltas", no_stack)
+    with pytest.raises(AssertionError, match="stacked"):
+        pactlib.merge_files("iso_cts", p0, ps, tmp_path / "out.safetensors", alpha=0.7)

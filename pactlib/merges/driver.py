@@ -5,7 +5,7 @@ for matrix layers and ``other_fn(deltas (T, *shape)) -> (*shape)`` for every oth
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -63,6 +63,55 @@ def stack_rows(rows: Sequence[Tensor]) -> Tensor:
     return torch.stack(list(rows))
 
 
+def task_sum(stack: Tensor) -> Tensor:
+    """Σt of a (T, …) stack added up in task order, ((Δ1 + Δ2) + Δ3) + …: the same float values as
+    a running sum over tasks read one at a time (:class:`RunningSum`, the streamed merges' reducer, :mod:`pactlib.streaming`)
+    and as :meth:`TaskVector.sum`. ``stack.sum(0)`` may group the terms otherwise. A new tensor."""
+    out = stack[0].clone()
+    for t in range(1, stack.shape[0]):
+        out += stack[t]
+    return out
+
+
+class TaskReducer(Protocol):
+    """A merge method's D for one key from the tasks' deltas given one at a time, in task order
+    (:attr:`pactlib.merges.MergeMethod.reducer`): ``add(Δt)`` T times, then ``result()``. ``add``
+    may keep and modify the tensor it is given (the caller gives it up)."""
+
+    def add(self, delta: Tensor) -> None: ...
+
+    def result(self) -> Tensor: ...
+
+
+class RunningSum:
+    """S = Σt Δt in task order (as :func:`task_sum`), then ``finish(S)`` (default S itself): the
+    reducer of Task Arithmetic (M1), of Iso-C (M4, ``finish`` its flat spectrum) and of every
+    mean over tasks (``finish`` = S / T)."""
+
+    def __init__(self, finish: Callable[[Tensor], Tensor] | None = None):
+        self.total: Tensor | None = None
+        self.finish = finish
+
+    def add(self, delta: Tensor) -> None:
+        if self.total is None:
+            self.total = delta  # the running sum starts as Δ1 itself (the caller gave it up)
+        else:
+            self.total += delta
+
+    def result(self) -> Tensor:
+        if self.total is None:
+            raise ValueError("no task was added")
+        return self.total if self.finish is None else self.finish(self.total)
+
+
+def reduce_stack(reducer: TaskReducer, stack: Tensor) -> Tensor:
+    """``reducer`` fed the rows of a (T, …) stack (copies: the stack is not modified); its result."""
+    for t in range(stack.shape[0]):
+        reducer.add(stack[t].clone())
+    return reducer.result()
+
+
 def mean_of(stack: Tensor) -> Tensor:
-    """Mean over tasks: the rule for non-matrix keys of TSV-M, Iso-C and Iso-CTS."""
-    return stack.mean(0)
+    """Mean over tasks, Σt Δt / T (:func:`task_sum`): the rule for non-matrix keys of TSV-M,
+    Iso-C and Iso-CTS."""
+    return task_sum(stack) / stack.shape[0]

@@ -12,12 +12,13 @@ from ..linalg import Triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
-from .driver import map_layers, mean_of
+from .driver import RunningSum, map_layers, mean_of, task_sum
 from .registry import alpha_grid, register
 
 
 def iso_c_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: float | None = None) -> Tensor:
-    """(T, m, n) -> (m, n): ΣΔt = U Σ Vᵀ; D = σ̄ U Vᵀ with a flat spectrum (M4).
+    """(T, m, n) -> (m, n): ΣΔt = U Σ Vᵀ; D = σ̄ U Vᵀ with a flat spectrum (M4):
+    :func:`iso_c_of_sum` of the sum in task order (:func:`pactlib.merges.driver.task_sum`).
 
     ``null_space="drop"`` (default): only the numerical range of ΣΔt, the r singular values
     above ``rank_rtol``·σ_max (default max(m, n)·eps), with σ̄ their mean; D keeps the nuclear
@@ -26,13 +27,27 @@ def iso_c_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: floa
     null directions of a rank-deficient sum, whose pairing the SVD picks arbitrarily. On a
     full-rank sum the two agree.
     """
-    U, S, Vh = svd(deltas.sum(0))
+    return iso_c_of_sum(task_sum(deltas), null_space, rank_rtol)
+
+
+def iso_c_of_sum(S: Tensor, null_space: NullSpace = "drop", rank_rtol: float | None = None) -> Tensor:
+    """(m, n) -> (m, n): Iso-C's D from the sum S = ΣΔt (M4; :func:`iso_c_kernel`). An all-zero S
+    gives zeros without an SVD."""
+    if not bool(S.any()):
+        return torch.zeros_like(S)
+    U, Sv, Vh = svd(S)
     if null_space == "literal":
-        return S.mean() * (U @ Vh)
-    r = int((S > rank_tol(deltas.shape, deltas.dtype, S[0] if S.numel() else 0.0, rank_rtol)).sum())
+        return Sv.mean() * (U @ Vh)
+    r = int((Sv > rank_tol(S.shape, S.dtype, Sv[0] if Sv.numel() else 0.0, rank_rtol)).sum())
     if r == 0:
-        return torch.zeros_like(deltas[0])
-    return S[:r].mean() * (U[:, :r] @ Vh[:r])
+        return torch.zeros_like(S)
+    return Sv[:r].mean() * (U[:, :r] @ Vh[:r])
+
+
+def _iso_c_reducer(T: int, matrix: bool, *, null_space: NullSpace = "drop",
+                   rank_rtol: float | None = None) -> RunningSum:
+    """Iso-C's D of one key from the tasks' running sum (:attr:`pactlib.merges.MergeMethod.reducer`)."""
+    return RunningSum((lambda S: iso_c_of_sum(S, null_space, rank_rtol)) if matrix else (lambda S: S / T))
 
 
 def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
@@ -84,7 +99,8 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
                           literal=null_space == "literal")
 
 
-@register("iso_c", pretty="Iso-C", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1))
+@register("iso_c", pretty="Iso-C", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
+          reducer=_iso_c_reducer)
 def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullSpace = "drop",
           rank_rtol: float | None = None) -> TaskVector:
     """Iso-C (M4) on matrix layers; mean of Δt on every other key.

@@ -11,10 +11,15 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from typing import TYPE_CHECKING
+
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 
 MergeFn = Callable[..., TaskVector]
+
+if TYPE_CHECKING:
+    from .driver import TaskReducer
 
 
 def alpha_grid(lo: float, hi: float, step: float) -> tuple[float, ...]:
@@ -41,6 +46,15 @@ class MergeMethod:
     method); the streamed merge (:mod:`pactlib.streaming`) then calls ``fn`` on one key at a time.
     ``elementwise`` says more: each *entry* of D depends only on the tasks' entries at the same
     position (Task Arithmetic), so large keys may be streamed in chunks of rows.
+
+    ``reducer`` (optional) says the merged update of a key can be built from the tasks' deltas
+    given one at a time, in task order, keeping less than all of them (Task Arithmetic and Iso-C:
+    a running sum; TSV-M: each task's top singular triplets): ``reducer(T, matrix, **params)``
+    returns a :class:`pactlib.merges.driver.TaskReducer` whose ``add(Δt)`` takes each delta (the
+    matrix view (m, n) of a matrix layer, with ``matrix`` True; the stored shape otherwise) and
+    whose ``result()`` is that key's D, the same values as ``fn``. The streamed merges then read
+    one task at a time instead of building the (T, m, n) stack, so their memory does not grow
+    with T (:mod:`pactlib.streaming`).
     """
 
     name: str
@@ -51,6 +65,7 @@ class MergeMethod:
     params: dict = field(default_factory=dict)
     per_key: bool | Callable[[Mapping], bool] = True
     elementwise: bool = False
+    reducer: Callable[..., "TaskReducer"] | None = None
 
     def is_per_key(self, params: Mapping) -> bool:
         """Whether the method with ``params`` (defaults filled in) merges every key on its own."""
@@ -74,10 +89,11 @@ class UnknownMethodError(KeyError):
 
 
 def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...],
-             per_key: bool | Callable[[Mapping], bool] = True, elementwise: bool = False):
+             per_key: bool | Callable[[Mapping], bool] = True, elementwise: bool = False,
+             reducer: Callable[..., "TaskReducer"] | None = None):
     """Decorator registering ``fn`` under ``name``; its keyword-only parameters with defaults
-    (other than ``rule``) become the method's tunable parameters. ``per_key`` / ``elementwise``:
-    see :class:`MergeMethod` (a method that is not per key needs its own streamed form)."""
+    (other than ``rule``) become the method's tunable parameters. ``per_key`` / ``elementwise`` /
+    ``reducer``: see :class:`MergeMethod` (a method that is not per key needs its own streamed form)."""
 
     def deco(fn: MergeFn) -> MergeFn:
         if name in _REGISTRY:
@@ -85,7 +101,7 @@ def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...
         sig = inspect.signature(fn)
         params = {p.name: p.default for p in sig.parameters.values()
                   if p.kind is p.KEYWORD_ONLY and p.name != "rule"}
-        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params, per_key, elementwise)
+        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params, per_key, elementwise, reducer)
         return fn
 
     return deco

@@ -10,7 +10,7 @@ from ..linalg import Triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
-from .driver import map_layers, mean_of
+from .driver import RunningSum, map_layers, mean_of
 from .registry import alpha_grid, register
 
 
@@ -23,20 +23,53 @@ def tsv_m_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: floa
     are taken on their numerical range (:mod:`pactlib.merges.blocks`): a task whose update has
     rank < r (PACT-filtered, LoRA) adds no arbitrary directions. ``"literal"`` stacks all r.
     """
-    T, m, n = deltas.shape
-    r = max(1, min(m, n) // T)
-    blocks = []
+    blocks = TsvBlocks(deltas.shape[0], null_space, rank_rtol)
     for d in deltas:
+        blocks.add(d)
+    return blocks.result()
+
+
+class TsvBlocks:
+    """TSV-M (M3) on one matrix layer, one task at a time (a
+    :class:`pactlib.merges.driver.TaskReducer`): ``add(Δt)`` (m, n) keeps that task's top
+    r = max(1, ⌊min(m, n)/T⌋) singular triplets (copies: r·(m + n + 1) values per task, about
+    (m + n)·min(m, n) in all, whatever T); ``result()`` is :func:`tsv_m_kernel`'s D. With
+    ``null_space="drop"`` an all-zero Δt needs no SVD (its triplets would all be dropped).
+    """
+
+    def __init__(self, T: int, null_space: NullSpace = "drop", rank_rtol: float | None = None):
+        self.T, self.null_space, self.rank_rtol = T, null_space, rank_rtol
+        self.blocks: list[Triplets] = []
+        self.shape: tuple[int, int] | None = None
+        self.dtype = None
+
+    def add(self, d: Tensor) -> None:
+        m, n = self.shape = tuple(d.shape)
+        self.dtype = d.dtype
+        r = max(1, min(m, n) // self.T)
+        if self.null_space == "drop" and not bool(d.any()):
+            self.blocks.append(Triplets(d.new_zeros(m, 0), d.new_zeros(0), d.new_zeros(n, 0)))
+            return
         U, S, Vh = svd(d)  # never fails to converge (float64 / eigh fallback)
-        blocks.append(Triplets(U[:, :r], S[:r], Vh[:r].mT))
-    if null_space == "drop":
-        scale = max(float(b.S[0]) if b.S.numel() else 0.0 for b in blocks)
-        tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
-        blocks = [in_range(b, tol) for b in blocks]
-    return combine_blocks(blocks, literal=null_space == "literal")
+        self.blocks.append(Triplets(U[:, :r].clone(), S[:r].clone(), Vh[:r].mT.clone()))  # not views of U, Vh
+
+    def result(self) -> Tensor:
+        blocks = self.blocks
+        if self.null_space == "drop":
+            scale = max(float(b.S[0]) if b.S.numel() else 0.0 for b in blocks)
+            tol = rank_tol(self.shape, self.dtype, scale, self.rank_rtol)
+            blocks = [in_range(b, tol) for b in blocks]
+        return combine_blocks(blocks, literal=self.null_space == "literal")
 
 
-@register("tsv_m", pretty="TSV-M", reference="Gargiulo et al., CVPR 2025", alphas=alpha_grid(0.1, 3.0, 0.1))
+def _tsv_m_reducer(T: int, matrix: bool, *, null_space: NullSpace = "drop", rank_rtol: float | None = None):
+    """TSV-M's reducer for one key (:attr:`pactlib.merges.MergeMethod.reducer`): the blocks of a
+    matrix layer, the mean over tasks elsewhere."""
+    return TsvBlocks(T, null_space, rank_rtol) if matrix else RunningSum(lambda S: S / T)
+
+
+@register("tsv_m", pretty="TSV-M", reference="Gargiulo et al., CVPR 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
+          reducer=_tsv_m_reducer)
 def tsv_m(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullSpace = "drop",
           rank_rtol: float | None = None) -> TaskVector:
     """TSV-M (M3) on matrix layers; mean of Δt on every other key.

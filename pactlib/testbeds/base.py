@@ -355,7 +355,8 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     each kernel single-threaded), on :func:`engine_device`. Equal to the in-memory
     ``merged_update(method, tb.pretrained, filtered or own task vectors)``, bit for bit (the same
     kernels on the same values); peak memory about D (one tower in float32) plus one layer's
-    (T, m, n) stack per thread, instead of T task vectors (and T filtered ones). With PACT the
+    (T, m, n) stack per thread (a few copies of one layer for Task Arithmetic, TSV-M and Iso-C,
+    which read one task at a time into their reducer, :func:`pactlib.streaming.reduced_update`), instead of T task vectors (and T filtered ones). With PACT the
     filtered layers come from the filtered-layer cache of :func:`filtered` (``<tb.cache_dir>/filtered``,
     T × the filtered layers' size on disk, written once per inputs, mode and options and read by
     later calls and processes), so no base method filters again. The filter runs inside the merge
@@ -458,12 +459,26 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
 
     from ..streaming import CHUNK_BYTES, consume_in_order
 
+    from ..streaming import reduced_update
+
     T, names = inputs.T, inputs.names
     filt = _filter_job(tb, inputs, pact, options, dev) if pact is not None else None
+    reduced = m.reducer is not None
 
     def job(key: str):
         parts, lr, keep = [], None, None
         for rows in inputs.rows(key, m.elementwise and key not in selected, CHUNK_BYTES):
+            if reduced and (key not in selected or spilled is not None or writer is None):
+                # tasks read one at a time into the method's reducer (from the filtered-layer cache,
+                # or filtered as they come): no (T, m, n) stack
+                cached = spilled is not None and key in selected
+                read = (lambda t, first: spilled[0].read(key, (t, t + 1))[0].clone()) if cached else None
+                D, lr_ = reduced_update(inputs, key, rows, inputs.pre.read(key, rows), m=m, params=params,
+                                       rule=tb.rule, pact=pact if key in selected and not cached else None,
+                                       options=options, read=read, dev=dev)
+                lr = lr_ if lr_ is not None else lr
+                parts.append(D)
+                continue
             if spilled is not None and key in selected:  # filtered by an earlier run: read it back
                 stack = spilled[0].read(key)
                 stack = stack if dev is None else stack.to(dev)
