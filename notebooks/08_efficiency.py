@@ -311,6 +311,31 @@ else:
 # measured that: this book was built without a GPU.
 
 # %% [markdown]
+# ## Memory against the number of tasks
+#
+# The streamed `pact merge` reads one layer at a time. Task Arithmetic, TSV-M and Iso-C go
+# further: they take the tasks one at a time too (a running sum, or each task's top singular
+# triplets), so a layer's memory does not grow with T. With PACT such a layer is filtered in two
+# passes over the tasks: one for the subspaces, one to filter each update. TIES and Iso-CTS still
+# hold a layer's T updates at once. The engine's goal was a peak at twenty tasks at most 1.5× the
+# peak at two. The table is the last run of `bench/bench_merge_scale.py` for each model shape,
+# method and mode (resident set size of the whole process, about 0.64 GB of it the Python and
+# torch start-up).
+
+# %%
+mt = efficiency.memory_table(scale)
+if len(mt):
+    plotting.table(mt, chapter=8, number=6, floatfmt="{:.2f}",
+                   caption=f"Peak memory of the streamed `pact merge` at T hi tasks over its peak at T lo, per model "
+                           f"shape (blocks: residual blocks kept), method and PACT mode (`{scale_jsonl}`, the last "
+                           f"run of each).")
+    over = mt[mt["≤ 1.5"] == "no"]
+    print("every run is within 1.5×" if over.empty else
+          "over 1.5×: " + "; ".join(f"{r.method} {r.PACT} on {r.model} ({r.ratio:.2f})" for r in over.itertuples()))
+else:
+    print(f"{scale_jsonl} has no summary record: run `.venv/bin/python bench/bench_merge_scale.py` to show it")
+
+# %% [markdown]
 # ## Verdict
 #
 # Two halves: the accuracy difference within the tolerance above, and the filter with RSVD taking

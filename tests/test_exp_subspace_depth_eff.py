@@ -549,3 +549,20 @@ def test_plot_distances_one_line_per_q():
     efficiency.plot_distances(records_frame(recs), ax=ax)
     assert len(ax.lines) == 2 and list(ax.lines[1].get_ydata()) == pytest.approx([2e-3, 4e-3, 6e-3])
     plt.close(fig)
+
+
+def test_memory_table_keeps_the_last_summary_per_model_method_and_mode():
+    s = dict(kind="summary", path="streamed", tasks_lo=2, tasks_hi=20, seed=0)
+    scale = [dict(s, model="vit_l14", blocks=1, method="iso_c", mode="pact-rsvd", peak_lo_mb=700.0, peak_hi_mb=1200.0, ratio=1.714),
+             dict(s, model="vit_l14", blocks=1, method="iso_c", mode="pact-rsvd", peak_lo_mb=716.0, peak_hi_mb=800.0, ratio=1.117),
+             dict(s, model="vit_l14", blocks=1, method="task_arithmetic", mode="none", peak_lo_mb=724.0, peak_hi_mb=683.0, ratio=0.943),
+             dict(s, model="vit_b32", blocks=None, method="iso_c", mode="none", peak_lo_mb=800.0, peak_hi_mb=1240.0, ratio=1.55),
+             dict(s, model="vit_l14", blocks=1, method="iso_c", mode="none", path="old", peak_lo_mb=1.0, peak_hi_mb=9.0, ratio=9.0),
+             {"kind": "run", "method": "iso_c", "mode": "none", "tasks": 2}]
+    t = efficiency.memory_table(scale)
+    assert list(zip(t["model"], t["blocks"], t["method"], t["PACT"])) == [
+        ("vit_b32", "all", "Iso-C", "none"), ("vit_l14", 1, "Task Arithmetic", "none"), ("vit_l14", 1, "Iso-C", "pact-rsvd")]
+    assert t["ratio"].tolist() == [1.55, 0.943, 1.117]  # the later Iso-C record wins; the old path is left out
+    assert t["≤ 1.5"].tolist() == ["no", "yes", "yes"] and t["peak hi (MB)"].iloc[2] == 800.0
+    empty = efficiency.memory_table([], goal=2)
+    assert empty.empty and list(empty.columns)[-1] == "≤ 2"

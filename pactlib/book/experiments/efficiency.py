@@ -376,6 +376,35 @@ def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("tasks")
 
 
+def memory_table(scale: Sequence[Mapping], *, goal: float = 1.5) -> pd.DataFrame:
+    """Peak memory of the streamed ``pact merge`` at the most tasks over its peak at the fewest,
+    per model shape, method and PACT mode: the last ``kind="summary"`` record of
+    ``bench/bench_merge_scale.py`` for each (model, blocks, method, mode) in ``scale`` (the file
+    is appended in time order). Columns: the two T, the two peaks (MB, resident set), their ratio
+    and whether it is within ``goal``; rows in the registry's method order, then none, pact,
+    pact-rsvd. Empty (with those columns) when there is no summary record.
+    """
+    from ... import merges
+
+    last: dict[tuple, Mapping] = {}
+    for r in scale:
+        if r.get("kind") == "summary" and r.get("path", "streamed") == "streamed":
+            last[str(r.get("model", "vit_b32")), r.get("blocks"), r["method"], r["mode"]] = r
+    order = {m: i for i, m in enumerate(merges.names())}
+    modes = {"none": 0, "pact": 1, "pact-rsvd": 2}
+    rows = []
+    for (model, blocks, method, mode), r in sorted(
+            last.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1],
+                                          order.get(kv[0][2], 99), modes.get(kv[0][3], 9))):
+        rows.append({"model": model, "blocks": "all" if blocks is None else int(blocks),
+                     "method": merges.get(method).pretty if method in order else method, "PACT": mode,
+                     "T lo": int(r["tasks_lo"]), "T hi": int(r["tasks_hi"]), "peak lo (MB)": round(float(r["peak_lo_mb"])),
+                     "peak hi (MB)": round(float(r["peak_hi_mb"])), "ratio": float(r["ratio"]),
+                     f"≤ {goal:g}": "yes" if float(r["ratio"]) <= goal else "no"})
+    cols = ["model", "blocks", "method", "PACT", "T lo", "T hi", "peak lo (MB)", "peak hi (MB)", "ratio", f"≤ {goal:g}"]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def plot_distances(frame: pd.DataFrame, *, ax) -> None:
     """Projector distance of the randomized LBW bases from the exact ones against layer depth, one
     line per power-iteration count q (mean over tasks; band: smallest to largest task)."""
