@@ -57,7 +57,7 @@ from .checks import CheckpointError, check_alpha
 from .io import load_state_dict
 from .lazy import check_out_suffix, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
-from .streaming import merge_files
+from .streaming import merge_files, return_freed_memory
 
 
 def parse_literal(text: str):
@@ -171,6 +171,7 @@ def cmd_merge(args) -> int:
     if args.max_shard_size is not None:
         parse_size(args.max_shard_size)
     set_threads(args.threads)
+    return_freed_memory()  # layer-sized buffers go back to the OS when freed (its docstring says why)
     adapters = args.lora_adapters or []
     inputs = [args.pretrained, *(args.finetuned or [])]
     if adapters:

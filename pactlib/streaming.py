@@ -305,6 +305,37 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
     return (rule.unview(key, D, shape) if matrix else D), lr
 
 
+def return_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Make the C allocator give freed large buffers back to the operating system at once (glibc:
+    ``mallopt(M_MMAP_THRESHOLD, threshold)``: every allocation of at least ``threshold`` bytes gets
+    its own memory map, unmapped when freed). Process-wide; ``pact merge`` calls it.
+
+    Why: glibc raises its map threshold to the size of every large block freed, up to 32 MB, so
+    later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
+    allocations in between keep the freed ones from being returned. Measured here: 40 rounds of two
+    16 MB tensors with a small one kept in between leave the process 740 MB larger without this
+    and 18 MB with it; :func:`merge_files` TSV-M on ViT-L/14-shaped checkpoints (one block), T = 20, peaked at
+    0.70–1.32 GB over five identical runs without it and 0.67–0.68 GB with it. The cost is a page
+    fault per page of each new large buffer.
+
+    Returns:
+        True when set; False when the C library is not glibc (nothing done) or the user set
+        ``MALLOC_MMAP_THRESHOLD_`` in the environment (theirs is kept).
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
     """``consume(item, job(item))`` for every item, in the order of ``items``: ``job`` runs on
     ``workers`` threads (at most ``workers`` results in flight, so memory grows with it), each
