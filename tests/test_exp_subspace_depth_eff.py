@@ -559,10 +559,14 @@ def test_memory_table_keeps_the_last_summary_per_model_method_and_mode():
              dict(s, model="vit_b32", blocks=None, method="iso_c", mode="none", peak_lo_mb=800.0, peak_hi_mb=1240.0, ratio=1.55),
              dict(s, model="vit_l14", blocks=1, method="iso_c", mode="none", path="old", peak_lo_mb=1.0, peak_hi_mb=9.0, ratio=9.0),
              {"kind": "run", "method": "iso_c", "mode": "none", "tasks": 2}]
+    run = dict(kind="run", path="streamed", model="vit_l14", blocks=1, method="iso_c", mode="pact-rsvd", tasks=20)
+    scale = [dict(run, measured="2026-11-30 10:00:00 UTC"), *scale[:1], dict(run, measured="2026-12-02 03:00:00 UTC"),
+             dict(run, tasks=2, measured="2026-12-03 01:00:00 UTC"), *scale[1:]]
     t = efficiency.memory_table(scale)
+    assert t["measured"].tolist() == ["", "", "2026-12-02"]  # the T hi run's date before the summary
     assert list(zip(t["model"], t["blocks"], t["method"], t["PACT"])) == [
         ("vit_b32", "all", "Iso-C", "none"), ("vit_l14", 1, "Task Arithmetic", "none"), ("vit_l14", 1, "Iso-C", "pact-rsvd")]
     assert t["ratio"].tolist() == [1.55, 0.943, 1.117]  # the later Iso-C record wins; the old path is left out
     assert t["≤ 1.5"].tolist() == ["no", "yes", "yes"] and t["peak hi (MB)"].iloc[2] == 800.0
     empty = efficiency.memory_table([], goal=2)
-    assert empty.empty and list(empty.columns)[-1] == "≤ 2"
+    assert empty.empty and list(empty.columns)[-2:] == ["≤ 2", "measured"]

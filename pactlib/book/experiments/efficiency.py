@@ -381,15 +381,22 @@ def memory_table(scale: Sequence[Mapping], *, goal: float = 1.5) -> pd.DataFrame
     per model shape, method and PACT mode: the last ``kind="summary"`` record of
     ``bench/bench_merge_scale.py`` for each (model, blocks, method, mode) in ``scale`` (the file
     is appended in time order). Columns: the two T, the two peaks (MB, resident set), their ratio
-    and whether it is within ``goal``; rows in the registry's method order, then none, pact,
-    pact-rsvd. Empty (with those columns) when there is no summary record.
+    and whether it is within ``goal``, and the date of the T hi run (the engine changes: older rows
+    measured older code); rows in the registry's method order, then none, pact, pact-rsvd. Empty
+    (with those columns) when there is no summary record.
     """
     from ... import merges
 
     last: dict[tuple, Mapping] = {}
+    when: dict[tuple, str] = {}  # the date of the last run per (model, blocks, method, mode, T)
     for r in scale:
-        if r.get("kind") == "summary" and r.get("path", "streamed") == "streamed":
-            last[str(r.get("model", "vit_b32")), r.get("blocks"), r["method"], r["mode"]] = r
+        if r.get("path", "streamed") != "streamed":
+            continue
+        key = (str(r.get("model", "vit_b32")), r.get("blocks"), r.get("method"), r.get("mode"))
+        if r.get("kind") == "run":
+            when[(*key, r.get("tasks"))] = str(r.get("measured", ""))[:10]
+        elif r.get("kind") == "summary":
+            last[key] = {**r, "measured": when.get((*key, r["tasks_hi"]), "")}
     order = {m: i for i, m in enumerate(merges.names())}
     modes = {"none": 0, "pact": 1, "pact-rsvd": 2}
     rows = []
@@ -400,8 +407,9 @@ def memory_table(scale: Sequence[Mapping], *, goal: float = 1.5) -> pd.DataFrame
                      "method": merges.get(method).pretty if method in order else method, "PACT": mode,
                      "T lo": int(r["tasks_lo"]), "T hi": int(r["tasks_hi"]), "peak lo (MB)": round(float(r["peak_lo_mb"])),
                      "peak hi (MB)": round(float(r["peak_hi_mb"])), "ratio": float(r["ratio"]),
-                     f"≤ {goal:g}": "yes" if float(r["ratio"]) <= goal else "no"})
-    cols = ["model", "blocks", "method", "PACT", "T lo", "T hi", "peak lo (MB)", "peak hi (MB)", "ratio", f"≤ {goal:g}"]
+                     f"≤ {goal:g}": "yes" if float(r["ratio"]) <= goal else "no", "measured": r["measured"]})
+    cols = ["model", "blocks", "method", "PACT", "T lo", "T hi", "peak lo (MB)", "peak hi (MB)", "ratio", f"≤ {goal:g}",
+            "measured"]
     return pd.DataFrame(rows, columns=cols)
 
 
