@@ -313,8 +313,8 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
     Why: glibc raises its map threshold to the size of every large block freed, up to 32 MB, so
     later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
     allocations in between keep the freed ones from being returned. Measured here: 40 rounds of two
-    16 MB tensors with a small one kept in between leave the process 740 MB larger without this
-    and 18 MB with it; :func:`merge_files` TSV-M on ViT-L/14-shaped checkpoints (one block), T = 20, peaked at
+    16 MB tensors with a small one kept in between left the process 740 MB larger without this
+    (56 MB in another run: it depends on the heap's history) and 18 MB with it; :func:`merge_files` TSV-M on ViT-L/14-shaped checkpoints (one block), T = 20, peaked at
     0.70–1.32 GB over five identical runs without it and 0.67–0.68 GB with it. The cost is a page
     fault per page of each new large buffer.
 
