@@ -31,7 +31,9 @@ position, as :func:`pactlib.merges.ties.trim_mask` keeps them) by radix selectio
 through the files (two for float32, four for float64; 65,536 counters per task); a last pass
 trims, elects and merges chunk by chunk. With PACT, the first pass filters every layer and
 writes the filtered task vectors to a temporary file next to the output (T × the filtered
-layers' size on disk, deleted at the end), which the other passes read instead of filtering again.
+layers' size on disk, deleted at the end), which the other passes read instead of filtering again;
+with one worker it filters each layer one task at a time (:func:`pactlib.pact.filter_tasks`),
+counting and spilling each filtered Δ̃t as it comes, so no (T, m, n) stack is held.
 
 Checks: every key and shape is compared from the file headers before any data is read (a
 missing key or a shape mismatch names the fine-tuned file and the key); NaN / Inf are checked as
@@ -125,14 +127,14 @@ class _KeyProbe:
         self.digest: dict[int, bytes] = {}
 
     def add(self, t: int, x: Tensor) -> None:
-        import ctypes
         import hashlib
+
+        from .io import tensor_bytes_view
 
         self.nonzero[t] = self.checks.nonzero[t] or bool(x.any())
         if any(t in pair for pair in self.checks.same):
-            x = x.detach().contiguous().cpu()  # the bytes without numpy (the engine runs on torch alone)
-            data = ctypes.string_at(x.data_ptr(), x.numel() * x.element_size()) if x.numel() else b""
-            self.digest[t] = hashlib.blake2b(data, digest_size=32).digest()
+            x = x.detach().contiguous().cpu()
+            self.digest[t] = hashlib.blake2b(tensor_bytes_view(x), digest_size=32).digest()
 
     def commit(self) -> None:
         c = self.checks
@@ -629,8 +631,37 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 observe_stack(gt, stack)
                 spill_writer.write(key, stack)
 
+            def one_task_at_a_time(key, _):
+                """The same pass on one layer without its (T, m, n) stack (one worker): each filtered
+                Δ̃t is counted and appended to the spill as it comes (pact.filter_tasks)."""
+                p = inputs.pre.read(key)
+                check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
+                p_c, probe, seen = p.to(inputs.dtype), checks.probe(), set()
+
+                def get(t: int) -> Tensor:
+                    d = inputs.delta(key, t, pre=p_c, check=t not in seen)
+                    if t not in seen:
+                        seen.add(t)
+                        probe.add(t, d)
+                    return d
+
+                def emit(t: int, d: Tensor) -> None:
+                    gt.observe(t, d)
+                    spill_writer.write(key, d.unsqueeze(0))
+
+                res = filter_tasks(key, p, get, T, emit=emit, mode=pact, options=options, rule=rule)
+                if res is None:  # every Δt is zero: nothing filtered
+                    for t in range(T):
+                        emit(t, get(t))
+                else:
+                    report.layers.append(res[0])
+                probe.commit()
+
             with spill_writer:
-                consume_in_order(job, sel, workers, consume)
+                if workers <= 1:
+                    consume_in_order(lambda key: None, sel, 1, one_task_at_a_time)
+                else:  # layers in parallel, each filtered on its stack
+                    consume_in_order(job, sel, workers, consume)
                 spill_writer.commit()
             spill = open_checkpoint(spill_dir / "filtered.safetensors", name="filtered task vectors")
 

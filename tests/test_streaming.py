@@ -432,3 +432,21 @@ def test_return_freed_memory_maps_layer_sized_buffers(monkeypatch):
     from pactlib.streaming import return_freed_memory
 
     assert return_freed_memory() is False  # the user's own setting is kept
+
+
+def test_global_ties_with_pact_filters_one_task_at_a_time(tmp_path, ckpts, monkeypatch):
+    """TIES' first pass with PACT (one worker) filters each layer from its tasks read one at a
+    time and spills each filtered task as it comes: no selected layer is read as a (T, m, n) stack;
+    the merge is still the in-memory one, bit for bit."""
+    from pactlib.streaming import DeltaReader
+
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    want = pactlib.merge("ties", pre, fts, alpha=0.7, pact="pact", core_frac=0.3)
+    stacked = []
+    original = DeltaReader.deltas
+    monkeypatch.setattr(DeltaReader, "deltas", lambda self, key, *a, **k: stacked.append(key) or original(self, key, *a, **k))
+    res = pactlib.merge_files("ties", p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact="pact", core_frac=0.3)
+    _assert_identical(load_file(str(res.path)), want)
+    matrices = {lr.key for lr in res.report.layers}
+    assert matrices and not matrices & set(stacked) and stacked  # the other keys still come in stacked chunks
