@@ -87,7 +87,9 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
         for delta in deltas:
             resid = delta - Uc @ (Uc.mT @ delta)  # task-specific part (m, n)
             Ut, St, Vth = svd(resid)
-            blocks.append(Triplets(Ut[:, :per], St[:per], Vth[:per].mT))
+            # copies, not views: a view would keep each task's full (m, d) and (d, n) factors alive
+            blocks.append(Triplets(Ut[:, :per].clone(), St[:per].clone(), Vth[:per].mT.clone()))
+            del resid, Ut, St, Vth
     if null_space == "drop":  # task blocks: values above the tolerance of the layer's scale
         scale = max([top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
         tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
