@@ -316,8 +316,9 @@ else:
 # The streamed `pact merge` reads one layer at a time. Task Arithmetic, TSV-M and Iso-C go
 # further: they take the tasks one at a time too (a running sum, or each task's top singular
 # triplets), so a layer's memory does not grow with T. With PACT such a layer is filtered in two
-# passes over the tasks: one for the subspaces, one to filter each update. TIES and Iso-CTS still
-# hold a layer's T updates at once. The engine's goal was a peak at twenty tasks at most 1.5× the
+# passes over the tasks: one for the subspaces, one to filter each update. TIES reads chunks of
+# rows, and with PACT filters one task at a time too. Iso-CTS still holds a layer's T updates at
+# once: it needs their sum before each task's own part. The engine's goal was a peak at twenty tasks at most 1.5× the
 # peak at two. The table is the last run of `bench/bench_merge_scale.py` for each model shape,
 # method and mode (resident set size of the whole process, about 0.64 GB of it the Python and
 # torch start-up).
