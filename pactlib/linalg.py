@@ -84,7 +84,9 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
             U, S, V = _svd_lowrank_gram(W, width, n_iter) if gram else _svd_lowrank_direct(W, width, n_iter)
         return Triplets(U[:, :r], S[:r], V[:, :r])
     U, S, Vh = _thin_svd(W)
-    return Triplets(U[:, :r], S[:r], Vh[:r].mT)
+    if r < S.shape[0]:  # copies: views of the leading r would keep the full (m, d) and (d, n) factors alive
+        return Triplets(U[:, :r].clone(), S[:r].clone(), Vh[:r].mT.clone())
+    return Triplets(U, S, Vh.mT)
 
 
 def gram_is_cheaper(m: int, n: int, width: int, n_iter: int) -> bool:
