@@ -244,7 +244,7 @@ class DeltaReader:
         return torch.sub(x.to(self.dtype), pre, out=out)
 
 
-def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor, *,
+def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor | None, *,
                    m: merges.MergeMethod, params: dict, rule: MatrixRule, pact: str | None = None,
                    options: PactOptions | None = None, read: Callable[[int, bool], Tensor] | None = None,
                    checks: _TaskChecks | None = None, dev: torch.device | None = None) -> tuple[Tensor, object]:
@@ -257,7 +257,8 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
 
     Args:
         inputs: θ0 and the θt; key, rows: what to merge (``rows``: only for an entry-wise method,
-            :attr:`pactlib.merges.MergeMethod.elementwise`); pre: θ0's entry (or rows), θ0's dtype.
+            :attr:`pactlib.merges.MergeMethod.elementwise`); pre: θ0's entry (or rows), θ0's dtype
+            (None will do when ``read`` is given and ``pact`` is None).
         read: ``read(t, first)`` -> task t's Δt (a tensor the caller gives up; ``first`` the first
             time t is read), default from ``inputs`` (checked finite the first time); the streamed
             testbed merges read their filtered-layer cache through it (then ``pact`` is None).
@@ -267,7 +268,30 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
     Raises:
         CheckpointError: NaN / Inf in a checkpoint (file and key).
     """
-    T, probe = inputs.T, checks.probe() if checks is not None else None
+    shape = tuple(inputs.meta[key].shape) if rows is None else (rows[1] - rows[0], *inputs.meta[key].shape[1:])
+    matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
+    reducer = m.reducer(inputs.T, matrix, **params)
+    add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
+    lr = feed_tasks(inputs, key, rows, pre, add, pact=pact, options=options, rule=rule, read=read, checks=checks,
+                    dev=dev)
+    D = reducer.result()
+    return (rule.unview(key, D, shape) if matrix else D), lr
+
+
+def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor | None,
+               emit: Callable[[int, Tensor], None], *, pact: str | None, options: PactOptions | None,
+               rule: MatrixRule, read: Callable[[int, bool], Tensor] | None = None,
+               checks: _TaskChecks | None = None, dev: torch.device | None = None):
+    """``emit(t, Δt)`` for t = 0..T−1 in order, each Δt read on its own (PACT/S-PACT-filtered by
+    :func:`pactlib.pact.filter_tasks` when ``pact`` is given; unfiltered when every Δt of the layer
+    is zero): the one-task-at-a-time feed of :func:`reduced_update` and of global TIES' first pass.
+    ``pre``: θ0's entry (or rows), θ0's dtype (may be None when ``read`` is given and ``pact`` is
+    None); ``read``, ``checks``, ``dev``: as :func:`reduced_update`.
+
+    Returns:
+        The layer's :class:`pactlib.pact.LayerReport`, or None (no PACT, or nothing to filter).
+    """
+    probe = checks.probe() if checks is not None else None
     if read is None:
         pre_c = pre.to(inputs.dtype)
 
@@ -285,26 +309,16 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
                 probe.add(t, d)
         return d
 
-    shape = tuple(inputs.meta[key].shape) if rows is None else (rows[1] - rows[0], *inputs.meta[key].shape[1:])
-    matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
-    reducer = m.reducer(T, matrix, **params)
-    add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
-    lr = None
+    res = None
     if pact is not None:
-        res = filter_tasks(key, pre if dev is None else pre.to(dev), get, T, emit=add, mode=pact, options=options,
-                           rule=rule)
-        if res is None:  # every Δt is zero: nothing filtered
-            for t in range(T):
-                add(t, get(t))
-        else:
-            lr = res[0]
-    else:
-        for t in range(T):
-            add(t, get(t))
+        res = filter_tasks(key, pre if dev is None else pre.to(dev), get, inputs.T, emit=emit, mode=pact,
+                           options=options, rule=rule)
+    if res is None:  # no PACT, or every Δt is zero: nothing filtered
+        for t in range(inputs.T):
+            emit(t, get(t))
     if probe is not None:
         probe.commit()
-    D = reducer.result()
-    return (rule.unview(key, D, shape) if matrix else D), lr
+    return res[0] if res is not None else None
 
 
 def return_freed_memory(threshold: int = 1 << 20) -> bool:
@@ -636,26 +650,14 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 Δ̃t is counted and appended to the spill as it comes (pact.filter_tasks)."""
                 p = inputs.pre.read(key)
                 check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
-                p_c, probe, seen = p.to(inputs.dtype), checks.probe(), set()
-
-                def get(t: int) -> Tensor:
-                    d = inputs.delta(key, t, pre=p_c, check=t not in seen)
-                    if t not in seen:
-                        seen.add(t)
-                        probe.add(t, d)
-                    return d
 
                 def emit(t: int, d: Tensor) -> None:
                     gt.observe(t, d)
                     spill_writer.write(key, d.unsqueeze(0))
 
-                res = filter_tasks(key, p, get, T, emit=emit, mode=pact, options=options, rule=rule)
-                if res is None:  # every Δt is zero: nothing filtered
-                    for t in range(T):
-                        emit(t, get(t))
-                else:
-                    report.layers.append(res[0])
-                probe.commit()
+                lr = feed_tasks(inputs, key, None, p, emit, pact=pact, options=options, rule=rule, checks=checks)
+                if lr is not None:
+                    report.layers.append(lr)
 
             with spill_writer:
                 if workers <= 1:

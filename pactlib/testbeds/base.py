@@ -457,9 +457,7 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
     """D of a per-key method, key by key (:func:`streamed_update`)."""
     from contextlib import nullcontext
 
-    from ..streaming import CHUNK_BYTES, consume_in_order
-
-    from ..streaming import reduced_update
+    from ..streaming import CHUNK_BYTES, consume_in_order, reduced_update
 
     T, names = inputs.T, inputs.names
     filt = _filter_job(tb, inputs, pact, options, dev) if pact is not None else None
@@ -473,9 +471,10 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
                 # or filtered as they come): no (T, m, n) stack
                 cached = spilled is not None and key in selected
                 read = (lambda t, first: spilled[0].read(key, (t, t + 1))[0].clone()) if cached else None
-                D, lr_ = reduced_update(inputs, key, rows, inputs.pre.read(key, rows), m=m, params=params,
-                                       rule=tb.rule, pact=pact if key in selected and not cached else None,
-                                       options=options, read=read, dev=dev)
+                D, lr_ = reduced_update(inputs, key, rows, None if cached else inputs.pre.read(key, rows), m=m,
+                                        params=params, rule=tb.rule,
+                                        pact=pact if key in selected and not cached else None,
+                                        options=options, read=read, dev=dev)
                 lr = lr_ if lr_ is not None else lr
                 parts.append(D)
                 continue
