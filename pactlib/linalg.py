@@ -83,8 +83,14 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
             torch.manual_seed(seed)
             U, S, V = _svd_lowrank_gram(W, width, n_iter) if gram else _svd_lowrank_direct(W, width, n_iter)
         return Triplets(U[:, :r], S[:r], V[:, :r])
-    U, S, Vh = _thin_svd(W)
-    if r < S.shape[0]:  # copies: views of the leading r would keep the full (m, d) and (d, n) factors alive
+    return leading_triplets(*_thin_svd(W), r)
+
+
+def leading_triplets(U: Tensor, S: Tensor, Vh: Tensor, r: int) -> Triplets:
+    """The leading r triplets of a thin SVD U (m, d), S (d,), Vh (d, n) as :class:`Triplets`
+    U (m, r), S (r,), V (n, r). Copies when r < d: views would keep the full factors alive (a
+    merge that keeps T tasks' leading triplets would hold T × (m·d + d·n) floats)."""
+    if r < S.shape[0]:
         return Triplets(U[:, :r].clone(), S[:r].clone(), Vh[:r].mT.clone())
     return Triplets(U, S, Vh.mT)
 

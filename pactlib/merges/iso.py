@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..linalg import Triplets, svd
+from ..linalg import Triplets, leading_triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
@@ -86,10 +86,8 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
     if per > 0:
         for delta in deltas:
             resid = delta - Uc @ (Uc.mT @ delta)  # task-specific part (m, n)
-            Ut, St, Vth = svd(resid)
-            # copies, not views: a view would keep each task's full (m, d) and (d, n) factors alive
-            blocks.append(Triplets(Ut[:, :per].clone(), St[:per].clone(), Vth[:per].mT.clone()))
-            del resid, Ut, St, Vth
+            blocks.append(leading_triplets(*svd(resid), per))
+            del resid
     if null_space == "drop":  # task blocks: values above the tolerance of the layer's scale
         scale = max([top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
         tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)

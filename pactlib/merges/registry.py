@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..linalg import Triplets, svd
+from ..linalg import Triplets, leading_triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
@@ -50,8 +50,7 @@ class TsvBlocks:
         if self.null_space == "drop" and not bool(d.any()):
             self.blocks.append(Triplets(d.new_zeros(m, 0), d.new_zeros(0), d.new_zeros(n, 0)))
             return
-        U, S, Vh = svd(d)  # never fails to converge (float64 / eigh fallback)
-        self.blocks.append(Triplets(U[:, :r].clone(), S[:r].clone(), Vh[:r].mT.clone()))  # not views of U, Vh
+        self.blocks.append(leading_triplets(*svd(d), r))  # svd never fails to converge (float64 / eigh fallback)
 
     def result(self) -> Tensor:
         blocks = self.blocks
