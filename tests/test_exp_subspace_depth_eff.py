@@ -502,6 +502,10 @@ def test_floor_table_sets_the_least_ratio_beside_the_measured_one():
     assert t.loc[8, "measured, vit_b32"] == 2.9  # the last record per (model, T); exact PACT and TA left out
     assert t.loc[2, "measured, vit_l14"] == 1.4 and math.isnan(t.loc[8, "measured, vit_l14"])
     assert t.loc[2, "least possible"] == 1.3 and list(efficiency.floor_table(floor).columns)[-1] == "projections alone"
+    wall = {"threads": 2, "floors": {"8": {"floor": 2.2}}}  # the all-cores record, wall time
+    tw = efficiency.floor_table(floor, scale, wall)
+    assert list(tw.columns)[3] == "least possible, 2 threads" and tw.loc[8, "least possible, 2 threads"] == 2.2
+    assert math.isnan(tw.loc[2, "least possible, 2 threads"])  # a T the wall record lacks
     with pytest.raises(KeyError):
         efficiency.floor_table({"blocks": 12})
     with pytest.raises(KeyError, match="actives_only"):  # an older record: no silent NaN column

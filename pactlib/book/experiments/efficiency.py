@@ -349,13 +349,15 @@ def bench_sweep_table(bench: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
+def floor_table(floor: Mapping, scale: Sequence[Mapping] = (), wall: Mapping | None = None) -> pd.DataFrame:
     """PACT-Iso-C's time over Iso-C's per number of tasks T: the least possible (``floor``, the
     record of ``bench/bench_pact_floor.py``: with free shields, cores and LBW bases, only the T
     active-subspace RSVDs and the T projections; and each of the two alone) beside the ratio
     measured for the whole streamed ``pact merge`` (``scale``: ``kind="time_ratio"`` records of
     ``bench/bench_merge_scale.py`` for Iso-C with ``mode="pact-rsvd"``, CPU time; the last record
-    per model and T; one column per model). One row per T of the floor record.
+    per model and T; one column per model). One row per T of the floor record. ``wall``: another
+    floor record, run with ``--threads N`` > 1 (wall seconds), adds the column
+    "least possible, N threads" (NaN for a T it lacks).
 
     Raises:
         KeyError: a floor record without ``floors`` or a floor without one of its parts (not
@@ -370,6 +372,9 @@ def floor_table(floor: Mapping, scale: Sequence[Mapping] = ()) -> pd.DataFrame:
     for T, f in sorted(floor["floors"].items(), key=lambda kv: int(kv[0])):
         row = {"tasks": int(T), "least possible": f["floor"], "active SVDs alone": f["actives_only"],
                "projections alone": f["projections_only"]}
+        if wall is not None:
+            row[f"least possible, {wall.get('threads', '?')} threads"] = (
+                wall["floors"][T]["floor"] if T in wall["floors"] else math.nan)
         for m in models:
             row[f"measured, {m}"] = measured.get((m, int(T)), math.nan)
         rows.append(row)
