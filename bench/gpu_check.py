@@ -26,7 +26,12 @@ Stages, each timed (cuda kernels synchronised) with its peak GPU memory
 4. ``paper path``: PACT (RSVD) + Iso-C, α chosen on validation over three values, test at the
    chosen α (:func:`pactlib.eval.select_alpha` with :func:`pactlib.eval.clip_evaluator`): the
    whole path, timed once (cuda only);
-5. ``chapter 3`` / ``chapter 10`` (cuda only): a :class:`pactlib.testbeds.clip.ClipTestbed` on
+5. ``files``: the streamed ``pact merge`` (:func:`pactlib.merge_files` with ``device``) on
+   θ0 and the T fine-tuned checkpoints written as safetensors files: Iso-C, PACT-RSVD-Iso-C
+   and TIES with a PACT-RSVD filter. Each output is compared with the first device's (max |Δθ|
+   over max |θ|), and PACT-RSVD-Iso-C's time over Iso-C's is the note of its row: the
+   engine's goal is at most 2× (the CPU cannot meet it from T = 8, chapter 8);
+6. ``chapter 3`` / ``chapter 10`` (cuda only): a :class:`pactlib.testbeds.clip.ClipTestbed` on
    ``device`` over these weights, heads and images (its own ``loss_model`` and ``inputs``, as a
    clip testbed with files has them), running chapter 3's per-task pipeline for task 0
    (:func:`pactlib.book.experiments.scalar.task_records`: the diagonal Fisher of 8 validation
@@ -202,6 +207,53 @@ def chapter_checks(pre: dict, tvs, heads: dict, val: dict, test: dict, clf, devi
             timer.rows[-1]["note"] = note
 
 
+#: (variant, method, PACT mode or None) of the ``files`` stage: the streamed merge on the device
+FILE_MERGES = (("Iso-C", "iso_c", None), ("PACT-RSVD-Iso-C", "iso_c", "pact"), ("PACT-RSVD-TIES", "ties", "pact"))
+
+
+def write_checkpoints(pre: dict, tvs, folder: Path) -> tuple[str, list[str]]:
+    """θ0 and θt = θ0 + Δt as safetensors files in ``folder`` (CPU tensors): the inputs of the
+    ``files`` stage."""
+    from pactlib.io import save_state_dict
+
+    folder.mkdir(parents=True, exist_ok=True)
+    p0 = str(save_state_dict(pre, folder / "pre.safetensors"))
+    return p0, [str(save_state_dict(tv.apply_to(pre, 1.0), folder / f"ft{t}.safetensors")) for t, tv in enumerate(tvs)]
+
+
+def files_checks(p0: str, ps: list[str], device: str, timer: "Timer", folder: Path, *, budget: bool,
+                 first: dict) -> None:
+    """Stage 5 (module docstring) on ``device``: each of :data:`FILE_MERGES` into ``folder``; the
+    first device's outputs are kept in ``first`` ({variant: path}) and later ones compared with
+    them (note: max |Δθ| / max |θ|)."""
+    from pactlib import merge_files
+    from pactlib.lazy import open_checkpoint
+
+    seconds = {}
+    for variant, method, pact in FILE_MERGES:
+        out = folder / f"{variant}-{device.replace(':', '_')}.safetensors"
+        kw = dict(svd="rsvd") if pact else {}
+        timer.run("files", variant, device,
+                  lambda: merge_files(method, p0, ps, out, alpha=1.0, pact=pact, device=device, **kw), budget=budget)
+        row = timer.rows[-1]
+        seconds[variant] = row["seconds"]
+        if row["seconds"] is None:
+            continue
+        if variant not in first:
+            first[variant] = out
+            continue
+        a, b = open_checkpoint(first[variant]), open_checkpoint(out)
+        diff = max(float((a.read(k).double() - b.read(k).double()).abs().max()) for k in a.keys())
+        top = max(float(a.read(k).double().abs().max()) for k in a.keys())
+        row["max_rel_diff_to_first"] = diff / max(top, 1e-30)
+        row["note"] = f"max |Δθ| / max |θ| vs {Path(first[variant]).stem.split('-')[-1]}: {diff / max(top, 1e-30):.1e}"
+    if seconds.get("Iso-C") and seconds.get("PACT-RSVD-Iso-C"):
+        ratio = seconds["PACT-RSVD-Iso-C"] / seconds["Iso-C"]
+        row = next(r for r in reversed(timer.rows) if r["variant"] == "PACT-RSVD-Iso-C" and r["device"] == device)
+        row["ratio_to_iso_c"] = ratio
+        row["note"] = "; ".join(x for x in (row.get("note"), f"{ratio:.2f}x Iso-C's time (goal <= 2)") if x)
+
+
 def _num(x) -> str:
     return "" if x is None else f"{x:.3f}"
 
@@ -300,6 +352,11 @@ def main(argv=None) -> int:
         torch.linalg.svd(x @ x.T)
         torch.cuda.synchronize()
 
+    import tempfile
+
+    files_dir = Path(tempfile.mkdtemp(prefix="gpu_check_files_"))
+    p0, ps = write_checkpoints(pre, tvs, files_dir / "in")
+    first_files: dict = {}
     on = {}
     for dev in devices:
         budget = dev == "cpu" and not smoke
@@ -313,6 +370,7 @@ def main(argv=None) -> int:
                       budget=budget)
         for m in args.methods:
             timer.run("merge", m, dev, lambda: merged_update(m, pre_d, tvs_d, rule=DEFAULT_RULE), budget=budget)
+        files_checks(p0, ps, dev, timer, files_dir, budget=budget, first=first_files)
         n_eval = n_img // 2 if dev == device else min(64, n_img // 2)
         sub = {k: val[k] for k in list(val)[: (T if dev == device else 1)]}
         res = timer.run("eval", f"θ0, {sum(min(n_eval, len(v)) for v in sub.values())} images", dev,
@@ -347,6 +405,9 @@ def main(argv=None) -> int:
             del tvs_d, pre_d
             torch.cuda.empty_cache()
 
+    import shutil
+
+    shutil.rmtree(files_dir, ignore_errors=True)
     info["total_seconds"] = timer.elapsed()
     report = dict(info=info, stages=timer.rows)
     print()

@@ -317,7 +317,8 @@ else:
 # (the record's `projection_gflops`), and Iso-C's SVD gains about as much from the second
 # thread. So we leave the goal unmet and report the gap. A GPU
 # shifts the balance, because matrix products run much faster there than SVDs. We have not
-# measured that: this book was built without a GPU.
+# measured that: this book was built without a GPU. `pact merge --device cuda` filters and merges
+# each layer there, and `scripts/gpu_check.sh` reports the ratio on a GPU.
 
 # %% [markdown]
 # ## Memory against the number of tasks

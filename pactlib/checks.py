@@ -40,6 +40,33 @@ def check_alpha(alpha) -> float:
     return float(alpha)
 
 
+def check_device(device, *, name: str = "device") -> str:
+    """Where to compute: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or ``"auto"`` (``"cuda"`` when torch
+    sees a GPU, else ``"cpu"``); returned as a string torch accepts. ``name`` is the parameter's
+    name in messages (e.g. ``"--device"``).
+
+    Raises:
+        ValueError: another value, a CUDA device on a machine where torch sees none, or a
+            ``cuda:N`` beyond the GPUs present (the message names ``name`` and the value).
+    """
+    if not isinstance(device, str):
+        raise ValueError(f"{name} must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    index = device[len("cuda:"):] if device.startswith("cuda:") else None
+    if device != "cuda" and not (index and index.isdigit()):
+        raise ValueError(f"{name} must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name} {device}: torch sees no GPU here (torch.cuda.is_available() is False); "
+                         "use 'cpu' or 'auto'")
+    if index is not None and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name} {device}: torch sees {torch.cuda.device_count()} GPU(s) here (cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1})")
+    return device
+
+
 def _fits(value, expected) -> bool:
     """Whether ``value`` fits the annotation ``expected`` (an int fits float; a bool fits only
     bool; a Literal is checked for its type only, its values by the caller)."""

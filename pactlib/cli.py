@@ -53,7 +53,7 @@ from pathlib import Path
 
 from . import merges
 from .api import resolve_kwargs
-from .checks import CheckpointError, check_alpha
+from .checks import CheckpointError, check_alpha, check_device
 from .io import load_state_dict
 from .lazy import check_out_suffix, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
@@ -171,6 +171,8 @@ def cmd_merge(args) -> int:
     if args.max_shard_size is not None:
         parse_size(args.max_shard_size)
     set_threads(args.threads)
+    if args.device is not None:
+        check_device(args.device, name="--device")
     return_freed_memory()  # layer-sized buffers go back to the OS when freed (its docstring says why)
     adapters = args.lora_adapters or []
     inputs = [args.pretrained, *(args.finetuned or [])]
@@ -208,7 +210,7 @@ def cmd_merge(args) -> int:
         finetuned = names = args.finetuned
     res = merge_files(args.method, args.pretrained, finetuned, args.out, alpha=args.alpha, pact=args.pact,
                       names=names, rule=MatrixRule.preset(rule), max_shard_size=args.max_shard_size,
-                      loader=loader, workers=workers, **kw)
+                      loader=loader, workers=workers, device=args.device, **kw)
     extra = {"lora_adapters": adapters, "lora_key_map": args.lora_key_map} if adapters else {}
     print(json.dumps({"out": str(res.path), "method": args.method, "pact": args.pact, "alpha": args.alpha,
                       "tasks": res.tasks, "rule": rule, "params": kw, **extra,
@@ -315,6 +317,9 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     m.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch's thread count (reading, converting pickles, TIES' global passes) and the default of "
                         "--workers")
+    m.add_argument("--device", default=None, metavar="DEV",
+                   help="where each layer is filtered and merged: cpu (default), cuda, cuda:N or auto (cuda when "
+                        "torch sees a GPU); files are read and written on the CPU")
     m.set_defaults(func=cmd_merge)
     sub.add_parser("methods", help="list the registered merge methods").set_defaults(func=cmd_methods)
     if plugins:

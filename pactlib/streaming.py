@@ -62,7 +62,7 @@ from torch import Tensor
 
 from . import merges
 from .api import resolve_kwargs
-from .checks import CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict
+from .checks import CheckpointError, check_alpha, check_compatible, check_device, check_finite, check_state_dict
 from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
@@ -302,12 +302,11 @@ def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre:
 
     def get(t: int) -> Tensor:
         d = read(t, t not in seen)
-        d = d if dev is None else d.to(dev)
         if t not in seen:
             seen.add(t)
             if probe is not None:
-                probe.add(t, d)
-        return d
+                probe.add(t, d)  # where it was read (the CPU): the hash reads its bytes
+        return d if dev is None else d.to(dev)
 
     res = None
     if pact is not None:
@@ -465,7 +464,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 out: str | os.PathLike, *, alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
                 names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
-                workers: int = 1, chunk_bytes: int = CHUNK_BYTES, **kw) -> MergedFiles:
+                workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | None = None, **kw) -> MergedFiles:
     """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (method.md §4), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).
@@ -495,6 +494,12 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         workers: layers merged at once, each kernel single-threaded (same result for any
             value; memory grows with it).
         chunk_bytes: budget of one chunk of the entry-wise paths.
+        device: where each layer is filtered and merged (:func:`pactlib.checks.check_device`:
+            ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"``; None: the CPU). The files are read and
+            written on the CPU; each layer's deltas go to the device as they are read, its merged
+            update comes back before θ0 + α·D is formed. TIES with ``scope="global"`` filters
+            (PACT) on the device and trims, elects and averages on the CPU (entry-wise passes
+            over chunks).
         **kw: method parameters and PACT options, routed by name (as :func:`pactlib.merge`).
 
     Returns:
@@ -502,7 +507,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
     Raises:
         TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
-            read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs.
+            read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs; a bad
+            ``device`` or a GPU torch does not see.
         FileNotFoundError: a missing input.
         CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
             file and key, before any data is read), NaN / Inf (file and key).
@@ -523,6 +529,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         from .lazy import parse_size
 
         parse_size(max_shard_size)
+    dev = None if device is None else torch.device(check_device(device))
     if isinstance(finetuned, (str, os.PathLike)):
         raise CheckpointError("finetuned: expected a list of checkpoint paths, got a single path")
     finetuned = list(finetuned)
@@ -565,7 +572,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     with CheckpointWriter(out, entries, max_shard_size=max_shard_size) as writer:
         args = dict(inputs=inputs, m=m, mparams=mparams, rule=rule, alpha=alpha, pact=pact, options=options,
                     selected=set(selected), report=report, checks=checks, writer=writer, workers=workers,
-                    chunk_bytes=chunk_bytes)
+                    chunk_bytes=chunk_bytes, dev=dev)
         if per_key:
             _per_key(**args)
         else:
@@ -579,7 +586,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
 
 def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
-             workers, chunk_bytes) -> None:
+             workers, chunk_bytes, dev: torch.device | None) -> None:
     T = inputs.T
     reduced = m.reducer is not None
 
@@ -592,18 +599,21 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
                 p = inputs.pre.read(key, rows)
                 check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
                 D, lr = reduced_update(inputs, key, rows, p, m=m, params=mparams, rule=rule,
-                                      pact=pact if key in selected else None, options=options, checks=checks)
-                outs.append(apply_update(key, p, D, alpha))
+                                      pact=pact if key in selected else None, options=options, checks=checks,
+                                      dev=dev)
+                outs.append(apply_update(key, p, D.to(p.device), alpha))
                 continue
             p, stack = inputs.deltas(key, rows)
             checks.update(stack)  # on the unfiltered deltas, as the in-memory path
+            if dev is not None:
+                stack = stack.to(dev)
             views = [stack[t] for t in range(T)]  # rows of the stack: map_layers uses it without a copy
-            if key in selected:
-                res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)[1]  # views see it
+            if key in selected:  # filtered in place (the stack is already on dev): the views see it
+                res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule, dev=dev)[1]
                 lr = res[0] if res is not None else None
             D = m([TaskVector._wrap({key: v}, nm) for v, nm in zip(views, inputs.names)], rule=rule, **mparams)[key]
             del views, stack
-            outs.append(apply_update(key, p, D, alpha))
+            outs.append(apply_update(key, p, D.to(p.device), alpha))
         return outs, lr
 
     def consume(key: str, result) -> None:
@@ -617,7 +627,7 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
 
 
 def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
-                 workers, chunk_bytes, out: Path) -> None:
+                 workers, chunk_bytes, dev: torch.device | None, out: Path) -> None:
     T = inputs.T
     k = float(mparams.get("k", m.params["k"]))
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
@@ -635,8 +645,8 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
             def job(key):
                 p, stack = inputs.deltas(key)
                 checks.update(stack)
-                stack, res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule)
-                return stack, (res[0] if res is not None else None)
+                stack, res = filter_stack(key, p, stack, mode=pact, options=options, rule=rule, dev=dev)
+                return stack.cpu(), (res[0] if res is not None else None)  # counted and spilled on the CPU
 
             def consume(key, result):
                 stack, lr = result
@@ -652,10 +662,12 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
 
                 def emit(t: int, d: Tensor) -> None:
+                    d = d.cpu()  # counted and spilled on the CPU
                     gt.observe(t, d)
                     spill_writer.write(key, d.unsqueeze(0))
 
-                lr = feed_tasks(inputs, key, None, p, emit, pact=pact, options=options, rule=rule, checks=checks)
+                lr = feed_tasks(inputs, key, None, p, emit, pact=pact, options=options, rule=rule, checks=checks,
+                                dev=dev)
                 if lr is not None:
                     report.layers.append(lr)
 

@@ -345,8 +345,10 @@ def test_device_option(files):
     assert ctb.resolve_device("cpu") == "cpu"
     assert ctb.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="no CUDA device"):
+        with pytest.raises(ValueError, match="device cuda: torch sees no GPU"):
             ctb.resolve_device("cuda")
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got 'gpu'"):
+        ctb.resolve_device("gpu")
     with pytest.raises(ValueError, match="option 'device'"):
         testbeds.define("x", family="clip", arch="ViT-B-32", checkpoint_dir="/a", data_root="/b", device="tpu")
 

@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh (bench/gpu_check.py): without a GPU it exits 0 saying so; with
---cpu-smoke it runs the whole path (PACT filter exact/RSVD, every merge, CLIP evaluation, the α
-search, chapters 3 and 10 on a clip testbed) on tiny shapes on the CPU and writes its JSON report."""
+--cpu-smoke it runs the whole path (PACT filter exact/RSVD, every merge, the streamed merge of
+files on a named device, CLIP evaluation, the α search, chapters 3 and 10 on a clip testbed) on tiny shapes on the CPU and writes its JSON report."""
 from __future__ import annotations
 
 import json
@@ -32,7 +32,8 @@ def test_cpu_smoke_runs_the_paper_path(tmp_path):
     rows = {(r["stage"], r["variant"].split(",")[0]): r for r in report["stages"]}
     want = {("filter", "pact (rsvd)"), ("filter", "pact (exact)"), ("eval", "θ0"), ("path", "PACT(rsvd)+Iso-C")} | \
         {("merge", m) for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")} | \
-        {("chapter 3", "task 0 on the testbed"), ("chapter 10", "task 0 on the testbed")}
+        {("chapter 3", "task 0 on the testbed"), ("chapter 10", "task 0 on the testbed")} | \
+        {("files", v) for v in ("Iso-C", "PACT-RSVD-Iso-C", "PACT-RSVD-TIES")}
     assert set(rows) == want
     for r in rows.values():
         assert r["error"] is None and r["seconds"] > 0 and r["device"] == "cpu", r
@@ -40,6 +41,8 @@ def test_cpu_smoke_runs_the_paper_path(tmp_path):
     assert rows["path", "PACT(rsvd)+Iso-C"]["alpha"] in (0.5, 1.0, 2.0)
     assert rows["chapter 3", "task 0 on the testbed"]["note"].endswith(" records")
     assert "measured" in rows["chapter 10", "task 0 on the testbed"]["note"]
+    assert rows["files", "PACT-RSVD-Iso-C"]["ratio_to_iso_c"] > 0  # the streamed merge with a device named
+    assert "Iso-C's time" in rows["files", "PACT-RSVD-Iso-C"]["note"]
     assert "speed-up" in proc.stdout and "peak GPU MiB" in proc.stdout and "wrote" in proc.stdout
 
 
@@ -49,3 +52,28 @@ def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     proc = _run(out=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no GPU here" in proc.stdout and not (tmp_path / "gpu_check.json").exists()
+
+
+def test_files_stage_compares_a_second_device_with_the_first(tmp_path):
+    """The ``files`` stage run twice (as on cuda, then on the CPU; here the CPU both times, into
+    two folders): the second run's outputs are compared with the first's, bit for bit here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    from conftest import make_checkpoints
+    from pactlib import task_vectors_from
+
+    pre, fts = make_checkpoints(T=3, seed=1)
+    p0, ps = gc.write_checkpoints(pre, task_vectors_from(pre, fts), tmp_path / "in")
+    timer, first = gc.Timer(budget_s=1e9), {}
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        gc.files_checks(p0, ps, "cpu", timer, tmp_path / folder, budget=False, first=first)
+    assert [r["variant"] for r in timer.rows] == [v for v, _, _ in gc.FILE_MERGES] * 2
+    assert all(r["error"] is None for r in timer.rows)
+    second = timer.rows[len(gc.FILE_MERGES):]
+    assert [r["max_rel_diff_to_first"] for r in second] == [0.0] * len(gc.FILE_MERGES)
+    assert all(str(first[v]).startswith(str(tmp_path / "a")) for v, _, _ in gc.FILE_MERGES)
+    assert "x Iso-C's time (goal <= 2)" in second[1]["note"] and second[1]["ratio_to_iso_c"] > 0

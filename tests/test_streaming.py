@@ -307,6 +307,45 @@ def test_cli_merge_streams_into_shards(tmp_path, ckpts, capsys):
     assert rc == 2 and "max shard size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("method,pact,params,workers", [
+    ("task_arithmetic", "pact", {}, 1), ("tsv_m", None, {}, 1), ("iso_cts", "pact", {}, 1),
+    ("ties", "pact", {"scope": "per_key"}, 1), ("ties", "pact", {}, 1), ("ties", "pact", {}, 2)], ids=str)
+def test_streamed_merge_on_a_named_device_is_the_same_merge(tmp_path, ckpts, method, pact, params, workers):
+    """``device=`` moves each layer's deltas to the device and D back: named as "cpu" every move
+    is a no-op, so the result is the in-memory one bit for bit on every path (reducers, stacks,
+    TIES' global one-task-at-a-time and per-layer filters). On a GPU scripts/gpu_check.sh runs it."""
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    kw = dict(params, core_frac=0.3) if pact else params
+    want = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **kw)
+    res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact=pact, device="cpu",
+                              workers=workers, **kw)
+    _assert_identical(load_file(str(res.path)), want)
+
+
+def test_a_device_torch_does_not_see_fails_before_any_output(tmp_path, ckpts, capsys):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got 'gpu'"):
+        pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, device="gpu")
+    with pytest.raises(ValueError, match="got 'cuda:x'"):
+        pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, device="cuda:x")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device cuda: torch sees no GPU"):
+            pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, device="cuda")
+        assert main(["merge", "--method", "iso_c", "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
+                     "--out", str(out), "--device", "cuda"]) == 2
+        assert "--device cuda: torch sees no GPU" in capsys.readouterr().err
+    else:  # the index past the last GPU
+        with pytest.raises(ValueError, match="GPU\\(s\\) here"):
+            pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, device=f"cuda:{torch.cuda.device_count()}")
+    assert not out.exists()
+    assert main(["merge", "--method", "iso_c", "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
+                 "--out", str(out), "--device", "auto"]) == 0
+    _assert_identical(load_file(str(out)), pactlib.merge("iso_c", pre, fts, alpha=1.0))
+
+
 def test_a_method_that_is_not_per_key_needs_a_streamed_form(tmp_path, ckpts, monkeypatch):
     from pactlib.merges import registry
 

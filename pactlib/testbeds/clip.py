@@ -238,16 +238,15 @@ def missing_paths(options: Mapping[str, Any], seed: int = 0, kind: str | None = 
 
 
 def resolve_device(device: str) -> str:
-    """``"auto"`` -> ``"cuda"`` when a CUDA device is present, else ``"cpu"``; others as given.
+    """``"auto"`` -> ``"cuda"`` when a CUDA device is present, else ``"cpu"``; others as given
+    (:func:`pactlib.checks.check_device`).
 
     Raises:
-        ValueError: ``"cuda"`` asked for on a machine without one.
+        ValueError: ``"cuda"`` asked for on a machine without one, or another value.
     """
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: no CUDA device here (use 'cpu' or 'auto')")
-    return device
+    from ..checks import check_device
+
+    return check_device(device)
 
 
 # ------------------------------------------------------------------------------- disk caches

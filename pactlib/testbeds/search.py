@@ -51,22 +51,15 @@ __all__ = ["add_cli", "cmd_search", "search", "resolve_device", "grid", "write_m
 
 
 def resolve_device(device: str | None) -> str | None:
-    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; None stays None.
+    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; None stays None
+    (:func:`pactlib.checks.check_device`).
 
     Raises:
         ValueError: ``"cuda"`` without a GPU, or another value.
     """
-    import torch
+    from ..checks import check_device
 
-    if device is None:
-        return None
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"--device must be cpu, cuda or auto, got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: torch sees no GPU here (torch.cuda.is_available() is False)")
-    return device
+    return None if device is None else check_device(device, name="--device")
 
 
 def grid(method: str, kind: str, alphas=None, points: int | None = None) -> tuple[float, ...]:
