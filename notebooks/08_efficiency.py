@@ -294,6 +294,11 @@ if floor:
                            f"CPU time, ViT-B/32 layer shapes), each part alone, the least possible on all cores "
                            f"(wall time, `{floor_wall_json}`, where present) and the whole streamed `pact merge` "
                            f"measured (CPU time, `{scale_jsonl}`; a column per model shape).")
+    with plotting.figure("pact-iso-c-time", chapter=8, number=2,
+                         caption="The same ratios against T (log scale): the least possible, dashed (black: one "
+                                 "thread; coloured: all cores), and the measured `pact merge`, solid; grey: the "
+                                 "2× goal.") as (fig, ax):
+        efficiency.plot_floor(ft, ax=ax)
     for T, row in ft.iterrows():
         if row["least possible"] > 2:
             print(f"from T = {T}, PACT-Iso-C cannot stay within 2× of Iso-C on this CPU: even with free shields it "

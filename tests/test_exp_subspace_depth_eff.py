@@ -546,6 +546,20 @@ def test_c10_verdict_halves():
     assert v["status"] == "not reproduced" and "outside" in v["evidence"] and "not run" in v["evidence"]
 
 
+def test_plot_floor_draws_each_column_without_its_gaps_and_the_goal():
+    t = pd.DataFrame({"least possible": [1.3, 2.6, 6.1], "active SVDs alone": [1.2, 1.8, 2.9],
+                      "least possible, 2 threads": [1.3, 2.4, 5.6], "measured, vit_b32": [1.6, math.nan, 7.4]},
+                     index=pd.Index([2, 8, 20], name="tasks"))
+    fig, ax = plt.subplots()
+    efficiency.plot_floor(t, ax=ax, goal=2.0)
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert list(lines["measured, vit_b32"].get_xdata()) == [2, 20]  # the NaN at T = 8 left out
+    assert [lines[c].get_linestyle() for c in t.columns] == ["--", ":", "--", "-"]  # floors, a part, measured
+    goal = [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [2.0, 2.0]]
+    assert len(goal) == 1 and ax.get_yscale() == "log"
+    plt.close(fig)
+
+
 def test_plot_distances_one_line_per_q():
     recs = [make_record("lbw-distance", params={}, seed=0, n_iter=q, depth=d, task=t,
                         metrics={"dist": 1e-3 * q * (d + 1)}) for q in (1, 2) for d in range(3) for t in "ab"]

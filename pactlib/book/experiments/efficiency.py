@@ -12,6 +12,9 @@
 - :func:`summary_table`, :func:`accuracy_table`, :func:`plot_times`: what the chapter shows;
 - :func:`read_bench`, :func:`bench_table`, :func:`bench_sweep_table`: the synthetic
   ViT-B/32-shaped benchmark's JSON (``bench/bench_filter.py``);
+- :func:`floor_table`, :func:`plot_floor`, :func:`memory_table`: PACT-Iso-C's time against its
+  least possible (``bench/bench_pact_floor.py``) and the streamed merge's memory
+  (``bench/bench_merge_scale.py``);
 - :func:`plot_distances`, :func:`c10_verdict`.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pactlib.taskvector import TaskVector
 from pactlib.testbeds import run
 
 __all__ = ["time_filter", "randomized_share", "subspace_distances", "gap_records", "gap_correlation",
-           "basis_records", "change_records", "accuracy_records", "summary_table", "accuracy_table", "plot_times", "read_bench", "bench_table", "bench_sweep_table", "plot_distances",
+           "basis_records", "change_records", "accuracy_records", "summary_table", "accuracy_table", "plot_times", "read_bench", "bench_table", "bench_sweep_table", "plot_floor", "plot_distances",
            "accuracy_check", "c10_verdict"]
 
 
@@ -379,6 +382,33 @@ def floor_table(floor: Mapping, scale: Sequence[Mapping] = (), wall: Mapping | N
             row[f"measured, {m}"] = measured.get((m, int(T)), math.nan)
         rows.append(row)
     return pd.DataFrame(rows).set_index("tasks")
+
+
+def plot_floor(table: pd.DataFrame, *, ax, goal: float = 2.0) -> None:
+    """Lines: PACT-Iso-C's time over Iso-C's against the number of tasks, one per column of
+    :func:`floor_table` (the least possible ones dashed, its two parts alone dotted, the
+    measured ones solid; NaN cells are left out), on a log scale, and the ``goal`` as a grey
+    horizontal line."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for i, col in enumerate(table.columns):
+        y = table[col].astype(float)
+        ok = y.notna()
+        if not ok.any():
+            continue
+        style = "--" if col.startswith("least possible") else ":" if col.endswith(" alone") else "-"
+        ax.plot(table.index[ok], y[ok], marker="o", linestyle=style, linewidth=1 if style == ":" else 1.6,
+                color="black" if col == "least possible" else f"C{i}", label=col)
+    ax.axhline(goal, color="grey", linewidth=1)
+    ax.annotate(f"goal {goal:g}×", (table.index.min(), goal), textcoords="offset points", xytext=(2, 4),
+                color="grey", fontsize="small")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.set_xticks(list(table.index))
+    ax.set_xlabel("tasks T")
+    ax.set_ylabel("PACT-RSVD-Iso-C time / Iso-C time")
+    ax.legend(fontsize="small")
 
 
 def memory_table(scale: Sequence[Mapping], *, goal: float = 1.5) -> pd.DataFrame:
