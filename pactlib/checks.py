@@ -42,13 +42,18 @@ def check_alpha(alpha) -> float:
 
 def check_device(device, *, name: str = "device") -> str:
     """Where to compute: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or ``"auto"`` (``"cuda"`` when torch
-    sees a GPU, else ``"cpu"``); returned as a string torch accepts. ``name`` is the parameter's
-    name in messages (e.g. ``"--device"``).
+    sees a GPU, else ``"cpu"``); returned as a string torch accepts. A ``torch.device`` is checked
+    the same way when it is a CUDA one and taken as given otherwise (another backend torch knows).
+    ``name`` is the parameter's name in messages (e.g. ``"--device"``).
 
     Raises:
         ValueError: another value, a CUDA device on a machine where torch sees none, or a
             ``cuda:N`` beyond the GPUs present (the message names ``name`` and the value).
     """
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            return str(device)
+        device = str(device)
     if not isinstance(device, str):
         raise ValueError(f"{name} must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
     if device == "auto":

@@ -39,9 +39,11 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
     ``method="rsvd"`` is randomized subspace iteration (Halko, Martinsson & Tropp 2011, Alg. 4.4;
     ``torch.svd_lowrank``) on the tall orientation A (M, N) of W (Wᵀ when m < n): a Gaussian
     (N, r + ``oversample``) start Ω, ``n_iter`` = q power iterations with re-orthonormalisation,
-    Q = orth((AAᵀ)^q A Ω), then the exact SVD of the small matrix QᵀA. It is seeded by ``seed``
-    inside a forked RNG, so the result is deterministic and the caller's random stream is not
-    disturbed. When ``r + oversample >= min(m, n)`` the randomized method brings no saving and
+    Q = orth((AAᵀ)^q A Ω), then the exact SVD of the small matrix QᵀA. Ω is drawn on the CPU
+    from a generator of its own seeded by ``seed`` (the same numbers as torch's global generator
+    after ``torch.manual_seed(seed)``) and moved to W's device, so the result is deterministic,
+    also when layers run in parallel threads, the same start on every device, and the caller's
+    random stream is not touched. When ``r + oversample >= min(m, n)`` the randomized method brings no saving and
     the exact SVD is used (clamping). ``r`` is clamped to ``min(m, n)``.
 
     ``route`` says how the iteration multiplies: ``"direct"`` through A and Aᵀ (2 products of
@@ -78,10 +80,8 @@ def top_singular(W: Tensor, r: int, *, method: SvdMethod = "exact", oversample: 
     if method == "rsvd" and r + oversample < min(m, n):
         width = r + oversample
         gram = route == "gram" or (route == "auto" and gram_is_cheaper(m, n, width, n_iter))
-        devices = [W.device] if W.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            U, S, V = _svd_lowrank_gram(W, width, n_iter) if gram else _svd_lowrank_direct(W, width, n_iter)
+        g = torch.Generator().manual_seed(seed)  # not the global one: threads share that
+        U, S, V = _svd_lowrank_gram(W, width, n_iter, g) if gram else _svd_lowrank_direct(W, width, n_iter, g)
         return Triplets(U[:, :r], S[:r], V[:, :r])
     return leading_triplets(*_thin_svd(W), r)
 
@@ -111,11 +111,21 @@ def gram_is_cheaper(m: int, n: int, width: int, n_iter: int) -> bool:
     return gram < direct
 
 
-def _svd_lowrank_direct(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Tensor, Tensor]:
+def _start(A: Tensor, width: int, generator: torch.Generator | None) -> Tensor:
+    """The Gaussian start Ω (N, width) of the randomized SVD of A (M, N), on A's device: drawn on
+    the CPU from ``generator`` and moved there, or (None) from the global RNG of A's device."""
+    if generator is None:
+        return torch.randn(A.shape[1], width, dtype=A.dtype, device=A.device)
+    return torch.randn(A.shape[1], width, dtype=A.dtype, generator=generator).to(A.device)
+
+
+def _svd_lowrank_direct(W: Tensor, width: int, n_iter: int,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.svd_lowrank(W, q=width, niter=n_iter)``: the same algorithm on the same random draw
     (equal up to rounding), a little cheaper on one CPU thread.
 
-    As there: on the tall orientation A (M, N), M ≥ N, Ω (N, width) drawn from the global RNG,
+    As there: on the tall orientation A (M, N), M ≥ N, Ω (N, width) drawn from ``generator``
+    (a CPU one, Ω then moved to A's device; None: the global RNG on A's device, as torch draws it),
     Q = orth(A Ω), then ``n_iter`` times Q = orth(A orth(Aᵀ Q)) (Householder QR each time), and
     the SVD of the small B = QᵀA (width, N). Two differences: the products A X are formed as
     (Xᵀ Aᵀ)ᵀ (the same numbers; single-threaded MKL runs that orientation faster), and the SVD of
@@ -128,7 +138,7 @@ def _svd_lowrank_direct(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Ten
     """
     wide = W.shape[0] < W.shape[1]
     A = W.mT if wide else W  # (M, N), M >= N
-    X = torch.randn(A.shape[1], width, dtype=A.dtype, device=A.device)  # Ω (N, width), as torch draws it
+    X = _start(A, width, generator)  # Ω (N, width)
     Q = torch.linalg.qr((X.mT @ A.mT).mT).Q  # (M, width)
     for _ in range(n_iter):
         Q = torch.linalg.qr(A.mT @ Q).Q  # (N, width)
@@ -147,11 +157,12 @@ def _svd_lowrank_direct(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Ten
     return (V, S, U) if wide else (U, S, V)
 
 
-def _svd_lowrank_gram(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Tensor, Tensor]:
+def _svd_lowrank_gram(W: Tensor, width: int, n_iter: int,
+                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.svd_lowrank(W, q=width, niter=n_iter)`` computed through the Gram matrix.
 
     Like ``torch.svd_lowrank``, works on the tall orientation A (M, N), M ≥ N, and draws the same
-    Gaussian start Ω (N, width) from the global RNG. There Q = orth((AAᵀ)^q A Ω) is reached by 2q
+    Gaussian start Ω (N, width) (from ``generator``, as :func:`_svd_lowrank_direct`). There Q = orth((AAᵀ)^q A Ω) is reached by 2q
     products with A and Aᵀ; here by q products with G = AᵀA (N, N): X = orth(G^q Ω) (orthonormalised
     after every product), Q = orth(A X). Then, as there, the exact SVD of QᵀA (width, N).
 
@@ -161,7 +172,7 @@ def _svd_lowrank_gram(W: Tensor, width: int, n_iter: int) -> tuple[Tensor, Tenso
     wide = W.shape[0] < W.shape[1]
     A = W.mT if wide else W  # (M, N), M >= N
     G = A.mT @ A  # (N, N)
-    X = torch.randn(A.shape[1], width, dtype=A.dtype, device=A.device)  # Ω (N, width)
+    X = _start(A, width, generator)  # Ω (N, width)
     for _ in range(n_iter):
         X = torch.linalg.qr(G @ X).Q
     Q = torch.linalg.qr(A @ X).Q  # (M, width)

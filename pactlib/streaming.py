@@ -464,7 +464,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 out: str | os.PathLike, *, alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
                 names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
-                workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | None = None, **kw) -> MergedFiles:
+                workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | torch.device | None = None,
+                **kw) -> MergedFiles:
     """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (method.md §4), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).

@@ -81,6 +81,36 @@ def test_rsvd_is_seeded_and_leaves_global_rng_alone(gen, route):
     assert not torch.equal(a, c)  # the seed is used (same subspace up to the noise of the method)
 
 
+@pytest.mark.parametrize("route", ["direct", "gram"])
+def test_rsvd_is_the_same_while_another_thread_draws_random_numbers(gen, route):
+    """The start Ω comes from a generator of its own: a thread that draws from torch's global
+    generator meanwhile (as a parallel layer's RSVD did when Ω came from the seeded global one)
+    cannot change it. Ω is the global generator's draw after ``manual_seed(seed)``."""
+    import threading
+
+    W = torch.randn(200, 120, generator=gen)
+    torch.manual_seed(4)
+    want = torch.svd_lowrank(W, q=15, niter=1)[2][:, :5] if route == "direct" else None
+    ref = top_singular(W, 5, method="rsvd", oversample=10, n_iter=1, seed=4, route=route).V
+    if want is not None:  # the same draw as torch's own, up to rounding and signs
+        torch.testing.assert_close((ref * want).sum(0).abs(), torch.ones(5), atol=1e-4, rtol=0)
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            torch.manual_seed(1)
+            torch.randn(4096)
+
+    th = threading.Thread(target=draw)
+    th.start()
+    try:
+        got = [top_singular(W, 5, method="rsvd", oversample=10, n_iter=1, seed=4, route=route).V for _ in range(30)]
+    finally:
+        stop.set()
+        th.join()
+    assert all(torch.equal(g, ref) for g in got)
+
+
 @pytest.mark.parametrize("route", ["auto", "direct", "gram"])
 def test_rsvd_clamps_to_exact_for_small_matrices(gen, route):
     W = torch.randn(12, 10, generator=gen, dtype=torch.float64)

@@ -323,6 +323,29 @@ def test_streamed_merge_on_a_named_device_is_the_same_merge(tmp_path, ckpts, met
     _assert_identical(load_file(str(res.path)), want)
 
 
+@pytest.mark.parametrize("method,pact,params,workers", [
+    ("task_arithmetic", None, {}, 1), ("iso_c", "pact", {"svd": "rsvd"}, 1), ("tsv_m", "s-pact", {}, 1),
+    ("iso_cts", "pact", {}, 1), ("ties", None, {"scope": "per_key"}, 1), ("ties", "pact", {"svd": "rsvd"}, 1)],
+    ids=str)  # one worker: the fake device's dispatch mode holds in the thread that entered it only
+def test_streamed_merge_on_a_device_moves_each_layer_there_and_back(tmp_path, ckpts, method, pact, params,
+                                                                   workers):
+    """On the fake accelerator of tests/fake_device.py (CPU values, CUDA's device rules: mixing
+    devices in one op raises): every path of the streamed merge computes on the device and
+    writes the CPU's numbers, bit for bit (the same kernels run)."""
+    from fake_device import fake_gpu
+    from pactlib.threads import single_threaded
+
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    kw = dict(params, core_frac=0.3) if pact else params
+    with single_threaded():  # as fake_gpu() runs
+        want = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact, **kw)
+    with fake_gpu() as dev:
+        res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact=pact, device=dev,
+                                  workers=workers, **kw)
+    _assert_identical(load_file(str(res.path)), want)
+
+
 def test_a_device_torch_does_not_see_fails_before_any_output(tmp_path, ckpts, capsys):
     pre, fts = ckpts
     p0, ps = _files(tmp_path, pre, fts)
