@@ -43,11 +43,14 @@ print as ``pact: error: ...`` (exit status 2), warnings as ``pact: warning: ...`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import pickle
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -331,7 +334,32 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"pact: warning: {message}", file=sys.stderr)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (:func:`main`): unwinds like Ctrl-C, so every temporary
+    output file and spill is removed on the way out."""
+
+
+@contextlib.contextmanager
+def _terminate_unwinds():
+    """While inside: SIGTERM raises :class:`Terminated` (main thread only; the previous handler is
+    restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``pact`` with ``argv``; the exit status: 0, 2 for an input error (``pact: error: …``),
+    130 on Ctrl-C and 143 on SIGTERM (temporary files removed, nothing published)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
@@ -342,10 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
-            return args.func(args)
-        except (CheckpointError, FileNotFoundError, ValueError, TypeError, KeyError) as e:
+            with _terminate_unwinds():
+                return args.func(args)
+        except (CheckpointError, OSError, ValueError, TypeError, KeyError) as e:
             print(f"pact: error: {e}", file=sys.stderr)
             return 2
+        except (KeyboardInterrupt, Terminated) as e:
+            how = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+            print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
+            return 130 if isinstance(e, KeyboardInterrupt) else 143
         finally:
             torch.set_num_threads(threads)
 

@@ -369,6 +369,40 @@ def test_a_device_torch_does_not_see_fails_before_any_output(tmp_path, ckpts, ca
     _assert_identical(load_file(str(out)), pactlib.merge("iso_c", pre, fts, alpha=1.0))
 
 
+@pytest.mark.parametrize("sig,rc,word", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("method", ["iso_cts", "ties"])
+def test_a_signal_mid_merge_leaves_no_output_and_no_temporary_files(tmp_path, sig, rc, word, method):
+    """``pact merge`` killed by SIGTERM (``timeout``, a scheduler) or Ctrl-C while it writes:
+    exit status 143 / 130, one line saying so (no traceback), nothing published and no
+    temporary file or spill folder left next to the output (TIES + PACT spills its filtered
+    task vectors there)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    pre = {f"b{i}.weight": torch.randn(256, 256, generator=g) for i in range(40)}
+    p0 = str(save_state_dict(pre, tmp_path / "pre.safetensors"))
+    ps = [str(save_state_dict({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in pre.items()},
+                              tmp_path / f"ft{t}.safetensors")) for t in range(3)]
+    out = tmp_path / "out" / "m.safetensors"
+    cmd = [sys.executable, "-m", "pactlib.cli", "merge", "--method", method, "--pact", "pact", "--alpha", "0.5",
+           "--pretrained", p0, "--finetuned", *ps, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    t0 = time.time()
+    while not (out.parent.exists() and any(out.parent.iterdir())) and proc.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the merge ended before it could be interrupted: make it bigger"
+    time.sleep(0.3)  # well inside the merge
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == rc, err[-2000:]
+    assert f"pact: {word}" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+
+
 def test_a_method_that_is_not_per_key_needs_a_streamed_form(tmp_path, ckpts, monkeypatch):
     from pactlib.merges import registry
 
