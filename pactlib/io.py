@@ -14,8 +14,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import pickle
+import pickletools
 import struct
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -51,7 +54,10 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     Raises:
         FileNotFoundError: ``path`` does not exist.
         CheckpointError: unknown extension, unreadable file, or content that is not a mapping of
-            tensors (naming the file and the offending key).
+            tensors (naming the file and the offending key). A torch file that is corrupt or not a
+            torch file at all says it is "not a readable torch checkpoint"; one that is well formed
+            but holds pickled Python objects the weights-only loader refuses gets "cannot read
+            checkpoint" with the ``pickle.UnpicklingError`` as its ``__cause__``.
     """
     path = Path(path)
     if not path.is_file():
@@ -63,7 +69,9 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
             sd = load_file(str(path))
         else:
             sd = _torch_load(path, mmap)
-    except Exception as e:  # corrupt / truncated / pickled module
+    except CheckpointError:
+        raise
+    except Exception as e:  # corrupt safetensors / a pickled module (weights_only refuses it)
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
     if isinstance(sd, Mapping):
         for wrapper in ("state_dict", "model"):
@@ -79,6 +87,74 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
 
 
 def _torch_load(path: Path, mmap: bool):
+    """``torch.load(weights_only=True)`` of ``path``.
+
+    Raises:
+        pickle.UnpicklingError: a well-formed torch file that the weights-only loader refuses (it
+            holds pickled Python objects, e.g. a whole module; reading it needs trust).
+        CheckpointError: anything else that fails (naming the file): not a torch file (neither a
+            zip archive nor a pickle), or one that does not parse as one (corrupt, truncated).
+    """
+    try:
+        return _torch_load_weights(path, mmap)
+    except Exception as e:
+        problem = _torch_format_problem(path)
+        if problem is None and isinstance(e, pickle.UnpicklingError):
+            raise
+        why = problem or e
+        # not chained to the UnpicklingError: the CLI takes that cause for "pickled objects, needs trust"
+        raise CheckpointError(f"{path}: not a readable torch checkpoint, corrupt or of another format "
+                              f"({type(why).__name__}: {str(why)[:200]})") from why
+
+
+def _torch_format_problem(path: Path) -> Exception | None:
+    """Why ``path`` is not a well-formed ``torch.save`` file, or None if it is one: a zip archive
+    (``PK\\x03\\x04``) holding a ``data.pkl`` that parses as a whole pickle, or the legacy format,
+    pickles (first byte 0x80, the PROTO opcode) of which the first holds torch's magic number.
+    Only parses the pickles (:func:`pickletools.genops`); nothing in them runs."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            if head == b"PK\x03\x04":
+                with zipfile.ZipFile(f) as z:
+                    pkl = [n for n in z.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+                    if not pkl:
+                        raise ValueError("a zip archive without a data.pkl")
+                    with z.open(pkl[0]) as p:
+                        list(pickletools.genops(p))
+            elif head[:1] == b"\x80":
+                f.seek(0)
+                capped = _Capped(f, path.stat().st_size)
+                if torch.serialization.MAGIC_NUMBER not in [arg for _, arg, _ in pickletools.genops(capped)]:
+                    raise ValueError("a pickle without torch's magic number")
+                for _ in range(3):  # protocol version, system info, the object
+                    list(pickletools.genops(capped))
+            else:
+                raise ValueError(f"neither a zip archive nor a pickle (starts with {head!r})" if head
+                                 else "the file is empty")
+    except Exception as e:  # zipfile.BadZipFile, ValueError (pickletools), OSError
+        return e
+    return None
+
+
+class _Capped:
+    """A binary file whose ``read(n)`` asks for no more than what is left: pickletools reads
+    lengths from the data, and a buffered ``read(n)`` allocates n bytes first."""
+
+    def __init__(self, f, size: int):
+        self.f, self.size = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        return self.f.read(n if n < 0 else min(n, self.size - self.f.tell()))
+
+    def readline(self) -> bytes:
+        return self.f.readline()
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
+def _torch_load_weights(path: Path, mmap: bool):
     if mmap:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -20,6 +20,7 @@ a subspace of R^n. Book: chapter 1 ("The method").
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -113,7 +114,9 @@ class MatrixRule:
         if self.kind(key, one) != "matrix":
             raise ValueError(f"key {key!r} with shape {tuple(one.shape)} is not a matrix layer")
         lead = tensor.shape[:1] if stacked else ()
-        mat = tensor.reshape(*lead, one.shape[0], -1)  # (…, m, n·k·k); a 1x1 conv -> (…, m, n)
+        # (…, m, n·k·k); a 1x1 conv -> (…, m, n). n is given, not -1: reshape cannot infer a -1
+        # for a tensor with no elements (m = 0)
+        mat = tensor.reshape(*lead, one.shape[0], math.prod(one.shape[1:]))
         if self.is_transposed(key):
             mat = mat.transpose(-2, -1)  # stored (in, out) -> view (out, in)
         return mat

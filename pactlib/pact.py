@@ -64,8 +64,11 @@ class PactOptions:
 
     Raises:
         TypeError: a field of the wrong type (named; an int is a valid float, a bool is not).
-        ValueError: a value out of range, both or neither of a frac/energy pair, or a ``layers``
-            entry that is not a valid regular expression (named).
+        ValueError: a value out of range (named; NaN and ±inf are out of every range: the fracs,
+            energies and ``max_shield_frac`` in (0, 1], ``lbw_tol`` in [0, 1], ``shield_tol`` finite
+            and >= 0, ``oversample``/``n_iter``/``active_oversample``/``active_n_iter`` >= 0), both
+            or neither of a frac/energy pair, or a ``layers`` entry that is not a valid regular
+            expression (named).
     """
 
     core_frac: float | None = 0.1
@@ -97,10 +100,15 @@ class PactOptions:
                 raise ValueError(f"PactOptions: {a if va is not None else b} must be in (0, 1], got {v}")
         if not (0 <= self.lbw_tol <= 1):
             raise ValueError(f"PactOptions: lbw_tol must be in [0, 1], got {self.lbw_tol}")
+        if not (0 <= self.shield_tol < math.inf):  # 0 is allowed: then only the relative 1e-7·σ_max floor applies
+            raise ValueError(f"PactOptions.shield_tol must be a finite number >= 0, got {self.shield_tol}")
         if not (0 < self.max_shield_frac <= 1):
             raise ValueError(f"PactOptions: max_shield_frac must be in (0, 1], got {self.max_shield_frac}")
         if self.svd not in ("exact", "rsvd"):
             raise ValueError(f"PactOptions: svd must be 'exact' or 'rsvd', got {self.svd!r}")
+        for name in ("oversample", "n_iter", "active_oversample", "active_n_iter"):  # checked even with svd="exact"
+            if getattr(self, name) < 0:
+                raise ValueError(f"PactOptions.{name} must be an integer >= 0, got {getattr(self, name)}")
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))
             for pattern in self.layers:

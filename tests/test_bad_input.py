@@ -191,6 +191,32 @@ def test_cli_set_values_checked_before_loading(files, tmp_path, capsys, no_loadi
     assert "core_frac must be in (0, 1]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key,value,expected", [
+    ("shield_tol", float("nan"), "PactOptions.shield_tol must be a finite number >= 0, got nan"),
+    ("shield_tol", -1.0, "PactOptions.shield_tol must be a finite number >= 0, got -1.0"),
+    ("oversample", -1, "PactOptions.oversample must be an integer >= 0, got -1"),
+    ("active_n_iter", -2, "PactOptions.active_n_iter must be an integer >= 0, got -2"),
+])
+def test_pact_options_out_of_range_refused_before_merging(files, tmp_path, capsys, monkeypatch, no_loading,
+                                                          key, value, expected):
+    p, f, pre, fts = files
+
+    def fail(*a, **k):
+        raise AssertionError("merging started before the check")
+    monkeypatch.setattr(pactlib.api, "task_vectors_from", fail)
+    monkeypatch.setattr(pactlib.streaming, "open_checkpoint", fail)
+    out = tmp_path / "o.safetensors"
+    with pytest.raises(ValueError) as e:
+        pactlib.merge("iso_c", pre, fts, alpha=1.0, pact="pact", **{key: value})
+    assert str(e.value) == expected
+    with pytest.raises(ValueError) as e:
+        pactlib.merge_files("iso_c", p, f, out=out, alpha=1.0, pact="pact", svd="exact", **{key: value})
+    assert str(e.value) == expected
+    assert main(_merge_args(p, f, out, "--pact", "pact", "--set", f"{key}={value}", method="iso_c")) == 2
+    assert capsys.readouterr().err == f"pact: error: {expected}\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["ft0.pt", "ft1.pt", "pre.safetensors"]
+
+
 def test_cli_set_exponent_float_accepted(files, tmp_path, capsys):
     p, f, pre, fts = files
     out = tmp_path / "o.safetensors"

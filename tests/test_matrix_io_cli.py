@@ -1,5 +1,6 @@
 """The matrix-view rule, checkpoint I/O and the `pact` CLI."""
 import json
+import pickle
 import subprocess
 import sys
 
@@ -176,3 +177,76 @@ def test_cli_merge_pickled_modules_need_trust_pickle(tmp_path, ckpts, capsys):
     got2 = load_state_dict(out2)
     for k in want:
         torch.testing.assert_close(got2[k], want[k])
+
+
+def _not_torch_files(tmp_path, ckpts):
+    """{name: why} of .pt files that are no torch checkpoint: random bytes, a safetensors file cut in
+    half and renamed, an empty file, torch.save files (zip and legacy) cut short, a plain pickle."""
+    pre, _ = ckpts
+    st = save_state_dict(pre, tmp_path / "pre.safetensors").read_bytes()
+    torch.save(pre, tmp_path / "whole.pt")
+    torch.save(pre, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    files = {"random.pt": (bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+                                 .to(torch.uint8).tolist()), r"neither a zip archive nor a pickle \(starts with"),
+             "truncated_st.pt": (st[: len(st) // 2], "neither a zip archive nor a pickle"),
+             "empty.pt": (b"", "the file is empty"),
+             "truncated_zip.pt": ((tmp_path / "whole.pt").read_bytes()[:300], "BadZipFile"),
+             "truncated_legacy.pt": ((tmp_path / "legacy.pt").read_bytes()[:60], "ValueError: expected"),
+             "plain_pickle.pt": (pickle.dumps({"w": 1}, protocol=2), "a pickle without torch's magic number")}
+    assert files["random.pt"][0][:1] not in (b"P", b"\x80")
+    for name, (data, _) in files.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: why for name, (_, why) in files.items()}
+
+
+def test_load_of_a_pt_that_is_no_torch_checkpoint_says_so(tmp_path, ckpts):
+    for name, why in _not_torch_files(tmp_path, ckpts).items():
+        for mmap in (False, True):
+            with pytest.raises(pactlib.CheckpointError, match=rf"{name}: not a readable torch checkpoint, "
+                                                               rf"corrupt or of another format \(.*{why}") as e:
+                load_state_dict(tmp_path / name, mmap=mmap)
+            assert "trust" not in str(e.value) and not isinstance(e.value.__cause__, pickle.UnpicklingError)
+
+
+def test_cli_merge_of_a_pt_that_is_no_torch_checkpoint_does_not_suggest_trust_pickle(tmp_path, ckpts, capsys):
+    _, fts = ckpts
+    pre = str(tmp_path / "pre.safetensors")
+    ft = str(save_state_dict(fts[0], tmp_path / "ft0.pt"))
+    out = tmp_path / "merged.safetensors"
+    for name, why in _not_torch_files(tmp_path, ckpts).items():
+        for args in (["--pretrained", str(tmp_path / name), "--finetuned", ft],
+                     ["--pretrained", pre, "--finetuned", ft, str(tmp_path / name)]):
+            assert main(["merge", "--method", "task_arithmetic", "--alpha", "1", *args, "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"pact: error: {tmp_path / name}: not a readable torch checkpoint, corrupt or of "
+                                  "another format (") and "trust" not in err and "Traceback" not in err
+            assert not out.exists()
+    with pytest.raises(pactlib.CheckpointError, match=r"random\.pt: not a readable torch checkpoint"):
+        pactlib.merge_files("task_arithmetic", pre, [ft, tmp_path / "random.pt"], out=out, alpha=1.0)
+    # a well-formed torch file holding a pickled module still gets the --trust-pickle hint
+    torch.save(_as_module(fts[0]), tmp_path / "module.pt")
+    with pytest.raises(pactlib.CheckpointError, match=r"module\.pt: cannot read checkpoint \(UnpicklingError") as e:
+        load_state_dict(tmp_path / "module.pt")
+    assert isinstance(e.value.__cause__, pickle.UnpicklingError)
+    assert main(["merge", "--method", "task_arithmetic", "--alpha", "1", "--pretrained", pre,
+                 "--finetuned", str(tmp_path / "module.pt"), "--out", str(out)]) == 2
+    assert "module.pt holds pickled Python objects" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", pactlib.merges.names())
+@pytest.mark.parametrize("pact", [None, "pact", "s-pact"])
+def test_empty_matrices_merge_to_their_pretrained_value(method, pact):
+    # a (0, 64) key (no rows: reshape cannot infer a -1) and a (64, 0) key beside a normal (8, 6) one
+    rule = MatrixRule()
+    assert rule.view("e.weight", torch.zeros(0, 64)).shape == (0, 64)
+    assert rule.view("e.weight", torch.zeros(3, 0, 64), stacked=True).shape == (3, 0, 64)
+    assert rule.view("c.weight", torch.zeros(0, 4, 1, 1)).shape == (0, 4)
+    g = torch.Generator().manual_seed(0)
+    pre = {"w.weight": torch.randn(8, 6, generator=g)}
+    fts = [{"w.weight": pre["w.weight"] + 0.1 * torch.randn(8, 6, generator=g)} for _ in range(3)]
+    want = pactlib.merge(method, pre, fts, alpha=0.7, pact=pact)
+    empty = {"rows.weight": torch.zeros(0, 64), "cols.weight": torch.zeros(64, 0)}
+    got = pactlib.merge(method, {**pre, **empty}, [{**f, **empty} for f in fts], alpha=0.7, pact=pact)
+    assert list(got) == ["w.weight", "rows.weight", "cols.weight"]
+    assert got["rows.weight"].shape == (0, 64) and got["cols.weight"].shape == (64, 0)
+    torch.testing.assert_close(got["w.weight"], want["w.weight"], rtol=0, atol=0)

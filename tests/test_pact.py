@@ -285,6 +285,40 @@ def test_pact_options_validation():
     assert o.core_frac is None and o.core_energy == 0.9
 
 
+@pytest.mark.parametrize("field,value,expected", [
+    ("shield_tol", float("nan"), "PactOptions.shield_tol must be a finite number >= 0, got nan"),
+    ("shield_tol", float("inf"), "PactOptions.shield_tol must be a finite number >= 0, got inf"),
+    ("shield_tol", -1.0, "PactOptions.shield_tol must be a finite number >= 0, got -1.0"),
+    ("lbw_tol", float("nan"), "PactOptions: lbw_tol must be in [0, 1], got nan"),
+    ("lbw_tol", -0.1, "PactOptions: lbw_tol must be in [0, 1], got -0.1"),
+    ("max_shield_frac", float("nan"), "PactOptions: max_shield_frac must be in (0, 1], got nan"),
+    ("max_shield_frac", float("inf"), "PactOptions: max_shield_frac must be in (0, 1], got inf"),
+    ("core_frac", float("nan"), "PactOptions: core_frac must be in (0, 1], got nan"),
+    ("active_frac", float("inf"), "PactOptions: active_frac must be in (0, 1], got inf"),
+    ("oversample", -1, "PactOptions.oversample must be an integer >= 0, got -1"),
+    ("n_iter", -1, "PactOptions.n_iter must be an integer >= 0, got -1"),
+    ("active_oversample", -3, "PactOptions.active_oversample must be an integer >= 0, got -3"),
+    ("active_n_iter", -2, "PactOptions.active_n_iter must be an integer >= 0, got -2"),
+])
+def test_pact_options_out_of_range_named(field, value, expected):
+    # checked up front (with svd="exact" too), not at the first SVD or shield
+    for make in (lambda: PactOptions(**{field: value}), lambda: PactOptions().replace(**{field: value})):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value) == expected
+
+
+def test_pact_options_zero_tolerance_and_iterations_accepted(ckpts):
+    # shield_tol = 0 keeps only the relative floor (1e-7·σ_max); p = q = 0 is a plain range finder
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    opts = PactOptions(shield_tol=0, lbw_tol=0, oversample=0, n_iter=0, active_oversample=0, active_n_iter=0)
+    assert (opts.shield_tol, opts.oversample, opts.active_n_iter) == (0, 0, 0)
+    for svd in ("exact", "rsvd"):
+        filtered, report = pact_filter(pre, tvs, options=opts.replace(svd=svd))
+        assert report.layers and all(torch.isfinite(v).all() for tv in filtered for v in tv.values())
+
+
 def test_pact_filter_rejects_unknown_mode(ckpts):
     pre, fts = ckpts
     with pytest.raises(ValueError, match="unknown PACT mode"):
