@@ -46,7 +46,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import pickle
 import signal
 import sys
@@ -58,7 +57,7 @@ from . import merges
 from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_device
 from .io import load_state_dict
-from .lazy import check_out_suffix, parse_size, trusted_reader
+from .lazy import check_out_suffix, check_out_target, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
 from .streaming import merge_files, return_freed_memory
 
@@ -123,21 +122,16 @@ def parse_set(items: list[str]) -> dict:
 
 def check_out_path(out: str, inputs: list[str], max_shard_size=None) -> None:
     """Check ``--out`` before any work: a supported extension (``.safetensors``, a torch file, or
-    ``*.safetensors.index.json`` for a sharded output), and not one of the inputs.
+    ``*.safetensors.index.json`` for a sharded output), no file of an input among what it may
+    write, and a writable place (:func:`pactlib.lazy.check_out_target`).
 
     Raises:
-        CheckpointError: unknown extension (supported ones listed), or a torch file with
-            ``--max-shard-size``.
-        ValueError: ``out`` is (resolves to, or is the same file as) an input.
+        CheckpointError: unknown extension (supported ones listed), a torch file with
+            ``--max-shard-size``, a folder, an unwritable folder.
+        ValueError: ``out`` would overwrite a file of an input.
     """
     check_out_suffix(out, max_shard_size)
-    o = Path(out)
-    for p in inputs:
-        same = o.resolve() == Path(p).resolve()
-        if not same and o.exists() and Path(p).exists():
-            same = os.path.samefile(o, p)
-        if same:
-            raise ValueError(f"--out {out} is the input {p}: writing there would overwrite it; choose another file")
+    check_out_target(out, inputs, name="--out")
 
 
 def load_checkpoint(path: str, *, trust_pickle: bool = False, mmap: bool = False) -> dict:

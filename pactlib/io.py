@@ -164,6 +164,21 @@ def _torch_load_weights(path: Path, mmap: bool):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 without the process's umask (``mkstemp``, which
+    the atomic writers use, makes 0o600 files). Read from /proc where it is (Linux), so the
+    umask is never changed, not even for a moment; else by setting it and back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: str | os.PathLike, write_fn) -> Path:
     """Call ``write_fn(tmp_path)`` then atomically rename the temporary file to ``path``.
 
@@ -173,6 +188,7 @@ def atomic_write(path: str | os.PathLike, write_fn) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, new_file_mode())  # as open() would make it, not mkstemp's 0o600
     os.close(fd)
     try:
         write_fn(Path(tmp))

@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, atomic_write, save_state_dict, tensor_bytes_view
+from .io import SAFETENSORS, TORCH, atomic_write, new_file_mode, save_state_dict, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
 
 #: safetensors dtype names <-> torch dtypes.
@@ -468,6 +468,7 @@ class _SafetensorsFile:
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.fchmod(fd, new_file_mode())  # as open() would make it, not mkstemp's 0o600
         self.tmp = Path(tmp)
         self._f = os.fdopen(fd, "wb")
         self._f.write(_header(self.entries, self.metadata))
@@ -504,6 +505,94 @@ def shard_names(out: Path, n: int) -> tuple[Path, list[Path]]:
         index = out.with_name(name + INDEX_SUFFIX)
     stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
     return index, [out.with_name(f"{stem}-{i:05d}-of-{n:05d}.safetensors") for i in range(1, n + 1)]
+
+
+def output_family(out: str | os.PathLike) -> Callable[[str], bool]:
+    """Whether a file name in ``out``'s folder belongs to the output ``out``: a name a
+    :class:`CheckpointWriter` to ``out`` may publish, with or without shards (``x.safetensors``,
+    ``x.safetensors.index.json``, ``x-0000i-of-0000n.safetensors``; a torch file: its own name),
+    or one of its temporary files (``.<one of those>.<random>.tmp``)."""
+    out = Path(out)
+    if check_out_suffix(out) == "torch":
+        names = re.escape(out.name)
+    else:
+        index, _ = shard_names(out, 1)
+        single = index.name[: -len(INDEX_SUFFIX)]
+        stem = single[: -len(".safetensors")] if single.endswith(".safetensors") else single
+        names = (f"(?:{re.escape(single)}|{re.escape(index.name)}|"
+                 f"{re.escape(stem)}-\\d{{5}}-of-\\d{{5}}\\.safetensors)")
+    pattern = re.compile(f"(?:{names}|\\.{names}\\..+\\.tmp)")
+    return lambda name: pattern.fullmatch(name) is not None
+
+
+def _input_files(p: Path) -> list[Path]:
+    """The files an input checkpoint ``p`` is read from: itself, a folder's files, or a sharded
+    checkpoint's index and the files of its folder."""
+    if p.is_dir():
+        return [f for f in p.iterdir() if f.is_file()]
+    if p.name.endswith(INDEX_SUFFIX):
+        return [p, *(f for f in p.parent.iterdir() if f.is_file())]
+    return [p]
+
+
+def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, name: str = "out") -> None:
+    """Check, before any work, that writing the output ``out`` can neither overwrite an input
+    nor fail on the path: no file of an input (a folder's files, a sharded checkpoint's index and
+    shards) is one ``out`` may write (:func:`output_family`: a single-file ``out`` may also write
+    shards and an index), ``out`` is not a folder, and its folder is (or can be made) writable.
+    ``name``: the parameter's name in messages (``"--out"``).
+
+    Raises:
+        ValueError: ``out`` would overwrite a file of an input (both named).
+        CheckpointError: ``out`` is a folder, a part of its path is a file, or its folder is not
+            writable (named).
+    """
+    out = Path(out)
+    member = output_family(out)
+    folder = out.parent.resolve()
+    # the files it may write that exist now, by identity (a hard link is another name of a file)
+    ours = {(st.st_dev, st.st_ino) for st in (f.stat() for f in (folder.iterdir() if folder.is_dir() else ())
+                                              if member(f.name) and f.is_file())}
+    for p in inputs:
+        p = Path(p)
+        if not p.exists():
+            continue  # the reader names a missing input
+        for f in _input_files(p):
+            st = f.stat()
+            if (member(f.name) and f.absolute().parent.resolve() == folder or f.resolve() == out.resolve()
+                    or (st.st_dev, st.st_ino) in ours):
+                if f.resolve() == out.resolve() or out.exists() and os.path.samefile(f, out):
+                    what = f"is the input {p}" if f == p else f"is {f}, a file of the input {p}"
+                else:
+                    what = f"may write {f} (with or without shards), a file of the input {p}"
+                raise ValueError(f"{name} {out} {what}: writing there would overwrite it; "
+                                 "choose another file name or folder")
+    if out.is_dir():
+        raise CheckpointError(f"{name} {out} is a folder; name the output file (e.g. {out / 'model.safetensors'})")
+    up = out.parent
+    while not up.exists():
+        up = up.parent
+    if not up.is_dir():
+        raise CheckpointError(f"{name} {out}: {up} is a file, not a folder")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{name} {out}: cannot write into the folder {up} (permission denied)")
+
+
+def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLike]) -> list[Path]:
+    """Delete the files of ``out``'s folder that belong to the output ``out``
+    (:func:`output_family`) other than ``keep`` (what was just published): the shards and index
+    of an earlier output under that name (read instead of the new file by a reader that prefers
+    the index) and temporary files an interrupted writer (SIGKILL) left. As Hugging Face's
+    ``save_pretrained`` cleans its folder. Returns the deleted paths."""
+    out = Path(out)
+    member = output_family(out)
+    keep_names = {Path(k).name for k in keep}
+    removed = []
+    for f in out.parent.iterdir():
+        if member(f.name) and f.name not in keep_names and (f.is_file() or f.is_symlink()):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return sorted(removed)
 
 
 def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:
@@ -606,7 +695,7 @@ class CheckpointWriter:
         Raises:
             ValueError: a key out of order, a wrong dtype, or more bytes than the key holds.
         """
-        if self._pos < 0 or self._done >= self._sizes[self.entries[self._pos][0]]:
+        if self._pos < 0 or key != self.entries[self._pos][0]:  # the next key (a key is written once)
             if self._pos >= 0 and self._done != self._sizes[self.entries[self._pos][0]]:
                 raise ValueError(f"writer: key {self.entries[self._pos][0]!r} is incomplete")
             self._pos += 1

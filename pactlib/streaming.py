@@ -63,7 +63,8 @@ from torch import Tensor
 from . import merges
 from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_compatible, check_device, check_finite, check_state_dict
-from .lazy import CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, default_loader, open_checkpoint
+from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
+                   open_checkpoint, remove_stale_outputs)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
@@ -479,7 +480,10 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             task-vector sources (:func:`is_delta_source`, e.g. PEFT LoRA adapters as
             :class:`pactlib.peft.AdapterSource`) giving Δt key by key, exactly (not θ0 + Δt − θ0).
         out: ``*.safetensors``; ``*.safetensors.index.json`` for a sharded output; or a torch
-            file (``.pt``, collected in memory: one model).
+            file (``.pt``, collected in memory: one model). Once it is published, the files of
+            an earlier output under that name (other shards, an index a reader would prefer) and
+            temporary files of interrupted runs are removed from its folder
+            (:func:`pactlib.lazy.remove_stale_outputs`).
         alpha: scaling coefficient α.
         pact: ``None``, ``"pact"`` or ``"s-pact"``.
         rule: the matrix-view rule.
@@ -508,7 +512,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
     Raises:
         TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
-            read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs; a bad
+            read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs or a
+            name it may write a file of an input (:func:`pactlib.lazy.check_out_target`); a bad
             ``device`` or a GPU torch does not see.
         FileNotFoundError: a missing input.
         CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
@@ -536,9 +541,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     finetuned = list(finetuned)
     if not finetuned:
         raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
-    for p in [pretrained, *(f for f in finetuned if not is_delta_source(f))]:
-        if Path(p).exists() and out.exists() and os.path.samefile(out, p) or out.resolve() == Path(p).resolve():
-            raise ValueError(f"out {out} is the input {p}: writing there would overwrite it; choose another file")
+    check_out_target(out, [pretrained, *(f for f in finetuned if not is_delta_source(f))])
     names = [getattr(p, "name", str(p)) if is_delta_source(p) else str(p) for p in finetuned] \
         if names is None else list(names)
     if len(names) != len(finetuned):
@@ -583,6 +586,13 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
             log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
         files = writer.commit()
+    stale = remove_stale_outputs(out, files)
+    for d in out.parent.glob(f".{out.name}.spill-*"):  # TIES' spill folders of killed runs
+        shutil.rmtree(d, ignore_errors=True)
+        stale.append(d)
+    if stale:
+        log.info("%s: removed %d file(s) of an earlier output or an interrupted run: %s", out, len(stale),
+                 ", ".join(p.name for p in stale[:5]))
     return MergedFiles(writer.path, files, inputs.T, report)
 
 

@@ -403,6 +403,111 @@ def test_a_signal_mid_merge_leaves_no_output_and_no_temporary_files(tmp_path, si
     assert sorted(p.name for p in out.parent.iterdir()) == []
 
 
+def _sha(folder: Path) -> dict:
+    import hashlib
+
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_an_output_that_may_write_a_file_of_an_input_is_refused_before_any_work(tmp_path, ckpts, capsys):
+    """Found in a user trial: --out inside an input folder, onto a shard or the index of a
+    sharded input, or a single-file name whose shards would land on an input's, replaced the
+    input and exited 0. Every such name is refused, naming both; the inputs are unchanged."""
+    pre, fts = ckpts
+    folder = tmp_path / "pre_model"
+    folder.mkdir()
+    save_state_dict(pre, folder / "model.safetensors")
+    sharded = _sharded(tmp_path, fts[0], "model")  # model-0000i-of-00002.safetensors + model.safetensors.index.json
+    (tmp_path / "x").mkdir()
+    ps = [sharded, *_files(tmp_path / "x", pre, fts[1:])[1]]
+    before = _sha(tmp_path)
+    bad = [(folder / "model.safetensors", {}),  # a folder input's file
+           (folder / "model.safetensors.index.json", {}),  # its single-file name is that file
+           (tmp_path / "model-00001-of-00002.safetensors", {}),  # a shard of the sharded input
+           (tmp_path / "model.safetensors.index.json", {}),  # its index
+           (tmp_path / "model.safetensors", {"max_shard_size": 300})]  # would write its shards and index
+    for out, kw in bad:
+        with pytest.raises(ValueError, match="a file of the input|is the input"):
+            pactlib.merge_files("iso_c", str(folder), ps, out, alpha=0.5, **kw)
+        args = ["merge", "--method", "iso_c", "--alpha", "0.5", "--pretrained", str(folder), "--finetuned", *ps,
+                "--out", str(out)] + (["--max-shard-size", "300"] if kw else [])
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pact: error: --out ") and "overwrite" in err, err
+    assert _sha(tmp_path) == before
+    # a name of another family in the same folder is fine
+    res = pactlib.merge_files("iso_c", str(folder), ps, tmp_path / "merged.safetensors", alpha=0.5)
+    assert res.path.exists() and {k: v for k, v in _sha(tmp_path).items() if k != "merged.safetensors"} == before
+
+
+def test_an_output_path_that_cannot_be_written_is_named_before_any_work(tmp_path, ckpts, monkeypatch, capsys):
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    (tmp_path / "adir.safetensors").mkdir()
+    with pytest.raises(pactlib.CheckpointError, match="adir.safetensors is a folder"):
+        pactlib.merge_files("iso_c", p0, ps, tmp_path / "adir.safetensors", alpha=1.0)
+    with pytest.raises(pactlib.CheckpointError, match="pre.safetensors is a file, not a folder"):
+        pactlib.merge_files("iso_c", p0, ps, Path(p0) / "m.safetensors", alpha=1.0)
+    import pactlib.lazy as lazy
+
+    monkeypatch.setattr(lazy.os, "access", lambda path, mode: False)  # root may write anywhere: simulate
+    assert main(["merge", "--method", "iso_c", "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
+                 "--out", str(tmp_path / "ro" / "m.safetensors")]) == 2
+    assert f"cannot write into the folder {tmp_path}" in capsys.readouterr().err
+    assert not (tmp_path / "ro").exists()
+
+
+def test_a_new_output_removes_the_stale_files_of_an_earlier_one_under_its_name(tmp_path, ckpts):
+    """Found in a user trial: a single-file output written where a sharded one had been kept the
+    old shards and index, and a reader of the folder (which prefers the index) read the old
+    model. Now the folder holds only the new output (and what is not the output's)."""
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    out = tmp_path / "st" / "model.safetensors"
+    first = pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, max_shard_size=300)
+    n_first = len(first.files)
+    assert n_first > 3 and not out.exists()
+    (out.parent / "other.safetensors").write_bytes(b"x")  # not the output's
+    (out.parent / ".model.safetensors.abc.tmp").write_bytes(b"left by a killed run")
+    (out.parent / ".model.safetensors.spill-xyz").mkdir()
+    res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1, max_shard_size=600)  # fewer shards
+    names = sorted(f.name for f in out.parent.iterdir())
+    assert names == sorted(["other.safetensors", *(f.name for f in res.files)])
+    res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1)  # one file
+    assert sorted(f.name for f in out.parent.iterdir()) == ["model.safetensors", "other.safetensors"]
+    _assert_identical(_read(out.parent), pactlib.merge("iso_c", pre, fts, alpha=0.1))
+
+
+def test_outputs_get_the_mode_open_would_give_them(tmp_path, ckpts):
+    """mkstemp makes 0o600 files; a merged model is shared like any file the user writes."""
+    import os
+
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    old = os.umask(0o022)
+    try:
+        for out, kw in [(tmp_path / "a.safetensors", {}), (tmp_path / "b.pt", {}),
+                        (tmp_path / "c.safetensors", {"max_shard_size": 300})]:
+            res = pactlib.merge_files("iso_c", p0, ps, out, alpha=1.0, **kw)
+            assert {oct(f.stat().st_mode & 0o777) for f in res.files} == {"0o644"}, out
+    finally:
+        os.umask(old)
+
+
+def test_empty_matrix_keys_stream_through_every_path(tmp_path, ckpts):
+    """A (0, n) matrix key is a zero-byte key: TIES + PACT's spill writes it once per task, which
+    the writer took for the next key's start (found in a user trial)."""
+    pre, fts = ckpts
+    pre = {**pre, "e0": torch.zeros(0, 6), "e1": torch.zeros(6, 0)}
+    fts = [{**f, "e0": torch.zeros(0, 6), "e1": torch.zeros(6, 0)} for f in fts]
+    p0, ps = _files(tmp_path, pre, fts)
+    for method in ("ties", "iso_c", "tsv_m"):
+        res = pactlib.merge_files(method, p0, ps, tmp_path / f"{method}.safetensors", alpha=0.7, pact="pact",
+                                  core_frac=0.3)
+        _assert_identical(load_file(str(res.path)), pactlib.merge(method, pre, fts, alpha=0.7, pact="pact",
+                                                                  core_frac=0.3))
+
+
 def test_a_method_that_is_not_per_key_needs_a_streamed_form(tmp_path, ckpts, monkeypatch):
     from pactlib.merges import registry
 
