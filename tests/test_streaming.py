@@ -389,8 +389,11 @@ def test_a_signal_mid_merge_leaves_no_output_and_no_temporary_files(tmp_path, si
     out = tmp_path / "out" / "m.safetensors"
     cmd = [sys.executable, "-m", "pactlib.cli", "merge", "--method", method, "--pact", "pact", "--alpha", "0.5",
            "--pretrained", p0, "--finetuned", *ps, "--out", str(out)]
+    # a background job (CI under nohup) inherits SIGINT ignored, and Python then leaves it so:
+    # give the child the default action, as a terminal's foreground process has
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while not (out.parent.exists() and any(out.parent.iterdir())) and proc.poll() is None and time.time() - t0 < 120:
         time.sleep(0.02)
