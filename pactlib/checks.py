@@ -43,7 +43,8 @@ def check_alpha(alpha) -> float:
 def check_device(device, *, name: str = "device") -> str:
     """Where to compute: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or ``"auto"`` (``"cuda"`` when torch
     sees a GPU, else ``"cpu"``); returned as a string torch accepts. A ``torch.device`` is checked
-    the same way when it is a CUDA one and taken as given otherwise (another backend torch knows).
+    the same way when it is a CUDA one, refused when it is ``meta`` and taken as given otherwise
+    (another backend torch knows).
     ``name`` is the parameter's name in messages (e.g. ``"--device"``).
 
     Raises:
@@ -51,6 +52,8 @@ def check_device(device, *, name: str = "device") -> str:
             ``cuda:N`` beyond the GPUs present (the message names ``name`` and the value).
     """
     if isinstance(device, torch.device):
+        if device.type == "meta":
+            raise ValueError(f"{name} {device}: a meta device holds no values to merge")
         if device.type != "cuda":
             return str(device)
         device = str(device)

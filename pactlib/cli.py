@@ -329,31 +329,49 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread (:func:`main`): unwinds like Ctrl-C, so every temporary
-    output file and spill is removed on the way out."""
+    """SIGTERM or SIGHUP, raised in the main thread (:func:`main`): unwinds like Ctrl-C, so every
+    temporary output file and spill is removed on the way out. ``signum``: the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: The signals :func:`main` unwinds on (SIGINT as KeyboardInterrupt, the others as Terminated)
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @contextlib.contextmanager
 def _terminate_unwinds():
-    """While inside: SIGTERM raises :class:`Terminated` (main thread only; the previous handler is
-    restored after)."""
+    """While inside: the first SIGINT / SIGTERM / SIGHUP raises (KeyboardInterrupt /
+    :class:`Terminated`) and the later ones are ignored, so that a second Ctrl-C cannot cut the
+    clean-up short (with worker threads it ended in ``std::terminate``). Main thread only; the
+    previous handlers are restored after. A SIGINT the process was started ignoring (a background
+    job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    for sig in _SIGNALS:
+        if previous[sig] is not signal.SIG_IGN:
+            signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``pact`` with ``argv``; the exit status: 0, 2 for an input error (``pact: error: …``),
-    130 on Ctrl-C and 143 on SIGTERM (temporary files removed, nothing published)."""
+    128 + the signal on Ctrl-C (130), SIGTERM (143) and SIGHUP (129), with the temporary files
+    removed and nothing published."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
@@ -370,9 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pact: error: {e}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, Terminated) as e:
-            how = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+            signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+            how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
             print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
-            return 130 if isinstance(e, KeyboardInterrupt) else 143
+            return 128 + int(signum)
         finally:
             torch.set_num_threads(threads)
 

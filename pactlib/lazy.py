@@ -50,6 +50,7 @@ import re
 import struct
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,11 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 INDEX_SUFFIX = ".index.json"
-_DIR_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_DIR_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
+#: What a model folder's checkpoint is read from, first found first: Hugging Face's order
+#: (transformers reads ``model.safetensors`` before its index, and both before ``pytorch_model.bin``),
+#: open_clip's names after Hugging Face's of the same format
+FOLDER_ORDER = ("model.safetensors", "model.safetensors.index.json", "open_clip_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "open_clip_pytorch_model.bin")
 _CONVERSION = "v1"  # bump when the conversion changes
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -388,12 +392,46 @@ def _open_file(path: Path, loader: Loader | None, cache_dir) -> dict[str, Entry]
                           f"use one of {', '.join(SAFETENSORS + TORCH)} or a *.index.json")
 
 
+def folder_checkpoint(folder: str | os.PathLike) -> Path:
+    """The file (or ``*.index.json``) a model folder's checkpoint is read from: the first of
+    :data:`FOLDER_ORDER` present.
+
+    Raises:
+        FileNotFoundError: none is (the names are listed).
+    """
+    folder = Path(folder)
+    for f in FOLDER_ORDER:
+        if (folder / f).is_file():
+            return folder / f
+    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}")
+
+
+def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+    """The files :func:`open_checkpoint` reads for ``path``: the file; a sharded checkpoint's
+    index and the shards its ``weight_map`` names (only the index when it cannot be read: the
+    reader will say why); a folder's (:func:`folder_checkpoint`); nothing for a folder without a
+    checkpoint or a missing path."""
+    path = Path(path)
+    if path.is_dir():
+        try:
+            path = folder_checkpoint(path)
+        except FileNotFoundError:
+            return []
+    if not path.is_file():
+        return []
+    if path.name.endswith(INDEX_SUFFIX):
+        try:
+            return [path, *sorted(set(_read_index(path).values()))]
+        except (CheckpointError, OSError):
+            return [path]
+    return [path]
+
+
 def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
                     cache_dir: str | os.PathLike | None = None, name: str | None = None) -> LazyCheckpoint:
     """A :class:`LazyCheckpoint` over a ``.safetensors`` file, a pickle (``.pt``, ``.pth``,
     ``.bin``, ``.ckpt``: converted once, :func:`convert_pickle`), a sharded checkpoint's
-    ``*.index.json``, or a model folder (an index, else ``model.safetensors`` /
-    ``pytorch_model.bin`` …). Only headers are read here.
+    ``*.index.json``, or a model folder (:func:`folder_checkpoint`). Only headers are read here.
 
     Args:
         loader: reads a pickle for its conversion (default :func:`default_loader`).
@@ -408,13 +446,7 @@ def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
     path = Path(path)
     name = name or str(path)
     if path.is_dir():
-        for index in _DIR_INDEXES:
-            if (path / index).is_file():
-                return open_checkpoint(path / index, loader=loader, cache_dir=cache_dir, name=name)
-        for f in _DIR_FILES:
-            if (path / f).is_file():
-                return open_checkpoint(path / f, loader=loader, cache_dir=cache_dir, name=name)
-        raise FileNotFoundError(f"no checkpoint in folder {path}: expected one of {_DIR_INDEXES + _DIR_FILES}")
+        return open_checkpoint(folder_checkpoint(path), loader=loader, cache_dir=cache_dir, name=name)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not path.name.endswith(INDEX_SUFFIX):
@@ -525,22 +557,13 @@ def output_family(out: str | os.PathLike) -> Callable[[str], bool]:
     return lambda name: pattern.fullmatch(name) is not None
 
 
-def _input_files(p: Path) -> list[Path]:
-    """The files an input checkpoint ``p`` is read from: itself, a folder's files, or a sharded
-    checkpoint's index and the files of its folder."""
-    if p.is_dir():
-        return [f for f in p.iterdir() if f.is_file()]
-    if p.name.endswith(INDEX_SUFFIX):
-        return [p, *(f for f in p.parent.iterdir() if f.is_file())]
-    return [p]
-
-
 def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, name: str = "out") -> None:
     """Check, before any work, that writing the output ``out`` can neither overwrite an input
-    nor fail on the path: no file of an input (a folder's files, a sharded checkpoint's index and
-    shards) is one ``out`` may write (:func:`output_family`: a single-file ``out`` may also write
-    shards and an index), ``out`` is not a folder, and its folder is (or can be made) writable.
-    ``name``: the parameter's name in messages (``"--out"``).
+    nor fail on the path: no file an input is read from (:func:`checkpoint_files`; a task-vector
+    source's ``files``, e.g. a PEFT adapter's) is one ``out`` may write (:func:`output_family`: a
+    single-file ``out`` may also write shards and an index), ``out`` and the names it may write
+    are not folders, each temporary name fits the file system, and its folder is (or can be
+    made) writable. ``name``: the parameter's name in messages (``"--out"``).
 
     Raises:
         ValueError: ``out`` would overwrite a file of an input (both named).
@@ -554,21 +577,36 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     ours = {(st.st_dev, st.st_ino) for st in (f.stat() for f in (folder.iterdir() if folder.is_dir() else ())
                                               if member(f.name) and f.is_file())}
     for p in inputs:
-        p = Path(p)
-        if not p.exists():
-            continue  # the reader names a missing input
-        for f in _input_files(p):
+        if getattr(p, "files", None) is not None:  # a task-vector source (a PEFT adapter) names what it reads
+            files = [Path(f) for f in p.files]
+        elif isinstance(p, (str, os.PathLike)):
+            files = checkpoint_files(p)
+        else:
+            continue
+        for f in files:
+            if not f.exists():
+                continue  # the reader names a missing file
             st = f.stat()
             if (member(f.name) and f.absolute().parent.resolve() == folder or f.resolve() == out.resolve()
                     or (st.st_dev, st.st_ino) in ours):
                 if f.resolve() == out.resolve() or out.exists() and os.path.samefile(f, out):
-                    what = f"is the input {p}" if f == p else f"is {f}, a file of the input {p}"
+                    same = isinstance(p, (str, os.PathLike)) and f == Path(p)
+                    what = f"is the input {p}" if same else f"is {f}, a file of the input {p}"
                 else:
                     what = f"may write {f} (with or without shards), a file of the input {p}"
                 raise ValueError(f"{name} {out} {what}: writing there would overwrite it; "
                                  "choose another file name or folder")
     if out.is_dir():
         raise CheckpointError(f"{name} {out} is a folder; name the output file (e.g. {out / 'model.safetensors'})")
+    if folder.is_dir():
+        taken = sorted(f for f in folder.iterdir() if member(f.name) and f.is_dir())
+        if taken:
+            raise CheckpointError(f"{name} {out}: {taken[0]} is a folder with a name this output may write")
+    longest = max(len(n) for n in _written_names(out)) + len(".") + 8 + len(".tmp")  # mkstemp: .<name>.<8>.tmp
+    limit = _name_max(out.parent)
+    if longest > limit:
+        raise CheckpointError(f"{name} {out}: the name is too long; its temporary files would need "
+                              f"{longest} characters, the file system allows {limit}")
     up = out.parent
     while not up.exists():
         up = up.parent
@@ -576,6 +614,26 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
         raise CheckpointError(f"{name} {out}: {up} is a file, not a folder")
     if not os.access(up, os.W_OK | os.X_OK):
         raise CheckpointError(f"{name} {out}: cannot write into the folder {up} (permission denied)")
+
+
+def _written_names(out: Path) -> list[str]:
+    """The longest names a writer to ``out`` may publish (one file, the index, a shard of up to
+    99999), each as its temporary file is named (``.<name>``)."""
+    if check_out_suffix(out) == "torch":
+        return ["." + out.name]
+    index, shards = shard_names(out, 99999)
+    return ["." + index.name[: -len(INDEX_SUFFIX)], "." + index.name, "." + shards[0].name]
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name the file system of ``folder`` (or of its nearest existing parent)
+    allows (255 where it cannot be asked)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
 
 
 def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLike]) -> list[Path]:
@@ -590,7 +648,12 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
     removed = []
     for f in out.parent.iterdir():
         if member(f.name) and f.name not in keep_names and (f.is_file() or f.is_symlink()):
-            f.unlink(missing_ok=True)
+            try:
+                f.unlink(missing_ok=True)
+            except OSError as e:  # the output is published: say so, do not fail
+                warnings.warn(f"{out}: could not remove {f.name}, a file of an earlier output under this name "
+                              f"({e.strerror}); a reader of the folder may read it", stacklevel=2)
+                continue
             removed.append(f)
     return sorted(removed)
 

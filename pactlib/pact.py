@@ -66,7 +66,8 @@ class PactOptions:
         TypeError: a field of the wrong type (named; an int is a valid float, a bool is not).
         ValueError: a value out of range (named; NaN and ±inf are out of every range: the fracs,
             energies and ``max_shield_frac`` in (0, 1], ``lbw_tol`` in [0, 1], ``shield_tol`` finite
-            and >= 0, ``oversample``/``n_iter``/``active_oversample``/``active_n_iter`` >= 0), both
+            and >= 0, ``oversample``/``n_iter``/``active_oversample``/``active_n_iter`` >= 0, ``seed`` in
+            [-2**63, 2**64)), both
             or neither of a frac/energy pair, or a ``layers`` entry that is not a valid regular
             expression (named).
     """
@@ -106,6 +107,8 @@ class PactOptions:
             raise ValueError(f"PactOptions: max_shield_frac must be in (0, 1], got {self.max_shield_frac}")
         if self.svd not in ("exact", "rsvd"):
             raise ValueError(f"PactOptions: svd must be 'exact' or 'rsvd', got {self.svd!r}")
+        if not (-2**63 <= self.seed < 2**64):  # what torch's generators take
+            raise ValueError(f"PactOptions.seed must be in [-2**63, 2**64), got {self.seed}")
         for name in ("oversample", "n_iter", "active_oversample", "active_n_iter"):  # checked even with svd="exact"
             if getattr(self, name) < 0:
                 raise ValueError(f"PactOptions.{name} must be an integer >= 0, got {getattr(self, name)}")

@@ -730,6 +730,12 @@ class AdapterSource:
     def __repr__(self) -> str:
         return f"AdapterSource({self.name!r}, layers={len(self.adapter.layers)})"
 
+    @property
+    def files(self) -> tuple[Path, Path]:
+        """The files it reads (:func:`adapter_files`): an output must not overwrite them
+        (:func:`pactlib.lazy.check_out_target`), and caches key on them."""
+        return adapter_files(self.path)
+
     def check(self, meta: Mapping[str, Tensor]) -> None:
         """Check every Δ against θ0's keys, shapes and dtypes (``meta``: e.g. meta-device
         tensors), before any Δ is formed.

@@ -64,7 +64,7 @@ from . import merges
 from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_compatible, check_device, check_finite, check_state_dict
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
-                   open_checkpoint, remove_stale_outputs)
+                   glob_escape, open_checkpoint, remove_stale_outputs)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
@@ -541,14 +541,14 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     finetuned = list(finetuned)
     if not finetuned:
         raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
-    check_out_target(out, [pretrained, *(f for f in finetuned if not is_delta_source(f))])
+    check_out_target(out, [pretrained, *finetuned])  # a task-vector source names its files
     names = [getattr(p, "name", str(p)) if is_delta_source(p) else str(p) for p in finetuned] \
         if names is None else list(names)
     if len(names) != len(finetuned):
         raise CheckpointError(f"names: {len(names)} names for {len(finetuned)} fine-tuned checkpoints")
-    out.parent.mkdir(parents=True, exist_ok=True)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        raise ValueError(f"workers (--workers) must be a positive integer, got {workers!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)
     per_key = m.is_per_key(mparams)
     if not per_key and m.name != "ties":
         raise ValueError(f"merge method {m.name!r} with {mparams} does not merge key by key and has no "
@@ -587,7 +587,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
         files = writer.commit()
     stale = remove_stale_outputs(out, files)
-    for d in out.parent.glob(f".{out.name}.spill-*"):  # TIES' spill folders of killed runs
+    for d in out.parent.glob(f".{glob_escape(out.name)}.spill-*"):  # TIES' spill folders of killed runs
         shutil.rmtree(d, ignore_errors=True)
         stale.append(d)
     if stale:

@@ -151,11 +151,6 @@ def _unwrap(obj, path: Path) -> dict[str, Tensor]:
     return dict(obj)
 
 
-_DIR_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_DIR_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin",
-              "open_clip_pytorch_model.bin")
-
-
 def _index_shards(index: Path) -> list[Path]:
     """The shard files a sharded checkpoint's ``*.index.json`` lists in its ``weight_map``.
 
@@ -168,19 +163,17 @@ def _index_shards(index: Path) -> list[Path]:
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
-    """The weight file(s) of a Hugging Face / open_clip model folder (shards via the index).
+    """The weight file(s) of a Hugging Face / open_clip model folder (shards via the index), in
+    the order :func:`pactlib.lazy.folder_checkpoint` takes them.
 
     Raises:
         CheckpointError: a malformed index (see :func:`_index_shards`).
         FileNotFoundError: no weight file or index in ``folder``.
     """
-    for index in _DIR_INDEXES:
-        if (folder / index).is_file():
-            return _index_shards(folder / index)
-    for name in _DIR_FILES:
-        if (folder / name).is_file():
-            return [folder / name]
-    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {_DIR_INDEXES + _DIR_FILES}")
+    from ..lazy import INDEX_SUFFIX, folder_checkpoint
+
+    f = folder_checkpoint(folder)
+    return _index_shards(f) if f.name.endswith(INDEX_SUFFIX) else [f]
 
 
 def load_clip_checkpoint(path: PathLike, *, trust_pickle: bool = False) -> dict[str, Tensor]:
