@@ -214,8 +214,9 @@ def test_cli_merge_of_a_pt_that_is_no_torch_checkpoint_does_not_suggest_trust_pi
     ft = str(save_state_dict(fts[0], tmp_path / "ft0.pt"))
     out = tmp_path / "merged.safetensors"
     for name, why in _not_torch_files(tmp_path, ckpts).items():
-        for args in (["--pretrained", str(tmp_path / name), "--finetuned", ft],
-                     ["--pretrained", pre, "--finetuned", ft, str(tmp_path / name)]):
+        as_pre = ["--pretrained", str(tmp_path / name), "--finetuned", ft]
+        as_ft = ["--pretrained", pre, "--finetuned", ft, str(tmp_path / name)]  # the same reader: one file is enough
+        for args in ([as_pre, as_ft] if name == "random.pt" else [as_pre]):
             assert main(["merge", "--method", "task_arithmetic", "--alpha", "1", *args, "--out", str(out)]) == 2
             err = capsys.readouterr().err
             assert err.startswith(f"pact: error: {tmp_path / name}: not a readable torch checkpoint, corrupt or of "
