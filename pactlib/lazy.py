@@ -421,10 +421,19 @@ def checkpoint_files(path: str | os.PathLike) -> list[Path]:
         return []
     if path.name.endswith(INDEX_SUFFIX):
         try:
-            return [path, *sorted(set(_read_index(path).values()))]
+            return [path, *index_shards(path)]
         except (CheckpointError, OSError):
             return [path]
     return [path]
+
+
+def index_shards(index: str | os.PathLike) -> list[Path]:
+    """The shard files a sharded checkpoint's ``*.index.json`` lists in its ``weight_map``.
+
+    Raises:
+        CheckpointError: as :func:`_read_index` (naming the index file).
+    """
+    return sorted(set(_read_index(Path(index)).values()))
 
 
 def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
@@ -539,19 +548,28 @@ def shard_names(out: Path, n: int) -> tuple[Path, list[Path]]:
     return index, [out.with_name(f"{stem}-{i:05d}-of-{n:05d}.safetensors") for i in range(1, n + 1)]
 
 
+def _family_names(out: Path) -> tuple[str, str, str] | None:
+    """(single file, index, shard stem) names of a safetensors output ``out`` (:func:`shard_names`:
+    ``x.safetensors``, ``x.safetensors.index.json``, ``x``); None for a torch file."""
+    if check_out_suffix(out) == "torch":
+        return None
+    index, _ = shard_names(out, 1)
+    single = index.name[: -len(INDEX_SUFFIX)]
+    return single, index.name, single[: -len(".safetensors")] if single.endswith(".safetensors") else single
+
+
 def output_family(out: str | os.PathLike) -> Callable[[str], bool]:
     """Whether a file name in ``out``'s folder belongs to the output ``out``: a name a
     :class:`CheckpointWriter` to ``out`` may publish, with or without shards (``x.safetensors``,
     ``x.safetensors.index.json``, ``x-0000i-of-0000n.safetensors``; a torch file: its own name),
     or one of its temporary files (``.<one of those>.<random>.tmp``)."""
     out = Path(out)
-    if check_out_suffix(out) == "torch":
+    fam = _family_names(out)
+    if fam is None:
         names = re.escape(out.name)
     else:
-        index, _ = shard_names(out, 1)
-        single = index.name[: -len(INDEX_SUFFIX)]
-        stem = single[: -len(".safetensors")] if single.endswith(".safetensors") else single
-        names = (f"(?:{re.escape(single)}|{re.escape(index.name)}|"
+        single, index, stem = fam
+        names = (f"(?:{re.escape(single)}|{re.escape(index)}|"
                  f"{re.escape(stem)}-\\d{{5}}-of-\\d{{5}}\\.safetensors)")
     pattern = re.compile(f"(?:{names}|\\.{names}\\..+\\.tmp)")
     return lambda name: pattern.fullmatch(name) is not None
@@ -573,9 +591,10 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     out = Path(out)
     member = output_family(out)
     folder = out.parent.resolve()
-    # the files it may write that exist now, by identity (a hard link is another name of a file)
-    ours = {(st.st_dev, st.st_ino) for st in (f.stat() for f in (folder.iterdir() if folder.is_dir() else ())
-                                              if member(f.name) and f.is_file())}
+    # the files it may write that exist now, by identity: an input file that is one of them (also
+    # through a symlinked folder or under another name, a hard link) would be overwritten
+    ours = {(st.st_dev, st.st_ino): f for f, st in ((f, f.stat()) for f in (folder.iterdir() if folder.is_dir() else ())
+                                                     if member(f.name) and f.is_file())}
     for p in inputs:
         if getattr(p, "files", None) is not None:  # a task-vector source (a PEFT adapter) names what it reads
             files = [Path(f) for f in p.files]
@@ -587,26 +606,22 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
             if not f.exists():
                 continue  # the reader names a missing file
             st = f.stat()
-            if (member(f.name) and f.absolute().parent.resolve() == folder or f.resolve() == out.resolve()
-                    or (st.st_dev, st.st_ino) in ours):
-                if f.resolve() == out.resolve() or out.exists() and os.path.samefile(f, out):
-                    same = isinstance(p, (str, os.PathLike)) and f == Path(p)
-                    what = f"is the input {p}" if same else f"is {f}, a file of the input {p}"
-                else:
-                    what = f"may write {f} (with or without shards), a file of the input {p}"
-                raise ValueError(f"{name} {out} {what}: writing there would overwrite it; "
-                                 "choose another file name or folder")
+            hit = ours.get((st.st_dev, st.st_ino))
+            if hit is None:
+                continue
+            if hit.name == out.name:
+                same = isinstance(p, (str, os.PathLike)) and f == Path(p)
+                what = f"is the input {p}" if same else f"is {f}, a file of the input {p}"
+            else:
+                what = f"may write {f} (with or without shards), a file of the input {p}"
+            raise ValueError(f"{name} {out} {what}: writing there would overwrite it; "
+                             "choose another file name or folder")
     if out.is_dir():
         raise CheckpointError(f"{name} {out} is a folder; name the output file (e.g. {out / 'model.safetensors'})")
     if folder.is_dir():
         taken = sorted(f for f in folder.iterdir() if member(f.name) and f.is_dir())
         if taken:
             raise CheckpointError(f"{name} {out}: {taken[0]} is a folder with a name this output may write")
-    longest = max(len(n) for n in _written_names(out)) + len(".") + 8 + len(".tmp")  # mkstemp: .<name>.<8>.tmp
-    limit = _name_max(out.parent)
-    if longest > limit:
-        raise CheckpointError(f"{name} {out}: the name is too long; its temporary files would need "
-                              f"{longest} characters, the file system allows {limit}")
     up = out.parent
     while not up.exists():
         up = up.parent
@@ -614,26 +629,16 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
         raise CheckpointError(f"{name} {out}: {up} is a file, not a folder")
     if not os.access(up, os.W_OK | os.X_OK):
         raise CheckpointError(f"{name} {out}: cannot write into the folder {up} (permission denied)")
-
-
-def _written_names(out: Path) -> list[str]:
-    """The longest names a writer to ``out`` may publish (one file, the index, a shard of up to
-    99999), each as its temporary file is named (``.<name>``)."""
-    if check_out_suffix(out) == "torch":
-        return ["." + out.name]
-    index, shards = shard_names(out, 99999)
-    return ["." + index.name[: -len(INDEX_SUFFIX)], "." + index.name, "." + shards[0].name]
-
-
-def _name_max(folder: Path) -> int:
-    """The longest file name the file system of ``folder`` (or of its nearest existing parent)
-    allows (255 where it cannot be asked)."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    fam = _family_names(out)  # the longest temporary names: .<name>.<8 random>.tmp (mkstemp)
+    written = [out.name] if fam is None else [fam[0], fam[1], shard_names(out, 99999)[1][0].name]
+    longest = max(len(f".{n}.") + 8 + len(".tmp") for n in written)
     try:
-        return int(os.pathconf(folder, "PC_NAME_MAX"))
+        limit = int(os.pathconf(up, "PC_NAME_MAX"))
     except (OSError, ValueError):
-        return 255
+        limit = 255
+    if longest > limit:
+        raise CheckpointError(f"{name} {out}: the name is too long; its temporary files would need "
+                              f"{longest} characters, the file system allows {limit}")
 
 
 def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLike]) -> list[Path]:

@@ -587,7 +587,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
         files = writer.commit()
     stale = remove_stale_outputs(out, files)
-    for d in out.parent.glob(f".{glob_escape(out.name)}.spill-*"):  # TIES' spill folders of killed runs
+    for d in out.parent.glob(glob_escape(_spill_prefix(out)) + "*"):  # TIES' spill folders of killed runs
         shutil.rmtree(d, ignore_errors=True)
         stale.append(d)
     if stale:
@@ -637,6 +637,12 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
     consume_in_order(job, inputs.pre.keys(), workers, consume)
 
 
+def _spill_prefix(out: Path) -> str:
+    """The name prefix of global TIES' spill folder next to ``out`` (removed by the next run when
+    a killed one left it)."""
+    return f".{out.name}.spill-"
+
+
 def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
                  workers, chunk_bytes, dev: torch.device | None, out: Path) -> None:
     T = inputs.T
@@ -644,7 +650,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
     sel = [key for key in inputs.floats if key in selected]
     gt = GlobalThreshold(T, trim_count(N, k), inputs.dtype)
-    spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-", dir=out.parent)) if sel else None
+    spill_dir = Path(tempfile.mkdtemp(prefix=_spill_prefix(out), dir=out.parent)) if sel else None
     try:
         spill = None
         if sel:

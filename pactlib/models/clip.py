@@ -151,29 +151,18 @@ def _unwrap(obj, path: Path) -> dict[str, Tensor]:
     return dict(obj)
 
 
-def _index_shards(index: Path) -> list[Path]:
-    """The shard files a sharded checkpoint's ``*.index.json`` lists in its ``weight_map``.
-
-    Raises:
-        CheckpointError: as :func:`pactlib.lazy._read_index` (naming the index file).
-    """
-    from ..lazy import _read_index
-
-    return sorted(set(_read_index(index).values()))
-
-
 def _checkpoint_files(folder: Path) -> list[Path]:
     """The weight file(s) of a Hugging Face / open_clip model folder (shards via the index), in
     the order :func:`pactlib.lazy.folder_checkpoint` takes them.
 
     Raises:
-        CheckpointError: a malformed index (see :func:`_index_shards`).
+        CheckpointError: a malformed index (see :func:`pactlib.lazy.index_shards`).
         FileNotFoundError: no weight file or index in ``folder``.
     """
-    from ..lazy import INDEX_SUFFIX, folder_checkpoint
+    from ..lazy import INDEX_SUFFIX, folder_checkpoint, index_shards
 
     f = folder_checkpoint(folder)
-    return _index_shards(f) if f.name.endswith(INDEX_SUFFIX) else [f]
+    return index_shards(f) if f.name.endswith(INDEX_SUFFIX) else [f]
 
 
 def load_clip_checkpoint(path: PathLike, *, trust_pickle: bool = False) -> dict[str, Tensor]:
