@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .. import merges
 from ..api import merged_update
+from ..book.provenance import strip_docstrings as _strip_docstrings
 from ..matrix import MatrixRule
 from ..pact import PactOptions, PactReport, pact_filter
 from ..taskvector import TaskVector
@@ -144,16 +145,6 @@ ENGINE_MODULES = ("pactlib.taskvector", "pactlib.checks", "pactlib.matrix", "pac
                   "pactlib.threads", "pactlib.eval")
 
 _CODE: dict[tuple[str, ...], str] = {}
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
 
 
 def source_fingerprint(files: Sequence[Path], root: Path | None = None) -> str:
