@@ -1,80 +1,60 @@
 #!/usr/bin/env python
-"""Execute the book's notebooks with papermill, then render them with jupyter-book (v1).
+"""Execute the book's notebooks with papermill, keep their records, render with jupyter-book (v1).
 
-    .venv/bin/python scripts/run_notebooks.py                      # the whole book, params/default.yaml
-    .venv/bin/python scripts/run_notebooks.py --params smoke       # tiny values (tests)
-    .venv/bin/python scripts/run_notebooks.py --only 05_main_results -p alpha_points=5
-    .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --needs   # what `make` builds first
-    .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --threads 16  # torch threads per kernel
+    .venv/bin/python scripts/run_notebooks.py                       # present: render from records
+    .venv/bin/python scripts/run_notebooks.py --mode compute        # recompute stale/missing chapters
+    .venv/bin/python scripts/run_notebooks.py --mode compute --only 05 -p alpha_points=5
+    .venv/bin/python scripts/run_notebooks.py --params smoke --check-only
+    .venv/bin/python scripts/run_notebooks.py --params default --needs   # what `make reproduce` builds first
 
-Steps, in order:
+1. **Parameters.** Every notebook of the book (main run and the set's ``variants:``) is read, its
+   one ``parameters`` cell parsed, ``common`` + its section of ``params/<set>.yaml`` + ``-p``
+   overrides loaded and validated (names, types, the values the notebook's ``params.check``
+   call allows, the paths of named testbeds, ``threads``) before anything runs; errors name the
+   parameter and the set (exit 2). ``--check-only`` stops here.
+2. **Records.** A chapter's records live in ``book/records/<store>/<run>/<chapter>/`` with a
+   ``provenance.json`` (:mod:`pactlib.book.provenance`). ``<store>`` is the set's name, or
+   ``_scratch/<set>`` when ``-p`` overrides are given, so records of other parameters never
+   overwrite a set's own (only ``book/records/default/`` is committed). A chapter is *current*,
+   *stale* (with reasons) or *missing*.
+3. ``--mode compute`` runs each selected chapter that is not current (all with ``--force``)
+   whole, with ``PACT_RECORDS_DIR`` at ``book/records/<store>/<run>/.<chapter>.staging/``; on
+   success it writes the provenance there and swaps the folder into place (a failed or
+   interrupted run keeps the old records; its partial notebook is ``<chapter>.failed.ipynb``).
+   One progress line per chapter, with the time left estimated from the recorded minutes.
+   Chapter 6 and 11 wait for chapter 5 of the same run (they reuse its memoised merges).
+4. ``--mode present`` (also after a compute run, unless ``--no-render``) executes every chapter
+   with its ``compute``-tagged cells turned into raw cells (shown unexecuted, code folded), reading
+   a copy of the records under ``book/_executed/<store>/[<variant>/]records/<chapter>/``: nothing
+   is written into ``book/records/``. A stale chapter gets a banner with the reasons; a missing one
+   a banner and nothing executed past its parameters. A present notebook is re-executed only when
+   its source, parameters, records, state or ``pactlib`` code changed. Then the Verdicts page
+   (claims x runs, stale/missing marked, "Where the time goes" from the provenance), the set's
+   table of contents (variants as sections), ``jupyter-book build`` and the offline check.
 
-1. For every selected ``notebooks/NN_*.py`` (jupytext percent scripts): read it, find its ONE
-   cell tagged ``parameters``, parse the defaults (``pactlib.book.params.parse_defaults``), load
-   ``common`` + its section of ``params/<set>.yaml``, add ``-p name=value`` overrides, and
-   validate them: names and types (unknown / wrong type / missing required,
-   ``pactlib.book.params.validate``), then values against the rules of the notebook's own
-   ``params.check(globals(), ...)`` call (unknown merge method, suite or zoo profile, counts and
-   fractions out of range, ``pactlib.book.params.check_notebook``). A parameter set's
-   ``testbeds:`` section (named testbed definitions, ``{name: {family: clip, option: value}}``)
-   is defined first (``pactlib.testbeds.define_all``: unknown family or option -> error), so a
-   notebook section may name one (``testbed: clip-vitb32-8``); the paths of every definition a
-   selected notebook names must exist (each missing one is named with its option). All
-   notebooks are validated before any is executed, with the repository root as working
-   directory, as the kernels have it; ``--check-only`` stops there (``make book`` / ``make
-   chapter`` run it before they build data or a zoo).
-   ``threads`` is the runner's, not a notebook parameter: each kernel's torch thread count
-   (``torch.set_num_threads`` as the notebook imports torch: ``scripts/kernel_threads.py``, run
-   at kernel start-up; ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` in its environment). Precedence: ``--threads N`` (``make ...
-   THREADS=N``) > ``threads:`` in the set (a variant's chapter values > the chapter's section >
-   ``common:``; ``null`` at any level resets to the default, it does not inherit) > cores /
-   ``--jobs`` (the cores this process may use). A value that is not a whole number from 1 to
-   4096 is an error naming where it was given, before anything runs; so is a notebook that
-   declares a parameter named ``threads``, ``-p threads=N`` and ``--jobs`` < 1. The merges and
-   the PACT filter run N layers at once, so N also multiplies their layer memory.
-2. Execute each notebook whose key changed; key = sha256 of the notebook source, its final
-   parameters, the code of every ``pactlib/**/*.py`` (syntax trees without docstrings, so comment
-   edits re-run nothing), ``requirements.lock``, the content of files named
-   by path-valued parameters, the definitions of the testbeds the notebook names (and a listing
-   of the files and folders they name), and of the ``--inputs`` files (zoo / data manifests).
-   The thread count is not part of the key: merges and filters are bit-identical for any thread
-   count (``pactlib.threads``; evaluations, Fisher and loss sums may differ by float noise, and
-   chapter 8's timings depend on it), so a change of ``threads`` re-executes nothing (the ``.key``
-   and the notebook's ``pact`` metadata say which count a notebook ran with; ``--force``
-   re-times chapter 8 with a new count). The result
-   is ``book/_executed/<set>/<name>.ipynb`` with ``<name>.key`` beside it (both written
-   atomically); records go to ``book/_executed/<set>/records/<name>.jsonl`` and figure files
-   to ``book/_executed/<set>/figures/``. Every kernel gets the testbed definitions as JSON in
-   ``$PACT_TESTBEDS`` (``pactlib.testbeds`` defines them on import). A notebook that raises stops the run: the message
-   names the notebook and the failing cell, and the partial notebook is kept as
-   ``<name>.failed.ipynb``. A shell command (``!cmd``) that exits non-zero raises too
-   (``subprocess.CalledProcessError``; the kernel runs with IPython's
-   ``InteractiveShell.system_raise_on_error``).
-3. Render with ``jupyter-book build -W -n --keep-going`` (execution off) into ``_build/html``
-   (set ``default``) or ``_build/<set>/_build/html`` (other sets), then check that every
-   chapter page exists and that no page loads anything from a CDN (MathJax is local).
-
-``--needs`` runs nothing: it prints the make targets that produce the selected notebooks'
-inputs, ``data zoo`` when any run of them (main or variant, after ``-p``) names a built-in
-testbed that reads the book's data and model zoo (:data:`ZOO_FAMILIES`: Lite0 with its default
-zoo profile, MiniLM), else nothing (``mk/book.mk``'s ``BOOK_DEPS``). A set that cannot be read
-prints ``data zoo`` (the safe answer) and the reason on stderr, with status 2.
-
+``--threads N`` sets each kernel's torch threads (else the set's ``threads:``, else cores /
+``--jobs``); ``--jobs N`` runs N notebooks at once. ``--needs`` prints the make targets that
+produce the selected chapters' inputs (``data zoo`` when a run names a Lite0 / MiniLM testbed).
 Exit status: 0 on success, 1 on a failed notebook / build / check, 2 on bad parameters.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
+import copy
+import functools
 import hashlib
 import json
+import multiprocessing as mp
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -84,59 +64,61 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
+from pactlib.book import provenance, site  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
 EXECUTED = ROOT / "book" / "_executed"
+RECORDS = ROOT / "book" / "records"
 PARAMS_DIR = ROOT / "params"
 TOC = ROOT / "_toc.yml"
 DEFAULT_SET = "default"
 TOC_PREFIX = "book/_executed/default/"
-KEY_VERSION = 1
+SCRATCH = "_scratch"
 KERNEL = "python3"
-#: Arguments of every kernel: its own log (TCP notice, shutdown chatter) is noise, cell errors
-#: are reported from the notebook itself; a shell command (`!cmd`, `x = !cmd`) that exits
-#: non-zero raises CalledProcessError and so fails the notebook (IPython only stores its status
-#: in `_exit_code` by default, and the cell would go on).
+#: Kernel arguments: its own log is noise; a shell command (`!cmd`) that exits non-zero raises.
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--InteractiveShell.system_raise_on_error=True"]
-#: Seconds between the "... running:" lines of a parallel run.
-STATUS_EVERY = 60
-#: Chapters that reuse another chapter's merges (``pactlib.testbeds.run``'s memo): with
-#: ``--jobs`` > 1 they start only after those finish, so the merges are computed once.
+#: Chapters that reuse another chapter's memoised merges: computed after it within a run.
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
-#: Tags that make a browser fetch something; none of them may point off the machine.
-FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""",
-                   re.I)
-REMOTE = re.compile(r"^(https?:)?//", re.I)
-#: The runner's own key of a parameter set (in ``common:``, a chapter's section or a variant's
-#: chapter values) and its option ``--threads``: each kernel's torch thread count. No notebook
-#: may declare a parameter of that name (one name, one meaning).
+COMPUTE_TAG = "compute"
 THREADS = "threads"
-
-
+VERDICTS_PAGE = site.VERDICTS_PAGE
+#: The last cell of a compute run: the pactlib modules the kernel imported and its CPU seconds.
+END_CELL = """\
+import json as _j, resource as _r, sys as _s
+_u = [_r.getrusage(w) for w in (_r.RUSAGE_SELF, _r.RUSAGE_CHILDREN)]
+with open({path!r}, "w") as _f:
+    _j.dump({{"modules": sorted(m for m in _s.modules if m == "pactlib" or m.startswith("pactlib.")),
+             "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in _u)}}, _f)
+"""
 class RunError(RuntimeError):
     """A notebook failed, or the rendered book failed a check."""
 
 
 @dataclass
 class Job:
+    """One run of one chapter: the notebook, its parameters and the state of its records."""
     name: str
     source: Path
     nb: Any  # nbformat.NotebookNode
     overrides: dict[str, Any]
-    key: str = ""
-    inputs: dict[str, str] = field(default_factory=dict)
     testbeds: dict[str, dict] = field(default_factory=dict)  # definitions of the testbeds it names
     variant: str = ""  # "" for the main run, else a variant of the set's `variants:` section
     title: str = ""    # the run's title (the variant's, or the main run's)
     threads: int | None = None  # the kernel's torch threads; None: cores / jobs (see resolve_threads)
+    params: dict[str, Any] = field(default_factory=dict)  # defaults + overrides: what the chapter runs with
+    reasons: list[str] = field(default_factory=list)  # why its records are not current ([]: current)
 
     @property
     def id(self) -> str:
         """``05_main_results`` for the main run, ``minilm/05_main_results`` for a variant's."""
         return f"{self.variant}/{self.name}" if self.variant else self.name
 
+    @property
+    def run(self) -> str:
+        return self.variant or pparams.MAIN
+
     def out_dir(self, base: Path) -> Path:
-        """Where the executed notebook, its records and figures go: ``base`` or ``base/<variant>``."""
+        """Where the executed notebook and its figures go: ``base`` or ``base/<variant>``."""
         return base / self.variant if self.variant else base
 
 
@@ -472,7 +454,8 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             if variant:
                 decorate_variant(nb, variant, title, params_file.stem, chapters[path.stem])
             jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=title, threads=threads,
-                            testbeds={n: testbeds.definitions()[n] for n in sorted(named)}))
+                            testbeds={n: testbeds.definitions()[n] for n in sorted(named)},
+                            params={**defaults, **overrides}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
         missing = testbeds.missing_paths(name)
@@ -502,122 +485,70 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
 
 
 # ---------------------------------------------------------------------------------------------
-# cache keys
+# records and their state
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _hash_path(path: Path) -> str:
-    """Content hash of a file; for a folder, a hash of its listing (names, sizes, mtimes)."""
-    if path.is_file():
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-    rows = []
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            rows.append(f"{p.relative_to(path)}\t{st.st_size}\t{st.st_mtime_ns}")
-    return _sha("\n".join(rows).encode())
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
-_HASHED: dict[str, str] = {}
+def store_name(set_name: str, cli: dict[str, Any]) -> str:
+    """The records store of a run: the set's name, or ``_scratch/<set>`` under ``-p`` overrides."""
+    return f"{SCRATCH}/{set_name}" if cli else set_name
 
 
-def _hash_path_once(path: Path) -> str:
-    """:func:`_hash_path`, once per path and run (a data root named by several notebooks'
-    testbeds is listed once)."""
-    if str(path) not in _HASHED:
-        _HASHED[str(path)] = _hash_path(path)
-    return _HASHED[str(path)]
+def records_dir(store: str, job: Job) -> Path:
+    return RECORDS / store / job.run / job.name
 
 
-def path_values(value: Any) -> list[Path]:
-    """Existing files/folders named by string parameter values (relative to the repo root)."""
-    if isinstance(value, str) and value and len(value) < 500 and "\n" not in value:
-        p = (ROOT / value) if not os.path.isabs(value) else Path(value)
-        try:
-            if p.exists() and p.resolve() != ROOT:
-                return [p]
-        except OSError:
-            return []
-    if isinstance(value, (list, tuple)):
-        return [q for v in value for q in path_values(v)]
-    if isinstance(value, dict):
-        return [q for v in value.values() for q in path_values(v)]
-    return []
+def is_compute(cell: Any) -> bool:
+    return cell.cell_type == "code" and COMPUTE_TAG in cell.get("metadata", {}).get("tags", [])
 
 
-def compute_key(job: Job, shared: dict[str, str]) -> None:
-    """Fill ``job.key``: what the executed notebook depends on (see module docstring)."""
-    defaults = pparams.parse_defaults(parameters_cell(job.nb, job.name).source)
-    named = {str(p): _hash_path(p) for v in [*defaults.values(), *job.overrides.values()]
-             for p in path_values(v)}
-    named.update({str(p): _hash_path_once(p) for spec in job.testbeds.values() for p in path_values(spec)})
-    job.inputs = {**shared, **named}
-    payload = {
-        "version": KEY_VERSION,
-        "notebook": _sha(job.source.read_bytes()),
-        "params": job.overrides,
-        "inputs": job.inputs,
-    }
-    if job.testbeds:  # named testbed definitions: what the notebook's testbeds are
-        payload["testbeds"] = job.testbeds
-    if job.variant:  # a variant's copy differs from the source by its title and note
-        payload["variant"] = [job.variant, job.title]
-    job.key = _sha(json.dumps(payload, sort_keys=True, default=str).encode())
+def notebook_hash(job: Job) -> str:
+    """:func:`provenance.notebook_hash` of the chapter's compute cells (every code cell but the
+    parameters when none is tagged ``compute`` yet)."""
+    cells = [c for c in job.nb.cells if is_compute(c)] or \
+        [c for c in job.nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
+    return provenance.notebook_hash([c.source for c in cells])
 
 
-def shared_inputs(patterns: list[str]) -> dict[str, str]:
-    from pactlib.testbeds.base import source_fingerprint
+def testbed_hashes(job: Job) -> dict[str, str]:
+    return {name: _sha(_json(spec).encode()) for name, spec in job.testbeds.items()}
 
-    # the library's code, not its text: a comment or docstring edit re-runs no notebook
-    out = {"pactlib": source_fingerprint(sorted(p for p in (ROOT / "pactlib").rglob("*.py")
-                                                if "__pycache__" not in p.parts), ROOT)}
-    lock = ROOT / "requirements.lock"
-    if lock.exists():
-        out["requirements.lock"] = _hash_path(lock)
-    for pattern in patterns:
-        for hit in sorted(glob.glob(pattern, recursive=True)):
-            out[hit] = _hash_path(Path(hit))
-    return out
+
+def assess(jobs: list[Job], store: str) -> None:
+    """Fill ``job.reasons`` (:func:`provenance.staleness` of its records folder)."""
+    for job in jobs:
+        job.reasons = provenance.staleness(records_dir(store, job), job.params, notebook_hash(job), root=ROOT,
+                                           testbeds=testbed_hashes(job))
+
+
+def _git() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("-dirty" if dirty else "")
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    return {"cpu": cpu, "cores": usable_cores(), "torch": torch.__version__, "python": platform.python_version()}
 
 
 # ---------------------------------------------------------------------------------------------
 # execution
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def stale_reason(job: Job, out_dir: Path) -> str | None:
-    """None when the executed notebook is up to date, else what changed (for the log line)."""
-    out_dir = job.out_dir(out_dir)
-    nb_path, key_path = out_dir / f"{job.name}.ipynb", out_dir / f"{job.name}.key"
-    if not (nb_path.is_file() and key_path.is_file()):
-        return "not executed yet"
-    try:
-        old = json.loads(key_path.read_text())
-        if old["key"] == job.key:
-            return None
-    except (ValueError, KeyError):
-        return "unreadable key file"
-    changed = []
-    if old.get("notebook") != _sha(job.source.read_bytes()):
-        changed.append("notebook")
-    if old.get("params") != json.loads(json.dumps(job.overrides, default=str)):
-        changed.append("parameters")
-    old_inputs = old.get("inputs", {})
-    changed += sorted(k for k in set(old_inputs) | set(job.inputs)
-                      if old_inputs.get(k) != job.inputs.get(k))
-    return "changed: " + ", ".join(changed) if changed else "key format changed"
 
 
 def _failure(job: Job, exc: Exception, partial: Path) -> str:
@@ -636,84 +567,197 @@ def _failure(job: Job, exc: Exception, partial: Path) -> str:
             f"    partial notebook (if any): {_rel(partial)}")
 
 
-def execute(job: Job, out_dir: Path, set_name: str, *, progress: bool) -> float:
-    """Run one notebook with papermill; write ``<name>.ipynb`` and ``<name>.key`` atomically.
-
-    The kernel runs torch with ``job.threads`` threads (None: all the cores, :func:`default_threads`
-    of one job); the count is recorded in the ``.key`` and the notebook's metadata, not hashed."""
+def _papermill(job: Job, nb: Any, out_dir: Path, env: dict[str, str], progress: bool) -> Any:
+    """Execute ``nb`` (a copy of ``job.nb``) with the job's parameters and ``env`` added to the
+    kernel's environment; return the executed notebook. A failure leaves
+    ``out_dir/<chapter>.failed.ipynb`` and raises :class:`RunError` naming notebook and cell."""
     import logging
 
     import nbformat
     import papermill as pm
 
-    # papermill's own parameter inference trips on comments such as "method.md's" and then
-    # warns about "unknown" parameters; the runner has already parsed and validated them
-    # (pactlib.book.params), so only papermill's errors are worth showing
-    logging.getLogger("papermill").setLevel(logging.ERROR)
-
-    out_dir = job.out_dir(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records_dir, figures_dir = out_dir / "records", out_dir / "figures"
-    records_dir.mkdir(exist_ok=True)
-    (records_dir / f"{job.name}.jsonl").unlink(missing_ok=True)  # records belong to a run
-    (records_dir / f"{job.name}.verdicts.jsonl").unlink(missing_ok=True)
-    for old in figures_dir.glob(f"fig{job.name[:2]}.*"):
-        old.unlink()
-    threads = job.threads or default_threads(1)
-    kernel_env = {
-        **kernel_threads_env(threads),  # the kernel's torch thread count (KERNEL_THREADS sets it)
-        "PACT_PARAMS": set_name,
-        "PACT_RECORDS_DIR": str(records_dir),
-        "PACT_FIGURES_DIR": str(figures_dir),
-        # which run this is: verdicts are recorded with it (pactlib.book.plotting.verdict)
-        "PACT_NOTEBOOK": job.name,
-        "PACT_RUN": job.variant or pparams.MAIN,
-        "PACT_RUN_TITLE": job.title or pparams.MAIN,
-        # pactlib finds the book's files and the caches by configuration only (pactlib.book.paths):
-        # the book folder of this checkout, and the checkout's .cache unless PACT_CACHE says otherwise
-        # (the Makefile exports the same)
-        "PACT_BOOK_DIR": str(ROOT / "book"),
-        "PACT_CACHE": os.environ.get("PACT_CACHE") or str(ROOT / ".cache"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
     from pactlib import testbeds
 
-    if testbeds.definitions():  # named testbeds (the parameter set's `testbeds:`), defined on import there
+    logging.getLogger("papermill").setLevel(logging.ERROR)  # the runner validated the parameters itself
+    out_dir.mkdir(parents=True, exist_ok=True)
+    threads = job.threads or default_threads(1)
+    kernel_env = {**kernel_threads_env(threads), **env,
+                  "PACT_NOTEBOOK": job.name, "PACT_RUN": job.run, "PACT_RUN_TITLE": job.title or pparams.MAIN,
+                  "PACT_BOOK_DIR": str(ROOT / "book"),
+                  "PACT_CACHE": os.environ.get("PACT_CACHE") or str(ROOT / ".cache"),
+                  "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if testbeds.definitions():
         kernel_env[testbeds.ENV] = json.dumps(testbeds.definitions(), sort_keys=True)
-    nb = job.nb
     nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
     nb.metadata.setdefault("language_info", {"name": "python"})
-    tmp = out_dir / f".{job.name}.{os.getpid()}.ipynb"
-    partial = out_dir / f"{job.name}.failed.ipynb"
-    key_path = out_dir / f"{job.name}.key"
-    t0 = time.perf_counter()
-    saved_env = dict(os.environ)
+    tmp, partial = out_dir / f".{job.name}.{os.getpid()}.ipynb", out_dir / f"{job.name}.failed.ipynb"
+    saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     try:
         result = pm.execute_notebook(
-            nb, str(tmp), parameters=job.overrides, kernel_name=KERNEL, cwd=str(ROOT),
-            progress_bar=progress, log_output=False, request_save_on_cell_execute=False,
+            nb, str(tmp), parameters=job.overrides, kernel_name=KERNEL, cwd=str(ROOT), progress_bar=progress,
+            log_output=False, request_save_on_cell_execute=False,
             extra_arguments=[*KERNEL_ARGS, f"--IPKernelApp.exec_files={KERNEL_THREADS}"])
-    except Exception as exc:  # papermill wrote the partial notebook to tmp
+    except Exception as exc:
         if tmp.exists():
             os.replace(tmp, partial)
         raise RunError(_failure(job, exc, partial)) from exc
     finally:
         os.environ.clear()
-        os.environ.update(saved_env)
-    seconds = time.perf_counter() - t0
-    result.metadata["pact"] = {"params_set": set_name, "key": job.key, "seconds": round(seconds, 2),
-                               "threads": threads}
-    nbformat.write(result, str(tmp))
-    key_path.unlink(missing_ok=True)
-    os.replace(tmp, out_dir / f"{job.name}.ipynb")
+        os.environ.update(saved)
+    tmp.unlink(missing_ok=True)
     partial.unlink(missing_ok=True)
-    _atomic_write(key_path, json.dumps({"key": job.key, "params": job.overrides,
-                                        "notebook": _sha(job.source.read_bytes()),
-                                        "inputs": job.inputs, "seconds": round(seconds, 2),
-                                        "threads": threads},  # not part of the key: same results
-                                       indent=1, sort_keys=True, default=str))
+    return result if isinstance(result, nbformat.NotebookNode) else nbformat.from_dict(result)
+
+
+def compute(job: Job, store: str, set_name: str, progress: bool = False) -> dict[str, Any]:
+    """Execute the whole notebook into a staging folder, write its provenance, swap it into
+    ``book/records/<store>/<run>/<chapter>/``; return the provenance."""
+    import nbformat
+
+    final = records_dir(store, job)
+    staging, old = final.with_name(f".{job.name}.staging"), final.with_name(f".{job.name}.old")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    end = staging / ".kernel-end.json"
+    nb = copy.deepcopy(job.nb)
+    nb.cells.append(nbformat.v4.new_code_cell(END_CELL.format(path=str(end))))
+    out = job.out_dir(EXECUTED / store)
+    t0 = time.perf_counter()
+    try:
+        _papermill(job, nb, out, {"PACT_PARAMS": set_name, "PACT_RECORDS_DIR": str(staging),
+                                  "PACT_FIGURES_DIR": str(out / "figures")}, progress)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # the old records stay as they were
+        raise
+    wall = time.perf_counter() - t0
+    kernel = json.loads(end.read_text())
+    end.unlink()
+    for lock in staging.glob("*.lock"):  # records.write_records' lock files
+        lock.unlink()
+    prov = {"chapter": job.name, "run": job.run, "set": store, "params": job.params,
+            "seeds": provenance.seeds_of(job.params), "testbeds": testbed_hashes(job),
+            "engine": provenance.engine(kernel["modules"], ROOT), "notebook": notebook_hash(job),
+            "made": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "git": _git(),
+            "machine": _machine(), "threads": job.threads or default_threads(1),
+            "wall_minutes": round(wall / 60, 2), "cpu_minutes": round(kernel["cpu_seconds"] / 60, 2)}
+    provenance.write(staging, prov)
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return prov
+
+
+def _banner(job: Job, store: str, prov: dict | None) -> str:
+    again = f"`make reproduce NB={job.name}`" + (f" (run `{job.run}`)" if job.variant else "")
+    if prov is None:
+        return (f"```{{warning}}\nNo records yet for this chapter (parameter set `{store}`, run `{job.run}`): its "
+                f"code is shown, nothing past the parameters was executed. Run {again} to compute them.\n```")
+    why = "\n".join(f"- {r}" for r in job.reasons)
+    return (f"```{{warning}}\nThese results are **stale**: the records were made on {prov.get('made', '?')[:10]} "
+            f"with other inputs than today's:\n\n{why}\n\nRun {again} to recompute them.\n```")
+
+
+def _note(job: Job, store: str, prov: dict) -> str:
+    return (f"*Computed by `make reproduce NB={job.name}` on {prov.get('made', '?')[:10]} "
+            f"({prov.get('cpu_minutes', '?')} CPU min); records in "
+            f"`{_rel(records_dir(store, job))}/`.*")
+
+
+def _under_title(nb: Any, text: str) -> None:
+    """Put markdown ``text`` right under the notebook's title (its first ``# `` line), in place."""
+    import nbformat
+
+    if not text:
+        return
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            title, _, rest = cell.source.lstrip().partition("\n")
+            cell.source = f"{title}\n\n{text}\n\n{rest.lstrip()}".rstrip() + "\n"
+            return
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(text))
+
+
+def present_key(job: Job, store: str, engine_code: str) -> str:
+    """What a present notebook depends on: its source, parameters, run, records, their state and
+    the code of ``pactlib``."""
+    folder = records_dir(store, job)
+    files = {p.name: _sha(p.read_bytes()) for p in sorted(folder.glob("*")) if p.is_file()} if folder.is_dir() else {}
+    return _sha(_json({"notebook": _sha(job.source.read_bytes()), "params": job.params, "run": [job.run, job.title],
+                       "records": files, "reasons": job.reasons, "code": engine_code}).encode())
+
+
+def present(job: Job, store: str, set_name: str, key: str, progress: bool = False) -> float:
+    """Execute the chapter's present cells on a copy of its records; write the executed notebook
+    (``book/_executed/<store>/[<variant>/]<chapter>.ipynb``, its ``.key``) and its verdicts
+    (``book/_executed/<store>/<run>/<chapter>.verdicts.jsonl``); return the seconds taken."""
+    import nbformat
+
+    src, out = records_dir(store, job), job.out_dir(EXECUTED / store)
+    work = out / "records" / job.name
+    shutil.rmtree(work, ignore_errors=True)
+    if src.is_dir():
+        shutil.copytree(src, work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"{job.name}.verdicts.jsonl").unlink(missing_ok=True)  # the present cells write them again
+    prov = provenance.read(src) if src.is_dir() else None
+    missing = prov is None
+    nb = copy.deepcopy(job.nb)
+    seen_params = False
+    for cell in nb.cells:
+        tags = cell.metadata.setdefault("tags", [])
+        if "parameters" in tags:
+            seen_params = True
+            continue
+        if cell.cell_type != "code":
+            continue
+        if "params.check(" in cell.source and "remove-input" not in tags:
+            tags.append("remove-input")  # plumbing: the values are in the parameters cell
+        if is_compute(cell) or (missing and seen_params):
+            cell.cell_type = "raw"
+            cell.metadata["pact_skipped"] = True
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+    top = [_banner(job, store, prov)] if job.reasons else []
+    if prov is not None:
+        first = next((i for i, c in enumerate(nb.cells) if c.metadata.get("pact_skipped")), None)
+        if first is not None:
+            nb.cells.insert(first, nbformat.v4.new_markdown_cell(_note(job, store, prov),
+                                                                 metadata={"tags": ["pact-provenance"]}))
+        else:
+            top.append(_note(job, store, prov))
+    _under_title(nb, "\n\n".join(top))
+    t0 = time.perf_counter()
+    result = _papermill(job, nb, out, {"PACT_PARAMS": set_name, "PACT_RECORDS_DIR": str(work),
+                                       "PACT_FIGURES_DIR": str(out / "figures")}, progress)
+    seconds = time.perf_counter() - t0
+    for cell in result.cells:
+        if cell.metadata.pop("pact_skipped", False):
+            cell.cell_type, cell.outputs, cell.execution_count = "code", [], None
+            cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
+        elif "injected-parameters" in cell.metadata.get("tags", []):
+            cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]  # the values are in the note below
+    result.metadata["pact"] = {"params_set": store, "state": provenance.state(job.reasons), "key": key,
+                               "threads": job.threads, "seconds": round(seconds, 2)}
+    tmp = out / f".{job.name}.{os.getpid()}.ipynb"
+    nbformat.write(result, str(tmp))
+    os.replace(tmp, out / f"{job.name}.ipynb")
+    verdicts = EXECUTED / store / job.run / f"{job.name}.verdicts.jsonl"
+    verdicts.parent.mkdir(parents=True, exist_ok=True)
+    made = work / f"{job.name}.verdicts.jsonl"
+    stored = src / f"{job.name}.verdicts.jsonl"
+    if made.is_file() or stored.is_file():
+        shutil.copyfile(made if made.is_file() else stored, verdicts)
+    else:
+        verdicts.unlink(missing_ok=True)
+    _atomic_write(out / f"{job.name}.key", _json({"key": key, "seconds": round(seconds, 2), "threads": job.threads}))
     return seconds
+
+
+def _present_keyed(job: Job, keys: dict[str, str], store: str, set_name: str) -> float:
+    return present(job, store, set_name, keys[job.id])
 
 
 def _tag(i: int, total: int, name: str) -> str:
@@ -721,100 +765,117 @@ def _tag(i: int, total: int, name: str) -> str:
     return f"[{i:2d}/{total}] {name:<{max(26, len(name))}}"
 
 
-def _last_seconds(job: Job, out_dir: Path) -> float:
-    """Seconds the notebook took last time (its key file), +inf when unknown: schedules it first."""
+def _child(fn, job: Job, queue) -> None:
     try:
-        return float(json.loads((job.out_dir(out_dir) / f"{job.name}.key").read_text())["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return float("inf")
-
-
-def _child(job: Job, out_dir: Path, set_name: str, queue) -> None:
-    try:
-        queue.put((job.id, execute(job, out_dir, set_name, progress=False), None))
+        queue.put((job.id, fn(job), None))
     except RunError as exc:
         queue.put((job.id, None, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent, which fails the run
         queue.put((job.id, None, f"notebook {job.id}: {type(exc).__name__}: {exc}"))
 
 
-def execute_parallel(work: list[tuple[Job, str]], out_dir: Path, set_name: str, jobs: int,
-                     total: int, index: dict[str, int]) -> None:
-    """Execute ``work`` ((job, why) pairs) in up to ``jobs`` forked workers, longest first (by the
-    time each took last; never-timed notebooks that others wait for start before the rest).
-
-    Each worker runs :func:`execute`, its kernel with ``job.threads`` torch threads (None:
-    ``max(1, cores // jobs)``, :func:`default_threads`). A job
-    waits for the jobs :data:`AFTER` names when they are part of ``work``. After a failure no
-    new job starts; the running ones finish, then :class:`RunError` lists every failure.
-    """
-    import multiprocessing as mp
-    import queue as queue_mod
-
+def run_all(work: list[Job], fn, jobs: int, on_start, on_done) -> None:
+    """Run ``fn(job)`` for every job, up to ``jobs`` at once in forked workers (in this process
+    when ``jobs`` is 1); a job waits for the jobs of its run that :data:`AFTER` names. After a
+    failure no new job starts; the running ones finish, then :class:`RunError` lists every failure."""
+    pending, errors = list(work), []
+    if jobs == 1:
+        for job in work:
+            on_start(job)
+            on_done(job, fn(job))
+        return
     ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    for job, _ in work:
-        job.threads = job.threads or default_threads(jobs)
-    # longest first; among notebooks never timed, those that others wait for (AFTER) first
-    waited_for = {dep for deps in AFTER.values() for dep in deps}
-    pending = sorted(work, key=lambda jw: (-_last_seconds(jw[0], out_dir), jw[0].name not in waited_for))
-
-    def after(job: Job) -> set[str]:  # the ids a job waits for: AFTER, within its own run
-        return {Job(d, job.source, None, {}, variant=job.variant).id for d in AFTER.get(job.name, ())}
-
-    running: dict[str, tuple[Any, float]] = {}
-    errors: list[str] = []
-    suspects: set[str] = set()
-    last_status = time.perf_counter()
-    tag = lambda name: _tag(index[name], total, name)  # noqa: E731
+    queue, running = ctx.Queue(), {}
     while pending or running:
         while pending and len(running) < jobs and not errors:
-            waiting = {j.id for j, _ in pending} | set(running)
-            ready = [jw for jw in pending if not after(jw[0]) & (waiting - {jw[0].id})]
+            waiting = {j.id for j in pending} | set(running)
+            ready = [j for j in pending if not {f"{j.variant}/{d}" if j.variant else d for d in AFTER.get(j.name, ())}
+                     & (waiting - {j.id})]
             if not ready:
                 break
-            job, why = ready[0]
-            pending.remove((job, why))
-            proc = ctx.Process(target=_child, args=(job, out_dir, set_name, queue), daemon=False)
+            pending.remove(job := ready[0])
+            on_start(job)
+            proc = ctx.Process(target=_child, args=(fn, job, queue))
             proc.start()
-            running[job.id] = (proc, time.perf_counter())
-            print(f"{tag(job.id)} executing with {set_name} ({why}; {job.threads} thread(s)) ...", flush=True)
+            running[job.id] = (proc, job)
         if not running:
             break
         try:
-            name, seconds, err = queue.get(timeout=2)
-        except queue_mod.Empty:  # show what runs now and then; look for a worker that died
-            now = time.perf_counter()
-            if now - last_status >= STATUS_EVERY:
-                last_status = now
-                print("   ... running: " + ", ".join(f"{n} ({now - t0:.0f} s)" for n, (_, t0) in running.items())
-                      + (f"; waiting: {len(pending)}" if pending else ""), flush=True)
-            # a worker reports before it exits: dead and still silent one timeout later = died
-            dead = {n for n, (proc, _) in running.items() if not proc.is_alive()}
-            for n in dead & suspects:
-                proc = running.pop(n)[0]
-                proc.join()
-                errors.append(f"notebook {n}: its worker died without a report (exit code {proc.exitcode})")
-            suspects = dead
+            name, value, err = queue.get(timeout=5)
+        except Exception:  # noqa: BLE001 - queue.Empty: look for a worker that died silently
+            for name, (proc, job) in list(running.items()):
+                if not proc.is_alive() and proc.exitcode != 0:
+                    running.pop(name)
+                    errors.append(f"notebook {name}: its worker died (exit code {proc.exitcode})")
             continue
-        running.pop(name)[0].join()
+        proc, job = running.pop(name)
+        proc.join()
         if err:
             errors.append(err)
-            print(f"{tag(name)} FAILED", flush=True)
+            print(f"   {name} FAILED", flush=True)
         else:
-            print(f"{tag(name)} done in {seconds:.1f} s", flush=True)
-    if pending and not errors:  # only a cycle in AFTER leaves jobs that can never start
-        errors.append(f"cannot order {[j.id for j, _ in pending]}: they wait for each other (AFTER)")
+            on_done(job, value)
     if errors:
         raise RunError("\n".join(errors))
 
 
+def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool) -> None:
+    """Compute the chapters of ``jobs`` that are not current (all with ``force``), with a line per
+    chapter and the time left, estimated from each one's last recorded wall minutes."""
+    work = [j for j in jobs if force or j.reasons]
+    for job in jobs:
+        if job not in work:
+            print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} current", flush=True)
+    last = {j.id: (provenance.read(records_dir(store, j)) or {}).get("wall_minutes") for j in work}
+    state = {"left": sum(v for v in last.values() if v), "unknown": sum(1 for v in last.values() if not v)}
+
+    def start(job: Job) -> None:
+        why = "; ".join(job.reasons) or "--force"
+        est = f"{last[job.id]:.0f} min last time" if last[job.id] else "no estimate"
+        left = f"~{state['left'] / n:.0f} min left" + (f" + {state['unknown']} unestimated" if state["unknown"] else "")
+        print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} computing ({why[:160]}; {job.threads} thread(s); "
+              f"{est}; {left})", flush=True)
+
+    def done(job: Job, prov: dict) -> None:
+        state["left"] -= last[job.id] or 0
+        state["unknown"] -= 0 if last[job.id] else 1
+        print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} done in {prov['wall_minutes']:.1f} min "
+              f"({prov['cpu_minutes']:.1f} CPU min) -> {_rel(records_dir(store, job))}", flush=True)
+
+    run_all(work, functools.partial(compute, store=store, set_name=set_name), n, start, done)
+
+
+def present_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool) -> None:
+    """Present every chapter whose present key changed (all with ``force``)."""
+    from pactlib.testbeds.base import source_fingerprint
+
+    code = source_fingerprint(sorted(p for p in (ROOT / "pactlib").rglob("*.py") if "__pycache__" not in p.parts), ROOT)
+    keys, work = {}, []
+    for job in jobs:
+        keys[job.id] = present_key(job, store, code)
+        key_file = job.out_dir(EXECUTED / store) / f"{job.name}.key"
+        try:
+            old = json.loads(key_file.read_text())["key"]
+        except (OSError, ValueError, KeyError):
+            old = None
+        if force or old != keys[job.id] or not key_file.with_suffix(".ipynb").is_file():
+            work.append(job)
+    t0 = time.perf_counter()
+
+    def start(job: Job) -> None:
+        pass
+
+    def done(job: Job, seconds: float) -> None:
+        print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} presented ({provenance.state(job.reasons)}) "
+              f"in {seconds:.1f} s", flush=True)
+
+    run_all(work, functools.partial(_present_keyed, keys=keys, store=store, set_name=set_name), n, start, done)
+    print(f">> presented {len(work)} of {len(jobs)} notebook(s) in {time.perf_counter() - t0:.1f} s "
+          f"({len(jobs) - len(work)} unchanged)", flush=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # rendering
-
-
-VERDICTS_PAGE = "verdicts"
-CLAIM = re.compile(r"^C(\d+)")
 
 
 def variant_pages(params_file: Path) -> dict[str, list[str]]:
@@ -823,157 +884,67 @@ def variant_pages(params_file: Path) -> dict[str, list[str]]:
             if v != pparams.MAIN}
 
 
-def write_verdicts_page(set_name: str, params_file: Path) -> Path:
-    """``book/_executed/<set>/verdicts.md``: every claim's verdict in every run (main and variants),
-    read from the verdict records the chapters wrote (``records/<notebook>.verdicts.jsonl``)."""
-    runs = pparams.variant_definitions(params_file)
-    base = EXECUTED / set_name
-    rows: dict[str, dict[str, str]] = {}
-    chapter_of: dict[str, str] = {}
-    for run in runs:
-        folder = base / "records" if run == pparams.MAIN else base / run / "records"
-        for path in sorted(folder.glob("*.verdicts.jsonl")):
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    about = rec.get("run") if rec.get("run") in runs else run  # a verdict on another run's testbed
-                    rows.setdefault(rec["claim"], {})[about] = rec["status"]
-                    chapter_of.setdefault(rec["claim"], path.name.split("_")[0].lstrip("0"))
-    order = sorted(rows, key=lambda c: (int(m.group(1)) if (m := CLAIM.match(c)) else 999, c))
-    used = [r for r in runs if any(r in rows[c] for c in rows)] or [pparams.MAIN]
-    lines = ["# Verdicts at a glance", "",
-             "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
-             f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict.", "",
-             "| Claim | Chapter | " + " | ".join(runs[r]["title"] for r in used) + " |",
-             "|---|---|" + "---|" * len(used)]
-    for claim in order:
-        lines.append(f"| {claim} | {chapter_of[claim]} | "
-                     + " | ".join(rows[claim].get(r, "not run") for r in used) + " |")
-    if not order:
-        lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
-    lines += execution_times(base, runs)
-    path = base / f"{VERDICTS_PAGE}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "\n".join(lines) + "\n")
-    return path
-
-
-def execution_times(base: Path, runs: dict[str, dict]) -> list[str]:
-    """Markdown lines: minutes of kernel time of each chapter's last execution in each run (the
-    ``seconds`` of its ``.key`` under ``base``), with a total per run; [] when nothing ran. Where a
-    book's time goes, measured by the runner itself (issue: the book's budget)."""
-    cols = [r for r in runs if any((base if r == pparams.MAIN else base / r).glob("*.key"))]
-    if not cols:
-        return []
-    secs: dict[str, dict[str, float]] = {}
-    for run in cols:
-        for key in sorted((base if run == pparams.MAIN else base / run).glob("*.key")):
-            try:
-                secs.setdefault(key.stem, {})[run] = float(json.loads(key.read_text(encoding="utf-8"))["seconds"])
-            except (ValueError, KeyError, TypeError):
-                continue  # an old or hand-made key without a time: left out
-    fmt = lambda s: f"{s / 60:.1f}"  # noqa: E731
-    lines = ["", "## Where the time goes", "",
-             "Minutes of kernel time of each chapter's last execution, as the runner measured it "
-             "(the `seconds` of the chapter's `.key`; chapters run two at a time, so a book's wall "
-             "time is about half the total on two cores, less the waits).", "",
-             "| Chapter | " + " | ".join(runs[r]["title"] for r in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
-    for stem in sorted(secs):
-        lines.append(f"| {stem} | " + " | ".join(fmt(secs[stem][r]) if r in secs[stem] else "–" for r in cols) + " |")
-    lines.append("| **total** | " + " | ".join(f"**{fmt(sum(v.get(r, 0.0) for v in secs.values()))}**"
-                                             for r in cols) + " |")
-    return lines
-
-
-def toc_for(set_name: str, params_file: Path | None = None) -> Path:
-    """The set's table of contents, ``book/_executed/<set>/_toc.yml``: ``_toc.yml`` pointed at the
-    set's folder, each chapter with its variants' pages as sections, and the verdicts page."""
-    prefix = f"book/_executed/{set_name}/"
-    toc = yaml.safe_load(TOC.read_text(encoding="utf-8"))
-    variants = variant_pages(params_file) if params_file is not None else {}
-    titles = pparams.variant_definitions(params_file) if params_file is not None else {}
-    for part in toc.get("parts", []):
-        for chapter in part.get("chapters", []):
-            f = chapter.get("file", "")
-            if f.startswith(TOC_PREFIX):
-                stem = f[len(TOC_PREFIX):]
-                chapter["file"] = prefix + stem
-                extra = [{"file": f"{prefix}{v}/{stem}"} for v, stems in variants.items() if stem in stems]
-                if extra:
-                    chapter["sections"] = extra
-    at = next((i for i, p in enumerate(toc.get("parts", [])) if p.get("caption", "").startswith("About")),
-              len(toc.get("parts", [])))
-    toc.setdefault("parts", []).insert(at, {"caption": "Verdicts", "chapters": [{"file": prefix + VERDICTS_PAGE}]})
-    path = EXECUTED / set_name / "_toc.yml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "# generated by scripts/run_notebooks.py from _toc.yml and params/" + set_name
-                  + ".yaml (variants: " + ", ".join(t["title"] for t in titles.values()) + ")\n"
-                  + yaml.safe_dump(toc, sort_keys=False, allow_unicode=True))
-    return path
-
-
 def expected_pages(params_file: Path) -> list[str]:
     """Executed notebooks the set's book shows: ``stem`` and ``<variant>/<stem>``."""
     return toc_chapters() + [f"{v}/{stem}" for v, stems in variant_pages(params_file).items() for stem in stems]
 
 
-def html_dir_for(set_name: str, out: Path | None) -> tuple[Path, Path]:
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def toc_for(store: str, params_file: Path) -> Path:
+    """``book/_executed/<store>/_toc.yml``: ``_toc.yml`` pointed at the store's folder, variants as
+    sections of their chapters, and the Verdicts page."""
+    toc = site.toc(yaml.safe_load(TOC.read_text(encoding="utf-8")), TOC_PREFIX, f"book/_executed/{store}/",
+                   variant_pages(params_file))
+    path = EXECUTED / store / "_toc.yml"
+    _atomic_write(path, f"# generated by scripts/run_notebooks.py from _toc.yml and {params_file.name}\n"
+                  + yaml.safe_dump(toc, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
+    """``book/_executed/<store>/verdicts.md`` from the present runs' verdicts and the records' states."""
+    titles = {r: spec["title"] for r, spec in pparams.variant_definitions(params_file).items()}
+    files = [(j.name, j.run, EXECUTED / store / j.run / f"{j.name}.verdicts.jsonl") for j in jobs]
+    states = {(j.name, j.run): {"state": provenance.state(j.reasons), "reasons": j.reasons,
+                                "provenance": provenance.read(records_dir(store, j))} for j in jobs}
+    text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states)
+    path = EXECUTED / store / f"{VERDICTS_PAGE}.md"
+    _atomic_write(path, text)
+    return path
+
+
+def html_dir_for(store: str, out: Path | None) -> tuple[Path, Path]:
     """(``--path-output`` for jupyter-book, the HTML folder it produces)."""
     if out is None:
-        out = ROOT if set_name == DEFAULT_SET else ROOT / "_build" / set_name
+        out = ROOT if store == DEFAULT_SET else ROOT / "_build" / store
     return out, out / "_build" / "html"
 
 
-def render(set_name: str, out: Path | None, params_file: Path) -> Path:
-    missing = [c for c in expected_pages(params_file) if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
+def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> Path:
+    missing = [c for c in expected_pages(params_file) if not (EXECUTED / store / f"{c}.ipynb").is_file()]
     if missing:
-        raise RunError(f"cannot render the {set_name!r} book: not executed yet: {missing} "
-                       f"(run the whole set, or pass --no-render)")
-    path_output, html = html_dir_for(set_name, out)
-    write_verdicts_page(set_name, params_file)
+        raise RunError(f"cannot render the {store!r} book: not presented yet: {missing}")
+    path_output, html = html_dir_for(store, out)
+    write_verdicts_page(store, params_file, jobs)
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
-           "--toc", str(toc_for(set_name, params_file)), "--path-output", str(path_output),
-           "-W", "-n", "--keep-going", "-q"]
+           "--toc", str(toc_for(store, params_file)), "--path-output", str(path_output), "-W", "-n", "--keep-going", "-q"]
     print(f">> rendering with jupyter-book -> {_rel(html)}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT)
     if proc.returncode != 0:
         raise RunError(f"jupyter-book build failed (exit {proc.returncode}); command: {' '.join(cmd)}")
     print(f">> rendered in {time.perf_counter() - t0:.1f} s", flush=True)
-    return html
-
-
-def check_html(html: Path, set_name: str, params_file: Path) -> None:
-    """Every chapter page (variants' too) exists, shows its figures, and nothing is fetched from the web."""
-    problems = []
-    index = html / "index.html"
-    if not index.is_file():
-        problems.append(f"missing {index}")
-    for stem in [*expected_pages(params_file), VERDICTS_PAGE]:
-        page = html / "book" / "_executed" / set_name / f"{stem}.html"
-        if not page.is_file():
-            problems.append(f"missing chapter page {page}")
-    mathjax_ok = False
-    pages = [p for p in sorted(html.rglob("*.html")) if "_static" not in p.relative_to(html).parts]
-    for page in pages:
-        text = page.read_text(encoding="utf-8", errors="replace")
-        for tag in FETCH.finditer(text):
-            url = tag.group(1)
-            if tag.group(0).lower().startswith("<link") and "stylesheet" not in tag.group(0) \
-                    and "preload" not in tag.group(0) and "icon" not in tag.group(0):
-                continue  # <link rel="next"/"search"/...>: navigation, nothing is fetched
-            if REMOTE.match(url):
-                problems.append(f"{page.relative_to(html)} fetches a remote asset: {url}")
-            elif not url.startswith(("data:", "#")) and \
-                    not (page.parent / url.split("?")[0].split("#")[0]).exists():
-                problems.append(f"{page.relative_to(html)} refers to a missing file: {url}")
-            elif "tex-mml-chtml.js" in url:
-                mathjax_ok = True
-    if not mathjax_ok:
-        problems.append("no page loads the local MathJax (run scripts/setup_book_assets.sh)")
+    problems = site.html_problems(html, [f"book/_executed/{store}/{p}" for p in
+                                         [*expected_pages(params_file), VERDICTS_PAGE]])
     if problems:
         raise RunError("the rendered book failed its checks:\n  " + "\n  ".join(problems[:30]))
+    return html
 
 
 # ---------------------------------------------------------------------------------------------
@@ -982,42 +953,33 @@ def check_html(html: Path, set_name: str, params_file: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("present", "compute"), default="present",
+                    help="present: render from the records (default); compute: recompute stale/missing chapters")
     ap.add_argument("--params", default=DEFAULT_SET,
                     help="parameter set: a name under params/ (default: default) or a YAML path")
     ap.add_argument("--only", nargs="+", metavar="NB", help="notebook stems or prefixes (e.g. 05)")
     ap.add_argument("-p", dest="set", action="append", default=[], metavar="NAME=VALUE",
-                    help="override a parameter (YAML value) in the selected notebooks that have it")
-    ap.add_argument("--inputs", action="append", default=None, metavar="GLOB",
-                    help="files whose content is part of every notebook's key (zoo/data "
-                         "manifests); default: $PACT_BOOK_INPUTS (space-separated globs)")
+                    help="override a parameter (YAML value) in the selected notebooks that have it; the records "
+                         "then go to book/records/_scratch/<set>/")
     ap.add_argument("--run", action="append", default=None, metavar="RUN",
-                    help="only this run of the selected notebooks: 'main' or a variant of the set "
-                         "(repeatable; default: every run)")
-    ap.add_argument("--force", action="store_true", help="re-execute even when up to date")
+                    help="only this run of the selected notebooks: 'main' or a variant (repeatable)")
+    ap.add_argument("--force", action="store_true", help="recompute (compute) / re-present (present) even when current")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("PACT_BOOK_JOBS", "1")),
                     help="notebooks executed at once (default: $PACT_BOOK_JOBS or 1)")
     ap.add_argument("--threads", default=None, metavar="N",
-                    help="torch threads of each kernel (torch.set_num_threads as it imports torch), a "
-                         "whole number from 1 to 4096; merges and the PACT filter run that many layers "
-                         "at once. Precedence: this option (make THREADS=N) > the set's `threads:` (a "
-                         "variant's chapter values > the chapter's section > common:; null = the "
-                         "default) > cores / --jobs (the default). Not part of the cache key: merges and "
-                         "filters are bit-identical for any count (other sums may differ by float noise, "
-                         "chapter 8's timings do depend on it), so a new count re-executes nothing; add "
-                         "--force to re-time")
-    ap.add_argument("--no-render", action="store_true", help="execute only")
-    ap.add_argument("--render-only", action="store_true", help="render what is executed")
-    ap.add_argument("--path-output", type=Path, default=None,
-                    help="jupyter-book output folder (HTML in <it>/_build/html)")
-    ap.add_argument("--check-only", action="store_true",
-                    help="validate notebooks and parameters, execute nothing")
+                    help="torch threads of each kernel, 1-4096 (else the set's `threads:`, else cores / --jobs); "
+                         "not part of any key: merges are bit-identical for any count")
+    ap.add_argument("--no-render", action="store_true",
+                    help="no jupyter-book: present mode presents only, compute mode computes only")
+    ap.add_argument("--render-only", action="store_true", help="render what is presented, execute nothing")
+    ap.add_argument("--path-output", type=Path, default=None, help="jupyter-book output folder (HTML in <it>/_build/html)")
+    ap.add_argument("--check-only", action="store_true", help="validate notebooks and parameters, execute nothing")
+    ap.add_argument("--status", action="store_true", help="print each chapter's records state, execute nothing")
     ap.add_argument("--needs", action="store_true",
-                    help="print the make targets producing the selected notebooks' inputs ('data zoo' when "
-                         "a run names a Lite0 / MiniLM testbed, else nothing), run nothing")
+                    help="print the make targets producing the selected notebooks' inputs, run nothing")
     args = ap.parse_args(argv)
 
-    params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) \
-        else PARAMS_DIR / f"{args.params}.yaml"
+    params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) else PARAMS_DIR / f"{args.params}.yaml"
     if args.needs:
         try:
             with contextlib.chdir(ROOT):
@@ -1029,66 +991,53 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(needs))
         return 0
     set_name = params_file.stem
-    out_dir = EXECUTED / set_name
     t_all = time.perf_counter()
     try:
-        missing = sorted(set(p.stem for p in notebook_paths(None)) ^ set(toc_chapters()))
-        if missing:
-            raise RunError(f"notebooks and _toc.yml disagree on chapters: {missing}")
+        odd = sorted(set(p.stem for p in notebook_paths(None)) ^ set(toc_chapters()))
+        if odd:
+            raise RunError(f"notebooks and _toc.yml disagree on chapters: {odd}")
         cli_threads = threads_option(args.threads)
-        if args.jobs < 1:  # before anything runs (make book-check passes it too)
+        if args.jobs < 1:
             raise pparams.ParameterError(f"--jobs must be a whole number >= 1, got {args.jobs}")
-        paths = notebook_paths(args.only)
-        jobs = prepare(paths, params_file, parse_cli(args.set))
+        cli = parse_cli(args.set)
+        selected = {p.stem for p in notebook_paths(args.only)}
+        # every chapter is validated (the book renders them all); -p applies to the selected ones
+        others = [p for p in notebook_paths(None) if p.stem not in selected]
+        jobs = prepare(notebook_paths(args.only), params_file, cli) + (prepare(others, params_file, {}) if others else [])
+        runs = pparams.variant_definitions(params_file)
+        jobs.sort(key=lambda j: (list(runs).index(j.run), j.name))
         if args.run:
-            runs = pparams.variant_definitions(params_file)
             unknown = sorted(set(args.run) - set(runs))
             if unknown:
                 raise pparams.ParameterError(f"--run {unknown}: {params_file.name} has the runs {list(runs)}")
-            jobs = [j for j in jobs if (j.variant or pparams.MAIN) in args.run]
+        chosen = [j for j in jobs if j.name in selected and (not args.run or j.run in args.run)]
+        for job in jobs:
+            job.threads = resolve_threads(cli_threads, job, args.jobs)
         if args.check_only:
-            extra = len(jobs) - len(paths)
-            counts = sorted({resolve_threads(cli_threads, j, args.jobs) for j in jobs})
-            print(f"parameters of {len(paths)} notebook(s) are valid ({params_file.name}"
+            extra = len(chosen) - len(selected)
+            counts = sorted({j.threads for j in chosen})
+            print(f"parameters of {len(selected)} notebook(s) are valid ({params_file.name}"
                   + (f"; {extra} more run(s) in variants)" if extra else ")")
                   + (f"; torch threads per kernel: {', '.join(map(str, counts))}" if counts else ""))
             return 0
-        if not args.render_only:
-            patterns = args.inputs if args.inputs is not None else \
-                os.environ.get("PACT_BOOK_INPUTS", "").split()
-            shared = shared_inputs(patterns)
-            progress = sys.stderr.isatty()
-            work, index = [], {}
-            for i, job in enumerate(jobs, 1):
-                job.threads = resolve_threads(cli_threads, job, args.jobs)
-                compute_key(job, shared)
-                index[job.id] = i
-                why = "--force" if args.force else stale_reason(job, out_dir)
-                if why is None:
-                    print(f"{_tag(i, len(jobs), job.id)} up to date", flush=True)
-                else:
-                    work.append((job, why))
-            t_exec = time.perf_counter()
-            if args.jobs > 1 and len(work) > 1:
-                execute_parallel(work, out_dir, set_name, args.jobs, len(jobs), index)
-            else:
-                for job, why in work:
-                    tag = _tag(index[job.id], len(jobs), job.id)
-                    print(f"{tag} executing with {set_name} ({why}; {job.threads} thread(s)) ...", flush=True)
-                    seconds = execute(job, out_dir, set_name, progress=progress)
-                    print(f"{tag} done in {seconds:.1f} s", flush=True)
-            if work:
-                print(f">> executed {len(work)} notebook(s) in {time.perf_counter() - t_exec:.1f} s", flush=True)
-        missing = [c for c in expected_pages(params_file) if not (EXECUTED / set_name / f"{c}.ipynb").is_file()]
-        if args.only and missing and not args.no_render:
-            # one chapter of a set whose others never ran: executing it was the point; the book
-            # is rendered once every chapter has been executed (a run without --only)
-            print(f">> not rendering the {set_name!r} book yet: chapter(s) {', '.join(missing)} not executed "
-                  f"(run the set without --only to render); executed notebooks: {_rel(out_dir)}", flush=True)
-        elif not args.no_render:
-            html = render(set_name, args.path_output, params_file)
-            check_html(html, set_name, params_file)
-            print(f">> book ready: {html / 'index.html'} ({time.perf_counter() - t_all:.1f} s total)")
+        store = store_name(set_name, cli)
+        assess(jobs, store)
+        if args.status:
+            for job in chosen:
+                print(f"{job.id:<36} {provenance.state(job.reasons):<8} {'; '.join(job.reasons)}")
+            return 0
+        if args.mode == "compute" and not args.render_only:
+            compute_all(chosen, store, set_name, args.jobs, args.force)
+            assess(jobs, store)
+        if not args.render_only and (args.mode == "present" or not args.no_render):
+            # present what was chosen, and every page never presented (the book renders them all)
+            todo = [j for j in jobs if j in chosen or not (j.out_dir(EXECUTED / store) / f"{j.name}.ipynb").is_file()]
+            present_all(todo, store, set_name, args.jobs, args.force and args.mode == "present")
+        if not args.no_render:
+            html = render(store, args.path_output, params_file, jobs)
+            bad = [j.id for j in jobs if j.reasons]
+            print(f">> book ready: {html / 'index.html'} ({time.perf_counter() - t_all:.1f} s total)"
+                  + (f"; not current: {', '.join(bad)}" if bad else ""))
     except pparams.ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -200,28 +200,28 @@ def test_verdict_text():
         plotting.verdict_text("C5", "reproduced", "")
 
 
-# --- runner: cache keys ----------------------------------------------------------------------
+# --- runner: records store, present keys ------------------------------------------------------
 
-def test_cache_key_tracks_source_params_and_inputs(tmp_path):
+def test_present_key_tracks_source_params_records_and_state(tmp_path, monkeypatch):
     rn = _runner()
-    nb_path = ROOT / "notebooks" / "01_method.py"
-    job = rn.prepare([nb_path], ROOT / "params" / "smoke.yaml", {})[0]
-    shared = rn.shared_inputs([])
-    rn.compute_key(job, shared)
-    key = job.key
-    rn.compute_key(job, shared)
-    assert job.key == key  # deterministic
-    job.overrides = {**job.overrides, "demo_dim": 9}
-    rn.compute_key(job, shared)
-    assert job.key != key
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text("{}")
-    job2 = rn.prepare([nb_path], ROOT / "params" / "smoke.yaml", {})[0]
-    rn.compute_key(job2, rn.shared_inputs([str(tmp_path / "*.json")]))
-    manifest.write_text('{"a": 1}')
-    before = job2.key
-    rn.compute_key(job2, rn.shared_inputs([str(tmp_path / "*.json")]))
-    assert job2.key != before and job2.key != key
+    monkeypatch.setattr(rn, "RECORDS", tmp_path / "records")
+    job = rn.prepare([ROOT / "notebooks" / "01_method.py"], ROOT / "params" / "smoke.yaml", {})[0]
+    key = rn.present_key(job, "smoke", "code-1")
+    assert rn.present_key(job, "smoke", "code-1") == key  # deterministic
+    assert rn.present_key(job, "smoke", "code-2") != key  # pactlib's code
+    job.params = {**job.params, "spectra_dim": 9}
+    assert rn.present_key(job, "smoke", "code-1") != key
+    job.params = {**job.params, "spectra_dim": 8}
+    assert rn.present_key(job, "smoke", "code-1") == key
+    folder = rn.records_dir("smoke", job)
+    assert folder == tmp_path / "records" / "smoke" / "main" / "01_method"
+    records.write_records(folder / "01_method.jsonl", [_rec()])
+    with_records = rn.present_key(job, "smoke", "code-1")
+    assert with_records != key
+    job.reasons = ["engine changed: pactlib/merges/iso.py"]
+    assert rn.present_key(job, "smoke", "code-1") != with_records
+    # -p overrides go to a scratch store, never the set's own
+    assert rn.store_name("default", {}) == "default" and rn.store_name("default", {"seeds": [0]}) == "_scratch/default"
 
 
 def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_column(tmp_path, monkeypatch):
@@ -243,10 +243,6 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     notes = [c.source for c in var.nb.cells if "variant-note" in c.metadata.get("tags", [])]
     assert len(notes) == 1 and "**Text**" in notes[0] and "testbed='synthetic-4'" in notes[0]
     assert not any("variant-note" in c.metadata.get("tags", []) for c in main.nb.cells)
-    shared = rn.shared_inputs([])
-    rn.compute_key(main, shared)
-    rn.compute_key(var, shared)
-    assert var.key != main.key
     # the table of contents: the variant's page is a section of its chapter, then the verdicts page
     toc = yaml.safe_load(rn.toc_for("demo", params_file).read_text())
     chapters = [c for part in toc["parts"] for c in part["chapters"]]
@@ -256,39 +252,47 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     assert sum("sections" in c for c in chapters) == 1
     assert {"file": "book/_executed/demo/verdicts"} in chapters
     assert rn.expected_pages(params_file)[-1] == "text/06_static_vs_dynamic"
-    # the verdicts page: a column per run, read from the records the chapters wrote
-    (tmp_path / "demo" / "records").mkdir(parents=True)
-    (tmp_path / "demo" / "text" / "records").mkdir(parents=True)
-    for folder, run, status in (("demo", "main", "reproduced"), ("demo/text", "text", "not reproduced")):
+    # the verdicts page: a column per run, read from the verdicts the present runs wrote
+    monkeypatch.setattr(rn, "RECORDS", tmp_path / "records")
+    jobs = rn.prepare([ROOT / "notebooks" / f"{n}.py" for n in ("02_testbed", "06_static_vs_dynamic", "10_theory")],
+                      params_file, {})
+    rn.assess(jobs, "demo")
+    for run, status in (("main", "reproduced"), ("text", "not reproduced")):
         monkeypatch.setenv("PACT_NOTEBOOK", "06_static_vs_dynamic")
-        monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / folder / "records"))
+        monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / "demo" / run))
         monkeypatch.setenv("PACT_RUN", run)
         plotting.record_verdict("C8", status, "S-PACT +0.1 vs PACT +0.5")
-    (tmp_path / "demo" / "records" / "10_theory.verdicts.jsonl").write_text(
+    (tmp_path / "demo" / "main" / "10_theory.verdicts.jsonl").write_text(
         json.dumps({"claim": "C11", "status": "partly reproduced", "evidence": "x"}) + "\n")
     # a verdict the main run gives about another run's testbed lands in that run's column
     monkeypatch.setenv("PACT_NOTEBOOK", "02_testbed")
-    monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / "demo" / "records"))
+    monkeypatch.setenv("PACT_RECORDS_DIR", str(tmp_path / "demo" / "main"))
     monkeypatch.setenv("PACT_RUN", "main")
     plotting.record_verdict("precondition", "reproduced", "14/14 tasks")
     plotting.record_verdict("precondition", "partly reproduced", "7/8 tasks", run="text")
     plotting.record_verdict("aside", "reproduced", "x", run="no-such-run")  # unknown run: the notebook's own
-    page = rn.write_verdicts_page("demo", params_file).read_text()
+    page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
     assert "| Claim | Chapter | Images | Text |" in page
-    assert "| C8 | 6 | reproduced | not reproduced |" in page
-    assert "| C11 | 10 | partly reproduced | not run |" in page
+    assert "| C8 | 6 | reproduced (missing) | not reproduced (missing) |" in page
+    assert "| C11 | 10 | partly reproduced (missing) | not run |" in page
     assert page.index("| C8 ") < page.index("| C11 ")
-    assert "| precondition | 2 | reproduced | partly reproduced |" in page and "| aside | 2 | reproduced | not run |" in page
-    # where the time goes: each chapter's kernel minutes per run, from the runner's .key files
-    assert "Where the time goes" not in page  # nothing executed yet
-    (tmp_path / "demo" / "06_static_vs_dynamic.key").write_text(json.dumps({"seconds": 90.0}))
-    (tmp_path / "demo" / "text" / "06_static_vs_dynamic.key").write_text(json.dumps({"seconds": 30.0}))
-    (tmp_path / "demo" / "05_main_results.key").write_text(json.dumps({"seconds": 600.0}))
-    (tmp_path / "demo" / "02_testbed.key").write_text(json.dumps({"key": "no time recorded"}))
-    page = rn.write_verdicts_page("demo", params_file).read_text()
+    assert "| precondition | 2 | reproduced (missing) | partly reproduced |" in page
+    assert "| aside | 2 | reproduced (missing) | not run |" in page
+    assert "| 06_static_vs_dynamic | Text | missing | – | missing: no records in " in page
+    # where the time goes: each chapter's CPU minutes per run, from the records' provenance
+    assert "Where the time goes" not in page  # nothing computed yet
+    from pactlib.book import provenance
+
+    for job, cpu in zip(jobs, (None, 1.5, 10.0, 0.5)):
+        if cpu is not None:
+            provenance.write(rn.records_dir("demo", job), {"cpu_minutes": cpu, "wall_minutes": cpu / 2,
+                                                           "made": "2026-12-03T10:00:00Z"})
+    rn.assess(jobs, "demo")
+    page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
     assert "| Chapter | Images | Text |" in page
-    assert "| 05_main_results | 10.0 | – |" in page and "| 06_static_vs_dynamic | 1.5 | 0.5 |" in page
-    assert "| **total** | **11.5** | **0.5** |" in page and "02_testbed" not in page
+    assert "| 06_static_vs_dynamic | 1.5 | 0.5 |" in page and "| 10_theory | 10.0 | – |" in page
+    assert "| **total CPU** | **11.5** | **0.5** |" in page and "| total wall | 5.8 | 0.2 |" in page
+    assert "02_testbed | Images | missing" in page and "| 10_theory | Images | stale | 2026-12-03 | parameters differ" in page
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------
@@ -302,54 +306,122 @@ def _need_mathjax():
     subprocess.run(["bash", str(ROOT / "scripts" / "setup_book_assets.sh")], check=True)
 
 
-@pytest.mark.slow
-def test_failing_notebook_names_notebook_and_cell(tmp_path):
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The runner with its records store and executed notebooks under ``tmp_path``."""
     rn = _runner()
+    monkeypatch.setattr(rn, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(rn, "EXECUTED", tmp_path / "executed")
+    return rn
+
+
+@pytest.mark.slow
+def test_failing_notebook_names_notebook_and_cell_and_keeps_the_old_records(tmp_path, store):
+    rn = store
     src = tmp_path / "99_broken.py"
     src.write_text('# %% tags=["parameters"]\nsize = 3  # rows\n\n'
                    '# %%\nok = size + 1\n\n# %%\nraise ValueError(f"broken on purpose: {size}")\n')
     job = rn.prepare([src], _write_set(tmp_path, "99_broken", {"size": 4}), {})[0]
-    rn.compute_key(job, rn.shared_inputs([]))
+    old = rn.records_dir("t", job)
+    records.write_records(old / "99_broken.jsonl", [_rec()])
     with pytest.raises(rn.RunError) as err:
-        rn.execute(job, tmp_path / "out", "t", progress=False)
+        rn.compute(job, "t", "t")
     msg = str(err.value)
     assert "99_broken.py failed in the cell at line 8 (code cell [4] of the executed" in msg
     assert 'raise ValueError(f"broken on purpose: {size}")' in msg
     assert "ValueError: broken on purpose: 4" in msg
-    assert (tmp_path / "out" / "99_broken.failed.ipynb").is_file()
-    assert not (tmp_path / "out" / "99_broken.ipynb").exists()
-    assert not (tmp_path / "out" / "99_broken.key").exists()
+    assert (tmp_path / "executed" / "t" / "99_broken.failed.ipynb").is_file()
+    assert records.read_records(old / "99_broken.jsonl") == [_rec()]  # the old records, untouched
+    assert sorted(p.name for p in old.parent.iterdir()) == ["99_broken"]  # no staging folder left
+
+
+TWO_PARTS = """\
+# %% [markdown]
+# # Tiny chapter
+#
+# Some prose.
+
+# %% tags=["parameters"]
+size = 3  # rows
+
+# %%
+from pactlib.book import params, records, plotting
+P = params.check(globals(), size=params.at_least(1))
+
+# %% tags=["compute"]
+print("computing")
+records.write_records(records.records_path("98_tiny"), [records.make_record("m", params=P, seed=None,
+                                                        metrics={"acc": size / 10})], replace=True)
+
+# %%
+frame = records.records_frame(records.records_path("98_tiny"))
+print("acc", frame["metrics.acc"].iloc[0])
+plotting.record_verdict("C1", "reproduced", "acc")
+"""
+
+
+def _outputs(cell):
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 @pytest.mark.slow
-def test_executed_notebook_is_reused_until_an_input_changes(tmp_path):
-    rn = _runner()
+def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tmp_path, store):
+    from pactlib.book import provenance
+
+    rn = store
     src = tmp_path / "98_tiny.py"
-    src.write_text('# %% tags=["parameters"]\nsize = 3  # rows\n\n# %%\nprint(size * 2)\n')
-    job = rn.prepare([src], _write_set(tmp_path, "98_tiny", {"size": 4}), {})[0]
-    shared = {"pactlib": "hash-1"}
-    rn.compute_key(job, shared)
-    out = tmp_path / "out"
-    assert rn.stale_reason(job, out) == "not executed yet"
-    rn.execute(job, out, "t", progress=False)
-    nb = json.loads((out / "98_tiny.ipynb").read_text())
-    assert nb["cells"][-1]["outputs"][0]["text"] == ["8\n"]  # ran with the injected size = 4
-    assert rn.stale_reason(job, out) is None  # nothing changed: reused
-
-    rn.compute_key(job, {"pactlib": "hash-2"})
-    assert rn.stale_reason(job, out) == "changed: pactlib"
-    job.overrides = {"size": 5}
-    rn.compute_key(job, shared)
-    assert rn.stale_reason(job, out) == "changed: parameters"
-    job.overrides = {"size": 4}
-    src.write_text(src.read_text() + "\n# %%\nprint('more')\n")
-    rn.compute_key(job, shared)
-    assert rn.stale_reason(job, out) == "changed: notebook"
+    src.write_text(TWO_PARTS)
+    set_path = _write_set(tmp_path, "98_tiny", {"size": 4})
+    job = rn.prepare([src], set_path, {})[0]
+    rn.assess([job], "t")
+    assert provenance.state(job.reasons) == "missing"
+    # missing: the code is shown, nothing past the parameters runs, a banner says so
+    rn.present(job, "t", "t", "k0")
+    nb = json.loads((tmp_path / "executed" / "t" / "98_tiny.ipynb").read_text())
+    assert "No records yet for this chapter" in "".join(nb["cells"][0]["source"])
+    assert not [c for c in nb["cells"] if c["cell_type"] == "code" and c.get("outputs")]
+    # compute: the records, the provenance (params, engine, minutes), nothing left in staging
+    prov = rn.compute(job, "t", "t")
+    folder = tmp_path / "records" / "t" / "main" / "98_tiny"
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["98_tiny"]
+    assert sorted(p.name for p in folder.iterdir()) == ["98_tiny.jsonl", "98_tiny.verdicts.jsonl", "provenance.json"]
+    assert records.read_records(folder / "98_tiny.jsonl")[0]["metrics"] == {"acc": 0.4}
+    assert provenance.read(folder) == json.loads(json.dumps(prov))
+    assert prov["params"] == {"size": 4} and prov["chapter"] == "98_tiny" and prov["cpu_minutes"] > 0
+    assert "pactlib/book/records.py" not in prov["engine"]["modules"] and "pactlib/__init__.py" in prov["engine"]["modules"]
+    rn.assess([job], "t")
+    assert job.reasons == []
+    # present: the compute cell is shown without running (folded), the present cells read the records
+    rn.present(job, "t", "t", "k1")
+    nb = json.loads((tmp_path / "executed" / "t" / "98_tiny.ipynb").read_text())
+    cells = {c["source"] if isinstance(c["source"], str) else "".join(c["source"]): c for c in nb["cells"]}
+    compute = next(c for k, c in cells.items() if k.startswith('print("computing")'))
+    assert compute["cell_type"] == "code" and compute["outputs"] == [] and "hide-input" in compute["metadata"]["tags"]
+    assert "acc 0.4" in _outputs(next(c for k, c in cells.items() if k.startswith("frame =")))
+    assert "computing" not in "".join(_outputs(c) for c in nb["cells"])
+    assert any(k.startswith("*Computed by `make reproduce NB=98_tiny`") for k in cells)
+    assert "remove-input" in next(c for k, c in cells.items() if "params.check(" in k)["metadata"]["tags"]
+    injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert len(injected) == 1 and "remove-cell" in injected[0]["metadata"]["tags"]
+    assert "No records yet" not in json.dumps(nb) and "stale" not in "".join(nb["cells"][0]["source"])
+    verdicts = tmp_path / "executed" / "t" / "main" / "98_tiny.verdicts.jsonl"
+    assert [json.loads(line)["claim"] for line in verdicts.read_text().splitlines()] == ["C1"]
+    assert [p.name for p in folder.iterdir()] == [p.name for p in folder.iterdir()]  # present wrote nothing there
+    assert (folder / "98_tiny.verdicts.jsonl").read_text().count("\n") == 1
+    # other parameters: stale, with the reason at the top; the old results still render
+    job = rn.prepare([src], _write_set(tmp_path, "98_tiny", {"size": 5}), {})[0]
+    rn.assess([job], "t")
+    assert job.reasons == ["parameters differ: size 4 -> 5"]
+    rn.present(job, "t", "t", "k2")
+    nb = json.loads((tmp_path / "executed" / "t" / "98_tiny.ipynb").read_text())
+    top = "".join(nb["cells"][0]["source"])
+    assert top.startswith("# Tiny chapter") and "**stale**" in top and "parameters differ: size 4 -> 5" in top
+    assert "acc 0.4" in "".join(_outputs(c) for c in nb["cells"])
 
 
 @pytest.mark.slow
-def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path, monkeypatch):
-    rn = _runner()
+def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path, store, monkeypatch):
+    rn = store
     stamps = tmp_path / "stamps"
     stamps.mkdir()
     body = ('# %% tags=["parameters"]\nsize = 1  # unused\n\n# %%\nimport os, time\n'
@@ -365,57 +437,48 @@ def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path
     set_path.write_text(json.dumps({"common": {}, **{n: {} for n in "abcd"}}))
     jobs = rn.prepare(srcs, set_path, {})
     for job in jobs:
-        rn.compute_key(job, {})
+        job.threads = rn.resolve_threads(None, job, 2)
     monkeypatch.setattr(rn, "AFTER", {"c": ("a",)})
-    out = tmp_path / "out"
+    rn.assess(jobs, "t")
     with pytest.raises(rn.RunError, match="d breaks") as err:
-        rn.execute_parallel([(j, "new") for j in jobs], out, "t", 2, len(jobs), {j.name: i for i, j in enumerate(jobs, 1)})
+        rn.compute_all(jobs, "t", "t", 2, False)
     assert "d.py failed in the cell" in str(err.value) and "a.py" not in str(err.value)  # only d failed
-    assert (out / "d.failed.ipynb").is_file() and not (out / "d.ipynb").exists()
+    assert (tmp_path / "executed" / "t" / "d.failed.ipynb").is_file()
+    assert not (tmp_path / "records" / "t" / "main" / "d").exists()
     finished = {p.stem for p in stamps.glob("*.end")}
     assert {"a", "b"} <= finished  # running jobs finish after d fails
     if "c" in finished:  # c may not start once d failed; when it did, it waited for a
         assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
     assert (stamps / "a.end").read_text().split()[1] == str(rn.default_threads(2))  # cores / jobs threads per kernel
-    # without the failing notebook everything runs, c after a, and every key is written
-    monkeypatch.setattr(rn, "AFTER", {"c": ("a",)})
+    # without the failing notebook everything runs, c after a, and every chapter is current
     for f in stamps.iterdir():
         f.unlink()
-    rn.execute_parallel([(j, "new") for j in jobs[:3]], out, "t", 2, 3, {j.name: i for i, j in enumerate(jobs, 1)})
+    rn.assess(jobs, "t")
+    rn.compute_all(jobs[:3], "t", "t", 2, True)  # resumable: a, b, c were current; --force recomputes
     assert float((stamps / "c.start").read_text()) >= float((stamps / "a.end").read_text().split()[0])
-    assert all((out / f"{n}.key").is_file() and rn.stale_reason(j, out) is None for n, j in zip("abc", jobs))
-    # order: longest last time first; never timed: the one others wait for first (one worker)
-    for f in stamps.iterdir():
-        f.unlink()
-    (out / "a.key").unlink()  # a and b: never timed, and c waits for a; c: timed
-    (out / "b.key").unlink()
-    rn.execute_parallel([(jobs[1], "new"), (jobs[2], "new"), (jobs[0], "new")], out, "t", 1, 3,
-                        {j.name: i for i, j in enumerate(jobs, 1)})
-    starts = {n: float((stamps / f"{n}.start").read_text()) for n in "abc"}
-    assert starts["a"] < starts["b"] < starts["c"]
+    rn.assess(jobs, "t")
+    assert [j.reasons for j in jobs[:3]] == [[], [], []]
 
 
 @pytest.mark.slow
-def test_failing_shell_command_fails_the_notebook(tmp_path):
+def test_failing_shell_command_fails_the_notebook(tmp_path, store):
     """`!cmd` exiting non-zero stops the notebook (IPython alone only sets `_exit_code`)."""
-    rn = _runner()
+    rn = store
     src = tmp_path / "97_shell.py"
     src.write_text('# %% tags=["parameters"]\nsize = 1  # unused\n\n'
                    '# %%\n!true\nprint("true ran")\n\n'
                    '# %%\n!false\nprint("after false")\n\n# %%\nprint("next cell")\n')
     job = rn.prepare([src], _write_set(tmp_path, "97_shell", {}), {})[0]
-    rn.compute_key(job, {})
-    out = tmp_path / "out"
     with pytest.raises(rn.RunError) as err:
-        rn.execute(job, out, "t", progress=False)
+        rn.compute(job, "t", "t")
     msg = str(err.value)
     assert "97_shell.py failed in the cell at line 9" in msg and "| !false" in msg
     assert "CalledProcessError: Command 'false' returned non-zero exit status 1." in msg
-    partial = json.loads((out / "97_shell.failed.ipynb").read_text())
+    partial = json.loads((tmp_path / "executed" / "t" / "97_shell.failed.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in partial["cells"] for o in c.get("outputs", []))
     assert "true ran" in printed  # `!true` passes
     assert "after false" not in printed and "next cell" not in printed  # nothing ran after `!false`
-    assert not (out / "97_shell.ipynb").exists() and not (out / "97_shell.key").exists()
+    assert not (tmp_path / "records" / "t" / "main" / "97_shell").exists()
 
 
 # --- make: parameters are checked before data or a zoo is built -----------------------------

@@ -35,6 +35,7 @@ def rn(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "NOTEBOOKS", nbs)
     monkeypatch.setattr(runner, "toc_chapters", lambda *a, **k: ["01_a", "02_b"])
     monkeypatch.setattr(runner, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(runner, "RECORDS", tmp_path / "records")
     monkeypatch.delenv("PACT_BOOK_INPUTS", raising=False)
     return runner
 
@@ -84,7 +85,7 @@ def test_bad_set_value_fails_naming_where_before_anything_runs(rn, tmp_path, mon
     if not where.startswith("variants"):
         data[where] = section
     path = _set(tmp_path, data)
-    monkeypatch.setattr(rn, "execute", lambda *a, **k: pytest.fail("executed despite a bad thread count"))
+    monkeypatch.setattr(rn, "present", lambda *a, **k: pytest.fail("executed despite a bad thread count"))
     assert rn.main(["--params", str(path), "--no-render"]) == 2
     err = capsys.readouterr().err
     assert f"set.yaml: {where}: threads must be a whole number from 1 to 4096 (torch threads per kernel), got {value!r}" in err, err
@@ -93,7 +94,7 @@ def test_bad_set_value_fails_naming_where_before_anything_runs(rn, tmp_path, mon
 
 @pytest.mark.parametrize("value", ["0", "-1", "x", "2.5", "", "4097", "99999999999999999999"])
 def test_bad_option_fails_naming_it_before_anything_runs(rn, tmp_path, monkeypatch, capsys, value):
-    monkeypatch.setattr(rn, "execute", lambda *a, **k: pytest.fail("executed despite a bad --threads"))
+    monkeypatch.setattr(rn, "present", lambda *a, **k: pytest.fail("executed despite a bad --threads"))
     assert rn.main(["--params", str(_set(tmp_path, {})), "--no-render", "--threads", value]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --threads must be a whole number from 1 to 4096") and err.count("\n") == 1, err
@@ -132,8 +133,7 @@ def test_no_chapter_declares_threads_and_the_key_ignores_the_count(tmp_path):
         path.write_text(yaml.safe_dump(data))
         job = rn.prepare([ROOT / "notebooks" / "05_main_results.py"], path, {})[0]
         assert job.threads == threads
-        rn.compute_key(job, {"pactlib": "x"})
-        keys.append(job.key)
+        keys.append(rn.present_key(job, "smoke", "x"))
     assert keys[0] == keys[1] == keys[2]
 
 
@@ -144,10 +144,10 @@ def test_thread_count_reaches_torch_in_the_kernel_and_a_new_count_reexecutes_not
     machine may have: torch.set_num_threads in the kernel, not the environment alone, gets it
     there), 02_b says nothing (cores / 2); the kernels do not import torch before the notebook
     does. Then --threads 1 re-executes nothing; --threads 4 --force hands 4 to both."""
-    monkeypatch.setattr(rn, "shared_inputs", lambda patterns: {"pactlib": "fixed"})  # seconds saved per run
     path = _set(tmp_path, {"01_a": {"threads": 3}})
     out = rn.EXECUTED / "set"
-    assert rn.main(["--params", str(path), "--no-render", "--jobs", "2"]) == 0
+    assert rn.main(["--params", str(path), "--mode", "compute", "--no-render", "--jobs", "2"]) == 0
+    assert rn.main(["--params", str(path), "--no-render", "--jobs", "2"]) == 0  # present: the records are current
     default = rn.default_threads(2)
     for stem, want in (("01_a", 3), ("02_b", default)):
         nb = json.loads((out / f"{stem}.ipynb").read_text())
@@ -158,10 +158,10 @@ def test_thread_count_reaches_torch_in_the_kernel_and_a_new_count_reexecutes_not
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert rn.main(["--params", str(path), "--no-render", "--jobs", "2", "--threads", "1"]) == 0
     log = capsys.readouterr().out
-    assert log.count("up to date") == 2 and "executing" not in log, log
+    assert "presented 0 of 2 notebook(s)" in log and "(2 unchanged)" in log, log
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     seen = {}
-    monkeypatch.setattr(rn, "execute", lambda job, *a, **k: seen.setdefault(job.id, job.threads) and 0.0)
+    monkeypatch.setattr(rn, "present", lambda job, *a, **k: seen.setdefault(job.id, job.threads) and 0.0)
     assert rn.main(["--params", str(path), "--no-render", "--jobs", "1", "--threads", "4", "--force"]) == 0
     assert seen == {"01_a": 4, "02_b": 4}
 

@@ -1,0 +1,197 @@
+"""The book's generated pages and checks: the table of contents of a set, the Verdicts page, the
+README's verdict table and the offline check of the rendered HTML.
+
+Pure functions over data the runner (``scripts/run_notebooks.py``) gathers: verdict records
+(``{"claim", "status", "evidence", "run"}`` per line of ``<chapter>.verdicts.jsonl``), the state
+of each chapter's records (:mod:`pactlib.book.provenance`) and their provenance.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
+           "time_section", "readme_table", "replace_block", "html_problems"]
+
+MAIN = "main"
+VERDICTS_PAGE = "verdicts"
+#: The README's generated block lies between these two lines.
+BEGIN, END = "<!-- verdicts:begin -->", "<!-- verdicts:end -->"
+CLAIM = re.compile(r"^C(\d+)")
+#: Tags that make a browser fetch something; none of them may point off the machine.
+FETCH = re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""", re.I)
+REMOTE = re.compile(r"^(https?:)?//", re.I)
+
+
+def read_verdicts(files: Iterable[tuple[str, str, Path]], runs: Sequence[str]) -> list[tuple[str, str, dict]]:
+    """``(chapter, run, record)`` for every verdict in ``files`` (``(chapter, run, path)``; absent
+    files are skipped). A verdict about another known run (its ``run`` field) is counted there."""
+    out = []
+    for chapter, run, path in files:
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                out.append((chapter, rec["run"] if rec.get("run") in runs else run, rec))
+    return out
+
+
+def _claim_order(claims: Iterable[str]) -> list[str]:
+    return sorted(set(claims), key=lambda c: (int(m.group(1)) if (m := CLAIM.match(c)) else 999, c))
+
+
+def toc(base: Mapping[str, Any], prefix_from: str, prefix_to: str, variants: Mapping[str, Sequence[str]]) -> dict:
+    """The table of contents of a set: ``base`` (``_toc.yml`` as a dict, not modified) with every
+    chapter file under ``prefix_from`` moved to ``prefix_to``, each chapter's variant pages
+    (``{variant: [stems]}``) as its sections, and the Verdicts page as a part before "About"."""
+    out = json.loads(json.dumps(base))
+    for part in out.get("parts", []):
+        for chapter in part.get("chapters", []):
+            f = chapter.get("file", "")
+            if f.startswith(prefix_from):
+                stem = f[len(prefix_from):]
+                chapter["file"] = prefix_to + stem
+                extra = [{"file": f"{prefix_to}{v}/{stem}"} for v, stems in variants.items() if stem in stems]
+                if extra:
+                    chapter["sections"] = extra
+    parts = out.setdefault("parts", [])
+    at = next((i for i, p in enumerate(parts) if p.get("caption", "").startswith("About")), len(parts))
+    parts.insert(at, {"caption": "Verdicts", "chapters": [{"file": prefix_to + VERDICTS_PAGE}]})
+    return out
+
+
+def _mark(status: str, state: str | None) -> str:
+    return status if state in (None, "current") else f"{status} ({state})"
+
+
+def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[tuple[str, str, dict]],
+                  states: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+    """The Verdicts page (MyST markdown): a row per claim, a column per run (``titles``: run ->
+    title, main first), the chapter that tests it; a status whose chapter's records are stale or
+    missing says so; then :func:`records_section` and :func:`time_section`.
+
+    ``states``: ``{(chapter, run): {"state": "current"|"stale"|"missing", "reasons": [...],
+    "provenance": {...} or None}}``.
+    """
+    rows: dict[str, dict[str, str]] = {}
+    chapter_of: dict[str, str] = {}
+    for chapter, run, rec in verdicts:
+        state = (states.get((chapter, run)) or {}).get("state")
+        rows.setdefault(rec["claim"], {})[run] = _mark(rec["status"], state)
+        chapter_of.setdefault(rec["claim"], chapter.split("_")[0].lstrip("0"))
+    used = [r for r in titles if any(r in v for v in rows.values())] or [MAIN]
+    lines = ["# Verdicts at a glance", "",
+             "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
+             f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict. A verdict "
+             "marked *(stale)* comes from records made with other parameters, notebook code or engine "
+             "than today's (see below).", "",
+             "| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
+             "|---|---|" + "---|" * len(used)]
+    for claim in _claim_order(rows):
+        lines.append(f"| {claim} | {chapter_of[claim]} | " + " | ".join(rows[claim].get(r, "not run") for r in used)
+                     + " |")
+    if not rows:
+        lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
+    return "\n".join(lines + records_section(titles, states) + time_section(titles, states)) + "\n"
+
+
+def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    """Markdown lines: the state of every chapter's records per run (current / stale with the
+    reasons / missing) and when they were made; [] when every chapter is current."""
+    bad = {k: v for k, v in states.items() if v.get("state") != "current"}
+    if not bad:
+        return []
+    lines = ["", "## Records that are not current", "",
+             "These chapters render records made with other parameters, code or engine than today's, or have "
+             "none yet; `make reproduce NB=<chapter>` recomputes one.", "",
+             "| Chapter | Run | State | Made | Why |", "|---|---|---|---|---|"]
+    for (chapter, run), st in sorted(bad.items(), key=lambda kv: (kv[0][0], list(titles).index(kv[0][1])
+                                                                    if kv[0][1] in titles else 99)):
+        made = ((st.get("provenance") or {}).get("made") or "–")[:10]
+        why = "; ".join(st.get("reasons") or []).replace("|", "/")
+        lines.append(f"| {chapter} | {titles.get(run, run)} | {st['state']} | {made} | {why} |")
+    return lines
+
+
+def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    """Markdown lines "Where the time goes": CPU minutes of each chapter's compute run per run
+    (provenance ``cpu_minutes``; wall minutes in the total row), [] when no provenance has them."""
+    cpu: dict[str, dict[str, float]] = {}
+    wall: dict[str, float] = {}
+    for (chapter, run), st in states.items():
+        prov = st.get("provenance") or {}
+        if isinstance(prov.get("cpu_minutes"), (int, float)):
+            cpu.setdefault(chapter, {})[run] = float(prov["cpu_minutes"])
+            wall[run] = wall.get(run, 0.0) + float(prov.get("wall_minutes") or 0.0)
+    cols = [r for r in titles if any(r in v for v in cpu.values())]
+    if not cols:
+        return []
+    lines = ["", "## Where the time goes", "",
+             "CPU minutes of each chapter's last compute run (`make reproduce`), from its records' provenance; "
+             "the last row gives the wall minutes. Rendering the book from the records takes none of this.", "",
+             "| Chapter | " + " | ".join(titles[r] for r in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for chapter in sorted(cpu):
+        lines.append(f"| {chapter} | " + " | ".join(f"{cpu[chapter][r]:.1f}" if r in cpu[chapter] else "–"
+                                                     for r in cols) + " |")
+    lines.append("| **total CPU** | " + " | ".join(f"**{sum(v.get(r, 0.0) for v in cpu.values()):.1f}**"
+                                                   for r in cols) + " |")
+    lines.append("| total wall | " + " | ".join(f"{wall[r]:.1f}" for r in cols) + " |")
+    return lines
+
+
+def readme_table(verdicts: Sequence[tuple[str, str, dict]], titles: Mapping[str, str], link: str) -> str:
+    """The README's verdict table: a row per claim, a column per run (testbed), each cell the
+    status and a link to the chapter (``link.format(chapter=...)``)."""
+    cells: dict[str, dict[str, str]] = {}
+    for chapter, run, rec in verdicts:
+        cells.setdefault(rec["claim"], {})[run] = f"[{rec['status']}]({link.format(chapter=chapter)})"
+    used = [r for r in titles if any(r in v for v in cells.values())]
+    if not cells:
+        return "No verdict records are committed yet: `make reproduce` computes them.\n"
+    lines = ["| claim | " + " | ".join(titles[r] for r in used) + " |", "|---|" + "---|" * len(used)]
+    for claim in _claim_order(cells):
+        lines.append(f"| {claim} | " + " | ".join(cells[claim].get(r, "–") for r in used) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with what lies between the :data:`BEGIN` and :data:`END` lines replaced by ``block``.
+
+    Raises:
+        ValueError: the markers are missing, repeated or out of order.
+    """
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"expected one {BEGIN!r} line followed by one {END!r} line")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{block.rstrip()}\n{END}{tail}"
+
+
+def html_problems(html: Path, pages: Sequence[str]) -> list[str]:
+    """What is wrong with a rendered book in ``html``: a page of ``pages`` (paths relative to
+    ``html`` without ``.html``) missing, an asset fetched from the network, a local asset missing,
+    no page loading the local MathJax."""
+    problems = [] if (html / "index.html").is_file() else [f"missing {html / 'index.html'}"]
+    problems += [f"missing page {html / p}.html" for p in pages if not (html / f"{p}.html").is_file()]
+    mathjax_ok = False
+    for page in sorted(html.rglob("*.html")):
+        if "_static" in page.relative_to(html).parts:
+            continue
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for tag in FETCH.finditer(text):
+            url, whole = tag.group(1), tag.group(0).lower()
+            if whole.startswith("<link") and not any(w in whole for w in ("stylesheet", "preload", "icon")):
+                continue  # <link rel="next"/"search"/...>: navigation, nothing is fetched
+            if REMOTE.match(url):
+                problems.append(f"{page.relative_to(html)} fetches a remote asset: {url}")
+            elif not url.startswith(("data:", "#")) and not (page.parent / url.split("?")[0].split("#")[0]).exists():
+                problems.append(f"{page.relative_to(html)} refers to a missing file: {url}")
+            elif "tex-mml-chtml.js" in url:
+                mathjax_ok = True
+    if not mathjax_ok:
+        problems.append("no page loads the local MathJax (run scripts/setup_book_assets.sh)")
+    return problems
