@@ -1,4 +1,5 @@
-# pact-book: `make book` builds the whole book on the built-in testbed; `make test` runs the tests.
+# pact-book: `make book` renders the book from its committed records; `make reproduce` recomputes
+# them; `make test` runs the tests (mk/book.mk lists the book's targets).
 # Each target does its own setup and skips what is already up to date.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -17,8 +18,11 @@ export PACT_CACHE ?= $(CURDIR)/.cache
 .PHONY: help setup sources test data zoo bench clean
 
 help:
-	@echo "make book   - set up, prepare data, build the model zoo, execute every notebook, render _build/html"
-	@echo "             [PARAMS=<set in params/>] [THREADS=<torch threads per kernel; default cores/BOOK_JOBS>]"
+	@echo "make book       - set up (venv, book assets), render every chapter from its committed records into _build/html"
+	@echo "                  [PARAMS=<set in params/>] [THREADS=<torch threads per kernel; default cores/BOOK_JOBS>]"
+	@echo "make reproduce  - prepare data and the model zoo, recompute stale or missing chapters [NB=05_main_results], render"
+	@echo "make chapter    - recompute one chapter NB=... [ARGS=\"-p name=value\"], render"
+	@echo "make publish    - push _build/html to the gh-pages branch;  make readme - the README's verdict table"
 	@echo "make test   - set up, then run the test suite (includes the smoke book)"
 	@echo "make bench  - engine benchmarks (bench/)"
 

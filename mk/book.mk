@@ -1,59 +1,78 @@
 # The book pipeline, included from the Makefile (`include mk/book.mk`).
 # Assumes: $(PY) (the venv's python), $(STAMP) (the file that says the venv is ready),
-# $(PARAMS) (default: default) and a `setup` target that includes `book-assets`.
+# $(PARAMS) (default: default) and the targets `setup` (venv, data sources, book assets), `data`, `zoo`.
 #
-#   make book                      set up, prepare data + zoo, execute changed notebooks, render
-#   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html)
-#   make book PARAMS=paper-vitb32-8  chapters 3-12 on your CLIP checkpoints (edit the file's paths first)
-#   make chapter NB=05_main_results [ARGS="-p alpha_points=5 --force"]
-#   make book PARAMS=paper-vitb32-8 THREADS=16   torch threads of each kernel (default below)
+# A chapter's results are records committed under book/records/<set>/<run>/<chapter>/ with their
+# provenance (scripts/run_notebooks.py, pactlib/book/provenance.py). Reading and computing are apart:
+#
+#   make book                      venv + book assets only (no data, no zoo), then every chapter and
+#                                  variant executed by papermill in present mode (figures, tables and
+#                                  verdicts from the records; compute cells shown, not run; stale or
+#                                  missing records say so at the chapter's top), render, check the HTML,
+#                                  and (PARAMS=default) the README's verdict table
+#   make reproduce [NB=05_main_results]   data + zoo as the chapters need them, then compute mode for
+#                                  every stale or missing chapter (or NB), resumable, with the time
+#                                  left; then present + render. ARGS="--force" recomputes current ones
+#   make chapter NB=05_main_results ARGS="-p alpha_points=5"   compute that chapter, then render.
+#                                  With -p the records go to book/records/_scratch/<set>/ and the book to
+#                                  _build/_scratch/<set>/: other parameters never overwrite a set's records
+#   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html;
+#                                  records of sets other than default are not committed)
+#   make publish                   push _build/html to the gh-pages branch (ghp-import)
+#   make readme                    regenerate README.md's verdict table from book/records/default
 #   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
 #   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
 #
-# `book` and `chapter` validate the parameters (params/$(PARAMS).yaml, ARGS) first, with the
-# venv only, and build the data, the zoo and the rest of the setup only once that passed (a
-# sub-make after the check, so the order holds under -j too): a wrong value fails in seconds.
-#
-# BOOK_DEPS: the targets that produce the notebooks' inputs (data, model zoo); empty to skip. The
-# runner derives them from what the chapters (of `chapter`: chapter $(NB)) name under the set and
-# ARGS (`scripts/run_notebooks.py --needs`): `data zoo` when a run names a built-in testbed that
-# reads them (Lite0 with its default zoo, MiniLM), else nothing. So the default set builds both,
-# while a set that runs on the user's CLIP files and on testbeds that build themselves in seconds
-# (synthetic, Lite0's smoke zoo: params/paper-*.yaml, params/smoke.yaml) builds neither, whether
-# PARAMS names it or gives its path (`make book PARAMS=$$PWD/params/paper-vitb32-8.yaml`). Without
-# the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
-# BOOK_INPUTS: globs of files whose content is part of every notebook's cache key (the data and
-# zoo manifests): when they change, every notebook runs again.
+# Parameters are validated first (book-check / chapter-check / reproduce-check, with the venv only):
+# a wrong value fails in seconds, before any data or zoo is built.
+# BOOK_DEPS: the targets that produce the computed chapters' inputs: `data zoo` when a run names a
+# built-in testbed that reads them (Lite0 with its default zoo, MiniLM; scripts/run_notebooks.py
+# --needs), else nothing. Without the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
 BOOK_DEPS   ?= $(if $(wildcard $(PY)),$(shell $(PY) scripts/run_notebooks.py --params $(PARAMS) --needs $(BOOK_ONLY) $(ARGS)),data zoo)
-BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/zoo-minilm/manifest.json $(PACT_CACHE)/data/**/manifest.json
-# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). Two 1-thread
-# kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
-# for two such batches at once vs 31.8 s for one batch alone).
+# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads).
 BOOK_JOBS   ?= 2
-# THREADS: torch threads of each kernel (the runner's --threads, a whole number >= 1). Empty: the
-# set's `threads:` (common: or a chapter's section), else cores / BOOK_JOBS. Checked with the
-# parameters, before anything is built; a new count re-executes no chapter (not in the cache key).
+# THREADS: torch threads of each kernel (--threads); empty: the set's `threads:`, else cores / BOOK_JOBS.
 THREADS     ?=
-BOOK_RUN     = PACT_BOOK_INPUTS="$(BOOK_INPUTS)" $(PY) scripts/run_notebooks.py --params $(PARAMS) --jobs $(BOOK_JOBS)$(if $(THREADS), --threads '$(THREADS)')
+BOOK_RUN     = $(PY) scripts/run_notebooks.py --params $(PARAMS) --jobs $(BOOK_JOBS)$(if $(THREADS), --threads '$(THREADS)')
+GHP_IMPORT   = $(dir $(PY))ghp-import
 
-.PHONY: book chapter book-assets book-check chapter-check book-screenshot
+.PHONY: book reproduce chapter publish readme book-setup book-assets book-check chapter-check reproduce-check book-screenshot
 
 book-assets:
 	@bash scripts/setup_book_assets.sh
 
+# what `make book` needs: the venv and the offline assets, no data and no zoo
+book-setup: $(STAMP) book-assets
+
 book: book-check
+	@$(MAKE) --no-print-directory book-setup
+	$(BOOK_RUN) --mode present $(ARGS)
+	$(if $(filter default,$(PARAMS)),$(PY) scripts/readme_verdicts.py)
+
+reproduce: BOOK_ONLY = $(if $(NB),--only $(NB))
+reproduce: reproduce-check
 	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
-	$(BOOK_RUN) $(ARGS)
+	$(BOOK_RUN) --mode compute $(BOOK_ONLY) $(ARGS)
 
 chapter: BOOK_ONLY = --only $(NB)
 chapter: chapter-check
 	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
-	$(BOOK_RUN) --only $(NB) $(ARGS)
+	$(BOOK_RUN) --mode compute --only $(NB) $(ARGS)
+
+publish:
+	@test -f _build/html/index.html || { echo "error: no _build/html/index.html: run make book first" >&2; exit 1; }
+	$(GHP_IMPORT) -n -p -f _build/html
+
+readme: $(STAMP)
+	$(PY) scripts/readme_verdicts.py
 
 # Validate the parameters (names, types and values: scripts/run_notebooks.py --check-only) of
 # every notebook / of notebook $(NB), against params/$(PARAMS).yaml and ARGS; executes nothing.
 book-check: $(STAMP)
 	$(BOOK_RUN) --check-only $(ARGS)
+
+reproduce-check: $(STAMP)
+	$(BOOK_RUN) $(if $(NB),--only $(NB)) --check-only $(ARGS)
 
 chapter-check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [THREADS=N] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }

@@ -916,6 +916,8 @@ def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
     text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states)
     path = EXECUTED / store / f"{VERDICTS_PAGE}.md"
     _atomic_write(path, text)
+    _atomic_write(EXECUTED / store / "states.json",  # read by scripts/readme_verdicts.py
+                  json.dumps({f"{r}/{c}": st["state"] for (c, r), st in sorted(states.items())}, indent=1) + "\n")
     return path
 
 

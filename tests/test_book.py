@@ -9,6 +9,7 @@ import math
 import multiprocessing as mp
 import re
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -493,6 +494,7 @@ setup: ; @echo STEP setup
 data: ; @echo STEP data
 zoo: ; @echo STEP zoo
 include {root}/mk/book.mk
+book-assets: ; @echo STEP assets
 """
 # $(PY) of the stub: the real runner for the check and the --needs query (BOOK_DEPS), a log line
 # instead of executing notebooks
@@ -546,6 +548,23 @@ def test_make_book_checks_every_notebook_first(tmp_path):
     assert usage.returncode != 0 and "usage: make chapter NB=" in usage.stderr and "STEP" not in usage.stdout
 
 
+def test_make_book_renders_without_data_or_zoo_and_reproduce_builds_them_when_needed(tmp_path):
+    book = _make(tmp_path, "book")
+    assert book.returncode == 0, book.stdout + book.stderr
+    steps = [line for line in book.stdout.splitlines() if line.startswith("STEP")]
+    assert steps == ["STEP assets", "STEP run scripts/run_notebooks.py --params default --jobs 2 --mode present",
+                     "STEP run scripts/readme_verdicts.py"]
+    smoke = _make(tmp_path, "book", "PARAMS=smoke")
+    assert [line for line in smoke.stdout.splitlines() if line.startswith("STEP")][-1].endswith("--mode present")
+    for nb, built in (("05", ["STEP setup", "STEP data", "STEP zoo"]), ("01", ["STEP setup"])):
+        rep = _make(tmp_path, "reproduce", f"NB={nb}")
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+        steps = [line for line in rep.stdout.splitlines() if line.startswith("STEP")]
+        assert steps == [*built, f"STEP run scripts/run_notebooks.py --params default --jobs 2 --mode compute --only {nb}"]
+    everything = _make(tmp_path, "-n", "reproduce")
+    assert "--mode compute" in everything.stdout and "--only" not in everything.stdout.split("--mode compute")[1]
+
+
 def test_make_passes_threads_to_the_runner(tmp_path):
     """`make book/chapter THREADS=N` hands --threads N to the runner: BOOK_RUN, which runs the
     check (book-check, chapter-check: a bad value fails there, before anything is built, as the
@@ -562,71 +581,58 @@ def _write_set(tmp_path, name, section):
 
 
 @pytest.mark.slow
-def test_smoke_book_builds_end_to_end(tmp_path):
+def test_smoke_book_computes_two_chapters_and_renders_them_all_from_records(tmp_path):
+    """Compute mode on chapters 1 and 3 of the smoke set (records in book/records/smoke/, ignored
+    by git), then present mode renders the whole book: those two from their records, the others
+    (no records) with their banner; the Verdicts page marks them; nothing is fetched remotely."""
     _need_mathjax()
     rn = _runner()
     out = tmp_path / "book"
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--params", "smoke",
-           "--path-output", str(out), "--jobs", "2"]  # as `make book` runs it (mk/book.mk BOOK_JOBS)
-    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--params", "smoke", "--jobs", "2"]
+    for chapter in ("01_method", "03_scalar_perspective"):
+        shutil.rmtree(ROOT / "book" / "records" / "smoke" / "main" / chapter, ignore_errors=True)
+    first = subprocess.run([*run, "--mode", "compute", "--only", "01", "03", "--no-render"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    html = out / "_build" / "html"
+    assert first.stdout.count(" computing (missing: no records in book/records/smoke/main/") == 2
+    store = ROOT / "book" / "records" / "smoke" / "main"
+    for chapter in ("01_method", "03_scalar_perspective"):
+        assert records.read_records(store / chapter / f"{chapter}.jsonl"), chapter
+        prov = json.loads((store / chapter / "provenance.json").read_text())
+        assert prov["set"] == "smoke" and prov["params"]["seed" if chapter == "01_method" else "seeds"] in (0, [0])
+        assert prov["engine"]["modules"] and prov["wall_minutes"] > 0
+    again = subprocess.run([*run, "--mode", "compute", "--only", "01", "--no-render"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "01_method                  current" in again.stdout, again.stdout
+    shown = subprocess.run([*run, "--path-output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
+    html = out / "_build" / "html" / "book" / "_executed" / "smoke"
     chapters = rn.toc_chapters()
     assert len(chapters) == 12
-
-    executed = ROOT / "book" / "_executed" / "smoke"
     for n, stem in enumerate(chapters, 1):
-        # the executed notebook kept its parameters cell and got the smoke values injected
-        nb = json.loads((executed / f"{stem}.ipynb").read_text())
-        tags = [c["metadata"].get("tags", []) for c in nb["cells"]]
-        assert ["parameters"] in tags and ["injected-parameters"] in tags, stem
-        injected = "".join(nb["cells"][tags.index(["injected-parameters"])]["source"])
-        used = json.loads((executed / f"{stem}.key").read_text())["params"]
-        for name in used:
-            assert f"{name} = " in injected, (stem, name)
-        if "zoo_profile" in used:  # the smoke set points every experiment at the seconds-sized zoo
-            assert used["zoo_profile"] == "smoke", stem
-        assert records.read_records(executed / "records" / f"{stem}.jsonl"), stem
-
-        page = html / "book" / "_executed" / "smoke" / f"{stem}.html"
-        text = page.read_text()
-        imgs = re.findall(r'<img[^>]*src="([^"]+)"', text)
-        assert imgs, f"{stem}: no figure"
-        for src in imgs:
-            assert (page.parent / src).is_file(), f"{stem}: {src} missing"
-        assert re.search(rf"Figure {n}\.\d", text), f"{stem}: no numbered figure caption"
-        if 3 <= n <= 10:  # the claim chapters end with verdicts
-            assert "Verdict on" in text, stem
-
-    intro = (html / "book" / "intro.html").read_text()
-    mathjax = re.findall(r'<script[^>]*src="([^"]*tex-mml-chtml\.js)[^"]*"', intro)
-    assert mathjax and (html / "book" / mathjax[0]).resolve().is_file()
-    for page in html.rglob("*.html"):
-        if "_static" not in page.relative_to(html).parts:
-            body = page.read_text()
-            assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", body), page
-
-    assert "Passed unknown parameter" not in first.stderr  # papermill's noise is silenced
-
-    # the smoke set's variant: its pages are sections of their chapters, and the Verdicts page
-    # has a column per run
-    for stem in ("05_main_results", "06_static_vs_dynamic"):
-        page = (html / "book" / "_executed" / "smoke" / "syn4" / f"{stem}.html").read_text()
-        assert "Synthetic, 4 tasks" in page and "Verdict on" in page, stem
-        assert records.read_records(executed / "syn4" / "records" / f"{stem}.jsonl"), stem
-    verdicts = (html / "book" / "_executed" / "smoke" / "verdicts.html").read_text()
-    assert "Synthetic, 3 tasks" in verdicts and "Synthetic, 4 tasks" in verdicts
-    for claim in ("C1", "C5", "C8", "C12"):
-        assert f"<td><p>{claim}</p></td>" in verdicts or f"<td>{claim}</td>" in verdicts, claim
+        text = (html / f"{stem}.html").read_text()
+        if stem in ("01_method", "03_scalar_perspective"):
+            imgs = re.findall(r'<img[^>]*src="([^"]+)"', text)
+            assert imgs and all((html / src).is_file() for src in imgs), stem
+            assert re.search(rf"Figure {n}\.\d", text) and "No records yet" not in text, stem
+            assert "Computed by" in text, stem
+        else:
+            assert "No records yet for this chapter" in text, stem
+    assert "Verdict on" in (html / "03_scalar_perspective.html").read_text()
+    for stem in ("05_main_results", "06_static_vs_dynamic"):  # the variant's pages, sections of their chapters
+        assert "Synthetic, 4 tasks" in (html / "syn4" / f"{stem}.html").read_text(), stem
+    verdicts = (html / "verdicts.html").read_text()
+    assert "Synthetic, 3 tasks" in verdicts and "Records that are not current" in verdicts
+    assert re.search(r"<td><p>C1</p></td>|<td>C1</td>", verdicts) and "Where the time goes" in verdicts
+    for page in (out / "_build" / "html").rglob("*.html"):
+        if "_static" not in page.relative_to(out / "_build" / "html").parts:
+            assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", page.read_text()), page
+    assert "Passed unknown parameter" not in shown.stderr  # papermill's noise is silenced
 
 
-def test_one_chapter_of_an_unexecuted_set_is_not_rendered_and_exits_0(tmp_path, monkeypatch, capsys):
-    """`--only` on a set whose other chapters never ran executes that chapter and says the book
-    is rendered once every chapter ran, instead of failing at the render (exit 0)."""
+def test_overrides_go_to_a_scratch_store(capsys):
+    """`-p` values never touch a set's own records: the store is book/records/_scratch/<set>/."""
     rn = _runner()
-    monkeypatch.setattr(rn, "EXECUTED", tmp_path)
-    rendered = []
-    monkeypatch.setattr(rn, "render", lambda *a, **k: rendered.append(a))
-    assert rn.main(["--params", "smoke", "--only", "01_method", "--render-only"]) == 0
+    assert rn.main(["--params", "smoke", "--only", "01", "-p", "spectra_dim=9", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "not rendering the 'smoke' book yet" in out and "02_testbed" in out and not rendered
+    assert "book/records/_scratch/smoke/main/01_method" in out and "book/records/smoke/" not in out

@@ -1,0 +1,68 @@
+#!/usr/bin/env python
+"""Regenerate the README's verdict table from the committed verdict records (`make readme`).
+
+Reads ``book/records/default/<run>/<chapter>/<chapter>.verdicts.jsonl`` (the verdicts of the
+default set's compute runs), the run titles from ``params/default.yaml`` (``variants:``) and,
+when ``make book`` has rendered the default book, the records' states from
+``book/_executed/default/states.json`` (a verdict of a stale or missing chapter says so), and
+rewrites what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -->`` in
+``README.md``: a row per claim, a column per testbed, each cell the status linked to the chapter.
+
+    .venv/bin/python scripts/readme_verdicts.py [--check]   # --check: exit 1 when README.md is out of date
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pactlib.book import params as pparams  # noqa: E402
+from pactlib.book import site  # noqa: E402
+
+#: Where a cell links: the chapter's notebook in the repository.
+LINK = "notebooks/{chapter}.py"
+
+
+def table(root: Path, set_name: str = "default") -> str:
+    """The generated block for ``root``'s README (see the module docstring)."""
+    titles = {r: spec["title"] for r, spec in pparams.variant_definitions(root / "params" / f"{set_name}.yaml").items()}
+    store = root / "book" / "records" / set_name
+    files = [(p.parent.name, p.parent.parent.name, p) for p in sorted(store.glob("*/*/*.verdicts.jsonl"))
+             if p.name == f"{p.parent.name}.verdicts.jsonl"]
+    states_file = root / "book" / "_executed" / set_name / "states.json"
+    states = json.loads(states_file.read_text()) if states_file.is_file() else {}
+    verdicts = []
+    for chapter, run, rec in site.read_verdicts(files, list(titles)):
+        state = states.get(f"{run}/{chapter}", "current")
+        verdicts.append((chapter, run, rec if state == "current" else {**rec, "status": f"{rec['status']} ({state})"}))
+    return site.readme_table(verdicts, titles, LINK)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the README's table is out of date")
+    args = ap.parse_args(argv)
+    text = args.readme.read_text(encoding="utf-8")
+    try:
+        new = site.replace_block(text, table(ROOT))
+    except ValueError as exc:
+        print(f"error: {args.readme}: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        return 0 if new == text else 1
+    if new != text:
+        tmp = args.readme.with_name(f".{args.readme.name}.{os.getpid()}.tmp")
+        tmp.write_text(new, encoding="utf-8")
+        os.replace(tmp, args.readme)
+        print(f"updated the verdict table in {args.readme.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

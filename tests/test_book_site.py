@@ -1,0 +1,129 @@
+"""The book's generated pieces (pactlib.book.site, scripts/readme_verdicts.py) and the Pages
+workflow: the README's verdict table from committed verdict records, the marker block, the
+offline HTML check, and the workflow rendering with the same make target users run."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pactlib.book import site
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _verdicts(folder: Path, chapter: str, *recs: dict) -> Path:
+    path = folder / f"{chapter}.verdicts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_readme_table_one_cell_per_claim_and_testbed(tmp_path):
+    files = [("05_main_results", "main", _verdicts(tmp_path / "a", "05_main_results",
+                                                   {"claim": "C5", "status": "partly reproduced", "run": "main"},
+                                                   {"claim": "C10", "status": "reproduced", "run": "main"})),
+             ("05_main_results", "minilm", _verdicts(tmp_path / "b", "05_main_results",
+                                                     {"claim": "C5", "status": "reproduced", "run": "minilm"})),
+             ("02_testbed", "main", _verdicts(tmp_path / "c", "02_testbed",
+                                              {"claim": "precondition", "status": "reproduced", "run": "main"},
+                                              {"claim": "precondition", "status": "partly reproduced",
+                                               "run": "minilm"})),
+             ("07_layer_depth", "main", tmp_path / "absent.jsonl")]
+    titles = {"main": "Lite0", "minilm": "MiniLM"}
+    table = site.readme_table(site.read_verdicts(files, list(titles)), titles, "notebooks/{chapter}.py")
+    assert table.splitlines() == [
+        "| claim | Lite0 | MiniLM |", "|---|---|---|",
+        "| C5 | [partly reproduced](notebooks/05_main_results.py) | [reproduced](notebooks/05_main_results.py) |",
+        "| C10 | [reproduced](notebooks/05_main_results.py) | – |",
+        "| precondition | [reproduced](notebooks/02_testbed.py) | [partly reproduced](notebooks/02_testbed.py) |"]
+    assert site.readme_table([], titles, "x").startswith("No verdict records are committed yet")
+
+
+def test_replace_block_keeps_the_rest_and_refuses_bad_markers():
+    text = f"intro\n{site.BEGIN}\nold table\n{site.END}\nafter\n"
+    assert site.replace_block(text, "| new |\n") == f"intro\n{site.BEGIN}\n| new |\n{site.END}\nafter\n"
+    assert site.replace_block(site.replace_block(text, "x"), "x") == site.replace_block(text, "x")  # idempotent
+    for bad in ("no markers", f"{site.END}\n{site.BEGIN}", f"{site.BEGIN}\n{site.BEGIN}\n{site.END}"):
+        with pytest.raises(ValueError, match="verdicts:begin"):
+            site.replace_block(bad, "x")
+
+
+def _readme_script():
+    spec = importlib.util.spec_from_file_location("readme_verdicts", ROOT / "scripts" / "readme_verdicts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_script_reads_the_committed_store_and_marks_stale_chapters(tmp_path):
+    mod = _readme_script()
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "default.yaml").write_text(yaml.safe_dump(
+        {"common": {}, "05_main_results": {}, "variants": {"main": {"title": "Lite0"},
+                                    "minilm": {"title": "MiniLM", "chapters": {"05_main_results": {}}}}}))
+    store = tmp_path / "book" / "records" / "default"
+    _verdicts(store / "main" / "05_main_results", "05_main_results", {"claim": "C5", "status": "reproduced", "run": "main"})
+    _verdicts(store / "minilm" / "05_main_results", "05_main_results",
+              {"claim": "C5", "status": "not reproduced", "run": "minilm"})
+    _verdicts(store / "smoke-like" / "x", "y", {"claim": "C9", "status": "reproduced"})  # not <chapter>/<chapter>: ignored
+    assert mod.table(tmp_path).splitlines()[2] == (
+        "| C5 | [reproduced](notebooks/05_main_results.py) | [not reproduced](notebooks/05_main_results.py) |")
+    states = tmp_path / "book" / "_executed" / "default" / "states.json"
+    states.parent.mkdir(parents=True)
+    states.write_text(json.dumps({"main/05_main_results": "current", "minilm/05_main_results": "stale"}))
+    assert "[not reproduced (stale)](notebooks/05_main_results.py)" in mod.table(tmp_path)
+
+
+def test_readme_has_one_generated_block_that_is_up_to_date():
+    text = (ROOT / "README.md").read_text()
+    assert text.count(site.BEGIN) == 1 and text.count(site.END) == 1
+    assert _readme_script().main(["--check"]) == 0, "README.md's verdict table is stale: run `make readme`"
+
+
+def test_html_problems_names_remote_and_missing_assets(tmp_path):
+    (tmp_path / "_static" / "es5").mkdir(parents=True)
+    (tmp_path / "_static" / "es5" / "tex-mml-chtml.js").write_text("")
+    (tmp_path / "index.html").write_text('<script src="_static/es5/tex-mml-chtml.js"></script>'
+                                         '<link rel="next" href="https://example.org/next">')
+    (tmp_path / "a.html").write_text('<img src="https://cdn.example.org/x.png"><img src="fig.png">')
+    assert site.html_problems(tmp_path, ["a", "b"]) == [
+        f"missing page {tmp_path / 'b'}.html", "a.html fetches a remote asset: https://cdn.example.org/x.png",
+        "a.html refers to a missing file: fig.png"]
+
+
+def test_toc_moves_chapters_adds_variant_sections_and_the_verdicts_page():
+    base = {"root": "book/intro", "parts": [
+        {"caption": "Main", "chapters": [{"file": "book/_executed/default/05_x"}, {"file": "book/_executed/default/06_y"}]},
+        {"caption": "About this book", "chapters": [{"file": "book/running"}]}]}
+    toc = site.toc(base, "book/_executed/default/", "book/_executed/smoke/", {"v": ["06_y"]})
+    assert toc["parts"][0]["chapters"] == [{"file": "book/_executed/smoke/05_x"},
+                                           {"file": "book/_executed/smoke/06_y",
+                                            "sections": [{"file": "book/_executed/smoke/v/06_y"}]}]
+    assert toc["parts"][1] == {"caption": "Verdicts", "chapters": [{"file": "book/_executed/smoke/verdicts"}]}
+    assert base["parts"][0]["chapters"][0]["file"] == "book/_executed/default/05_x"  # not modified
+
+
+def test_pages_workflow_renders_with_make_book_and_no_zoo_or_cache():
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    steps = flow["jobs"]["build"]["steps"]
+    runs = [s["run"].strip() for s in steps if "run" in s]
+    assert runs == ["make book"]
+    uses = [s.get("uses", "") for s in steps]
+    assert not any("cache" in u for u in uses)
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact"))
+    assert upload["with"]["path"] == "_build/html"
+    assert flow["jobs"]["build"]["timeout-minutes"] <= 30
+    assert re.search(r"^book: ", (ROOT / "mk" / "book.mk").read_text(), re.M)  # the target exists
+    assert flow["jobs"]["deploy"]["steps"][0]["uses"].startswith("actions/deploy-pages")
+
+
+def test_publish_and_ghp_import_are_pinned():
+    mk = (ROOT / "mk" / "book.mk").read_text()
+    assert "$(GHP_IMPORT) -n -p -f _build/html" in mk
+    for req in ("requirements.txt", "requirements.lock"):
+        assert re.search(r"^ghp-import==\d", (ROOT / req).read_text(), re.M), req
