@@ -58,14 +58,15 @@ def _make_n(*args) -> str:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
-def test_make_book_builds_data_and_zoo_only_for_sets_that_need_them():
+def test_make_reproduce_builds_data_and_zoo_only_for_sets_that_need_them():
     zoo = ("pact data prepare", "pactlib.testbeds.lite0.testbed default", "pactlib.testbeds.minilm.testbed default")
-    default = _make_n("book")  # unchanged: the default book builds the data and both zoos first
+    default = _make_n("reproduce")  # the default book's compute builds the data and both zoos first
     assert all(z in default for z in zoo) and "setup data zoo" in default
+    assert not any(z in _make_n("book") for z in zoo)  # rendering from records needs neither
     for params in ("paper-vitb32-8", str(ROOT / "params" / "paper-vitb32-8.yaml")):
-        out = _make_n("book", f"PARAMS={params}")
+        out = _make_n("reproduce", f"PARAMS={params}")
         assert not any(z in out for z in zoo), params
         assert "run_notebooks.py --params " + params in out
     chapter = _make_n("chapter", "NB=12_paper_scale")  # one chapter of the default set: its own needs (none)
     assert not any(z in chapter for z in zoo) and "--only 12_paper_scale" in chapter
-    assert not any(z in _make_n("book", "BOOK_DEPS=") for z in zoo)  # empty: skip, as before
+    assert not any(z in _make_n("reproduce", "BOOK_DEPS=") for z in zoo)  # empty: skip, as before
