@@ -515,6 +515,13 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
             cell.metadata["pact_skipped"] = True
             cell.pop("outputs", None)
             cell.pop("execution_count", None)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    defaults = pparams.parse_defaults(nb.cells[at].source)
+    changed = {k: v for k, v in job.overrides.items() if defaults.get(k) != v}
+    if changed:  # papermill's cell with the values in effect is removed: say them under the defaults
+        nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(
+            f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
+            + ".*", metadata={"tags": ["pact-parameters"]}))
     top = [_banner(job, store, prov)] if job.reasons else []
     if prov is not None:
         first = next((i for i, c in enumerate(nb.cells) if c.metadata.get("pact_skipped")), None)

@@ -402,6 +402,7 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     assert "computing" not in "".join(_outputs(c) for c in nb["cells"])
     assert any(k.startswith("*Computed by `make reproduce NB=98_tiny`") for k in cells)
     assert "remove-input" in next(c for k, c in cells.items() if "params.check(" in k)["metadata"]["tags"]
+    assert "*This run (parameter set `t`) sets `size = 4`.*" in cells  # papermill's own cell is removed
     injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert len(injected) == 1 and "remove-cell" in injected[0]["metadata"]["tags"]
     assert "No records yet" not in json.dumps(nb) and "stale" not in "".join(nb["cells"][0]["source"])

@@ -14,7 +14,9 @@ Files are JSON lines (``.jsonl``). :func:`write_records` rewrites the whole file
 temporary file and ``os.replace`` under an exclusive lock (``<file>.lock``), so a reader never
 sees half a line and two writers never lose each other's records.
 
-The book runner points ``PACT_RECORDS_DIR`` at ``book/_executed/<params>/records``;
+The book runner points ``PACT_RECORDS_DIR`` at a chapter's folder of the record store: in compute
+mode a staging folder that becomes ``book/records/<set>/<run>/<chapter>/``, in present mode a copy of
+that folder under ``book/_executed/``;
 :func:`records_path` resolves a notebook's file there (or under ``results/`` when a notebook is
 run by hand). Book: "Running the book" page.
 """
