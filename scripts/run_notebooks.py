@@ -92,6 +92,8 @@ with open({path!r}, "w") as _f:
     _j.dump({{"modules": sorted(m for m in _s.modules if m == "pactlib" or m.startswith("pactlib.")),
              "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in _u)}}, _f)
 """
+
+
 class RunError(RuntimeError):
     """A notebook failed, or the rendered book failed a check."""
 

@@ -631,9 +631,11 @@ def test_smoke_book_computes_two_chapters_and_renders_them_all_from_records(tmp_
     assert "Passed unknown parameter" not in shown.stderr  # papermill's noise is silenced
 
 
-def test_overrides_go_to_a_scratch_store(capsys):
+def test_overrides_go_to_a_scratch_store(tmp_path, monkeypatch, capsys):
     """`-p` values never touch a set's own records: the store is book/records/_scratch/<set>/."""
     rn = _runner()
+    monkeypatch.setattr(rn, "RECORDS", tmp_path / "records")
     assert rn.main(["--params", "smoke", "--only", "01", "-p", "spectra_dim=9", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "book/records/_scratch/smoke/main/01_method" in out and "book/records/smoke/" not in out
+    assert f"missing  missing: no records in {tmp_path}/records/_scratch/smoke/main/01_method" in out, out
+    assert "records/smoke/" not in out
