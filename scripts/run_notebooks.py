@@ -636,7 +636,8 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool)
     def start(job: Job) -> None:
         why = "; ".join(job.reasons) or "--force"
         est = f"{last[job.id]:.0f} min last time" if last[job.id] else "no estimate"
-        left = f"~{state['left'] / n:.0f} min left" + (f" + {state['unknown']} unestimated" if state["unknown"] else "")
+        left = (f"~{state['left'] / n:.0f} min left" if state["left"] else "time left unknown") \
+            + (f" + {state['unknown']} chapter(s) never timed" if state["unknown"] and state["left"] else "")
         print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} computing ({why[:160]}; {job.threads} thread(s); "
               f"{est}; {left})", flush=True)
 
