@@ -40,13 +40,14 @@ test_limit = 300               # test images per task (one image = 0.33 points)
 # %%
 from pactlib import merges
 from pactlib.book import params, plotting, records, report, study
-from pactlib.testbeds import alpha_grid, load, reference_records, run, suite_of
+from pactlib.testbeds import suite_of
 
 P = params.check(
     globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
     seeds_large=params.each(params.at_least(0), unique=True), methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
+suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]
 # ## Run every merge
@@ -54,10 +55,11 @@ P = params.check(
 # One testbed per (suite, seed); each method runs plain and with PACT at the default options
 # (`PactOptions()`, chosen in the sensitivity chapter). Progress shows one line per merge.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
-suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
+from pactlib.testbeds import alpha_grid, load, reference_records, run
+
 runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds_large)]
 recs = []
 for name, seed in tqdm(runs, desc="testbeds"):
@@ -66,9 +68,7 @@ for name, seed in tqdm(runs, desc="testbeds"):
         for pact in (None, "pact"):
             recs.append(run(tb, method, pact=pact, alphas=alpha_grid(method, alpha_points)))
     recs += reference_records(tb, pact=None)  # zero-shot θ0 and the fine-tuned models
-path = records.records_path("05_main_results")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("05_main_results"), recs, replace=True)
 
 # %% [markdown]
 # ## The table
@@ -77,6 +77,7 @@ frame = records.records_frame(path)
 # deviation over the fine-tuning seeds of each row (seed counts in the last columns).
 
 # %%
+frame = records.records_frame(records.records_path("05_main_results"))
 summary = study.summarize(frame, by=("method", "suite"))
 table = report.main_table(summary, suites=suites)
 plotting.table(table, chapter=5, number=1, paper="Tab. 1",

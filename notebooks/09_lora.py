@@ -51,7 +51,7 @@ P = params.check(
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
 recs = []
@@ -62,11 +62,10 @@ for seed in tqdm(seeds, desc="seeds"):
         for mode in (None, "pact"):
             recs.append(testbeds.run(tb, method, pact=mode, alphas=testbeds.alpha_grid(method, alpha_points, lo=0.1, hi=alpha_max)))
     recs += testbeds.reference_records(tb, pact=None, kind="lora")  # zero-shot θ0 and the LoRA fine-tunes
-path = records.records_path("09_lora")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("09_lora"), recs, replace=True)
 
 # %%
+frame = records.records_frame(records.records_path("09_lora"))
 plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")), suites=[suite]),
                chapter=9, number=1, paper="Tab. 3",
                caption="LoRA task vectors: absolute (normalized) mean test accuracy, %, mean ± std over seeds.")

@@ -65,7 +65,7 @@ sweeps = {"core_frac": core_fracs, "active_frac": active_fracs, "lbw_tol": lbw_t
           "max_shield_frac": max_shield_fracs, "shield_tol": shield_tols}
 defaults = PactOptions()
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
 recs = []
@@ -83,11 +83,10 @@ for seed in seeds:
                 method, pact="pact", options=defaults.replace(**{knob: value}), alphas=alphas, task_vectors=tvs)
             r.update(knob=knob, value=value, is_default=is_default)
             recs.append(r)
-path = records.records_path("11_sensitivity")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("11_sensitivity"), recs, replace=True)
 
 # %%
+frame = records.records_frame(records.records_path("11_sensitivity"))
 with plotting.figure("sensitivity", chapter=11, number=1, size="wide",
                      caption="PACT-Iso-C minus Iso-C in mean normalized accuracy (points) as one knob moves "
                              "(others at their defaults, marked by the dashed line). Solid: validation "
