@@ -336,6 +336,54 @@ def test_tiny_example_data_and_classifier(tiny_example):
     assert data.images.shape == (12, 3, 32, 32) and data.classes == ex.classes["task2"]
 
 
+def test_chapter_12_tables_and_figure_from_records_equal_the_computed_ones(tiny_example, tmp_path):
+    """The present cells of chapter 12 rebuild the rule and data tables from records alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from pactlib.book.experiments import paper_scale
+    from pactlib.book.records import make_record, read_records, records_frame, write_records
+    from pactlib.matrix import PRESETS
+    from pactlib.models import clip
+
+    ex = tiny_example
+    pre, fts = paper_scale.find_checkpoints(ex.checkpoint_dir, ex.tasks, pretrained_file="zeroshot.pt",
+                                            finetuned_pattern="{task}/finetuned.pt")
+    theta0 = clip.vision_state_dict(pre)
+    rules = {"ours": PRESETS["default"], "ref": PRESETS["reference_2d"]}
+    diff = paper_scale.rule_differences(theta0, rules)
+    assert len(diff) == 2  # visual.positional_embedding and visual.proj
+    check = paper_scale.data_check(ex.data_root, [*ex.tasks, "SUN397"])
+    path = write_records(tmp_path / "12.jsonl", [*paper_scale.rule_records(diff, params={}, seed=0),
+                                                 *paper_scale.data_check_records(check, params={})])
+    recs = read_records(path)
+    pd.testing.assert_frame_equal(paper_scale.rule_table(recs, list(rules)), diff)
+    pd.testing.assert_frame_equal(paper_scale.data_check_table(recs), check)  # NaN counts of SUN397 too
+    assert paper_scale.rule_table([], list(rules)).columns.tolist() == ["pattern", "keys", "shape", "ours", "ref"]
+    assert paper_scale.data_check_table([]).empty
+
+    tvs = task_vectors_from(theta0, [clip.vision_state_dict(p) for p in fts], names=list(ex.tasks))
+    _, rep = pact_filter(theta0, tvs, options=PactOptions())
+    layers = paper_scale.layer_frame(rep, ex.tasks)
+    frame = records_frame([make_record("pact-layer", params={}, seed=0, layer=r.layer, key=r.key, task=r.task,
+                                       metrics={"n": r.n, "shield_rank": r.shield_rank, "capped": int(r.capped),
+                                                "removed_energy": r.removed_energy}) for r in layers.itertuples()])
+    fig, axes = plt.subplots(1, 2)
+    per_layer = paper_scale.plot_pact_layers(frame, axes)
+    plt.close(fig)
+    assert per_layer["layer"].tolist() == list(range(9))
+    want = layers.groupby("layer")["removed_energy"].agg(["mean", "min", "max"])
+    assert per_layer["removed"].tolist() == pytest.approx(want["mean"].tolist())
+    assert per_layer["removed_max"].tolist() == pytest.approx(want["max"].tolist())
+    assert per_layer["capped"].tolist() == pytest.approx(layers.groupby("layer")["capped"].mean().tolist())
+    assert len(axes[0].lines) == 1 and len(axes[1].lines) == 2
+    with pytest.raises(ValueError, match="no 'pact-layer'"):
+        paper_scale.plot_pact_layers(frame.iloc[:0], axes)
+
+
 def test_find_checkpoints_names_what_is_missing(tmp_path):
     from pactlib.book.experiments import paper_scale
 
