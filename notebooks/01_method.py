@@ -142,7 +142,7 @@ path = records.records_path("01_method")  # the compute cells write here; the ot
 # %% tags=["compute"]
 toy = geometry.toy_layer(angles_deg=task_angles, tilt_deg=tilt_deg, noise=noise, seed=seed)
 records.write_records(path, geometry.toy_records(toy, params=P, seed=seed)
-                      + geometry.toy_drawing_records(toy, params=P, seed=seed), replace=True)
+                      + geometry.toy_drawing_records(toy, params=P, seed=seed), replace=True);
 
 # %%
 frame = records.records_frame([r for r in records.read_records(path) if r["method"] == "toy-geometry"])
@@ -202,7 +202,7 @@ plotting.verdict("the filter's geometry (P3–P5) on the toy layer", verdicts.gr
 spectra = geometry.merge_spectra(n=spectra_dim, tasks=spectra_tasks, seed=seed)
 records.write_records(path, [records.make_record(m, params=P, seed=seed, kind="merge-spectrum", index=i,
                                                  metrics={"sigma": float(s)})
-                             for m, sv in spectra.items() for i, s in enumerate(sv)])
+                             for m, sv in spectra.items() for i, s in enumerate(sv)]);
 
 # %%
 frame = records.records_frame(path)
@@ -226,7 +226,7 @@ with plotting.figure("merge-spectra", chapter=1, number=3,
 
 # %% tags=["compute"]
 check = geometry.rsvd_check(m=rsvd_shape[0], n=rsvd_shape[1], seed=seed)
-records.write_records(path, [records.make_record("rsvd-check", params=P, seed=seed, kind="rsvd", metrics=check)])
+records.write_records(path, [records.make_record("rsvd-check", params=P, seed=seed, kind="rsvd", metrics=check)]);
 
 # %%
 m_, n_ = rsvd_shape

@@ -31,8 +31,9 @@
 #   tasks in suites 8 ⊂ 14. A transformer: its matrix layers are attention and MLP maps, the
 #   paper's own kind of layer.
 #
-# Everything on this page is read from the data caches, from the zoos' records and from
-# benchmark records shipped with the book; nothing is trained or evaluated here. Code for Lite0:
+# Nothing is trained or evaluated on this page. Its compute cells read the data caches, the
+# zoos' checkpoints and records, and store what the page shows as the chapter's records; the
+# tables and figures read those records and benchmark records shipped with the book. Code for Lite0:
 # `pactlib.data` (tasks and suites), `pactlib.models.efficientnet` (backbone),
 # `pactlib.testbeds.lite0.zoo` (`Recipe`, `build_zoo`, `load_records`),
 # `pactlib.book.experiments.testbed` (its tables and figures). Code for MiniLM:
@@ -85,7 +86,7 @@ from pactlib.testbeds.lite0 import zoo as zoo_mod
 
 if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the default one is `make zoo`'s
     testbeds.load(testbed, seeds[0], profile=zoo_profile, val_limit=16, test_limit=16)
-records.write_records(path, [], replace=True)  # a fresh file: the compute cells below append to it
+records.write_records(path, [], replace=True);  # a fresh file: the compute cells below append to it
 
 # %% [markdown]
 # ## Lite0: a CNN on 20 image tasks
@@ -108,7 +109,7 @@ records.write_records(path, [], replace=True)  # a fresh file: the compute cells
 
 # %% tags=["compute"]
 records.write_records(path, [records.table_record(chapter2.task_table(tasks, seed=recipe.data_seed), table="tasks",
-                                                  params=P)])
+                                                  params=P)]);
 
 # %%
 plotting.table(records.table_frame(path, "tasks"), chapter=2, number=1, floatfmt="{:.0f}",
@@ -118,7 +119,7 @@ plotting.table(records.table_frame(path, "tasks"), chapter=2, number=1, floatfmt
 
 # %% tags=["compute"]
 samples = {t: load_task(t, "test", seed=recipe.data_seed, limit=samples_per_task).images for t in tasks}
-records.write_records(path, chapter2.sample_records(samples, params=P, seed=recipe.data_seed))
+records.write_records(path, chapter2.sample_records(samples, params=P, seed=recipe.data_seed));
 
 # %%
 samples = chapter2.samples_from_records(records.read_records(path))
@@ -145,7 +146,7 @@ with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(
 # %% tags=["compute"]
 pretrained = backbone_state_dict()  # θ0 in the checkpoint's own (network) order; a .safetensors file sorts keys by name
 records.write_records(path, [records.table_record(chapter2.backbone_summary(pretrained), table="backbone", params=P),
-                             records.table_record(chapter2.layer_table(pretrained), table="layers", params=P)])
+                             records.table_record(chapter2.layer_table(pretrained), table="layers", params=P)]);
 
 # %%
 plotting.table(records.table_frame(path, "backbone"), chapter=2, number=2, floatfmt="{:.3f}",
@@ -171,7 +172,7 @@ plotting.table(records.table_frame(path, "layers"), chapter=2, number=3, floatfm
 zoo_full = zoo_mod.load_zoo(tasks, seed=seeds[0], kind="full", zoo_dir=zoo_dir)
 records.write_records(path, [records.make_record(
     "bn-check", params=P, seed=seeds[0], metrics=chapter2.frozen_statistics(zoo_full.pretrained, zoo_full.finetuned),
-    tasks=len(tasks))])
+    tasks=len(tasks))]);
 
 # %%
 bn = records.records_frame([r for r in records.read_records(path) if r["method"] == "bn-check"]).filter(like="metrics.").T
@@ -205,7 +206,7 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 zoo_records = zoo_mod.load_records(zoo_dir)
 records.write_records(path, [records.table_record(
     chapter2.recipe_table([r for r in zoo_records if r.get("task") in tasks], default=recipe,
-                          label=f"profile {zoo_profile!r}"), table="recipe", params=P)])
+                          label=f"profile {zoo_profile!r}"), table="recipe", params=P)]);
 
 # %%
 plotting.table(records.table_frame(path, "recipe"), chapter=2, number=5,
@@ -223,7 +224,7 @@ plotting.table(records.table_frame(path, "recipe"), chapter=2, number=5,
 # %% tags=["compute"]
 records.write_records(path, [r | {"testbed": testbed}  # the chapter's records hold both testbeds' runs
                              for r in chapter2.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
-                                                           keep=lite0.in_book_zoo)])
+                                                           keep=lite0.in_book_zoo)]);
 
 # %%
 runs = records.records_frame([r for r in records.read_records(path)
@@ -329,7 +330,7 @@ print("8 shared tasks, 5 geometric α values:\n" + chapter2.steps_text(steps, se
 
 # %% tags=["compute"]
 cos = chapter2.cosine_matrix(task_vectors_from(zoo_full.pretrained, [zoo_full.finetuned[t] for t in tasks]), tasks)
-records.write_records(path, [records.table_record(cos, table="cosines", params=P, seed=seeds[0])])
+records.write_records(path, [records.table_record(cos, table="cosines", params=P, seed=seeds[0])]);
 
 # %%
 cos = records.table_frame(path, "cosines")

@@ -118,7 +118,7 @@ for seed in tqdm(seeds, desc="seeds"):
                                     draws=draws, test_limit=test_limit, params=P, suite=suite, merged=merged,
                                     merge_fields=dict(alpha=ta["alpha"], on_edge=ta["on_edge"]))
     del tb, tvs, merged
-records.write_records(path, recs, replace=True)
+records.write_records(path, recs, replace=True);
 
 # %%
 frame = records.records_frame(path)

@@ -86,7 +86,7 @@ for seed in tqdm(seeds, desc="seeds"):
     subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts, rule=tb.rule)
     recs += subspace.dimension_records(tb.pretrained, subs[seed], tb.tasks, tol=opts.lbw_tol, params=P, seed=seed,
                                        rule=tb.rule, suite=suite)
-records.write_records(path, recs, replace=True)
+records.write_records(path, recs, replace=True);
 
 # %%
 frame = records.records_frame(path)
@@ -151,7 +151,7 @@ for seed, tb in tqdm(beds.items(), desc="seeds"):
     for t in tqdm(tb.tasks, desc=f"ablations, seed {seed}", leave=False):
         recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, strengths=strengths, params=P,
                                           rule=tb.rule, suite=suite)
-records.write_records(path, recs)
+records.write_records(path, recs);
 
 # %%
 frame = records.records_frame(path)
