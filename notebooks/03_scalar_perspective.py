@@ -45,7 +45,8 @@ test_limit = 128                # test images per task for every accuracy and lo
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params
+from pactlib.book import params, plotting, records
+from pactlib.book.experiments import scalar
 
 P = params.check(
     globals(), testbed=params.testbed(),
@@ -55,6 +56,7 @@ P = params.check(
     val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
+path = records.records_path("03_scalar_perspective")  # the compute cell writes here; the other cells read it
 P
 
 # %% [markdown]
@@ -97,11 +99,9 @@ P
 # computed first, once per seed). Then it drops that task's masks and moves on. The sections
 # below explain each measurement and read its records.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
-from pactlib.book import records
-from pactlib.book.experiments import scalar
 from pactlib.taskvector import TaskVector
 
 recs = []
@@ -118,13 +118,10 @@ for seed in tqdm(seeds, desc="seeds"):
                                     draws=draws, test_limit=test_limit, params=P, suite=suite, merged=merged,
                                     merge_fields=dict(alpha=ta["alpha"], on_edge=ta["on_edge"]))
     del tb, tvs, merged
-path = records.records_path("03_scalar_perspective")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(path, recs, replace=True);
 
 # %%
-from pactlib.book import plotting
-
+frame = records.records_frame(path)
 plotting.table(scalar.enrichment_table(frame), chapter=3, number=1, floatfmt="{:.3g}",
                caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "
                        "the share of entries with Δt = 0 and with F_t = 0, and the number of scalar LBW "

@@ -89,6 +89,28 @@ def test_draw_toy_writes_a_two_panel_figure(tmp_path):
     assert (tmp_path / "fig01.9-toy.png").stat().st_size > 10_000
 
 
+def test_toy_drawing_records_hold_the_figure_and_survive_json(tmp_path):
+    toy = geometry.toy_layer(seed=2)
+    recs = json.loads(json.dumps(geometry.toy_drawing_records(toy, params={"seed": 2}, seed=2)))
+    assert [r["task"] for r in recs] == [1, 2] and all(r["method"] == "toy-drawing" for r in recs)
+    for t, r in enumerate(recs):
+        act, filt = torch.tensor(r["active"], dtype=torch.float64), torch.tensor(r["filtered"], dtype=torch.float64)
+        assert act.norm().item() == pytest.approx(float(toy.deltas[t].norm()), rel=1e-12)
+        assert filt.norm().item() == pytest.approx(float(toy.filtered[t].norm()), rel=1e-12)
+        assert float(act @ toy.directions[t]) > 0 and float(filt @ act) >= 0  # signs fixed as drawn
+        lbw = torch.tensor(r["lbw"], dtype=torch.float64).reshape(-1, 3).mT
+        assert torch.equal(lbw, toy.subspaces.lbw[t].basis) and r["metrics"]["lbw_rank"] == lbw.shape[1]
+        other = torch.tensor(recs[1 - t]["lbw"], dtype=torch.float64).reshape(-1, 3).mT
+        assert (other.mT @ filt).abs().max() < 1e-12  # P5: Δ̃t has nothing along the other task's LBW
+    pngs = []
+    for name, source in (("from-toy", toy), ("from-records", recs)):
+        with plotting.figure(name, chapter=1, number=9, caption="toy", size=(9, 4), ncols=2,
+                             directory=tmp_path) as (fig, axes):
+            geometry.draw_toy(fig, axes, source)
+        pngs.append((tmp_path / f"fig01.9-{name}.png").read_bytes())
+    assert pngs[0] == pngs[1]  # the records draw exactly the toy's figure
+
+
 def test_merge_spectra_iso_c_is_flat_at_the_mean_of_the_sum():
     sp = geometry.merge_spectra(n=10, tasks=3, rank=2, seed=1)
     assert set(sp) == {"task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"}
@@ -130,6 +152,18 @@ def test_sample_montage_places_every_image():
     assert (img[6:10, 1:5] == 200).all() and (img[6:10, 6:10] == 255).all()  # b has one image: white cell
     with pytest.raises(ValueError, match="different sizes"):
         testbed.sample_montage({"a": a, "c": torch.zeros(1, 3, 5, 5, dtype=torch.uint8)}, per_task=1)
+
+
+def test_sample_records_round_trip_exactly_through_json():
+    gen = torch.Generator().manual_seed(0)
+    samples = {"a": torch.randint(0, 256, (3, 3, 8, 6), generator=gen, dtype=torch.uint8),
+               "b": torch.randint(0, 256, (1, 3, 8, 6), generator=gen, dtype=torch.uint8)}
+    recs = json.loads(json.dumps(testbed.sample_records(samples, params={"k": 1}, seed=0)))
+    assert [(r["task"], r["shape"]) for r in recs] == [("a", [3, 3, 8, 6]), ("b", [1, 3, 8, 6])]
+    back = testbed.samples_from_records(recs + [records.make_record("x", params={}, seed=None, metrics={})])
+    assert list(back) == ["a", "b"] and all(torch.equal(back[k], samples[k]) for k in samples)
+    with pytest.raises(ValueError, match="uint8 images"):
+        testbed.sample_records({"a": samples["a"].float()})
 
 
 def _state():
