@@ -164,8 +164,10 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
     """Merge fine-tuned checkpoints: θ = θ0 + α·D (method.md §4), D from ``method`` after the
     optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
 
-    Everything is in memory (θ0, the T checkpoints, their task vectors, D). For files,
-    :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
+    Everything is in memory (θ0, the T checkpoints, their task vectors, D). Task Arithmetic
+    without PACT holds no task vectors: D is summed key by key from the checkpoints
+    (:func:`update_from_checkpoints`) and θ0 + α·D formed in D's tensors; the same values. For
+    files, :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
 
     Args:
         method: a registered name, one of :func:`pactlib.merges.names` (e.g. ``task_arithmetic``).
@@ -197,16 +199,17 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         note = split_attention_note(pretrained.keys(), where=f"{method}: ")
         if note:
             warnings.warn(note, UserWarning, stacklevel=2)
-        D = reduced_update(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule, **mparams)
+        D = update_from_checkpoints(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule, **mparams)
         return D._apply(pretrained, alpha, consume=True)  # D is ours: θ0 + α·D in its own tensors
     tvs = task_vectors_from(pretrained, finetuned, names=names, dtype=dtype)
     D, _ = merged_update(method, pretrained, tvs, pact=pact, options=options, rule=rule, **mparams)
     return D.apply_to(pretrained, alpha)
 
 
-def reduced_update(m: merges.MergeMethod, pretrained: Mapping[str, Tensor],
-                   finetuned: Sequence[Mapping[str, Tensor]], *, names: Sequence[str] | None = None,
-                   dtype: torch.dtype = torch.float32, rule: MatrixRule = DEFAULT_RULE, **params) -> TaskVector:
+def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tensor],
+                            finetuned: Sequence[Mapping[str, Tensor]], *, names: Sequence[str] | None = None,
+                            dtype: torch.dtype = torch.float32, rule: MatrixRule = DEFAULT_RULE,
+                            **params) -> TaskVector:
     """The merged update D of a method with a per-task reducer (:attr:`pactlib.merges.MergeMethod.reducer`,
     e.g. Task Arithmetic's running sum, M1) straight from the checkpoints, key by key: each task's
     Δt = θt − θ0 of the key is formed and handed to the key's reducer, in task order, so only D

@@ -2,9 +2,10 @@
 
     pact merge --method NAME [--pact pact|s-pact] --alpha A --pretrained FILE \\
                (--finetuned FILE [FILE ...] | --lora-adapters DIR [DIR ...] [--lora-key-map NAME])
-               --out FILE [--set key=value ...] [--trust-pickle]
+               --out FILE|DIR/ [--set key=value ...] [--trust-pickle]
                [--rule auto|default|hf_encoder|gpt2|decoder_lm|reference_2d] [--max-shard-size 2GB]
                [--workers N] [--threads N]
+    pact merge --config pact_recipe.yaml --out FILE|DIR/ [--trust-pickle] [--workers N] [--threads N]
     pact methods
     pact data prepare --suite 8            (built-in testbed: a plug-in, see below)
     pact zoo build --suite 8 --seeds 0 1 2 (built-in testbed: a plug-in)
@@ -35,6 +36,11 @@ as unavailable, and running it prints why.
 scale from ``adapter_config.json`` (``lora_alpha``/``r``, ``use_rslora``, ``rank_pattern``,
 ``alpha_pattern``), fed to the streamed merge key by key as Δ itself; ``--lora-key-map`` maps
 PEFT's module names onto θ0's keys (``hf_clip_to_open_clip``: q/k/v into ``in_proj_weight``).
+
+``--out DIR/`` (a trailing slash, or an existing folder) writes a model folder as
+``save_pretrained`` does: the weights, θ0's folder's config / tokenizer / processor files, a model
+card and a recipe (:mod:`pactlib.recipe`); ``--config FILE`` redoes a recipe, and the flags that
+define a merge are then refused (:func:`recipe_of`).
 
 ``pact merge`` checks everything that needs no checkpoint before it loads one: α finite, the
 ``--out`` extension, ``--out`` not one of the inputs, ``--set`` names, types and values. Errors

@@ -368,7 +368,7 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
     unknown = [k for k in data if k not in _TOP]
     if unknown:
         fail(unknown[0], f"unknown field (pact merge reads: {', '.join(_TOP)})")
-    for req in ("merge_method", "base_model", "models", "parameters"):
+    for req in ("merge_method", "base_model", "models"):
         if data.get(req) is None:
             fail(req, "missing (required)")
     method = data["merge_method"]
@@ -411,7 +411,7 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
             sha[p] = item["sha256"]
     if len(kinds) > 1:
         fail("models", "mixes model and lora_adapter entries; give one kind")
-    params = data["parameters"]
+    params = {} if data.get("parameters") is None else data["parameters"]
     if not isinstance(params, Mapping):
         fail("parameters", f"expected a mapping (alpha: …, the method's parameters), got {params!r}")
     params = dict(params)
