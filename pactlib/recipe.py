@@ -39,7 +39,9 @@ weights (``model.safetensors``, or shards and ``model.safetensors.index.json``; 
 base's name ``open_clip_model.safetensors`` for open_clip's loader), the base folder's non-weight
 files copied byte for byte (:data:`SUPPORT_FILES`), the recipe (:data:`RECIPE_NAME`) and a model
 card ``README.md`` whose YAML front matter has Hugging Face's ``base_model`` and ``tags`` and
-pact's record of the merge. Every file is written atomically; the card last.
+pact's record of the merge. Every file is written atomically; the card last. ``base_model`` and
+the inputs are the absolute local paths the merge read: put the hub ids there before publishing
+the card on the Hugging Face hub.
 """
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ class Recipe:
     merge_method: str
     base_model: str
     models: tuple[str, ...]
-    alpha: float
+    alpha: float | int
     params: dict = field(default_factory=dict)
     pact: str | None = None
     rule: str = "auto"
@@ -135,7 +137,7 @@ class Recipe:
         if self.lora:
             data["lora_key_map"] = self.lora_key_map
             data["lora_extra"] = self.lora_extra
-        return ("# pact merge recipe: redo this merge with  pact merge --config pact_recipe.yaml --out DIR/\n"
+        return ("# pact merge recipe: redo this merge with: pact merge --config pact_recipe.yaml --out DIR/\n"
                 "# Fields as mergekit's where they mean the same (merge_method, base_model, models, parameters,\n"
                 "# dtype); alpha scales the merged update: theta = theta0 + alpha * D.\n" + dump_yaml(data))
 
@@ -462,8 +464,8 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
         fail("lora_key_map" if key_map is not None else "lora_extra", "only with lora_adapter models")
     if lora_extra not in ("error", "skip"):
         fail("lora_extra", f"expected error or skip, got {lora_extra!r}")
-    return Recipe(method, data["base_model"], tuple(paths), float(alpha) if isinstance(alpha, float) else alpha,
-                  kw, pact, rule, dtype, shard, lora, key_map, lora_extra, sha)
+    return Recipe(method, data["base_model"], tuple(paths), alpha, kw, pact, rule, dtype, shard, lora, key_map,
+                  lora_extra, sha)
 
 
 def check_sha256(recipe: Recipe, *, where: str = "recipe") -> dict[str, str]:

@@ -218,3 +218,29 @@ def test_folder_of_an_input_is_refused(bert, capsys):
     _, base, fts, _ = bert
     assert _merge(base, fts, base + "/") == 2
     assert "is the folder of the input" in capsys.readouterr().err
+
+
+def test_lora_adapter_recipe_round_trips(tmp_path):
+    g = torch.Generator().manual_seed(4)
+    save_file({"lin.weight": torch.randn(6, 4, generator=g), "lin.bias": torch.randn(6, generator=g)},
+              tmp_path / "pre.safetensors")
+    dirs = []
+    for i in range(2):
+        d = tmp_path / f"ad{i}"
+        d.mkdir()
+        save_file({"base_model.model.lin.lora_A.weight": torch.randn(2, 4, generator=g),
+                   "base_model.model.lin.lora_B.weight": torch.randn(6, 2, generator=g)}, d / "adapter_model.safetensors")
+        (d / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                                           "target_modules": ["lin"]}))
+        dirs.append(str(d))
+    out = tmp_path / "merged"
+    assert main(["merge", "--method", "task_arithmetic", "--alpha", "0.5", "--pretrained",
+                 str(tmp_path / "pre.safetensors"), "--lora-adapters", *dirs, "--out", str(out) + "/"]) == 0
+    recipe = read_recipe(out / RECIPE_NAME)
+    assert recipe.lora and recipe.models == tuple(dirs) and recipe.lora_extra == "error"
+    assert "  - lora_adapter: " in (out / RECIPE_NAME).read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "model.safetensors", RECIPE_NAME]
+    again = tmp_path / "again"
+    assert main(["merge", "--config", str(out / RECIPE_NAME), "--out", str(again) + "/"]) == 0
+    for f in out.iterdir():
+        assert (again / f.name).read_bytes() == f.read_bytes(), f.name
