@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from . import merges
-from .checks import CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type, task_names
+from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
+                     task_names)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector, check_compute_dtype, report_buffers
@@ -105,7 +106,7 @@ def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapp
     check_state_dict(pretrained, name="pre-trained")
     check_finite(pretrained, name="pre-trained")
     floats = [k for k, v in pretrained.items() if torch.is_floating_point(v)]
-    report_buffers([k for k in pretrained if k not in set(floats)])
+    report_buffers([k for k, v in pretrained.items() if not torch.is_floating_point(v)])
     pre = {k: pretrained[k].to(dtype) for k in floats}  # no copy when θ0 is in dtype already
     tvs, sums = [], []
     for ft, nm in zip(finetuned, names):
@@ -242,8 +243,9 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
             check_values(j)  # a NaN in an earlier task is the first error, as task by task
             raise
     floats = [k for k, v in pretrained.items() if torch.is_floating_point(v)]
-    report_buffers([k for k in pretrained if k not in set(floats)])
+    report_buffers([k for k, v in pretrained.items() if not torch.is_floating_point(v)])
     T = len(finetuned)
+    looked = False  # the exact checks of every task ran (a sum overflowed, no NaN / Inf found)
     sums = torch.empty((T, len(floats)), dtype=dtype)  # per task and key: Σ of Δt's entries
     nonzero = [False] * T
     D = {}
@@ -254,8 +256,9 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
         for t, ft in enumerate(finetuned):
             d = ft[k].to(dtype) - pre  # the values of TaskVector.from_checkpoints
             sums[t, i] = s = d.sum()
-            if not bool(torch.isfinite(s)):  # NaN / Inf in a θt, or a sum that overflows: look closer
+            if not looked and not bool(torch.isfinite(s)):  # NaN / Inf in a θt, or an overflowing sum
                 check_values(T)
+                looked = True
             nonzero[t] = nonzero[t] or bool(s != 0) or bool(d.any())
             reducer.add(rule.view(k, d) if matrix else d)  # the reducer keeps d
         r = reducer.result()
