@@ -244,3 +244,22 @@ def test_lora_adapter_recipe_round_trips(tmp_path):
     assert main(["merge", "--config", str(out / RECIPE_NAME), "--out", str(again) + "/"]) == 0
     for f in out.iterdir():
         assert (again / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_hand_written_recipe_reads_as_pyyaml_reads_it(tmp_path, bert):
+    """A mergekit-style hand-written recipe: plain scalars, comments, a list at its key's indentation."""
+    _, base, fts, _ = bert
+    text = (f"# my merge\nmerge_method: ties   # trim, elect, mean\nbase_model: {base}\nmodels:\n"
+            f"- model: {fts[0]}\n- model: '{fts[1]}'\nparameters:\n  alpha: 1e-1\n  k: 30\n  scope: global\n"
+            "pact:\n  mode: pact\n  layers: [\"^encoder\", x]\n  core_frac: .1\ndtype: float32\n")
+    yaml = pytest.importorskip("yaml")
+    expected = yaml.safe_load(text)
+    expected["parameters"]["alpha"] = 0.1  # PyYAML (YAML 1.1) reads 1e-1 as a string; YAML 1.2 as 0.1
+    assert parse_yaml(text) == expected
+    f = tmp_path / "mine.yaml"
+    f.write_text(text)
+    r = read_recipe(f)
+    assert (r.merge_method, r.models, r.alpha, r.pact) == ("ties", tuple(fts), 0.1, "pact")
+    assert r.params == {"k": 30, "scope": "global", "layers": ["^encoder", "x"], "core_frac": 0.1}
+    with pytest.raises(RecipeError, match="line 2: .*YAML feature"):
+        parse_yaml("a: 1\nb: &anchor 2\n")
