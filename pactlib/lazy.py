@@ -630,7 +630,7 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     if not os.access(up, os.W_OK | os.X_OK):
         raise CheckpointError(f"{name} {out}: cannot write into the folder {up} (permission denied)")
     fam = _family_names(out)  # the longest temporary names: .<name>.<8 random>.tmp (mkstemp)
-    written = [out.name] if fam is None else [fam[0], fam[1], shard_names(out, 99999)[1][0].name]
+    written = [out.name] if fam is None else [fam[0], fam[1], f"{fam[2]}-00001-of-99999.safetensors"]
     longest = max(len(f".{n}.") + 8 + len(".tmp") for n in written)
     try:
         limit = int(os.pathconf(up, "PC_NAME_MAX"))
