@@ -2,7 +2,7 @@
 
 Task vectors, matrix views, LBW subspaces, shields, the PACT filter, merges (Task Arithmetic,
 TIES, TSV-M, Iso-C, Iso-CTS), randomized SVD, Fisher/enrichment, evaluation, models and data.
-Specification: ``method.md`` (equations P1–P7, M1–M5, S1–S2). Book: ``_build/html``.
+Specification: ``book/method.md`` (equations P1–P7, M1–M5, S1–S2; claims C1–C12). Book: ``_build/html``.
 """
 import warnings as _warnings
 

@@ -1,7 +1,7 @@
 """PEFT LoRA adapters as task vectors: ``adapter_model.safetensors`` + ``adapter_config.json``.
 
 A Hugging Face PEFT LoRA fine-tune saves, for every adapted module ``<m>`` of the base model,
-two factors and a config; the fine-tuned weight is ``W0 + Δ`` with (method.md §6, C11)
+two factors and a config; the fine-tuned weight is ``W0 + Δ`` with (book/method.md, C11)
 
     Δ = scale · B A,    A (r, in) = ``<m>.lora_A.weight``,  B (out, r) = ``<m>.lora_B.weight``,
     scale = lora_alpha / r          (``use_rslora``: lora_alpha / sqrt(r)),

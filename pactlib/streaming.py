@@ -326,13 +326,11 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
     ``mallopt(M_MMAP_THRESHOLD, threshold)``: every allocation of at least ``threshold`` bytes gets
     its own memory map, unmapped when freed). Process-wide; ``pact merge`` calls it.
 
-    Why: glibc raises its map threshold to the size of every large block freed, up to 32 MB, so
+    Why: glibc raises its map threshold to the size of every large block freed (up to 32 MB), so
     later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
-    allocations in between keep the freed ones from being returned. Measured here: 40 rounds of two
-    16 MB tensors with a small one kept in between left the process 740 MB larger without this
-    (56 MB in another run: it depends on the heap's history) and 18 MB with it; :func:`merge_files` TSV-M on ViT-L/14-shaped checkpoints (one block), T = 20, peaked at
-    0.70–1.32 GB over five identical runs without it and 0.67–0.68 GB with it. The cost is a page
-    fault per page of each new large buffer.
+    allocations in between keep the freed ones from being returned; the resident size then grows
+    with the heap's history. What it saves is recorded in ``book/data/implementation_choices.jsonl``.
+    The cost is a page fault per page of each new large buffer.
 
     Returns:
         True when set; False when the C library is not glibc (nothing done) or the user set
@@ -390,7 +388,7 @@ def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Call
 
 def apply_update(key: str, p: Tensor, D: Tensor, alpha: float) -> Tensor:
     """θ0 + α·D for one key (or rows of it), same shape as ``p``, in θ0's dtype:
-    :meth:`TaskVector.apply_to` on that one key (method.md §4; D of any of M1–M5).
+    :meth:`TaskVector.apply_to` on that one key (book/method.md, merges; D of any of M1–M5).
 
     Raises:
         MergeOverflowError: a merged value overflows θ0's dtype (fp16), naming the key.
@@ -467,7 +465,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | torch.device | None = None,
                 **kw) -> MergedFiles:
-    """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (method.md §4), D from
+    """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (book/method.md, merges), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).
 
