@@ -215,12 +215,12 @@ def _memo_read(tb: Testbed, key: str) -> dict | None:
 
 
 def _memo_write(tb: Testbed, key: str, rec: dict) -> None:
-    from ..io import atomic_write
+    from ..io import write_atomic
 
     path = _memo_path(tb, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(rec, default=float)
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    write_atomic(path, text)
 
 
 # ------------------------------------------------------------------------- merge, α, records
@@ -589,7 +589,7 @@ def _room(tb: Testbed, entries: list) -> bool:
     shape, dtype) free: room for the filtered layers."""
     import shutil
 
-    from ..lazy import tensor_bytes
+    from ..safetensors_io import tensor_bytes
 
     need = sum(tensor_bytes(shape, dtype) for _, shape, dtype in entries)
     root = _spill_root(tb)

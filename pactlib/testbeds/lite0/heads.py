@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from pactlib.io import atomic_write
+from pactlib.io import write_atomic
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dic
     """
     meta = {k: json.dumps(v) for k, v in (metadata or {}).items()}
     data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    write_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
