@@ -5,8 +5,9 @@ streamed merge (:mod:`pactlib.streaming`).
 dtype from the file headers, and :meth:`LazyCheckpoint.read` for one tensor (or a range of its
 rows) at a time.
 
-- ``.safetensors``: the header is parsed once; each read opens the file with
-  ``safetensors.safe_open`` (a memory map), takes the one tensor and closes it, so the mapping
+- ``.safetensors``: the layout is read once (:func:`pactlib.safetensors_io.read_layout`); each
+  read opens the file with ``safetensors.safe_open`` (a memory map), takes the one tensor
+  (``get_slice`` for a range of rows) and closes it, so the mapping
   goes away with the tensor. A handle kept open for the whole merge would keep every page it has
   touched resident (the whole file, once every tensor has been read), where reopening per tensor
   keeps about one tensor resident; the streamed merge's peak memory is measured in
