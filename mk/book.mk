@@ -26,9 +26,8 @@
 # zoo manifests): when they change, every notebook runs again.
 BOOK_DEPS   ?= $(if $(wildcard $(PY)),$(shell $(PY) scripts/run_notebooks.py --params $(PARAMS) --needs $(BOOK_ONLY) $(ARGS)),data zoo)
 BOOK_INPUTS ?= $(PACT_CACHE)/zoo/**/manifest.json $(PACT_CACHE)/zoo-minilm/manifest.json $(PACT_CACHE)/data/**/manifest.json
-# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). Two 1-thread
-# kernels do 1.46x the work of one 2-thread kernel on the 2-core build machine (6 merges: 43.5 s
-# for two such batches at once vs 31.8 s for one batch alone).
+# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). On two cores
+# two 1-thread kernels get more done than one 2-thread kernel (book/data/implementation_choices.jsonl).
 BOOK_JOBS   ?= 2
 # THREADS: torch threads of each kernel (the runner's --threads, a whole number >= 1). Empty: the
 # set's `threads:` (common: or a chapter's section), else cores / BOOK_JOBS. Checked with the

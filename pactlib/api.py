@@ -162,7 +162,7 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
 def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
           alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
           names: Sequence[str] | None = None, **kw) -> dict[str, Tensor]:
-    """Merge fine-tuned checkpoints: θ = θ0 + α·D (method.md §4), D from ``method`` after the
+    """Merge fine-tuned checkpoints: θ = θ0 + α·D (book/method.md, merges), D from ``method`` after the
     optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
 
     Everything is in memory (θ0, the T checkpoints, their task vectors, D). Task Arithmetic

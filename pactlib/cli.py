@@ -115,13 +115,16 @@ def parse_set(items: list[str]) -> dict:
     """``["k=20", "svd=rsvd"]`` -> ``{"k": 20, "svd": "rsvd"}`` (values: :func:`parse_value`).
 
     Raises:
-        ValueError: an item without ``=``, with an empty key, an empty or unparsable value.
+        ValueError: an item without ``=``, with an empty key, an empty or unparsable value, or
+            a key given twice (named).
     """
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set expects key=value, got {item!r}")
+        if key.strip() in out:
+            raise ValueError(f"--set names {key.strip()!r} more than once; give each parameter one value")
         out[key.strip()] = parse_value(key.strip(), value)
     return out
 

@@ -234,9 +234,8 @@ def numerical_rank(S: Tensor, *, scale: float | Tensor, rtol: float) -> int:
 def _thin_svd(X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.linalg.svd(X, full_matrices=False)`` taken on X's tall orientation: a wide X (m < n)
     is decomposed as Xᵀ = V S Uᵀ. The same factors up to float noise and signs; on one CPU thread
-    LAPACK's gesdd takes about half the time on a (3072, 768) matrix as on its (768, 3072)
-    transpose (``bench/bench_pact_floor.py`` measured 0.40 vs 0.81 s), which is ViT-B's MLP
-    output layer under the default matrix view."""
+    LAPACK's gesdd is faster on a tall matrix than on its wide transpose (ViT-B's MLP output layer
+    under the default matrix view is wide; ``book/data/implementation_choices.jsonl``)."""
     if X.shape[-2] < X.shape[-1]:
         U, S, Vh = torch.linalg.svd(X.mT, full_matrices=False)
         return Vh.mT, S, U.mT
@@ -312,8 +311,8 @@ def project_out(X: Tensor, S: Tensor) -> Tensor:
     """X − (X S) Sᵀ for X (m, n) and an orthonormal basis S (n, s), without the n x n projector (P5)."""
     if S.shape[1] == 0:
         return X.clone()
-    # X − (X S) Sᵀ, with X S formed as (Sᵀ Xᵀ)ᵀ: the same products, but single-threaded MKL runs
-    # this orientation ~1.4x faster on (m, 768) x (768, s) shapes; the subtraction is fused (addmm)
+    # X − (X S) Sᵀ, with X S formed as (Sᵀ Xᵀ)ᵀ: the same products, in the orientation that
+    # single-threaded MKL runs faster (book/data/implementation_choices.jsonl); addmm fuses the subtraction
     return torch.addmm(X, (S.mT @ X.mT).mT, S.mT, alpha=-1)
 
 

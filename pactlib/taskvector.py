@@ -1,4 +1,4 @@
-"""Task vectors Δt = θt − θ0 as a strict little value type (method.md §0).
+"""Task vectors Δt = θt − θ0 as a strict little value type (book/method.md, matrix-view).
 
 A :class:`TaskVector` holds one floating tensor per floating checkpoint key, in float32 (or
 float64 when asked), whatever the checkpoints' dtype: bf16/fp16 arithmetic and SVDs are
@@ -73,7 +73,7 @@ class TaskVector(Mapping):
     @classmethod
     def from_checkpoints(cls, pretrained: Mapping[str, Tensor], finetuned: Mapping[str, Tensor], *,
                          name: str | None = None, dtype: torch.dtype = torch.float32) -> "TaskVector":
-        """Δ = finetuned − pretrained, key by key, in ``dtype`` (method.md §0).
+        """Δ = finetuned − pretrained, key by key, in ``dtype`` (book/method.md, matrix-view).
 
         Raises:
             CheckpointError: keys missing or extra, a shape mismatch, NaN/Inf (all named).

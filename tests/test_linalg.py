@@ -50,7 +50,7 @@ def test_rsvd_defaults_find_the_top_subspace_of_a_slowly_decaying_spectrum(gen, 
     V = top_singular(W, r, method="rsvd", oversample=o.oversample, n_iter=o.n_iter, seed=0, route=route).V
     # PACT's defaults: sine of the largest principal angle ~2e-3 here (stated tolerance 0.02)
     assert projector_distance(exact, V) < 0.02
-    # method.md's p = 10, q = 2 cannot separate the top 20 directions from the next ones (measured ~0.4-0.5)
+    # P7's defaults (book/method.md) p = 10, q = 2 cannot separate the top 20 directions from the next ones (measured ~0.4-0.5)
     assert projector_distance(exact, top_singular(W, r, method="rsvd", oversample=10, n_iter=2, seed=0).V) > 0.3
 
 

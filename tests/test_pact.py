@@ -342,7 +342,7 @@ def test_pact_rsvd_defaults_keep_the_lbw_bases_of_a_trained_like_layer(gen):
     assert projector_distance(exact.core, rsvd.core) < 0.05
     for a, b in zip(exact.lbw, rsvd.lbw):
         assert a.basis.shape == b.basis.shape and projector_distance(a.basis, b.basis) < 0.05
-    # method.md's p = 10, q = 2 would not be close
+    # P7's defaults (book/method.md) p = 10, q = 2 would not be close
     old = layer_subspaces(W0, deltas, PactOptions(svd="rsvd", oversample=10, n_iter=2))
     assert max(projector_distance(a.basis, b.basis) for a, b in zip(exact.lbw, old.lbw)) > 0.2
 

@@ -25,11 +25,12 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from pactlib.io import write_atomic
 
 __all__ = ["REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
            "records_frame", "records_path"]
@@ -144,16 +145,7 @@ def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *,
         if old:
             _parse(old, path)  # never append to a file that no longer parses
         new = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in clean)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(old + new)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, old + new, sync=True)
     return path
 
 

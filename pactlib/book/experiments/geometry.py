@@ -33,7 +33,7 @@ from pactlib.taskvector import TaskVector
 __all__ = ["TOY_OPTIONS", "Toy", "toy_layer", "toy_records", "toy_drawing_records", "draw_toy", "merge_spectra", "rsvd_check"]
 
 #: PACT options of the toy: in R^3, K = round(2/3 · 3) = 2 (the core is a plane), k = 1 (one
-#: active direction per task), τ = 0.5 (method.md's default) and a shield cap of 2 directions.
+#: active direction per task), τ = 0.5 (the default of book/method.md, P3) and a shield cap of 2 directions.
 TOY_OPTIONS = PactOptions(core_frac=2 / 3, active_frac=1 / 3, lbw_tol=0.5, max_shield_frac=2 / 3)
 KEY = "toy.weight"
 
