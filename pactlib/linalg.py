@@ -263,8 +263,13 @@ def as_float64(X: Tensor) -> Tensor:
 
 def exact_svdvals(X: Tensor) -> Tensor:
     """The singular values (min(m, n),) of X's values, descending, computed in float64
-    (:func:`as_float64`). Exact to float64 rounding for a float32 X."""
-    return torch.linalg.svdvals(as_float64(X.detach()))
+    (:func:`as_float64`). Exact to float64 rounding for a float32 X. Should LAPACK not converge,
+    from the float64 Gram matrix, as :func:`svd` (values below 1e-7·σ_max then come out as 0)."""
+    X64 = as_float64(X.detach())
+    try:
+        return torch.linalg.svdvals(X64)
+    except torch.linalg.LinAlgError:
+        return _svd_by_eigh(X64)[1]
 
 
 def resolved_rank(X: Tensor, S: Tensor | None = None, *, norm: float | None = None,

@@ -94,11 +94,12 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
         k = min(k, kept_rank(total, S, rank_rtol))
     Uc = U[:, :k]  # (m, k) float64
     dt = deltas.dtype
-    blocks = [Triplets(Uc.to(dt), S[:k].to(dt), Vh[:k].mT.to(dt))]
+    to = dict(device=total.device, dtype=dt)  # as_float64 computes on the CPU for MPS
+    blocks = [Triplets(Uc.to(**to), S[:k].to(**to), Vh[:k].mT.to(**to))]
     if per > 0:
         for delta in deltas:
             d64 = as_float64(delta)
-            resid = (d64 - Uc @ (Uc.mT @ d64)).to(device=delta.device, dtype=dt)  # task-specific part (m, n)
+            resid = (d64 - Uc @ (Uc.mT @ d64)).to(**to)  # task-specific part (m, n)
             Ur, Sr, Vhr = svd(resid)
             r = per
             if drop and rank_rtol is None:  # directions above the rounding noise of Δt
