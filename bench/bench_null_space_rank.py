@@ -151,8 +151,9 @@ def main(argv=None) -> int:
         rs = [r["metrics"] for r in recs if r["method"] == case]
         nulls = [x["null_units"] for x in rs if x["null_units"] is not None and x["null_rel"] > 0]
         reals = [x["real_units"] for x in rs if x["real_units"] is not None]
-        agree = sum(x["alg_rank"] is None or x["alg_rank"] == x["resolved"] for x in rs)
-        print(f"{case:26s} {len(rs):3d} cases: rank found = exact rank in {agree}; null ≤ "
+        known = [x for x in rs if x["alg_rank"] is not None]
+        agree = sum(x["alg_rank"] == x["resolved"] for x in known)
+        print(f"{case:26s} {len(rs):3d} cases: rank found = exact rank in {agree} of {len(known)} known; null ≤ "
               f"{max(nulls, default=0):8.2f} units; smallest real ≥ {min(reals, default=float('nan')):10.3g} units")
     print(f"wrote {len(recs)} records to {out}")
     return 0
