@@ -157,11 +157,12 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # rank-r product), but the task vectors are stored in float32, so they are not zero: they sit at
 # the rounding level of the stored values. `bench/bench_null_space_rank.py` measured them
 # (records in `book/data/rank_decision.jsonl`): computed in float64, the null singular values
-# of PACT-filtered, S-PACT and LoRA updates and sums lie between about 1e-10 and 3e-7 of the
+# of PACT-filtered, S-PACT and LoRA updates and sums lie between about 5e-9 and 2e-7 of the
 # largest, never near float64's 1e-16, so float64's tolerance alone would keep them all. Measured
 # in units of eps·‖X‖_F·(1/√m + 1/√n), the typical size of a rounding error in every entry, they
-# stay below about 3, for every shape from 64 x 48 to 3072 x 768, and the smallest real
-# directions of the testbed's trained sums lie a thousand units and more above. So a singular
+# stay below 2, for every shape from 64 x 48 to 3072 x 768, while the smallest real directions
+# of the testbed's trained updates lie hundreds of units above (down to 3e-5 of the largest
+# singular value), and a spectrum running to 1e-6 still reaches 20 units. So a singular
 # value counts when it exceeds 8 of these units (and float64's own tolerance, which matters
 # for float64 inputs only), computed in float64 from the stored values. Two steps had to become
 # exact for this: the PACT filter projects twice (one pass leaves a shield component at the
@@ -175,7 +176,7 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # sum's nuclear norm evenly over the directions the tasks span and leaves the rest at zero;
 # TSV-M and Iso-CTS drop null triplets before stacking. The merge is then a function of the *set*
 # of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random orders and
-# thread counts, in memory, streamed and on a device).
+# thread counts, in memory, streamed and on the test suite's fake accelerator).
 #
 # Which should be the default? `bench/bench_null_space.py` ran each rank-deficient merge of
 # this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α
