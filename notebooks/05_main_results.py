@@ -153,12 +153,31 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # so it writes merged weight into those arbitrary directions, and the merge then depends on the
 # task order. That convention is `null_space="literal"`.
 #
-# `null_space="drop"` keeps only the numerical range: singular values above max(m, n)·eps times
-# the layer's largest (the tolerance `torch.linalg.matrix_rank` uses). Iso-C then spreads the
+# `null_space="drop"` keeps only the directions the matrix's values resolve
+# (`pactlib.linalg.resolved_rank`). The null directions come from algebra (a projection, a
+# rank-r product), but the task vectors are stored in float32, so they are not zero: they sit at
+# the rounding level of the stored values. `bench/bench_null_space_rank.py` measured them
+# (records in `book/data/rank_decision.jsonl`): computed in float64, the null singular values
+# of PACT-filtered, S-PACT and LoRA updates and sums lie between about 5e-9 and 2e-7 of the
+# largest, never near float64's 1e-16, so float64's tolerance alone would keep them all. Measured
+# in units of eps·‖X‖_F·(1/√m + 1/√n), the typical size of a rounding error in every entry, they
+# stay below 2, for every shape from 64 x 48 to 3072 x 768, while the smallest real directions
+# of the testbed's trained updates lie hundreds of units above (down to 3e-5 of the largest
+# singular value), and a spectrum running to 1e-6 still reaches 20 units. So a singular
+# value counts when it exceeds 8 of these units (and float64's own tolerance, which matters
+# for float64 inputs only), computed in float64 from the stored values. Two steps had to become
+# exact for this: the PACT filter projects twice (one pass leaves a shield component at the
+# rounding level of the *unfiltered* update, thousands of units when the filter removes most of
+# it), and Iso-CTS takes the sum's SVD and its residuals in float64 (the float32 SVD's error in the
+# common subspace leaked part of each LoRA task into its residual). The tolerance the book used
+# before, max(m, n)·eps times the largest value (`torch.linalg.matrix_rank`'s), cut real
+# directions of full-rank layers: 1.2e-4 of the largest at 1024 x 1024, where trained sums reach
+# 2e-5. Now every direction float32 resolves is kept: on full-rank layers the two conventions
+# give the same merge, also when the spectrum runs down to 1e-6 (tested). Iso-C spreads the
 # sum's nuclear norm evenly over the directions the tasks span and leaves the rest at zero;
-# TSV-M and Iso-CTS drop zero-valued triplets before stacking. The merge is then a function of
-# the *set* of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random
-# orders and thread counts). On full-rank layers the two conventions agree.
+# TSV-M and Iso-CTS drop null triplets before stacking. The merge is then a function of the *set*
+# of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random orders and
+# thread counts, in memory, streamed and on the test suite's fake accelerator).
 #
 # Which should be the default? `bench/bench_null_space.py` ran each rank-deficient merge of
 # this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α

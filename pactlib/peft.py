@@ -492,9 +492,11 @@ def _stored_transposed(key: str, base: Mapping, layer: AdapterLayer, rule) -> bo
     return rule.is_transposed(key)
 
 
-def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None) -> dict[str, list[_Piece]]:
+def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None, *,
+          streamed: bool = False) -> dict[str, list[_Piece]]:
     """``{base key: [pieces]}``: every check that needs no arithmetic (keys, shapes, key map),
-    done before any Δ is formed."""
+    done before any Δ is formed. ``streamed``: for the streamed merge (:class:`AdapterSource`,
+    ``pact merge --lora-adapters``), whose messages offer only what it takes (not 'delta')."""
     if extra not in ("error", "skip", "delta"):
         raise ValueError(f"extra must be 'error', 'skip' or 'delta', got {extra!r}")
     target_of = resolve_key_map(key_map)
@@ -535,9 +537,10 @@ def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None) -> dic
         preview = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
         fields = "modules_to_save" if adapter.config.modules_to_save else "bias / modules_to_save"
         if extra == "error":
+            fix = ("pass extra='skip' (--lora-extra skip) to leave them out" if streamed else
+                   "pass extra='skip' to leave them out, or extra='delta' with θ0 to take value − θ0")
             raise AdapterError(f"{where}: {len(names)} entr{'y is' if len(names) == 1 else 'ies are'} whole weights, "
-                               f"not LoRA factors ({preview}; config field {fields}); pass extra='skip' "
-                               "(--lora-extra skip) to leave them out, or extra='delta' with θ0 to take value − θ0")
+                               f"not LoRA factors ({preview}; config field {fields}); {fix}")
         if extra == "skip":
             warnings.warn(f"{where}: left out {len(names)} whole-weight entr{'y' if len(names) == 1 else 'ies'} "
                           f"({preview}; config field {fields})", stacklevel=3)
@@ -686,7 +689,7 @@ class AdapterSource:
         if self.extra == "delta":
             raise AdapterError(f"{self.adapter.file}: extra='delta' needs θ0's values; the streamed merge has only "
                                "its shapes: use 'skip', or pactlib.peft.read_adapter in memory")
-        self._plan = _plan(self.adapter, meta, self.key_map, self.extra, self.rule)
+        self._plan = _plan(self.adapter, meta, self.key_map, self.extra, self.rule, streamed=True)
         bad = [k for k in self._plan if not torch.is_floating_point(meta[k])]
         if bad:
             raise AdapterError(f"{self.adapter.file}: adapts non-floating entries {bad[:3]} of the base checkpoint")

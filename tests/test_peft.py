@@ -312,6 +312,31 @@ def test_pact_merge_lora_adapter_errors(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o.safetensors").exists()
 
 
+def test_pact_merge_whole_weight_entries_are_named_with_what_the_cli_takes(tmp_path, capsys, monkeypatch):
+    """An adapter with a modules_to_save weight: `pact merge --lora-adapters` names it and offers
+    --lora-extra skip, the one choice it takes (not extra='delta', which needs θ0 in memory); with
+    skip the merge runs and leaves that weight at θ0."""
+    monkeypatch.setenv("PACT_CONVERT_CACHE", str(tmp_path / "cache"))
+    base = base_sd()
+    save_state_dict(base, tmp_path / "pre.safetensors")
+    d = write_adapter(tmp_path / "m", {**factors(), "base_model.model.norm.weight": torch.full((5,), 2.0)},
+                      **CONFIG, modules_to_save=["norm"])
+    argv = ["merge", "--method", "task_arithmetic", "--alpha", "1", "--pretrained", str(tmp_path / "pre.safetensors"),
+            "--out", str(tmp_path / "o.safetensors"), "--lora-adapters", str(d)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "whole weights" in err and "norm.weight" in err and "--lora-extra skip" in err
+    assert "delta" not in err
+    with pytest.raises(SystemExit):  # the CLI has no 'delta'
+        main(argv + ["--lora-extra", "delta"])
+    assert "invalid choice: 'delta'" in capsys.readouterr().err
+    assert main(argv + ["--lora-extra", "skip"]) == 0
+    assert "left out 1 whole-weight entry" in capsys.readouterr().err
+    assert torch.equal(load_state_dict(tmp_path / "o.safetensors")["norm.weight"], base["norm.weight"])
+    with pytest.raises(AdapterError, match="extra='delta' with θ0"):  # in memory, 'delta' is offered
+        read_adapter(d, base_keys=base)
+
+
 def test_adapter_source_streams_delta_only_on_request(tmp_path):
     base = base_sd()
     src = AdapterSource(write_adapter(tmp_path / "a", factors(), **CONFIG))
