@@ -21,7 +21,7 @@
 # - a **real pre-trained backbone**, so that θ0 holds pre-trained features worth protecting;
 # - **real labelled tasks** in nested suites like the paper's;
 # - **fine-tuned checkpoints** θt per task and seed (the *model zoo*), full and LoRA, with a
-#   frozen per-task head, and their individual and zero-shot accuracies (method.md §5).
+#   frozen per-task head, and their individual and zero-shot accuracies ({ref}`the protocol <method-protocol>`).
 #
 # The two differ in the layers PACT works on:
 #
@@ -105,7 +105,7 @@ records.write_records(path, [], replace=True);  # a fresh file: the compute cell
 # typefaces with train, validation and test on disjoint fonts (the way notMNIST was made), and
 # patches of real photographs with disjoint image regions per split. The derived flag, the
 # source package and the licence of the underlying data are in the table. All images are
-# 32×32 RGB; validation is 10 % of the train pool (method.md §5).
+# 32×32 RGB; validation is 10 % of the train pool ({ref}`the protocol <method-protocol>`).
 
 # %% tags=["compute"]
 records.write_records(path, [records.table_record(chapter2.task_table(tasks, seed=recipe.data_seed), table="tasks",
@@ -137,7 +137,7 @@ with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(
 #
 # EfficientNet-Lite0 maps a 32×32 image (normalised with mean = std = 0.5) to a 1,280-d
 # feature. Its ImageNet classifier is removed; each task has its own frozen linear head. Under
-# `pactlib`'s matrix rule (method.md §0) the backbone has 32 matrix layers: the pointwise (1×1)
+# `pactlib`'s matrix rule ({ref}`the matrix view <method-matrix-view>`) the backbone has 32 matrix layers: the pointwise (1×1)
 # expansion and projection convolutions of its blocks and the final 1×1 convolution. They hold
 # most of the trained values. Depthwise and stem 3×3 convolutions, biases and BatchNorm
 # parameters are "other" entries, which the base methods merge entry-wise and PACT leaves
@@ -295,7 +295,7 @@ with plotting.figure("head-choice", chapter=2, number=3, size="wide",
 # PACT is a fix for interference: the more task vectors a merge adds, the more each task loses
 # of what its own fine-tune gained. The testbed is only useful if it shows that. We merged the
 # three nested suites with Task Arithmetic and Iso-C, α chosen on validation with the book's
-# search (5 geometrically spaced α values over method.md §5's range, widened at an edge;
+# search (5 geometrically spaced α values over the range of {ref}`the protocol <method-protocol>`, widened at an edge;
 # chapter 5), on three fine-tuning seeds. The book's own zoo holds the 14- and 20-task suites on
 # seed 0 only; `bench/bench_interference.py` adds seeds 1 and 2 of the 12 extra tasks (24 runs)
 # and writes `book/data/interference.jsonl`, which this section reads. "First suite" means the 8
@@ -561,7 +561,7 @@ plotting.verdict("the testbed's problem (merging loses more as T grows)",
 # gives every claim the paper's kind of layer: all-MiniLM-L6-v2, a small pre-trained BERT that
 # sentence-transformers trained to embed sentences, fine-tuned on text tasks read from what
 # package registries ship. It follows Lite0's protocol: one frozen head per task, full and LoRA
-# fine-tunes through it, zero-shot and individual accuracy per task (method.md §5).
+# fine-tunes through it, zero-shot and individual accuracy per task ({ref}`the protocol <method-protocol>`).
 #
 # Everything here is read from the text cache, the MiniLM zoo (`$PACT_CACHE/zoo-minilm`, built by
 # `python -m pactlib.testbeds.minilm.zoo`) and two benchmark files shipped with the book. The
@@ -641,7 +641,7 @@ if run_minilm:
 # over the real tokens, as the model was trained to be used; its pooler is dropped. Each layer has
 # six linear maps, the ones the paper merges in a ViT: the attention query, key, value and output
 # maps (q, k, v, out) and the MLP's two maps (fc1, fc2). Under `pactlib`'s rule for Hugging Face
-# encoders (`pactlib.matrix.PRESETS["hf_encoder"]`, method.md §0) these 36 `nn.Linear` weights are
+# encoders (`pactlib.matrix.PRESETS["hf_encoder"]`, {ref}`the matrix view <method-matrix-view>`) these 36 `nn.Linear` weights are
 # the matrix layers: PACT and the SVD-based merges act on them. The embedding tables are tables,
 # not maps of a layer's input; with the biases and LayerNorms they are merged entry-wise by each
 # base method's own rule, and PACT leaves them alone.

@@ -31,11 +31,11 @@
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite; every claim here is per task, eight are plenty
-seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
+seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (book/method.md, protocol)
 fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
-empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
+empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (book/method.md, S1)
 fisher_chunk = 64               # examples per per-sample-gradient call: memory only (~64 float32 model copies)
-quantile = 0.1                  # U_t, H_t = lowest / top 10 % (method.md §3)
+quantile = 0.1                  # U_t, H_t = lowest / top 10 % (book/method.md, scalar view)
 touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (see "A tie at zero" below)
 perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
 draws = 1                       # sign / entry draws per condition in C2 and C3 (CPU time)
@@ -187,7 +187,7 @@ plotting.verdict("C2", v2["status"], v2["evidence"])
 # ## Overwrite and restore (C3)
 #
 # We merge with Task Arithmetic (M1), θ = θ0 + α Σt Δt, with α chosen on validation by mean
-# normalized accuracy (method.md §5). From task t's point of view the merge moves each entry
+# normalized accuracy ({ref}`the protocol <method-protocol>`). From task t's point of view the merge moves each entry
 # by θ − θt. We compare how far it moved the LBW entries of task t with how far it moved the
 # others, in absolute terms and relative to each group's own fine-tuning update |Δt|. Then we
 # write θt's values back into the merged model at task t's LBW entries (`causal.restore`) and

@@ -17,7 +17,7 @@
 # We merge the fine-tuned models of each suite with the five base methods — Task Arithmetic
 # (M1), TIES (M2), TSV-M (M3), Iso-C (M4), Iso-CTS (M5) — once on the raw task vectors and once
 # after the PACT filter (P4–P5). For every merge, α is chosen on the validation split by mean
-# normalized accuracy over the method's grid (method.md §5), then the test split is scored.
+# normalized accuracy over the method's grid ({ref}`the protocol <method-protocol>`), then the test split is scored.
 #
 # Three claims are at stake:
 #
@@ -33,7 +33,7 @@ testbeds = ["lite0-8", "lite0-14", "lite0-20"]  # the paper's three task counts 
 seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first testbed
 seeds_large = [0]              # the other testbeds' rows: one seed (CPU time)
 methods = ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]  # M1–M5
-alpha_points = 5               # geometric α values over each method's grid (method.md §5 ranges)
+alpha_points = 5               # geometric α values over each method's grid (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 
@@ -112,7 +112,7 @@ plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), c
 # %%
 alpha_search = records.records_frame(plotting.repo_path("book/data/alpha_search.jsonl"))
 plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, floatfmt="{:.2f}",
-               caption="α searches against the full grid of method.md §5 on the same merges: validation "
+               caption="α searches against the full grid of the protocol (book/method.md) on the same merges: validation "
                        "evaluations per merge, and the difference in mean normalized accuracy (points) on "
                        "validation (the score searched) and on test.")
 

@@ -30,7 +30,7 @@
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
-alpha_points = 5               # α grid points per method (method.md §5 ranges)
+alpha_points = 5               # α grid points per method (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 

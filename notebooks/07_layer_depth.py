@@ -23,7 +23,7 @@
 # We split the backbone's matrix layers by depth, apply PACT to one part only, and compare with
 # no filter and with every layer filtered, on the 8- and the 20-task suites. To see *why* depth
 # might matter we also measure, layer by layer, how much of the other tasks' updates lands in
-# each task's LBW subspace: the intrusion energy of method.md §6.
+# each task's LBW subspace: the intrusion energy of {ref}`C9 <claim-C9>`.
 #
 # Code: `pactlib.book.study.depth_groups`, `pactlib.pact.PactOptions(layers=...)`,
 # `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.book.experiments.depth`.
@@ -33,7 +33,7 @@ testbeds = ["lite0-8", "lite0-20"]  # few and many tasks (pactlib.testbeds names
 seeds = [0, 1, 2]        # fine-tuning seeds of the first testbed (the others use the first seed)
 method = "iso_c"         # base merge: Iso-C, the merge PACT is paired with in the headline results
 alpha_points = 6         # α values, geometrically spaced from alpha_min to 3.0 (the end of Iso-C's grid)
-alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (method.md §5)
+alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (book/method.md, protocol)
 most = 0.5               # "most of the gain": early-only keeps at least half of the all-layer gain
 val_limit = 48           # validation images per task for the α search (10 merges x 6 α: the CPU budget)
 test_limit = 150         # test images per task
@@ -73,7 +73,7 @@ suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for l
 # grid. Iso-C flattens the spectrum of the summed update, which spreads every task's update over
 # many directions: that is where interference between tasks, and so the filter, matters most.
 #
-# **The α grid.** Iso-C's grid in method.md §5 runs from 0.1 to 3.0. In a first run (on the
+# **The α grid.** Iso-C's grid in {ref}`the protocol <method-protocol>` runs from 0.1 to 3.0. In a first run (on the
 # book's first recipe, learning rate 10⁻⁴) with five evenly spaced points, every unfiltered or partly filtered merge of the 20 tasks chose α = 0.1,
 # the edge of the grid, with validation accuracy still rising towards it. As §5 asks, we widen
 # the grid: `alpha_points` values spaced geometrically from `alpha_min` to 3.0, which also puts

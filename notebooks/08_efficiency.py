@@ -39,7 +39,7 @@ accuracy_n_iter = 12                     # q of the RSVD whose merged accuracy i
 oversample = 40                          # oversampling p of P7 (PactOptions' default)
 timing_repeats = 3                       # fastest of three runs per variant: a shared machine only slows runs down
 min_speedup = 2.0                        # "a fraction of the time": RSVD takes at most half the exact time
-alpha_points = 5                         # geometric α values over Iso-C's grid 0.1 … 3.0 (method.md §5)
+alpha_points = 5                         # geometric α values over Iso-C's grid 0.1 … 3.0 (book/method.md, protocol)
 val_limit = 100                          # validation images per task for the α search
 test_limit = 300                         # test images per task
 bench_json = "book/data/bench_filter.json"  # the synthetic ViT-B/32-shaped benchmark (`make bench` refreshes it)
@@ -174,7 +174,7 @@ print(f"core gap σ_(K+p+1)/σ_K of W0: {gaps.min():.2f} … {gaps.max():.2f} ov
 # ## Accuracy of the merge
 #
 # Plain Iso-C, PACT-Iso-C with exact SVDs and PACT-Iso-C with the RSVD (p = `oversample`,
-# q = `accuracy_n_iter`: `PactOptions`' defaults), each with α chosen on validation (method.md §5).
+# q = `accuracy_n_iter`: `PactOptions`' defaults), each with α chosen on validation ({ref}`the protocol <method-protocol>`).
 
 # %%
 plotting.table(efficiency.accuracy_table(frame), chapter=8, number=2, floatfmt="{:.2f}",
@@ -208,7 +208,7 @@ print(f"RSVD − exact: {100 * check['diff']:+.2f} points; tolerance {100 * chec
 # inherit the error of the core. The benchmark first sweeps the oversampling p and the power
 # iterations q on one block (the second table: time of the top-r SVDs and the distance of the
 # subspaces from the exact ones), then runs the whole filter with `PactOptions`' p and q, and
-# with method.md's p = 10, q = 2 for comparison.
+# with the p = 10, q = 2 of {ref}`P7 <eq-P7>` for comparison.
 
 # %%
 bench = efficiency.read_bench(bench_json)

@@ -23,7 +23,7 @@
 # exactly rank ≤ r per layer and zero everywhere else. The LBW argument still applies: whatever the
 # task relies on in θ0 outside its adapter's row space is exposed to the other tasks' adapters.
 #
-# **C11**: PACT still improves the merges of LoRA task vectors. Following method.md §5, every
+# **C11**: PACT still improves the merges of LoRA task vectors. Following {ref}`the protocol <method-protocol>`, every
 # LoRA merge searches α over 0.1…3.0 (isotropic merges of LoRA vectors are known to want large α;
 # a chosen α on the grid's edge is flagged in the table).
 #
@@ -34,7 +34,7 @@ testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
 alpha_points = 5               # points on the 0.1..alpha_max grid
-alpha_max = 3.0                # upper end of the LoRA α grid (method.md §5)
+alpha_max = 3.0                # upper end of the LoRA α grid (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 

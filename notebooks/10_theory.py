@@ -36,7 +36,7 @@
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
-seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
+seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (book/method.md, protocol)
 loss_examples = 64                      # validation images in the batch on which L_t and its gradient are taken
 fracs = [0.25, 0.5, 1.0]                # points s of the path θt − s·Δt P_t (s = 1: the full filter)
 val_limit = 64                          # validation images loaded per task (>= loss_examples)

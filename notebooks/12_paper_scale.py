@@ -64,7 +64,7 @@ RULES = {"pactlib default": "default", "reference (every 2-d)": "reference_2d"} 
 # divided by the individual fine-tuned model's, averaged over tasks) in parentheses where the
 # source gives it. They come from `book/reference_numbers.yaml`, read and checked by
 # `pactlib.book.reference`; each table names its source. The main comparison rows come from the
-# Task Singular Vectors repository, whose protocol matches method.md §5 (α chosen on a
+# Task Singular Vectors repository, whose protocol matches {ref}`ours <method-protocol>` (α chosen on a
 # validation split).
 
 # %%
@@ -249,7 +249,7 @@ plotting.table(frame[frame["method"] == "key-kinds"].set_index(["tower", "kind"]
 # ### Our matrix rule and the reference code's
 #
 # The public TSV-M and Iso-C / Iso-CTS code (and the task-vectors code under it) merges *every*
-# 2-d tensor except `text_projection` by SVD, as stored. Ours (method.md §0) differs on two
+# 2-d tensor except `text_projection` by SVD, as stored. Ours ({ref}`the matrix view <method-matrix-view>`) differs on two
 # kinds of key of the vision tower:
 #
 # - `visual.positional_embedding` (tokens × width) is a table of vectors, not a map, so we merge
