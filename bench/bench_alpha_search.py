@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_alpha_search.py --searches geo5   # add one search to the records
     .venv/bin/python bench/bench_alpha_search.py --set lr=1e-4 --out /tmp/alpha_lr1e-4.jsonl   # another recipe
 
-method.md §5 gives each method an α range (TA/TIES 0.05…1.0, TSV-M/Iso-C/Iso-CTS 0.1…3.0). The
+book/method.md (protocol) gives each method an α range (TA/TIES 0.05…1.0, TSV-M/Iso-C/Iso-CTS 0.1…3.0). The
 paper steps through it at 0.05 / 0.1: 20–30 evaluations of the validation split per merge, the
 bulk of a merge's cost on CPU. This compares, for every (suite, method, plain / PACT) merge of
 one seed, three searches (all widened at an edge, ``widen=3``):

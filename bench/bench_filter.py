@@ -17,7 +17,7 @@ What it measures, in one run:
    (all blocks), which bounds the LBW bases' error.
 2. **Filter**: ``pact_filter`` over all blocks with the exact SVD, with the randomized SVD at
    ``PactOptions()``'s settings (core: ``oversample``, ``n_iter``; updates: ``active_oversample``,
-   ``active_n_iter``), and at p = 10, q = 2 for both (method.md's defaults, ``previous``),
+   ``active_n_iter``), and at p = 10, q = 2 for both (the defaults of book/method.md, P7; ``previous``),
    interleaved layer by layer (so that a change in the machine's load hits all three alike), each
    the fastest of ``--filter-repeat`` runs per layer. It reports the total time, the part spent in
    the SVDs and the part in the projections Δt − (Δt S_t) S_tᵀ (P5; the remainder: LBW bases and
@@ -71,7 +71,7 @@ SWEEP_UPDATES = [(40, 12, "auto"), (20, 2, "auto"), (10, 2, "auto"), (5, 2, "aut
 #: the sweep's centre: PactOptions()' settings
 CORE_REF = (PactOptions().oversample, PactOptions().n_iter, "auto")
 UPDATE_REF = (PactOptions().active_oversample, PactOptions().active_n_iter, "auto")
-#: one setting for both (the previous defaults: method.md's p = 10, q = 2, then p = 40, q = 12)
+#: one setting for both (the previous defaults: p = 10, q = 2 of P7 in book/method.md; then p = 40, q = 12)
 SWEEP_SAME = [(10, 2, "auto"), (40, 12, "auto")]
 PREVIOUS = dict(oversample=10, n_iter=2, active_oversample=10, active_n_iter=2)
 #: CPU seconds of this process: on a shared machine they leave out the time other processes hold the core

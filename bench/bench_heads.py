@@ -7,7 +7,7 @@ For each head kind (``Recipe.head``: ``"probe"``, a ridge logistic regression tr
 features; ``"prototype"``, the CLIP-like cosine class-mean head) this builds (or reuses) a zoo of
 full fine-tunes with otherwise the book's default recipe (``pactlib.testbeds.lite0.testbed.PROFILES["default"]``),
 then measures on each suite: zero-shot and fine-tuned accuracy, Task Arithmetic (M1) and Iso-C
-(M4) with α chosen on validation (method.md §5; TA's grid extended below 0.05 to see where a
+(M4) with α chosen on validation (book/method.md, protocol; TA's grid extended below 0.05 to see where a
 probe head's best α lands). Records (one per head × suite × method, with the α curve, the seed
 and the recipe) go to ``--out``; the testbed chapter reads ``book/data/head_choice.jsonl``.
 

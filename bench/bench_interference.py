@@ -12,7 +12,7 @@ recipe (``pactlib.testbeds.lite0.testbed.PROFILES["default"]``; the book's own z
 seed 0 only, so seeds 1 and 2 add 24 runs, about 10 min on 2 cores), then merges the 8-, 14- and
 20-task suites (nested: each suite starts with the smaller one's tasks) with Task Arithmetic
 (M1) and Iso-C (M4), α chosen on validation with the book's search (5 geometric α values over
-method.md §5's range, widened at an edge: chapter 5's protocol). Records
+the range of book/method.md, protocol, widened at an edge: chapter 5's protocol). Records
 (zero-shot, fine-tuned with the mean task-vector norm ``tv_norm``, TA, Iso-C per suite × seed,
 per-task metrics included, so the first 8 tasks can be followed as T grows) go to ``--out``; the testbed chapter reads
 ``book/data/interference.jsonl``.
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=["task_arithmetic", "iso_c"])
     p.add_argument("--alpha-points", type=int, default=5,
-                   help="α values over each method's range (method.md §5); 0: the paper's full grid")
+                   help="α values over each method's range (book/method.md, protocol); 0: the paper's full grid")
     p.add_argument("--alpha-spacing", choices=["linear", "geometric"], default=None,
                    help="spacing of the --alpha-points grid (default: pactlib.testbeds.GRID_SPACING)")
     p.add_argument("--val-limit", type=int, default=100)

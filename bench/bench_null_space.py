@@ -8,8 +8,9 @@ The PACT filter removes directions shared by every task's shield from every task
 vectors have rank <= T·r, so the matrices these merges decompose are often exactly
 rank-deficient. Two conventions (``null_space``, :mod:`pactlib.merges.blocks`):
 
-- ``drop``: keep only the numerical range (singular values above max(m, n)·eps × the layer's
-  scale); a function of the set of task vectors;
+- ``drop``: keep only the directions the stored values resolve (:func:`pactlib.linalg.resolved_rank`;
+  ``bench/bench_null_space_rank.py`` measures the spectra behind it); a function of the set of
+  task vectors;
 - ``literal``: the reference code's, which flattens / stacks every singular triplet, writing
   merged weight into null directions whose pairing the SVD picks arbitrarily.
 

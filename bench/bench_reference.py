@@ -33,7 +33,7 @@ shared machine); wall times are recorded too. The record gives both sides' times
 and max |D_ours − D_ref| over all entries of the merged update D (also relative to max |D_ref|) and how many entries differ by more than 1e-6 of max |D_ref|. Known
 difference: the reference TIES keeps every entry with |Δ| at least the k-th largest value, so a
 tie at that value (float32 values do tie among millions of entries) keeps one entry more; ours
-keeps exactly ⌈k%·N⌉ per task (method.md M2). A handful of entries of the merged update then
+keeps exactly ⌈k%·N⌉ per task (book/method.md, M2). A handful of entries of the merged update then
 differ by about one update entry.
 
     .venv/bin/python bench/bench_reference.py --task-vectors-repo PATH --ties-repo PATH \

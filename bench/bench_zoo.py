@@ -119,7 +119,7 @@ def main(argv=None) -> int:
               f"tasks 9-20 seed 0): {book_full / 60:.1f} min (full only) / {book_both / 60:.1f} min (full+LoRA)")
 
     if args.ta:
-        # method.md's grids (TA 0.05..1, LoRA 0.1..3) plus smaller α: on this testbed the best TA α
+        # the grids of book/method.md, protocol (TA 0.05..1, LoRA 0.1..3) plus smaller α: on this testbed the best TA α
         # sits near or below 0.05 (see the report printed below).
         grids = {"full": [0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0],
                  "lora": [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0]}

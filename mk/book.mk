@@ -29,7 +29,8 @@
 # built-in testbed that reads them (Lite0 with its default zoo, MiniLM; scripts/run_notebooks.py
 # --needs), else nothing. Without the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
 BOOK_DEPS   ?= $(if $(wildcard $(PY)),$(shell $(PY) scripts/run_notebooks.py --params $(PARAMS) --needs $(BOOK_ONLY) $(ARGS)),data zoo)
-# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads).
+# BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). On two cores
+# two 1-thread kernels get more done than one 2-thread kernel (book/data/implementation_choices.jsonl).
 BOOK_JOBS   ?= 2
 # THREADS: torch threads of each kernel (--threads); empty: the set's `threads:`, else cores / BOOK_JOBS.
 THREADS     ?=

@@ -121,6 +121,7 @@ P = params.check(
     tilt_deg=params.between(0, 90), noise=params.at_least(0), spectra_dim=params.at_least(4),
     spectra_tasks=params.at_least(2), rsvd_shape=params.each(params.at_least(32)),
 )
+path = records.records_path("01_method")  # the compute cells write here; the other cells read it
 
 # %% [markdown]
 # ## The method in $\mathbb R^3$
@@ -138,11 +139,13 @@ P = params.check(
 # direction perpendicular to $v_t$ whole (σ₁ = 1), and of the other core direction only the
 # sine of the tilt (σ₂ ≈ sin 20° ≈ 0.34 < τ). A tilt above 30° would keep both.
 
-# %%
+# %% tags=["compute"]
 toy = geometry.toy_layer(angles_deg=task_angles, tilt_deg=tilt_deg, noise=noise, seed=seed)
-path = records.records_path("01_method")
-records.write_records(path, geometry.toy_records(toy, params=P, seed=seed), replace=True)
-frame = records.records_frame(path)
+records.write_records(path, geometry.toy_records(toy, params=P, seed=seed)
+                      + geometry.toy_drawing_records(toy, params=P, seed=seed), replace=True);
+
+# %%
+frame = records.records_frame([r for r in records.read_records(path) if r["method"] == "toy-geometry"])
 toy_frame = frame[frame["method"] == "toy-geometry"].set_index("task")[[
     "metrics.tilt_deg", "metrics.sigma_1", "metrics.sigma_2", "metrics.lbw_rank", "metrics.shield_rank",
     "metrics.removed_pact", "metrics.removed_spact", "metrics.intrusion_before", "metrics.intrusion_after"]]
@@ -158,7 +161,7 @@ with plotting.figure("toy-geometry", chapter=1, number=2, size=(9, 4.2), ncols=2
                              "task's update direction (length ‖Δt‖F); dashed lines: its LBW subspace; dotted arrows: "
                              "the dominant direction of the PACT-filtered update (length ‖Δ̃t‖F). Each filtered update "
                              "is perpendicular to the other task's LBW line.") as (fig, axes):
-    geometry.draw_toy(fig, axes, toy)
+    geometry.draw_toy(fig, axes, [r for r in records.read_records(path) if r["method"] == "toy-drawing"])
 
 # %% [markdown]
 # Read the right panel from above. Task 1's LBW line (dashed, its colour) is the in-plane
@@ -195,11 +198,13 @@ plotting.verdict("the filter's geometry (P3–P5) on the toy layer", verdicts.gr
 # orthogonalises their directions. Iso-C and Iso-CTS flatten the spectrum to one value (their
 # curves coincide here), the mean of the sum's singular values for Iso-C.
 
-# %%
+# %% tags=["compute"]
 spectra = geometry.merge_spectra(n=spectra_dim, tasks=spectra_tasks, seed=seed)
 records.write_records(path, [records.make_record(m, params=P, seed=seed, kind="merge-spectrum", index=i,
                                                  metrics={"sigma": float(s)})
-                             for m, sv in spectra.items() for i, s in enumerate(sv)])
+                             for m, sv in spectra.items() for i, s in enumerate(sv)]);
+
+# %%
 frame = records.records_frame(path)
 with plotting.figure("merge-spectra", chapter=1, number=3,
                      caption=f"Singular values of the merged update D of each base method (M1–M5) on one seeded "
@@ -219,10 +224,12 @@ with plotting.figure("merge-spectra", chapter=1, number=3,
 # right singular subspaces is the sine of their largest principal angle
 # (`pactlib.linalg.projector_distance`). Chapter 8 measures what this means for accuracy.
 
+# %% tags=["compute"]
+check = geometry.rsvd_check(m=rsvd_shape[0], n=rsvd_shape[1], seed=seed)
+records.write_records(path, [records.make_record("rsvd-check", params=P, seed=seed, kind="rsvd", metrics=check)]);
+
 # %%
 m_, n_ = rsvd_shape
-check = geometry.rsvd_check(m=m_, n=n_, seed=seed)
-records.write_records(path, [records.make_record("rsvd-check", params=P, seed=seed, kind="rsvd", metrics=check)])
 frame = records.records_frame(path)
 row = frame[frame["method"] == "rsvd-check"].iloc[-1]
 plotting.table(row[["metrics.distance", "metrics.exact_seconds", "metrics.rsvd_seconds"]].to_frame("value").rename(

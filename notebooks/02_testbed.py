@@ -21,7 +21,7 @@
 # - a **real pre-trained backbone**, so that θ0 holds pre-trained features worth protecting;
 # - **real labelled tasks** in nested suites like the paper's;
 # - **fine-tuned checkpoints** θt per task and seed (the *model zoo*), full and LoRA, with a
-#   frozen per-task head, and their individual and zero-shot accuracies (method.md §5).
+#   frozen per-task head, and their individual and zero-shot accuracies ({ref}`the protocol <method-protocol>`).
 #
 # The two differ in the layers PACT works on:
 #
@@ -31,8 +31,9 @@
 #   tasks in suites 8 ⊂ 14. A transformer: its matrix layers are attention and MLP maps, the
 #   paper's own kind of layer.
 #
-# Everything on this page is read from the data caches, from the zoos' records and from
-# benchmark records shipped with the book; nothing is trained or evaluated here. Code for Lite0:
+# Nothing is trained or evaluated on this page. Its compute cells read the data caches, the
+# zoos' checkpoints and records, and store what the page shows as the chapter's records; the
+# tables and figures read those records and benchmark records shipped with the book. Code for Lite0:
 # `pactlib.data` (tasks and suites), `pactlib.models.efficientnet` (backbone),
 # `pactlib.testbeds.lite0.zoo` (`Recipe`, `build_zoo`, `load_records`),
 # `pactlib.book.experiments.testbed` (its tables and figures). Code for MiniLM:
@@ -55,17 +56,14 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notic
 import numpy as np
 import seaborn as sns
 
-from pactlib import task_vectors_from
 from pactlib import testbeds
 from pactlib.book import params, plotting, records, reference, verdicts
 from pactlib.testbeds.lite0 import testbed as lite0
-from pactlib.testbeds.lite0 import zoo as zoo_mod
-from pactlib.data import SUITES, load_task
+from pactlib.data import SUITES
 from pactlib.book.experiments import testbed as chapter2
 from pactlib.book.experiments import minilm_testbed as chapter2_text
 from pactlib.data.text import text_suite_tasks
 from pactlib.data.text.tasks import DEFAULT_CAPS, MAX_WORDS
-from pactlib.models.efficientnet import backbone_state_dict
 from pactlib.testbeds.minilm import testbed as minilm
 
 P = params.check(
@@ -78,8 +76,17 @@ if testbeds.check_name(testbed) != lite0.FAMILY:
 suite, n_tasks = lite0.parse_name(testbed)
 tasks = lite0.suite_subset(suite, n_tasks)
 zoo_dir, recipe = lite0.zoo_profile(zoo_profile)
+path = records.records_path("02_testbed")  # the compute cells write here; the other cells read it
+
+# %% tags=["compute"]
+from pactlib import task_vectors_from
+from pactlib.data import load_task
+from pactlib.models.efficientnet import backbone_state_dict
+from pactlib.testbeds.lite0 import zoo as zoo_mod
+
 if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the default one is `make zoo`'s
     testbeds.load(testbed, seeds[0], profile=zoo_profile, val_limit=16, test_limit=16)
+records.write_records(path, [], replace=True);  # a fresh file: the compute cells below append to it
 
 # %% [markdown]
 # ## Lite0: a CNN on 20 image tasks
@@ -98,16 +105,24 @@ if zoo_profile == "smoke":  # the seconds-sized test zoo builds itself; the defa
 # typefaces with train, validation and test on disjoint fonts (the way notMNIST was made), and
 # patches of real photographs with disjoint image regions per split. The derived flag, the
 # source package and the licence of the underlying data are in the table. All images are
-# 32×32 RGB; validation is 10 % of the train pool (method.md §5).
+# 32×32 RGB; validation is 10 % of the train pool ({ref}`the protocol <method-protocol>`).
+
+# %% tags=["compute"]
+records.write_records(path, [records.table_record(chapter2.task_table(tasks, seed=recipe.data_seed), table="tasks",
+                                                  params=P)]);
 
 # %%
-plotting.table(chapter2.task_table(tasks, seed=recipe.data_seed), chapter=2, number=1, floatfmt="{:.0f}",
+plotting.table(records.table_frame(path, "tasks"), chapter=2, number=1, floatfmt="{:.0f}",
                caption="The tasks in suite order: the smallest suite holding the task, number of classes, whether "
                        "the task is derived, source package, images per split (data seed "
                        f"{recipe.data_seed}), licence of the data and where the images come from.")
 
-# %%
+# %% tags=["compute"]
 samples = {t: load_task(t, "test", seed=recipe.data_seed, limit=samples_per_task).images for t in tasks}
+records.write_records(path, chapter2.sample_records(samples, params=P, seed=recipe.data_seed));
+
+# %%
+samples = chapter2.samples_from_records(records.read_records(path))
 montage, centres = chapter2.sample_montage(samples, per_task=samples_per_task)
 with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(tasks) + 0.7),
                      caption=f"The first {samples_per_task} test images of every task (the stored order "
@@ -122,17 +137,21 @@ with plotting.figure("task-samples", chapter=2, number=1, size=(4.6, 0.34 * len(
 #
 # EfficientNet-Lite0 maps a 32×32 image (normalised with mean = std = 0.5) to a 1,280-d
 # feature. Its ImageNet classifier is removed; each task has its own frozen linear head. Under
-# `pactlib`'s matrix rule (method.md §0) the backbone has 32 matrix layers: the pointwise (1×1)
+# `pactlib`'s matrix rule ({ref}`the matrix view <method-matrix-view>`) the backbone has 32 matrix layers: the pointwise (1×1)
 # expansion and projection convolutions of its blocks and the final 1×1 convolution. They hold
 # most of the trained values. Depthwise and stem 3×3 convolutions, biases and BatchNorm
 # parameters are "other" entries, which the base methods merge entry-wise and PACT leaves
 # alone.
 
-# %%
+# %% tags=["compute"]
 pretrained = backbone_state_dict()  # θ0 in the checkpoint's own (network) order; a .safetensors file sorts keys by name
-plotting.table(chapter2.backbone_summary(pretrained), chapter=2, number=2, floatfmt="{:.3f}",
+records.write_records(path, [records.table_record(chapter2.backbone_summary(pretrained), table="backbone", params=P),
+                             records.table_record(chapter2.layer_table(pretrained), table="layers", params=P)]);
+
+# %%
+plotting.table(records.table_frame(path, "backbone"), chapter=2, number=2, floatfmt="{:.3f}",
                caption="Entries and values of the backbone θ0 by kind under the matrix rule.")
-plotting.table(chapter2.layer_table(pretrained), chapter=2, number=3, floatfmt="{:.0f}",
+plotting.table(records.table_frame(path, "layers"), chapter=2, number=3, floatfmt="{:.0f}",
                caption="The 32 matrix layers in network order, with the shape (m, n) of their matrix view: PACT "
                        "and the SVD-based merges act on these. Every subspace of chapter 1 lives in the input "
                        "space R^n of one of them.")
@@ -149,14 +168,14 @@ plotting.table(chapter2.layer_table(pretrained), chapter=2, number=3, floatfmt="
 # needs no re-estimation. The check below reads the fine-tuned checkpoints of the first seed
 # (see the docstring of `pactlib.models.efficientnet`).
 
-# %%
+# %% tags=["compute"]
 zoo_full = zoo_mod.load_zoo(tasks, seed=seeds[0], kind="full", zoo_dir=zoo_dir)
-path = records.records_path("02_testbed")
 records.write_records(path, [records.make_record(
     "bn-check", params=P, seed=seeds[0], metrics=chapter2.frozen_statistics(zoo_full.pretrained, zoo_full.finetuned),
-    tasks=len(tasks))], replace=True)
-frame = records.records_frame(path)
-bn = frame[frame["method"] == "bn-check"].filter(like="metrics.").T
+    tasks=len(tasks))]);
+
+# %%
+bn = records.records_frame([r for r in records.read_records(path) if r["method"] == "bn-check"]).filter(like="metrics.").T
 plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.removeprefix("metrics.")),
                chapter=2, number=4, floatfmt="{:.2e}",
                caption=f"Largest absolute change made by full fine-tuning (seed {seeds[0]}, {len(tasks)} task(s)) "
@@ -183,10 +202,14 @@ plotting.table(bn.set_axis(["largest |Δ|"], axis=1).rename(index=lambda c: c.re
 # of the zoo profile (`pactlib.testbeds.lite0.testbed.PROFILES`; `make zoo` builds the `default` one). The two
 # agree unless the zoo on disk was built with another recipe.
 
-# %%
+# %% tags=["compute"]
 zoo_records = zoo_mod.load_records(zoo_dir)
-plotting.table(chapter2.recipe_table([r for r in zoo_records if r.get("task") in tasks], default=recipe,
-                                    label=f"profile {zoo_profile!r}"), chapter=2, number=5,
+records.write_records(path, [records.table_record(
+    chapter2.recipe_table([r for r in zoo_records if r.get("task") in tasks], default=recipe,
+                          label=f"profile {zoo_profile!r}"), table="recipe", params=P)]);
+
+# %%
+plotting.table(records.table_frame(path, "recipe"), chapter=2, number=5,
                caption="The fine-tuning recipe of the zoo's runs (values used, per kind; — where a kind does not "
                        "use the field) and the recipe of the zoo profile.")
 
@@ -198,11 +221,14 @@ plotting.table(chapter2.recipe_table([r for r in zoo_records if r.get("task") in
 # fine-tuned checkpoints, mean ± standard deviation over the seeds the zoo holds (their count
 # in parentheses). The figure shows the same numbers per task.
 
+# %% tags=["compute"]
+records.write_records(path, [r | {"testbed": testbed}  # the chapter's records hold both testbeds' runs
+                             for r in chapter2.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
+                                                           keep=lite0.in_book_zoo)]);
+
 # %%
-records.write_records(path, chapter2.run_records(zoo_records, tasks=tasks, seeds=seeds, params=P,
-                                                keep=lite0.in_book_zoo))
-frame = records.records_frame(path)
-runs = frame[frame["method"].isin(["zero-shot", "full", "lora"])]
+runs = records.records_frame([r for r in records.read_records(path)
+                              if r.get("testbed") == testbed and r["method"] in ("zero-shot", "full", "lora")])
 plotting.table(chapter2.accuracy_table(runs), chapter=2, number=6, paper="Tab. 1 (zero-shot / individual rows)",
                caption="Test accuracy (%) per task: θ0 with the task's head (zero-shot), full and LoRA fine-tunes, "
                        "mean ± std over seeds (seed count).")
@@ -269,7 +295,7 @@ with plotting.figure("head-choice", chapter=2, number=3, size="wide",
 # PACT is a fix for interference: the more task vectors a merge adds, the more each task loses
 # of what its own fine-tune gained. The testbed is only useful if it shows that. We merged the
 # three nested suites with Task Arithmetic and Iso-C, α chosen on validation with the book's
-# search (5 geometrically spaced α values over method.md §5's range, widened at an edge;
+# search (5 geometrically spaced α values over the range of {ref}`the protocol <method-protocol>`, widened at an edge;
 # chapter 5), on three fine-tuning seeds. The book's own zoo holds the 14- and 20-task suites on
 # seed 0 only; `bench/bench_interference.py` adds seeds 1 and 2 of the 12 extra tasks (24 runs)
 # and writes `book/data/interference.jsonl`, which this section reads. "First suite" means the 8
@@ -302,8 +328,12 @@ print("8 shared tasks, 5 geometric α values:\n" + chapter2.steps_text(steps, se
 # Fashion-MNIST groupings and the rendered glyph sets, whose blocks stand out in the figure
 # (the largest cosine is printed below).
 
-# %%
+# %% tags=["compute"]
 cos = chapter2.cosine_matrix(task_vectors_from(zoo_full.pretrained, [zoo_full.finetuned[t] for t in tasks]), tasks)
+records.write_records(path, [records.table_record(cos, table="cosines", params=P, seed=seeds[0])]);
+
+# %%
+cos = records.table_frame(path, "cosines")
 off = cos.where(~np.eye(len(tasks), dtype=bool)).stack()
 with plotting.figure("task-vector-cosines", chapter=2, number=5, size=(6.4, 5.4),
                      caption=f"Cosine similarity of the full fine-tunes' task vectors (seed {seeds[0]}, every "
@@ -531,7 +561,7 @@ plotting.verdict("the testbed's problem (merging loses more as T grows)",
 # gives every claim the paper's kind of layer: all-MiniLM-L6-v2, a small pre-trained BERT that
 # sentence-transformers trained to embed sentences, fine-tuned on text tasks read from what
 # package registries ship. It follows Lite0's protocol: one frozen head per task, full and LoRA
-# fine-tunes through it, zero-shot and individual accuracy per task (method.md §5).
+# fine-tunes through it, zero-shot and individual accuracy per task ({ref}`the protocol <method-protocol>`).
 #
 # Everything here is read from the text cache, the MiniLM zoo (`$PACT_CACHE/zoo-minilm`, built by
 # `python -m pactlib.testbeds.minilm.zoo`) and two benchmark files shipped with the book. The
@@ -544,11 +574,20 @@ if run_minilm:
     text_suite, n_text = minilm.parse_name(minilm_testbed)
     text_tasks = list(text_suite_tasks(text_suite))[: n_text or None]
     text_zoo_dir, text_recipe = minilm.zoo_profile("default")
-    text_zoo_records = chapter2_text.load_records(text_zoo_dir)
-    print(f"{minilm_testbed}: {len(text_tasks)} tasks; zoo $PACT_CACHE/{text_zoo_dir.name} ({len(text_zoo_records)} records)")
 else:
     print("minilm_testbed is empty: the MiniLM part of this chapter is skipped (the smoke parameter set has no "
           "MiniLM zoo).")
+
+# %% tags=["compute"]
+if run_minilm:
+    text_zoo_records = chapter2_text.load_records(text_zoo_dir)
+    records.write_records(path, [records.make_record("minilm-zoo", params=P, seed=None, testbed=minilm_testbed,
+                                                     metrics={"records": len(text_zoo_records)})])
+
+# %%
+if run_minilm:
+    n_zoo = next(r for r in records.read_records(path) if r["method"] == "minilm-zoo")["metrics"]["records"]
+    print(f"{minilm_testbed}: {len(text_tasks)} tasks; zoo $PACT_CACHE/{text_zoo_dir.name} ({n_zoo} records)")
 
 # %% [markdown]
 # ### Tasks
@@ -567,9 +606,14 @@ else:
 # as the source allows; the caps are printed below the table. Some tasks have fewer texts than
 # the caps: their sources are small.
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [records.table_record(chapter2_text.task_table(text_tasks, seed=text_recipe.data_seed),
+                                                      table="text-tasks", params=P)])
+
 # %%
 if run_minilm:
-    plotting.table(chapter2_text.task_table(text_tasks, seed=text_recipe.data_seed), chapter=2, number=14,
+    plotting.table(records.table_frame(path, "text-tasks"), chapter=2, number=14,
                    floatfmt="{:.0f}",
                    caption="The text tasks in suite order: the smallest suite holding the task, what one example is, "
                            "number of classes, whether the task is derived, source package, texts per split (data "
@@ -579,9 +623,14 @@ if run_minilm:
     for t, how in chapter2_text.derived_notes(text_tasks).items():
         print(f"derived: {t}: {how}")
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [records.table_record(chapter2_text.sample_texts(text_tasks, seed=text_recipe.data_seed),
+                                                      table="text-samples", params=P)])
+
 # %%
 if run_minilm:
-    plotting.table(chapter2_text.sample_texts(text_tasks, seed=text_recipe.data_seed), chapter=2, number=15,
+    plotting.table(records.table_frame(path, "text-samples"), chapter=2, number=15,
                    caption="One test text of each of the first two classes of every task (cut to 90 characters).")
 
 # %% [markdown]
@@ -592,7 +641,7 @@ if run_minilm:
 # over the real tokens, as the model was trained to be used; its pooler is dropped. Each layer has
 # six linear maps, the ones the paper merges in a ViT: the attention query, key, value and output
 # maps (q, k, v, out) and the MLP's two maps (fc1, fc2). Under `pactlib`'s rule for Hugging Face
-# encoders (`pactlib.matrix.PRESETS["hf_encoder"]`, method.md §0) these 36 `nn.Linear` weights are
+# encoders (`pactlib.matrix.PRESETS["hf_encoder"]`, {ref}`the matrix view <method-matrix-view>`) these 36 `nn.Linear` weights are
 # the matrix layers: PACT and the SVD-based merges act on them. The embedding tables are tables,
 # not maps of a layer's input; with the biases and LayerNorms they are merged entry-wise by each
 # base method's own rule, and PACT leaves them alone.
@@ -601,16 +650,27 @@ if run_minilm:
 # Hugging Face's CLIP, while open_clip (and the reference TSV-M and Iso-C code) stores them fused
 # into one. SVD-based merges act per matrix, so the two layouts give different merges.
 
-# %%
+# %% tags=["compute"]
 if run_minilm:
     text_theta0, text_config = chapter2_text.load_pretrained(text_zoo_dir)
+    config_keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    records.write_records(path, [
+        records.make_record("minilm-config", params=P, seed=None, testbed=minilm_testbed,
+                            metrics={**{k: text_config[k] for k in config_keys},
+                                     "values": sum(t.numel() for t in text_theta0.values())}),
+        records.table_record(chapter2_text.backbone_summary(text_theta0), table="text-backbone", params=P),
+        records.table_record(chapter2_text.map_table(text_theta0), table="text-maps", params=P)])
+
+# %%
+if run_minilm:
+    text_config = next(r for r in records.read_records(path) if r["method"] == "minilm-config")["metrics"]
     print(f"{text_config['num_hidden_layers']} layers, hidden size {text_config['hidden_size']}, "
           f"{text_config['num_attention_heads']} attention heads, MLP width {text_config['intermediate_size']}, "
           f"vocabulary {text_config['vocab_size']:,} tokens; "
-          f"{sum(t.numel() for t in text_theta0.values()):,} values in θ0")
-    plotting.table(chapter2_text.backbone_summary(text_theta0), chapter=2, number=16, floatfmt="{:.3f}",
+          f"{text_config['values']:,} values in θ0")
+    plotting.table(records.table_frame(path, "text-backbone"), chapter=2, number=16, floatfmt="{:.3f}",
                    caption="Entries and values of MiniLM's θ0 by group, and how a merge treats them.")
-    text_maps = chapter2_text.map_table(text_theta0)
+    text_maps = records.table_frame(path, "text-maps")
     print(f"{int(text_maps['layers'].sum())} maps in all: {len(text_maps)} per layer in {int(text_maps['layers'].max())} layers")
     plotting.table(text_maps, chapter=2, number=17, floatfmt="{:.0f}",
                    caption="The six maps of a layer (the paper's names), with their Hugging Face module, matrix "
@@ -624,9 +684,15 @@ if run_minilm:
 # changes only in the rows of tokens that the task's training texts contain, so each task
 # touches a small share of its rows (printed below).
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [records.table_record(
+        chapter2_text.delta_shares(text_zoo_dir, text_tasks, seed=minilm_seeds[0], pretrained=text_theta0),
+        table="text-delta-shares", params=P, seed=minilm_seeds[0])])
+
 # %%
 if run_minilm:
-    shares = chapter2_text.delta_shares(text_zoo_dir, text_tasks, seed=minilm_seeds[0], pretrained=text_theta0)
+    shares = records.table_frame(path, "text-delta-shares")
     with plotting.figure("minilm-delta-shares", chapter=2, number=8, size=(6.4, 0.28 * len(text_tasks) + 1.0),
                          caption=f"Where full fine-tuning puts its change on MiniLM (seed {minilm_seeds[0]}): "
                                  "share of ‖Δt‖² in the maps, the embedding tables, the biases and the "
@@ -652,14 +718,22 @@ if run_minilm:
 # kind, beside the recipe pinned by the `default` zoo profile
 # (`pactlib.testbeds.minilm.testbed.PROFILES`); the second, what each kind trains.
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [
+        records.table_record(chapter2.recipe_table([r for r in text_zoo_records if r.get("task") in text_tasks],
+                                                   default=text_recipe, label="profile 'default'"),
+                             table="text-recipe", params=P),
+        records.table_record(chapter2_text.trained_table(text_theta0, rank=text_recipe.lora_rank,
+                                                         alpha=text_recipe.lora_alpha, targets=text_recipe.lora_targets),
+                             table="text-trained", params=P)])
+
 # %%
 if run_minilm:
-    plotting.table(chapter2.recipe_table([r for r in text_zoo_records if r.get("task") in text_tasks],
-                                         default=text_recipe, label="profile 'default'"), chapter=2, number=18,
+    plotting.table(records.table_frame(path, "text-recipe"), chapter=2, number=18,
                    caption="The fine-tuning recipe of the MiniLM zoo's runs (values used, per kind; — where a kind "
                            "does not use the field) and the recipe of the default zoo profile.")
-    plotting.table(chapter2_text.trained_table(text_theta0, rank=text_recipe.lora_rank, alpha=text_recipe.lora_alpha,
-                                               targets=text_recipe.lora_targets), chapter=2, number=19,
+    plotting.table(records.table_frame(path, "text-trained"), chapter=2, number=19,
                    floatfmt="{:.4f}",
                    caption="What a full and a LoRA fine-tune train on MiniLM: entries of θ0 trained or adapted, "
                            "trained values and their share of θ0's values, and the form of the update.")
@@ -725,14 +799,16 @@ if run_minilm:
 # test accuracy, mean ± standard deviation over the seeds the zoo holds (their count in
 # parentheses); the figure shows the same per task.
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [r | {"testbed": minilm_testbed}  # the chapter's records hold both testbeds' runs
+                                 for r in chapter2.run_records(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds,
+                                                               params=P)])
+
 # %%
 if run_minilm:
-    text_runs_records = chapter2.run_records(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds, params=P)
-    for r in text_runs_records:
-        r["testbed"] = minilm_testbed  # the chapter's records hold both testbeds' runs
-    records.write_records(path, text_runs_records)
-    frame = records.records_frame(path)
-    text_runs = frame[(frame["testbed"] == minilm_testbed) & frame["method"].isin(["zero-shot", "full", "lora"])]
+    text_runs = records.records_frame([r for r in records.read_records(path) if r.get("testbed") == minilm_testbed
+                                       and r["method"] in ("zero-shot", "full", "lora")])
     plotting.table(chapter2.accuracy_table(text_runs), chapter=2, number=22, paper="Tab. 1 (zero-shot / individual rows)",
                    caption="MiniLM: test accuracy (%) per text task: θ0 with the task's prompt head (zero-shot), full "
                            "and LoRA fine-tunes, mean ± std over seeds (seed count).")
@@ -785,9 +861,15 @@ if run_minilm:
                                  "batch size (`book/data/minilm_timing.jsonl`).") as (fig, ax):
         chapter2_text.plot_steps(steps_text, ax=ax)
 
+# %% tags=["compute"]
+if run_minilm:
+    records.write_records(path, [records.table_record(
+        chapter2_text.zoo_seconds(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds), table="text-zoo-time",
+        params=P)])
+
 # %%
 if run_minilm:
-    zoo_time = chapter2_text.zoo_seconds(text_zoo_records, tasks=text_tasks, seeds=minilm_seeds)
+    zoo_time = records.table_frame(path, "text-zoo-time")
     plotting.table(zoo_time, chapter=2, number=24, floatfmt="{:.1f}",
                    caption="Wall-clock time of the MiniLM zoo's heads and runs (fine-tune and evaluation) as "
                            f"recorded by the zoo, over the {len(text_tasks)} tasks and the seeds present.")

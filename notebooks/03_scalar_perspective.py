@@ -31,11 +31,11 @@
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite; every claim here is per task, eight are plenty
-seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
+seeds = [0, 1, 2]               # three fine-tuning seeds: claims rest on means over >= 3 (book/method.md, protocol)
 fisher_samples = 32             # N validation examples per Fisher (S1); ~0.15 s per example on CPU
-empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (method.md §3 default)
+empirical_fisher = False        # sample y ~ p(y|x; θt): the true Fisher (book/method.md, S1)
 fisher_chunk = 64               # examples per per-sample-gradient call: memory only (~64 float32 model copies)
-quantile = 0.1                  # U_t, H_t = lowest / top 10 % (method.md §3)
+quantile = 0.1                  # U_t, H_t = lowest / top 10 % (book/method.md, scalar view)
 touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (see "A tie at zero" below)
 perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
 draws = 1                       # sign / entry draws per condition in C2 and C3 (CPU time)
@@ -45,7 +45,8 @@ test_limit = 128                # test images per task for every accuracy and lo
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params
+from pactlib.book import params, plotting, records
+from pactlib.book.experiments import scalar
 
 P = params.check(
     globals(), testbed=params.testbed(),
@@ -55,6 +56,7 @@ P = params.check(
     val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
+path = records.records_path("03_scalar_perspective")  # the compute cell writes here; the other cells read it
 P
 
 # %% [markdown]
@@ -97,11 +99,9 @@ P
 # computed first, once per seed). Then it drops that task's masks and moves on. The sections
 # below explain each measurement and read its records.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
-from pactlib.book import records
-from pactlib.book.experiments import scalar
 from pactlib.taskvector import TaskVector
 
 recs = []
@@ -118,13 +118,10 @@ for seed in tqdm(seeds, desc="seeds"):
                                     draws=draws, test_limit=test_limit, params=P, suite=suite, merged=merged,
                                     merge_fields=dict(alpha=ta["alpha"], on_edge=ta["on_edge"]))
     del tb, tvs, merged
-path = records.records_path("03_scalar_perspective")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(path, recs, replace=True);
 
 # %%
-from pactlib.book import plotting
-
+frame = records.records_frame(path)
 plotting.table(scalar.enrichment_table(frame), chapter=3, number=1, floatfmt="{:.3g}",
                caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "
                        "the share of entries with Δt = 0 and with F_t = 0, and the number of scalar LBW "
@@ -190,7 +187,7 @@ plotting.verdict("C2", v2["status"], v2["evidence"])
 # ## Overwrite and restore (C3)
 #
 # We merge with Task Arithmetic (M1), θ = θ0 + α Σt Δt, with α chosen on validation by mean
-# normalized accuracy (method.md §5). From task t's point of view the merge moves each entry
+# normalized accuracy ({ref}`the protocol <method-protocol>`). From task t's point of view the merge moves each entry
 # by θ − θt. We compare how far it moved the LBW entries of task t with how far it moved the
 # others, in absolute terms and relative to each group's own fine-tuning update |Δt|. Then we
 # write θt's values back into the merged model at task t's LBW entries (`causal.restore`) and

@@ -37,7 +37,8 @@ test_limit = 200         # test images per task behind every accuracy here (1 im
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params
+from pactlib.book import params, plotting, records
+from pactlib.book.experiments import subspace
 
 P = params.check(
     globals(), testbed=params.testbed(),
@@ -45,6 +46,7 @@ P = params.check(
     strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
+path = records.records_path("04_subspace_perspective")  # the compute cells write here; the other cells read it
 
 # %% [markdown]
 # ## Three subspaces per layer (P1–P3)
@@ -74,11 +76,8 @@ opts = PactOptions()
 # We compute the three subspaces for every matrix layer of the testbed's backbone (on
 # EfficientNet-Lite0 its 32 pointwise convolutions), every task and every seed.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
-
-from pactlib.book import records
-from pactlib.book.experiments import subspace
 
 beds, subs, recs = {}, {}, []
 for seed in tqdm(seeds, desc="seeds"):
@@ -87,15 +86,13 @@ for seed in tqdm(seeds, desc="seeds"):
     subs[seed] = subspace.subspaces_by_layer(tb.pretrained, tb.task_vectors(), options=opts, rule=tb.rule)
     recs += subspace.dimension_records(tb.pretrained, subs[seed], tb.tasks, tol=opts.lbw_tol, params=P, seed=seed,
                                        rule=tb.rule, suite=suite)
-path = records.records_path("04_subspace_perspective")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(path, recs, replace=True);
 
 # %%
-from pactlib.book import plotting
-
+frame = records.records_frame(path)
+dims = frame[frame["method"] == "dimensions"]
 with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2,
-                     caption=f"Subspaces of the backbone's {len(subs[seeds[0]])} matrix layers, input to output. Left: input "
+                     caption=f"Subspaces of the backbone's {dims[dims['seed'] == seeds[0]]['key'].nunique()} matrix layers, input to output. Left: input "
                              "dimension n, core rank K, active rank k and LBW rank (mean over tasks and "
                              "seeds; band: smallest to largest task); lines that coincide are drawn on top of "
                              "each other (K = k when both are the same fraction of the rank). Right: mean "
@@ -105,7 +102,6 @@ with plotting.figure("lbw-dimensions", chapter=4, number=1, size="wide", ncols=2
     subspace.plot_dimensions(frame, axes=axes)
 
 # %%
-dims = frame[frame["method"] == "dimensions"]
 keep = dims["metrics.lbw_rank"] / dims["metrics.K"]
 print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dims)} (layer, task) pairs; "
       f"the core holds {100 * dims.groupby('depth')['metrics.core_energy'].first().mean():.0f} % of W0's energy "
@@ -149,16 +145,16 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
 # default zoo. Removing a fraction γ of the component takes away the share 1 − (1 − γ)² of
 # its energy (0.44 for γ = 0.25).
 
-# %%
+# %% tags=["compute"]
 recs = []
 for seed, tb in tqdm(beds.items(), desc="seeds"):
     for t in tqdm(tb.tasks, desc=f"ablations, seed {seed}", leave=False):
         recs += subspace.ablation_records(tb, t, subs[seed], draws=draws, seed=seed, strengths=strengths, params=P,
                                           rule=tb.rule, suite=suite)
-records.write_records(path, recs)
-frame = records.records_frame(path)
+records.write_records(path, recs);
 
 # %%
+frame = records.records_frame(path)
 with plotting.figure("ablation-drops", chapter=4, number=2, size=(9.0, 2.9 * len(strengths)), nrows=len(strengths),
                      squeeze=False, paper="Fig. 5",
                      caption="Drop in task t's test accuracy (points) when a subspace is ablated from every matrix "

@@ -17,7 +17,7 @@
 # We merge the fine-tuned models of each suite with the five base methods — Task Arithmetic
 # (M1), TIES (M2), TSV-M (M3), Iso-C (M4), Iso-CTS (M5) — once on the raw task vectors and once
 # after the PACT filter (P4–P5). For every merge, α is chosen on the validation split by mean
-# normalized accuracy over the method's grid (method.md §5), then the test split is scored.
+# normalized accuracy over the method's grid ({ref}`the protocol <method-protocol>`), then the test split is scored.
 #
 # Three claims are at stake:
 #
@@ -33,20 +33,21 @@ testbeds = ["lite0-8", "lite0-14", "lite0-20"]  # the paper's three task counts 
 seeds = [0, 1, 2]              # claims rest on >= 3 fine-tuning seeds on the first testbed
 seeds_large = [0]              # the other testbeds' rows: one seed (CPU time)
 methods = ["task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"]  # M1–M5
-alpha_points = 5               # geometric α values over each method's grid (method.md §5 ranges)
+alpha_points = 5               # geometric α values over each method's grid (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
 from pactlib import merges
 from pactlib.book import params, plotting, records, report, study
-from pactlib.testbeds import alpha_grid, load, reference_records, run, suite_of
+from pactlib.testbeds import suite_of
 
 P = params.check(
     globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
     seeds_large=params.each(params.at_least(0), unique=True), methods=params.each(params.merge_method(), unique=True),
     alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
 )
+suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]
 # ## Run every merge
@@ -54,10 +55,11 @@ P = params.check(
 # One testbed per (suite, seed); each method runs plain and with PACT at the default options
 # (`PactOptions()`, chosen in the sensitivity chapter). Progress shows one line per merge.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
-suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
+from pactlib.testbeds import alpha_grid, load, reference_records, run
+
 runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds_large)]
 recs = []
 for name, seed in tqdm(runs, desc="testbeds"):
@@ -66,9 +68,7 @@ for name, seed in tqdm(runs, desc="testbeds"):
         for pact in (None, "pact"):
             recs.append(run(tb, method, pact=pact, alphas=alpha_grid(method, alpha_points)))
     recs += reference_records(tb, pact=None)  # zero-shot θ0 and the fine-tuned models
-path = records.records_path("05_main_results")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("05_main_results"), recs, replace=True)
 
 # %% [markdown]
 # ## The table
@@ -77,6 +77,7 @@ frame = records.records_frame(path)
 # deviation over the fine-tuning seeds of each row (seed counts in the last columns).
 
 # %%
+frame = records.records_frame(records.records_path("05_main_results"))
 summary = study.summarize(frame, by=("method", "suite"))
 table = report.main_table(summary, suites=suites)
 plotting.table(table, chapter=5, number=1, paper="Tab. 1",
@@ -111,7 +112,7 @@ plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), c
 # %%
 alpha_search = records.records_frame(plotting.repo_path("book/data/alpha_search.jsonl"))
 plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, floatfmt="{:.2f}",
-               caption="α searches against the full grid of method.md §5 on the same merges: validation "
+               caption="α searches against the full grid of the protocol (book/method.md) on the same merges: validation "
                        "evaluations per merge, and the difference in mean normalized accuracy (points) on "
                        "validation (the score searched) and on test.")
 
@@ -152,12 +153,31 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # so it writes merged weight into those arbitrary directions, and the merge then depends on the
 # task order. That convention is `null_space="literal"`.
 #
-# `null_space="drop"` keeps only the numerical range: singular values above max(m, n)·eps times
-# the layer's largest (the tolerance `torch.linalg.matrix_rank` uses). Iso-C then spreads the
+# `null_space="drop"` keeps only the directions the matrix's values resolve
+# (`pactlib.linalg.resolved_rank`). The null directions come from algebra (a projection, a
+# rank-r product), but the task vectors are stored in float32, so they are not zero: they sit at
+# the rounding level of the stored values. `bench/bench_null_space_rank.py` measured them
+# (records in `book/data/rank_decision.jsonl`): computed in float64, the null singular values
+# of PACT-filtered, S-PACT and LoRA updates and sums lie between about 5e-9 and 2e-7 of the
+# largest, never near float64's 1e-16, so float64's tolerance alone would keep them all. Measured
+# in units of eps·‖X‖_F·(1/√m + 1/√n), the typical size of a rounding error in every entry, they
+# stay below 2, for every shape from 64 x 48 to 3072 x 768, while the smallest real directions
+# of the testbed's trained updates lie hundreds of units above (down to 3e-5 of the largest
+# singular value), and a spectrum running to 1e-6 still reaches 20 units. So a singular
+# value counts when it exceeds 8 of these units (and float64's own tolerance, which matters
+# for float64 inputs only), computed in float64 from the stored values. Two steps had to become
+# exact for this: the PACT filter projects twice (one pass leaves a shield component at the
+# rounding level of the *unfiltered* update, thousands of units when the filter removes most of
+# it), and Iso-CTS takes the sum's SVD and its residuals in float64 (the float32 SVD's error in the
+# common subspace leaked part of each LoRA task into its residual). The tolerance the book used
+# before, max(m, n)·eps times the largest value (`torch.linalg.matrix_rank`'s), cut real
+# directions of full-rank layers: 1.2e-4 of the largest at 1024 x 1024, where trained sums reach
+# 2e-5. Now every direction float32 resolves is kept: on full-rank layers the two conventions
+# give the same merge, also when the spectrum runs down to 1e-6 (tested). Iso-C spreads the
 # sum's nuclear norm evenly over the directions the tasks span and leaves the rest at zero;
-# TSV-M and Iso-CTS drop zero-valued triplets before stacking. The merge is then a function of
-# the *set* of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random
-# orders and thread counts). On full-rank layers the two conventions agree.
+# TSV-M and Iso-CTS drop null triplets before stacking. The merge is then a function of the *set*
+# of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random orders and
+# thread counts, in memory, streamed and on the test suite's fake accelerator).
 #
 # Which should be the default? `bench/bench_null_space.py` ran each rank-deficient merge of
 # this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α

@@ -30,7 +30,7 @@
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
-alpha_points = 5               # α grid points per method (method.md §5 ranges)
+alpha_points = 5               # α grid points per method (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 
@@ -46,7 +46,7 @@ P = params.check(
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
 recs = []
@@ -55,11 +55,10 @@ for seed in tqdm(seeds, desc="seeds"):
     for method in tqdm(methods, desc=f"seed {seed}", leave=False):
         for mode in (None, "s-pact", "pact"):
             recs.append(testbeds.run(tb, method, pact=mode, alphas=testbeds.alpha_grid(method, alpha_points)))
-path = records.records_path("06_static_vs_dynamic")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("06_static_vs_dynamic"), recs, replace=True)
 
 # %%
+frame = records.records_frame(records.records_path("06_static_vs_dynamic"))
 plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")), suites=[suite]),
                chapter=6, number=1, paper="Tab. 4",
                caption="Absolute (normalized) mean test accuracy, %, plain vs S-PACT vs PACT.")

@@ -23,7 +23,7 @@
 # We split the backbone's matrix layers by depth, apply PACT to one part only, and compare with
 # no filter and with every layer filtered, on the 8- and the 20-task suites. To see *why* depth
 # might matter we also measure, layer by layer, how much of the other tasks' updates lands in
-# each task's LBW subspace: the intrusion energy of method.md §6.
+# each task's LBW subspace: the intrusion energy of {ref}`C9 <claim-C9>`.
 #
 # Code: `pactlib.book.study.depth_groups`, `pactlib.pact.PactOptions(layers=...)`,
 # `pactlib.subspaces.intrusion_energy`, glued together in `pactlib.book.experiments.depth`.
@@ -33,14 +33,15 @@ testbeds = ["lite0-8", "lite0-20"]  # few and many tasks (pactlib.testbeds names
 seeds = [0, 1, 2]        # fine-tuning seeds of the first testbed (the others use the first seed)
 method = "iso_c"         # base merge: Iso-C, the merge PACT is paired with in the headline results
 alpha_points = 6         # α values, geometrically spaced from alpha_min to 3.0 (the end of Iso-C's grid)
-alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (method.md §5)
+alpha_min = 0.025        # below Iso-C's 0.1: unfiltered merges of 20 tasks pick α = 0.1, the edge (book/method.md, protocol)
 most = 0.5               # "most of the gain": early-only keeps at least half of the all-layer gain
 val_limit = 48           # validation images per task for the α search (10 merges x 6 α: the CPU budget)
 test_limit = 150         # test images per task
 
 # %%
-from pactlib.book import params, study
-from pactlib.testbeds import alpha_grid, load, suite_of
+from pactlib.book import params, records, study
+from pactlib.book.experiments import depth
+from pactlib.testbeds import suite_of
 
 P = params.check(
     globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
@@ -72,19 +73,24 @@ suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for l
 # grid. Iso-C flattens the spectrum of the summed update, which spreads every task's update over
 # many directions: that is where interference between tasks, and so the filter, matters most.
 #
-# **The α grid.** Iso-C's grid in method.md §5 runs from 0.1 to 3.0. In a first run (on the
+# **The α grid.** Iso-C's grid in {ref}`the protocol <method-protocol>` runs from 0.1 to 3.0. In a first run (on the
 # book's first recipe, learning rate 10⁻⁴) with five evenly spaced points, every unfiltered or partly filtered merge of the 20 tasks chose α = 0.1,
 # the edge of the grid, with validation accuracy still rising towards it. As §5 asks, we widen
 # the grid: `alpha_points` values spaced geometrically from `alpha_min` to 3.0, which also puts
 # more points at small α. The table below flags any choice that still falls on an edge.
 
-# %%
-from pactlib.book.experiments import depth
+# %% tags=["compute"]
+from pactlib.testbeds import load
 
 first = load(testbeds[0], seeds[0], val_limit=val_limit, test_limit=test_limit)
 keys = (first.network_order() if hasattr(first, "network_order")  # the testbed's maps, input to output
         else depth.network_order(first.rule.matrix_keys(first.pretrained)))
 groups = study.depth_groups(keys)
+records.write_records(records.records_path("07_layer_depth_layers"),
+                      depth.layer_records(groups, params=P, testbed=testbeds[0]), replace=True)
+
+# %%
+keys, groups = depth.groups_from_records(records.read_records(records.records_path("07_layer_depth_layers")))
 {g: f"{len(k)} layers: {k[0]} … {k[-1]}" for g, k in groups.items() if g != "all"}
 
 # %% [markdown]
@@ -94,20 +100,19 @@ groups = study.depth_groups(keys)
 # one PACT filter over all layers with its subspaces kept, then five merges (no filter, early,
 # middle, late, all) each with its α search and test.
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
-from pactlib.book import records
 from pactlib.pact import PactOptions
+from pactlib.testbeds import alpha_grid
 from pactlib.testbeds.base import filtered as pact_filtered
 
 opts = PactOptions()
 runs = [(name, seed) for i, name in enumerate(testbeds) for seed in (seeds if i == 0 else seeds[:1])]
-recs, sizes = [], {}
+recs = []
 for name, seed in tqdm(runs, desc="testbeds"):
     tb = load(name, seed, val_limit=val_limit, test_limit=test_limit)
     suite = suite_of(name)
-    sizes[suite] = len(tb.tasks)
     raw = tb.task_vectors()
     # pact_filter(tb.pretrained, raw, options=opts, keep=True); a clip testbed's are lazy, read from its files
     filtered, report = pact_filtered(tb, "pact", opts, keep=True)
@@ -115,9 +120,7 @@ for name, seed in tqdm(runs, desc="testbeds"):
     for g in tqdm(depth.GROUPS, desc=f"{name} seed {seed}", leave=False):
         recs.append(depth.group_record(tb, method, g, keys=groups.get(g, []), raw=raw, filtered=filtered, options=opts,
                                        alphas=alpha_grid(method, alpha_points, lo=alpha_min, spacing="geometric")))
-path = records.records_path("07_layer_depth")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("07_layer_depth"), recs, replace=True)
 
 # %% [markdown]
 # ## Gains by depth group
@@ -125,6 +128,7 @@ frame = records.records_frame(path)
 # %%
 from pactlib.book import plotting
 
+frame = records.records_frame(records.records_path("07_layer_depth"))
 with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
                      caption="Gain in mean normalized test accuracy (points) over plain Iso-C when PACT filters "
                              "one depth group only, or every layer. Bars: mean over seeds; dots: single seeds.") as (fig, ax):
@@ -136,9 +140,10 @@ plotting.table(depth.condition_table(frame), chapter=7, number=1, floatfmt="{:.2
                        "α lies on an edge of the grid, per condition and suite (means over seeds).")
 
 # %%
+sizes = frame[frame["method"] == "intrusion"].groupby("suite")["T"].first()  # tasks per suite
 sel = frame[frame["group"] == "none"]
 for suite, acc in zip(sel["suite"], sel["metrics.acc"]):
-    n = test_limit * sizes[suite]  # at most: some tasks have fewer test images
+    n = test_limit * int(sizes[suite])  # at most: some tasks have fewer test images
     print(f"T={suite}: sampling error of a mean test accuracy over ≤ {n} images ≈ {100 * (acc * (1 - acc) / n) ** 0.5:.2f}"
           f" points; the gains compare merges on the same images, so their own noise is smaller")
 

@@ -39,7 +39,7 @@ accuracy_n_iter = 12                     # q of the RSVD whose merged accuracy i
 oversample = 40                          # oversampling p of P7 (PactOptions' default)
 timing_repeats = 3                       # fastest of three runs per variant: a shared machine only slows runs down
 min_speedup = 2.0                        # "a fraction of the time": RSVD takes at most half the exact time
-alpha_points = 5                         # geometric α values over Iso-C's grid 0.1 … 3.0 (method.md §5)
+alpha_points = 5                         # geometric α values over Iso-C's grid 0.1 … 3.0 (book/method.md, protocol)
 val_limit = 100                          # validation images per task for the α search
 test_limit = 300                         # test images per task
 bench_json = "book/data/bench_filter.json"  # the synthetic ViT-B/32-shaped benchmark (`make bench` refreshes it)
@@ -48,10 +48,9 @@ floor_wall_json = "book/data/pact_floor_2threads.json"  # the same on both cores
 scale_jsonl = "book/data/merge_scale.jsonl"  # streamed `pact merge` times and memory (bench/bench_merge_scale.py)
 
 # %%
-import torch
-
 from pactlib import testbeds
-from pactlib.book import params
+from pactlib.book import params, records
+from pactlib.book.experiments import efficiency
 
 P = params.check(
     globals(), testbed=params.testbed(),
@@ -63,7 +62,6 @@ P = params.check(
     scale_jsonl=None,
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
-n_threads = torch.get_num_threads()  # the kernel's: the runner's `threads` (--threads, the set, else cores / jobs)
 
 # %% [markdown]
 # ## Exact and randomized top-r subspaces (P7)
@@ -88,13 +86,14 @@ n_threads = torch.get_num_threads()  # the kernel's: the runner's `threads` (--t
 # filter spreads its layers over them, each layer's kernels on one thread, so the filtered task
 # vectors are the same for any count, the times are not).
 
-# %%
+# %% tags=["compute"]
+import torch
 from tqdm.auto import tqdm
 
-from pactlib.book import records
-from pactlib.book.experiments import depth, efficiency
+from pactlib.book.experiments import depth
 from pactlib.pact import PactOptions
 
+n_threads = torch.get_num_threads()  # the kernel's: the runner's `threads` (--threads, the set, else cores / jobs)
 exact = PactOptions()
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
@@ -118,9 +117,7 @@ for seed in tqdm(seeds, desc="seeds"):
         recs += efficiency.change_records(f_exact, f_q, keys=keys, params=P, seed=seed, n_iter=q)
         variants.update({f"pact-rsvd-{method}": f_q} if q == accuracy_n_iter else {})
     recs += efficiency.accuracy_records(tb, method, variants, alphas=testbeds.alpha_grid(method, alpha_points), suite=suite)
-path = records.records_path("08_efficiency")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("08_efficiency"), recs, replace=True)
 
 # %% [markdown]
 # ## Time and subspace error
@@ -135,9 +132,11 @@ frame = records.records_frame(path)
 # %%
 from pactlib.book import plotting
 
+frame = records.records_frame(records.records_path("08_efficiency"))
+timed_threads = ", ".join(str(int(t)) for t in sorted(frame.loc[frame["method"] == "filter-time", "threads"].unique()))
 plotting.table(efficiency.summary_table(frame), chapter=8, number=1, floatfmt="{:.3g}",
                caption=f"PACT filter on the backbone (8 tasks): time (s, fastest of the repeats, mean over seeds; "
-                       f"{n_threads} torch thread(s)), "
+                       f"{timed_threads} torch thread(s)), "
                        "speed-up over the exact filter, share of the top-r SVDs that really run randomized, "
                        "distance of the LBW bases from the exact ones and relative change of the filtered task "
                        "vectors (mean and largest over layers and tasks).")
@@ -175,7 +174,7 @@ print(f"core gap σ_(K+p+1)/σ_K of W0: {gaps.min():.2f} … {gaps.max():.2f} ov
 # ## Accuracy of the merge
 #
 # Plain Iso-C, PACT-Iso-C with exact SVDs and PACT-Iso-C with the RSVD (p = `oversample`,
-# q = `accuracy_n_iter`: `PactOptions`' defaults), each with α chosen on validation (method.md §5).
+# q = `accuracy_n_iter`: `PactOptions`' defaults), each with α chosen on validation ({ref}`the protocol <method-protocol>`).
 
 # %%
 plotting.table(efficiency.accuracy_table(frame), chapter=8, number=2, floatfmt="{:.2f}",
@@ -209,7 +208,7 @@ print(f"RSVD − exact: {100 * check['diff']:+.2f} points; tolerance {100 * chec
 # inherit the error of the core. The benchmark first sweeps the oversampling p and the power
 # iterations q on one block (the second table: time of the top-r SVDs and the distance of the
 # subspaces from the exact ones), then runs the whole filter with `PactOptions`' p and q, and
-# with method.md's p = 10, q = 2 for comparison.
+# with the p = 10, q = 2 of {ref}`P7 <eq-P7>` for comparison.
 
 # %%
 bench = efficiency.read_bench(bench_json)

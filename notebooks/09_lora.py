@@ -23,7 +23,7 @@
 # exactly rank ≤ r per layer and zero everywhere else. The LBW argument still applies: whatever the
 # task relies on in θ0 outside its adapter's row space is exposed to the other tasks' adapters.
 #
-# **C11**: PACT still improves the merges of LoRA task vectors. Following method.md §5, every
+# **C11**: PACT still improves the merges of LoRA task vectors. Following {ref}`the protocol <method-protocol>`, every
 # LoRA merge searches α over 0.1…3.0 (isotropic merges of LoRA vectors are known to want large α;
 # a chosen α on the grid's edge is flagged in the table).
 #
@@ -34,7 +34,7 @@ testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
 alpha_points = 5               # points on the 0.1..alpha_max grid
-alpha_max = 3.0                # upper end of the LoRA α grid (method.md §5)
+alpha_max = 3.0                # upper end of the LoRA α grid (book/method.md, protocol)
 val_limit = 100                # validation images per task for the α search (CPU time)
 test_limit = 300               # test images per task (one image = 0.33 points)
 
@@ -51,7 +51,7 @@ P = params.check(
 )
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
 
 recs = []
@@ -62,11 +62,10 @@ for seed in tqdm(seeds, desc="seeds"):
         for mode in (None, "pact"):
             recs.append(testbeds.run(tb, method, pact=mode, alphas=testbeds.alpha_grid(method, alpha_points, lo=0.1, hi=alpha_max)))
     recs += testbeds.reference_records(tb, pact=None, kind="lora")  # zero-shot θ0 and the LoRA fine-tunes
-path = records.records_path("09_lora")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("09_lora"), recs, replace=True)
 
 # %%
+frame = records.records_frame(records.records_path("09_lora"))
 plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")), suites=[suite]),
                chapter=9, number=1, paper="Tab. 3",
                caption="LoRA task vectors: absolute (normalized) mean test accuracy, %, mean ± std over seeds.")

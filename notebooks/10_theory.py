@@ -36,7 +36,7 @@
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
-seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (method.md §5)
+seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (book/method.md, protocol)
 loss_examples = 64                      # validation images in the batch on which L_t and its gradient are taken
 fracs = [0.25, 0.5, 1.0]                # points s of the path θt − s·Δt P_t (s = 1: the full filter)
 val_limit = 64                          # validation images loaded per task (>= loss_examples)
@@ -44,7 +44,8 @@ test_limit = 200                        # test images per task for the accuracy 
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params
+from pactlib.book import params, plotting, records
+from pactlib.book.experiments import theory
 
 P = params.check(
     globals(), testbed=params.testbed(),
@@ -67,11 +68,8 @@ P
 # gives the self-degradation in the unit that matters. The verdict counts (task, seed) cases
 # over the `seeds` run (three by default).
 
-# %%
+# %% tags=["compute"]
 from tqdm.auto import tqdm
-
-from pactlib.book import records
-from pactlib.book.experiments import theory
 
 recs = []
 for seed in tqdm(seeds, desc="seeds"):
@@ -83,13 +81,10 @@ for seed in tqdm(seeds, desc="seeds"):
         recs += theory.theory_records(tb, i, tvs[i], filtered[i], report, xy_loss=tb.inputs(t, "val", loss_examples),
                                       xy_test=tb.inputs(t, "test", test_limit), fracs=fracs, seed=seed, params=P,
                                       rule=tb.rule, suite=suite, cap_binding_rate=report.cap_binding_rate())
-path = records.records_path("10_theory")
-records.write_records(path, recs, replace=True)
-frame = records.records_frame(path)
+records.write_records(records.records_path("10_theory"), recs, replace=True)
 
 # %%
-from pactlib.book import plotting
-
+frame = records.records_frame(records.records_path("10_theory"))
 with plotting.figure("first-order", chapter=10, number=1, size="wide",
                      caption="Change of task t's loss when its own filter is applied: the measured change "
                              "(crosses), the first-order prediction −⟨∇L_t, Δ_t P_t⟩ (dots) and the "

@@ -39,25 +39,23 @@ testbed = None                             # a clip testbed the parameter set de
 reference_file = "book/reference_numbers.yaml"  # the published numbers and their sources
 
 # %%
-import tempfile
 import warnings
 from pathlib import Path
 
 from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
-from pactlib import PactOptions, cli, pact_filter, task_vectors_from, testbeds
 from pactlib.book import params, plotting, records, reference
-from pactlib.data import paper
 from pactlib.book.experiments import paper_scale
-from pactlib.models import clip
-from pactlib.testbeds import clip as clip_testbeds
 
 P = params.check(
     globals(), seed=params.at_least(0), testbed=params.testbed(family="clip", none_ok=True),
     reference_file=params.existing_path(none_ok=False),
 )
 ref = reference.load_reference(reference_file)
+demo = testbed is None  # no checkpoints of the user's: the tiny worked example
+path = records.records_path("12_paper_scale")
+RULES = {"pactlib default": "default", "reference (every 2-d)": "reference_2d"}  # column -> pactlib.matrix.PRESETS
 
 # %% [markdown]
 # ## Published numbers (not measured here)
@@ -66,7 +64,7 @@ ref = reference.load_reference(reference_file)
 # divided by the individual fine-tuned model's, averaged over tasks) in parentheses where the
 # source gives it. They come from `book/reference_numbers.yaml`, read and checked by
 # `pactlib.book.reference`; each table names its source. The main comparison rows come from the
-# Task Singular Vectors repository, whose protocol matches method.md §5 (α chosen on a
+# Task Singular Vectors repository, whose protocol matches {ref}`ours <method-protocol>` (α chosen on a
 # validation split).
 
 # %%
@@ -193,8 +191,12 @@ display(Markdown(
 # given the split layout, and the clip testbed converts Hugging Face towers to the fused one
 # unless its option `naming` is `"native"`. This chapter reads towers the same way.
 
-# %%
-demo = testbed is None
+# %% tags=["compute"]
+import tempfile
+
+from pactlib import testbeds
+from pactlib.testbeds import clip as clip_testbeds
+
 if demo:  # tiny CLIP-shaped checkpoints and image folders in the layout a real run reads
     example = paper_scale.write_tiny_example(Path(tempfile.mkdtemp(prefix="pact-tiny-clip-")), seed=seed)
     ckpt_root, tasks, data_dir = example.checkpoint_dir, example.tasks, example.data_root
@@ -206,10 +208,17 @@ else:  # the files of the clip testbed the parameter set defines (testbeds: sect
     ckpt_root, pre_path, ft_by_task = clip_testbeds.files_of(spec)
     tasks, ft_paths, data_dir = list(ft_by_task), list(ft_by_task.values()), spec["data_root"]
     trust_pickle, naming = spec.get("trust_pickle", False), spec.get("naming", "open_clip")
+records.write_records(path, [records.make_record(  # the example's temporary folder is not worth a record
+    "files", params=P, seed=seed if demo else None, tasks=list(tasks), pretrained=pre_path.name,
+    checkpoint_dir=None if demo else str(ckpt_root), metrics={"tasks": len(tasks)})], replace=True)
+
+# %%
+files = next(r for r in records.read_records(path) if r["method"] == "files")
+tasks = files["tasks"]
 display(Markdown(("**Worked example**: a tiny open_clip ViT (width 32, 2 layers) and "
                   f"{len(tasks)} copies with seeded rank-2 updates on its vision matrix layers; the text tower is "
                   "left as it is, as in the paper's fine-tunes. Its numbers say nothing about the paper's claims."
-                  if demo else f"**Your checkpoints**: {len(tasks)} tasks under `{ckpt_root}`.")))
+                  if demo else f"**Your checkpoints**: {len(tasks)} tasks under `{files['checkpoint_dir']}`.")))
 
 # %% [markdown]
 # ### What the matrix rule makes of a CLIP checkpoint
@@ -220,24 +229,27 @@ display(Markdown(("**Worked example**: a tiny open_clip ViT (width 32, 2 layers)
 # the class and positional embeddings, norms and biases are "other". The text tower is
 # "other" too: fine-tuning leaves it untouched, so its task vectors are zero.
 
-# %%
+# %% tags=["compute"]
+from pactlib.models import clip
+
 full_state = clip.load_clip_checkpoint(pre_path, trust_pickle=trust_pickle)
 kinds = paper_scale.key_kinds(full_state)
-path = records.records_path("12_paper_scale")
 records.write_records(path, [records.make_record("key-kinds", params=P, seed=seed if demo else None, tower=tw,
                                                  kind=kd, metrics=dict(row))
-                             for (tw, kd), row in kinds.iterrows()], replace=True)
+                             for (tw, kd), row in kinds.iterrows()])
+
+# %%
 frame = records.records_frame(path)
 plotting.table(frame[frame["method"] == "key-kinds"].set_index(["tower", "kind"])[["metrics.entries", "metrics.values"]]
                .rename(columns=lambda c: c.removeprefix("metrics.")), chapter=12, number=6, floatfmt="{:,.0f}",
-               caption=f"Entries and values of θ0 ({'the tiny example' if demo else pre_path.name}) per tower and "
+               caption=f"Entries and values of θ0 ({'the tiny example' if demo else files['pretrained']}) per tower and "
                        "matrix-rule kind.")
 
 # %% [markdown]
 # ### Our matrix rule and the reference code's
 #
 # The public TSV-M and Iso-C / Iso-CTS code (and the task-vectors code under it) merges *every*
-# 2-d tensor except `text_projection` by SVD, as stored. Ours (method.md §0) differs on two
+# 2-d tensor except `text_projection` by SVD, as stored. Ours ({ref}`the matrix view <method-matrix-view>`) differs on two
 # kinds of key of the vision tower:
 #
 # - `visual.positional_embedding` (tokens × width) is a table of vectors, not a map, so we merge
@@ -254,13 +266,15 @@ plotting.table(frame[frame["method"] == "key-kinds"].set_index(["tower", "kind"]
 # reference merges exactly. The table lists the keys of this checkpoint on which the two rules
 # disagree; the next one measures what that changes in the merged update.
 
-# %%
-from pactlib.matrix import MatrixRule, PRESETS
+# %% tags=["compute"]
+from pactlib.matrix import PRESETS
 
 theta0_vision = clip.vision_state_dict(pre_path, trust_pickle=trust_pickle, naming=naming)
-rule_frame = paper_scale.rule_differences(theta0_vision, {"pactlib default": PRESETS["default"],
-                                                          "reference (every 2-d)": PRESETS["reference_2d"]})
-plotting.table(rule_frame, chapter=12, number=7,
+rule_frame = paper_scale.rule_differences(theta0_vision, {name: PRESETS[preset] for name, preset in RULES.items()})
+records.write_records(path, paper_scale.rule_records(rule_frame, params=P, seed=seed if demo else None))
+
+# %%
+plotting.table(paper_scale.rule_table(records.read_records(path), list(RULES)), chapter=12, number=7,
                caption="Vision-tower keys on which pactlib's default matrix rule and the reference code's 2-d "
                        "rule disagree (block indices folded to *). The reference rule also takes the text "
                        "tower's 2-d tensors as matrices; their task vectors are zero, so that changes nothing.")
@@ -270,10 +284,8 @@ plotting.table(rule_frame, chapter=12, number=7,
 # difference ‖D_ours − D_ref‖ / ‖D_ref‖ of the merged update, over the keys where the rules
 # disagree and over the whole vision tower:
 
-# %%
-import pandas as pd
-
-from pactlib import merged_update
+# %% tags=["compute"]
+from pactlib import merged_update, task_vectors_from
 
 rows = []
 tvs_vision = task_vectors_from(theta0_vision, [clip.vision_state_dict(p, trust_pickle=trust_pickle, naming=naming)
@@ -291,9 +303,17 @@ records.write_records(path, [records.make_record("rule-difference", params=P, se
                                                  merge=r["merge"], metrics={"rel_keys": r["keys that differ"],
                                                                             "rel_all": r["whole tower"]})
                              for r in rows])
-plotting.table(pd.DataFrame(rows), chapter=12, number=8, floatfmt="{:.3f}",
+
+# %%
+import pandas as pd
+
+frame = records.records_frame(path)
+diffs = frame[frame["method"] == "rule-difference"]
+plotting.table(pd.DataFrame({"merge": diffs["merge"], "keys that differ": diffs["metrics.rel_keys"],
+                             "whole tower": diffs["metrics.rel_all"]}).reset_index(drop=True),
+               chapter=12, number=8, floatfmt="{:.3f}",
                caption="Relative difference of the merged update, pactlib's rule vs the reference 2-d rule "
-                       + ("(tiny worked example)." if demo else f"({ckpt_root.name})."))
+                       + ("(tiny worked example)." if demo else f"({Path(files['checkpoint_dir']).name})."))
 
 # %% [markdown]
 # ### What PACT does to every vision layer (data-free)
@@ -304,7 +324,9 @@ plotting.table(pd.DataFrame(rows), chapter=12, number=8, floatfmt="{:.3f}",
 # input dimension) reports per layer and task the LBW and shield ranks, whether the cap bound
 # and the share of the update the filter removed. No data are needed for any of it.
 
-# %%
+# %% tags=["compute"]
+from pactlib import PactOptions, pact_filter
+
 theta0 = theta0_vision
 task_vectors = tvs_vision
 _, pact_report = pact_filter(theta0, task_vectors, options=PactOptions())
@@ -315,24 +337,16 @@ records.write_records(path, [records.make_record("pact-layer", params=P, seed=se
                                                      "shield_rank": r.shield_rank, "capped": int(r.capped),
                                                      "removed_energy": r.removed_energy})
                              for r in layers.itertuples()])
+
+# %%
 frame = records.records_frame(path)
-per_layer = frame[frame["method"] == "pact-layer"].groupby(["layer", "key"], sort=True).agg(
-    removed=("metrics.removed_energy", "mean"), removed_min=("metrics.removed_energy", "min"),
-    removed_max=("metrics.removed_energy", "max"), shield=("metrics.shield_rank", "mean"),
-    n=("metrics.n", "first"), capped=("metrics.capped", "mean")).reset_index()
 with plotting.figure("pact-per-layer", chapter=12, number=1, size="wide", ncols=2,
                      caption="PACT on the vision layers of "
-                             + ("the tiny worked example" if demo else f"the checkpoints in {ckpt_root.name}")
+                             + ("the tiny worked example" if demo else f"the checkpoints in {Path(files['checkpoint_dir']).name}")
                              + ", in network order. Left: share of ‖Δt‖² the filter removes (line: mean over tasks, "
                                "band: min–max). Right: shield size as a share of the input dimension n (mean over "
                                "tasks) and the share of tasks whose shield hit the cap.") as (fig, axes):
-    axes[0].plot(per_layer["layer"], per_layer["removed"], marker="o", ms=3)
-    axes[0].fill_between(per_layer["layer"], per_layer["removed_min"], per_layer["removed_max"], alpha=0.25)
-    axes[0].set(xlabel="vision matrix layer", ylabel="removed share of ‖Δt‖²")
-    axes[1].plot(per_layer["layer"], per_layer["shield"] / per_layer["n"], marker="o", ms=3, label="shield rank / n")
-    axes[1].plot(per_layer["layer"], per_layer["capped"], marker="x", ms=4, ls=":", label="cap bound (share of tasks)")
-    axes[1].set(xlabel="vision matrix layer", ylim=(-0.05, 1.05))
-    axes[1].legend(fontsize=7)
+    paper_scale.plot_pact_layers(frame, axes)
 
 # %% [markdown]
 # ### Merging with the command line, and loading the result into a classifier
@@ -345,7 +359,10 @@ with plotting.figure("pact-per-layer", chapter=12, number=1, size="wide", ncols=
 # near chance (one in three). With real checkpoints this step is skipped: the chapters of the
 # parameter set evaluate the merges (next section).
 
-# %%
+# %% tags=["compute"]
+from pactlib import cli
+from pactlib.data import paper
+
 if demo:
     merged_path = ckpt_root / "merged-pact-iso_c.pt"
     exit_code = cli.main(["merge", "--method", "iso_c", "--pact", "pact", "--alpha", "1.0", "--pretrained",
@@ -361,6 +378,9 @@ if demo:
         "merged": paper_scale.classifier_accuracy(clip.ClipClassifier.from_clip(model, heads[t]), test[t].images,
                                                   test[t].labels)}) for t in tasks]
     records.write_records(path, demo_records)
+
+# %%
+if demo:
     frame = records.records_frame(path)
     plotting.table(frame[frame["method"] == "demo-accuracy"].set_index("task")[
         ["metrics.zero_shot", "metrics.merged", "metrics.n_test"]].rename(columns=lambda c: c.removeprefix("metrics.")),
@@ -375,12 +395,13 @@ if demo:
 # is looked up and indexed without decoding an image: the number of classes and of train and
 # test images, or what is missing.
 
-# %%
+# %% tags=["compute"]
 if data_dir is not None:
-    check = paper_scale.data_check(data_dir, tasks)
-    records.write_records(path, [records.make_record("data-check", params=P, seed=None, task=t, status=r.status,
-                                                     metrics={"classes": r.classes, "train": r.train, "test": r.test})
-                                 for t, r in check.iterrows()])
+    records.write_records(path, paper_scale.data_check_records(paper_scale.data_check(data_dir, tasks), params=P))
+
+# %%
+check = paper_scale.data_check_table(records.read_records(path))
+if len(check):
     plotting.table(check, chapter=12, number=10 if demo else 9, floatfmt="{:,.0f}",
                    caption="Dataset folders found under data_root: classes, train and test images, status.")
 
@@ -401,6 +422,8 @@ if data_dir is not None:
 # The paper-scale claims need the paper's checkpoints and an evaluation on its datasets.
 
 # %%
+frame = records.records_frame(path)
+layers = frame[frame["method"] == "pact-layer"].rename(columns=lambda c: c.removeprefix("metrics."))
 plotting.verdict(
     "C5–C7 at paper scale", "not yet tested",
     ("no paper-scale checkpoints were supplied; the tables show published numbers only, and the worked example "

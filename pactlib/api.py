@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from . import merges
-from .checks import check_alpha, check_task_set, check_type
+from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
+                     task_names)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
-from .taskvector import TaskVector, check_compute_dtype
+from .taskvector import TaskVector, check_compute_dtype, report_buffers
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +91,38 @@ def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapp
     """Δt = θt − θ0 for every fine-tuned checkpoint, after checking them all (keys, shapes,
     NaN/Inf, named by task). Warns on an all-zero task vector and on identical task vectors.
 
+    The checks cost no pass of their own over the fine-tuned checkpoints: a NaN or Inf in θt (θ0
+    is checked first) makes Δt non-finite, so one sum per key of Δt clears θt (θt's keys are
+    looked at one by one only when a sum is not finite); the same sums tell most pairs of tasks
+    apart before any entry-by-entry comparison.
+
     Raises:
         ValueError: ``dtype`` is not float32 / float64 (checked first).
-        CheckpointError: as :func:`pactlib.checks.check_task_set`.
+        CheckpointError: as :func:`pactlib.checks.check_task_set`, in its order (θ0's values,
+            then each task's keys and shapes, then its values).
     """
     check_compute_dtype(dtype)
-    names = check_task_set(pretrained, finetuned, names)
-    tvs = [TaskVector.from_checkpoints(pretrained, ft, name=nm, dtype=dtype) for ft, nm in zip(finetuned, names)]
-    for tv in tvs:
-        if tv.norm() == 0:
+    names = task_names(finetuned, names)
+    check_state_dict(pretrained, name="pre-trained")
+    check_finite(pretrained, name="pre-trained")
+    floats = [k for k, v in pretrained.items() if torch.is_floating_point(v)]
+    report_buffers([k for k, v in pretrained.items() if not torch.is_floating_point(v)])
+    pre = {k: pretrained[k].to(dtype) for k in floats}  # no copy when θ0 is in dtype already
+    tvs, sums = [], []
+    for ft, nm in zip(finetuned, names):
+        check_compatible(pretrained, ft, name=nm)
+        d = {k: ft[k].to(dtype) - pre[k] for k in floats}  # the values of TaskVector.from_checkpoints
+        s = torch.stack([v.sum() for v in d.values()]) if d else torch.zeros(0, dtype=dtype)
+        if not bool(torch.isfinite(s).all()):  # NaN / Inf in θt, or a sum that overflows: look closer
+            check_finite(ft, name=nm)
+        tvs.append(TaskVector._wrap(d, nm))
+        sums.append(s)
+    for tv, s in zip(tvs, sums):
+        if not bool(s.any()) and not any(bool(v.any()) for v in tv.values()):
             warnings.warn(f"task vector of {tv.name!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
     for i in range(len(tvs)):
         for j in range(i + 1, len(tvs)):
-            if all(torch.equal(tvs[i][k], tvs[j][k]) for k in tvs[i]):
+            if torch.equal(sums[i], sums[j]) and all(torch.equal(tvs[i][k], tvs[j][k]) for k in tvs[i]):
                 warnings.warn(f"task vectors of {tvs[i].name!r} and {tvs[j].name!r} are identical", stacklevel=3)
     return tvs
 
@@ -142,11 +162,13 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
 def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
           alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
           names: Sequence[str] | None = None, **kw) -> dict[str, Tensor]:
-    """Merge fine-tuned checkpoints: θ = θ0 + α·D (method.md §4), D from ``method`` after the
+    """Merge fine-tuned checkpoints: θ = θ0 + α·D (book/method.md, merges), D from ``method`` after the
     optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
 
-    Everything is in memory (θ0, the T checkpoints, their task vectors, D). For files,
-    :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
+    Everything is in memory (θ0, the T checkpoints, their task vectors, D). Task Arithmetic
+    without PACT holds no task vectors: D is summed key by key from the checkpoints
+    (:func:`update_from_checkpoints`) and θ0 + α·D formed in D's tensors; the same values. For
+    files, :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
 
     Args:
         method: a registered name, one of :func:`pactlib.merges.names` (e.g. ``task_arithmetic``).
@@ -172,6 +194,82 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
     alpha = check_alpha(alpha)
     mparams, options = resolve_kwargs(method, pact, kw)
     dtype = torch.float64 if any(v.dtype == torch.float64 for v in pretrained.values()) else torch.float32
+    m = merges.get(method)
+    if pact is None and m.elementwise and m.reducer is not None:  # Task Arithmetic: no T task vectors held
+        check_method_params(method, mparams)
+        note = split_attention_note(pretrained.keys(), where=f"{method}: ")
+        if note:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        D = update_from_checkpoints(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule, **mparams)
+        return D._apply(pretrained, alpha, consume=True)  # D is ours: θ0 + α·D in its own tensors
     tvs = task_vectors_from(pretrained, finetuned, names=names, dtype=dtype)
     D, _ = merged_update(method, pretrained, tvs, pact=pact, options=options, rule=rule, **mparams)
     return D.apply_to(pretrained, alpha)
+
+
+def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tensor],
+                            finetuned: Sequence[Mapping[str, Tensor]], *, names: Sequence[str] | None = None,
+                            dtype: torch.dtype = torch.float32, rule: MatrixRule = DEFAULT_RULE,
+                            **params) -> TaskVector:
+    """The merged update D of a method with a per-task reducer (:attr:`pactlib.merges.MergeMethod.reducer`,
+    e.g. Task Arithmetic's running sum, M1) straight from the checkpoints, key by key: each task's
+    Δt = θt − θ0 of the key is formed and handed to the key's reducer, in task order, so only D
+    and one Δt are held, never the T task vectors, and θ0's key and the running result stay in
+    cache over the tasks. The same values as ``m(task_vectors_from(...))`` (the reducers add the
+    tasks in task order, as the methods do), with the same checks and warnings as
+    :func:`task_vectors_from`, the first failing one raised as there (θ0's values; then task by
+    task its keys and shapes, then its values).
+
+    Raises:
+        ValueError: ``m`` has no reducer; ``dtype`` is not float32 / float64.
+        CheckpointError: as :func:`task_vectors_from`.
+    """
+    if m.reducer is None:
+        raise ValueError(f"merge method {m.name!r} has no per-task reducer")
+    check_compute_dtype(dtype)
+    names = task_names(finetuned, names)
+    check_state_dict(pretrained, name="pre-trained")
+    check_finite(pretrained, name="pre-trained")
+
+    def check_values(upto: int) -> None:
+        """The exact finiteness checks of tasks 0 … upto − 1 in task order (raises the first)."""
+        for ft, nm in zip(finetuned[:upto], names[:upto]):
+            check_finite(ft, name=nm)
+
+    for j, (ft, nm) in enumerate(zip(finetuned, names)):
+        try:
+            check_compatible(pretrained, ft, name=nm)
+        except CheckpointError:
+            check_values(j)  # a NaN in an earlier task is the first error, as task by task
+            raise
+    floats = [k for k, v in pretrained.items() if torch.is_floating_point(v)]
+    report_buffers([k for k, v in pretrained.items() if not torch.is_floating_point(v)])
+    T = len(finetuned)
+    looked = False  # the exact checks of every task ran (a sum overflowed, no NaN / Inf found)
+    sums = torch.empty((T, len(floats)), dtype=dtype)  # per task and key: Σ of Δt's entries
+    nonzero = [False] * T
+    D = {}
+    for i, k in enumerate(floats):
+        pre = pretrained[k].to(dtype)  # no copy when θ0 is in dtype already
+        matrix = rule.kind(k, pre) == "matrix"
+        reducer = m.reducer(T, matrix, **params)
+        for t, ft in enumerate(finetuned):
+            d = ft[k].to(dtype) - pre  # the values of TaskVector.from_checkpoints
+            sums[t, i] = s = d.sum()
+            if not looked and not bool(torch.isfinite(s)):  # NaN / Inf in a θt, or an overflowing sum
+                check_values(T)
+                looked = True
+            nonzero[t] = nonzero[t] or bool(s != 0) or bool(d.any())
+            reducer.add(rule.view(k, d) if matrix else d)  # the reducer keeps d
+        r = reducer.result()
+        D[k] = rule.unview(k, r, pre.shape) if matrix else r
+    for nm, nz in zip(names, nonzero):
+        if not nz:
+            warnings.warn(f"task vector of {nm!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
+    for i in range(T):
+        for j in range(i + 1, T):
+            if torch.equal(sums[i], sums[j]) and all(
+                    torch.equal(finetuned[i][k].to(dtype) - pretrained[k].to(dtype),
+                                finetuned[j][k].to(dtype) - pretrained[k].to(dtype)) for k in floats):
+                warnings.warn(f"task vectors of {names[i]!r} and {names[j]!r} are identical", stacklevel=3)
+    return TaskVector._wrap(D)

@@ -183,13 +183,42 @@ def check_compatible(reference: Mapping[str, Tensor], other: Mapping[str, Tensor
                 f"{name}: dtype kind mismatch at key {k!r}: {ref_name} {v.dtype} vs {name} {w.dtype}")
 
 
+def all_finite(x: Tensor) -> bool:
+    """Whether every entry of the floating tensor ``x`` is finite (no NaN, no ±Inf).
+
+    One read pass and no tensor-sized allocation: a NaN or an Inf makes the sum of ``x``
+    non-finite, so a finite sum settles it; a non-finite sum (NaN / Inf in ``x``, or finite
+    values whose sum overflows) is settled entry by entry. Half-precision tensors are summed in
+    float32.
+    """
+    s = x.sum(dtype=torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x.sum()
+    return bool(torch.isfinite(s)) or bool(torch.isfinite(x).all())
+
+
 def check_finite(sd: Mapping[str, Tensor], *, name: str) -> None:
     """Raise :class:`CheckpointError` naming the first key (and counts) holding NaN or Inf."""
     for k, v in sd.items():
-        if torch.is_floating_point(v) and not bool(torch.isfinite(v).all()):
+        if torch.is_floating_point(v) and not all_finite(v):
             n_nan = int(torch.isnan(v).sum())
             n_inf = int(torch.isinf(v).sum())
             raise CheckpointError(f"{name}: key {k!r} holds {n_nan} NaN and {n_inf} Inf value(s)")
+
+
+def task_names(finetuned: Sequence[Mapping[str, Tensor]], names: Sequence[str] | None = None) -> list[str]:
+    """The T task names for messages (default ``task 0``, ``task 1``, …), after checking that
+    ``finetuned`` is a non-empty sequence of state dicts and ``names`` has one name per task.
+
+    Raises:
+        CheckpointError: a single state dict, no fine-tuned checkpoint, names of the wrong length.
+    """
+    if isinstance(finetuned, Mapping):
+        raise CheckpointError("finetuned: expected a sequence of state dicts, got a single state dict")
+    if len(finetuned) == 0:
+        raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
+    names = list(names) if names is not None else [f"task {i}" for i in range(len(finetuned))]
+    if len(names) != len(finetuned):
+        raise CheckpointError(f"names: {len(names)} names for {len(finetuned)} fine-tuned checkpoints")
+    return names
 
 
 def check_task_set(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]],
@@ -200,13 +229,7 @@ def check_task_set(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping
         CheckpointError: no fine-tuned checkpoint, names of the wrong length, or any failure of
             :func:`check_compatible` / :func:`check_finite` (named by task).
     """
-    if isinstance(finetuned, Mapping):
-        raise CheckpointError("finetuned: expected a sequence of state dicts, got a single state dict")
-    if len(finetuned) == 0:
-        raise CheckpointError("finetuned: at least one fine-tuned checkpoint is needed")
-    names = list(names) if names is not None else [f"task {i}" for i in range(len(finetuned))]
-    if len(names) != len(finetuned):
-        raise CheckpointError(f"names: {len(names)} names for {len(finetuned)} fine-tuned checkpoints")
+    names = task_names(finetuned, names)
     check_state_dict(pretrained, name="pre-trained")
     check_finite(pretrained, name="pre-trained")
     for sd, nm in zip(finetuned, names):

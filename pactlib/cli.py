@@ -2,9 +2,10 @@
 
     pact merge --method NAME [--pact pact|s-pact] --alpha A --pretrained FILE \\
                (--finetuned FILE [FILE ...] | --lora-adapters DIR [DIR ...] [--lora-key-map NAME])
-               --out FILE [--set key=value ...] [--trust-pickle]
+               --out FILE|DIR/ [--set key=value ...] [--trust-pickle]
                [--rule auto|default|hf_encoder|gpt2|decoder_lm|reference_2d] [--max-shard-size 2GB]
                [--workers N] [--threads N]
+    pact merge --config pact_recipe.yaml --out FILE|DIR/ [--trust-pickle] [--workers N] [--threads N]
     pact methods
     pact data prepare --suite 8            (built-in testbed: a plug-in, see below)
     pact zoo build --suite 8 --seeds 0 1 2 (built-in testbed: a plug-in)
@@ -35,6 +36,11 @@ as unavailable, and running it prints why.
 scale from ``adapter_config.json`` (``lora_alpha``/``r``, ``use_rslora``, ``rank_pattern``,
 ``alpha_pattern``), fed to the streamed merge key by key as Δ itself; ``--lora-key-map`` maps
 PEFT's module names onto θ0's keys (``hf_clip_to_open_clip``: q/k/v into ``in_proj_weight``).
+
+``--out DIR/`` (a trailing slash, or an existing folder) writes a model folder as
+``save_pretrained`` does: the weights, θ0's folder's config / tokenizer / processor files, a model
+card and a recipe (:mod:`pactlib.recipe`); ``--config FILE`` redoes a recipe, and the flags that
+define a merge are then refused (:func:`recipe_of`).
 
 ``pact merge`` checks everything that needs no checkpoint before it loads one: α finite, the
 ``--out`` extension, ``--out`` not one of the inputs, ``--set`` names, types and values. Errors
@@ -109,13 +115,16 @@ def parse_set(items: list[str]) -> dict:
     """``["k=20", "svd=rsvd"]`` -> ``{"k": 20, "svd": "rsvd"}`` (values: :func:`parse_value`).
 
     Raises:
-        ValueError: an item without ``=``, with an empty key, an empty or unparsable value.
+        ValueError: an item without ``=``, with an empty key, an empty or unparsable value, or
+            a key given twice (named).
     """
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set expects key=value, got {item!r}")
+        if key.strip() in out:
+            raise ValueError(f"--set names {key.strip()!r} more than once; give each parameter one value")
         out[key.strip()] = parse_value(key.strip(), value)
     return out
 
@@ -162,29 +171,85 @@ def load_checkpoint(path: str, *, trust_pickle: bool = False, mmap: bool = False
         raise
 
 
+#: ``pact merge`` flags that define the merge: a recipe (--config) gives them, so they are refused beside it
+RECIPE_FLAGS = {"method": "--method", "pact": "--pact", "alpha": "--alpha", "pretrained": "--pretrained",
+                "finetuned": "--finetuned", "lora_adapters": "--lora-adapters", "lora_key_map": "--lora-key-map",
+                "lora_extra": "--lora-extra", "set": "--set", "rule": "--rule", "max_shard_size": "--max-shard-size"}
+
+
+def recipe_of(args):
+    """The merge ``args`` ask for, as a :class:`pactlib.recipe.Recipe`: read from ``--config`` (then
+    the flags that define a merge are refused: edit the recipe instead; ``--out``, ``--workers``,
+    ``--threads``, ``--device`` and ``--trust-pickle`` stay command-line choices), else from the
+    flags. Paths are made absolute (from the working directory), so that a recipe written into a
+    model folder names its inputs wherever it is read from.
+
+    Raises:
+        ValueError: a flag beside ``--config``; a required flag missing without it.
+        RecipeError: a bad recipe (the field named).
+    """
+    import dataclasses
+    import os
+
+    from .recipe import Recipe, read_recipe
+
+    if args.config is not None:
+        given = [flag for attr, flag in RECIPE_FLAGS.items() if getattr(args, attr) not in (None, [])]
+        if given:
+            raise ValueError(f"--config {args.config} gives the merge; {', '.join(given)} cannot be given beside it "
+                             "(edit the recipe, or give the flags without --config)")
+        r = read_recipe(args.config)
+    else:
+        missing = [f for a, f in (("method", "--method"), ("alpha", "--alpha"), ("pretrained", "--pretrained"))
+                   if getattr(args, a) is None]
+        if not (args.finetuned or args.lora_adapters):
+            missing.append("--finetuned (or --lora-adapters)")
+        if missing:
+            raise ValueError(f"pact merge needs {', '.join(missing)} (or a recipe: --config FILE)")
+        check_alpha(args.alpha)
+        lora = bool(args.lora_adapters)
+        r = Recipe(args.method, args.pretrained, tuple(args.lora_adapters if lora else args.finetuned), args.alpha,
+                   parse_set(args.set), args.pact, args.rule or "auto", None, args.max_shard_size, lora,
+                   args.lora_key_map, args.lora_extra or "error")
+    absolute = {p: os.path.abspath(p) for p in (r.base_model, *r.models)}
+    return dataclasses.replace(r, base_model=absolute[r.base_model], models=tuple(absolute[p] for p in r.models),
+                               sha256={absolute[p]: h for p, h in r.sha256.items()})
+
+
 def cmd_merge(args) -> int:
+    import dataclasses
+
+    from . import recipe as rc
+
+    r = recipe_of(args)
     # every check that needs no checkpoint, before loading any
-    check_alpha(args.alpha)
-    if args.max_shard_size is not None:
-        parse_size(args.max_shard_size)
+    check_alpha(r.alpha)
+    folder = Path(args.out) if rc.is_folder_output(args.out) else None
+    max_shard_size = r.max_shard_size if folder is None or r.max_shard_size is not None else rc.DEFAULT_SHARD_SIZE
+    if max_shard_size is not None:
+        parse_size(max_shard_size)
     set_threads(args.threads)
     if args.device is not None:
         check_device(args.device, name="--device")
     return_freed_memory()  # layer-sized buffers go back to the OS when freed (its docstring says why)
-    adapters = args.lora_adapters or []
-    inputs = [args.pretrained, *(args.finetuned or [])]
+    adapters = list(r.models) if r.lora else []
+    inputs = [r.base_model, *([] if r.lora else r.models)]
     if adapters:
         from .peft import adapter_files
 
         inputs += [str(f) for d in adapters for f in adapter_files(d)]
-    check_out_path(args.out, inputs, args.max_shard_size)
-    kw = parse_set(args.set)
-    resolve_kwargs(args.method, args.pact, kw)
+    out = args.out
+    if folder is not None:
+        rc.check_folder_target(folder, inputs)
+        out = str(folder / rc.weights_name(r.base_model))
+    check_out_path(out, inputs, max_shard_size)
+    kw = dict(r.params)
+    resolve_kwargs(r.merge_method, r.pact, kw)
     workers = args.workers if args.workers is not None else (args.threads or 1)
     if adapters:
         from .peft import resolve_key_map
 
-        resolve_key_map(args.lora_key_map)  # an unknown name fails before any file is read
+        resolve_key_map(r.lora_key_map)  # an unknown name fails before any file is read
 
     def loader(path):
         return load_checkpoint(path, trust_pickle=args.trust_pickle, mmap=True)
@@ -192,26 +257,38 @@ def cmd_merge(args) -> int:
     loader.cache_tag = "trusted" if args.trust_pickle else "plain"
     from .lazy import open_checkpoint
 
-    keys = open_checkpoint(args.pretrained, loader=loader).keys()  # θ0's header (a pickle is converted once)
-    rule = args.rule
+    base = open_checkpoint(r.base_model, loader=loader)  # θ0's header (a pickle is converted once)
+    dtypes = sorted({str(base.dtype(k)).removeprefix("torch.") for k in base.keys() if base.dtype(k).is_floating_point})
+    if r.dtype is not None and dtypes != [r.dtype]:
+        raise rc.RecipeError(f"{args.config or 'recipe'}: dtype: {r.dtype}, but the pre-trained checkpoint's "
+                             f"weights are {', '.join(dtypes)}; pact merge writes θ0's dtypes and does not cast")
+    if folder is not None or r.sha256:  # inputs pinned by the recipe are checked before merging
+        r = dataclasses.replace(r, sha256=rc.check_sha256(r, where=args.config or "recipe"),
+                                dtype=dtypes[0] if len(dtypes) == 1 else None)
+    rule = r.rule
     if rule == "auto":  # from θ0's key names
-        rule = detect_preset(keys)
+        rule = detect_preset(base.keys())
     # merge_files warns on Hugging Face CLIP's separate q/k/v (another per-layer view than open_clip's fused in_proj)
     if adapters:
         from .peft import AdapterSource
 
-        finetuned = [AdapterSource(d, key_map=args.lora_key_map, extra=args.lora_extra, name=d,
+        finetuned = [AdapterSource(d, key_map=r.lora_key_map, extra=r.lora_extra, name=d,
                                    rule=MatrixRule.preset(rule)) for d in adapters]
         names = list(adapters)
     else:
-        finetuned = names = args.finetuned
-    res = merge_files(args.method, args.pretrained, finetuned, args.out, alpha=args.alpha, pact=args.pact,
-                      names=names, rule=MatrixRule.preset(rule), max_shard_size=args.max_shard_size,
+        finetuned = names = list(r.models)
+    res = merge_files(r.merge_method, r.base_model, finetuned, out, alpha=r.alpha, pact=r.pact,
+                      names=names, rule=MatrixRule.preset(rule), max_shard_size=max_shard_size,
                       loader=loader, workers=workers, device=args.device, **kw)
-    extra = {"lora_adapters": adapters, "lora_key_map": args.lora_key_map} if adapters else {}
-    print(json.dumps({"out": str(res.path), "method": args.method, "pact": args.pact, "alpha": args.alpha,
+    files = list(res.files)
+    if folder is not None:
+        files += rc.write_model_folder(folder, r, sha256=r.sha256,
+                                       weights=[f for f in res.files if f.name.endswith(".safetensors")])
+    extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
+    print(json.dumps({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
                       "tasks": res.tasks, "rule": rule, "params": kw, **extra,
-                      "files": [str(f) for f in res.files]}))
+                      **({"folder": str(folder)} if folder is not None else {}),
+                      "files": [str(f) for f in files]}))
     return 0
 
 
@@ -277,11 +354,15 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress and reports")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="merge fine-tuned checkpoints into one")
-    m.add_argument("--method", required=True, help=f"one of: {', '.join(merges.names())}")
+    m.add_argument("--config", default=None, metavar="FILE",
+                   help="a recipe (pact_recipe.yaml, as a folder output writes it; mergekit's field names) giving "
+                        "the merge instead of --method/--alpha/--pretrained/--finetuned/--set/...: those are then "
+                        "refused; --out, --workers, --threads, --device and --trust-pickle stay flags")
+    m.add_argument("--method", default=None, help=f"one of: {', '.join(merges.names())}")
     m.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter task vectors first")
-    m.add_argument("--alpha", type=float, required=True, help="scaling coefficient α")
-    m.add_argument("--pretrained", required=True, help="θ0 checkpoint file")
-    src = m.add_mutually_exclusive_group(required=True)
+    m.add_argument("--alpha", type=float, default=None, help="scaling coefficient α")
+    m.add_argument("--pretrained", default=None, help="θ0 checkpoint file or model folder")
+    src = m.add_mutually_exclusive_group()
     src.add_argument("--finetuned", nargs="+", help="fine-tuned checkpoint files")
     src.add_argument("--lora-adapters", nargs="+", metavar="DIR",
                      help="PEFT LoRA adapter folders (adapter_model.safetensors + adapter_config.json) instead of "
@@ -290,24 +371,27 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                    help="how PEFT module names map onto --pretrained's keys: identity (default), "
                         "hf_clip_to_open_clip (HF CLIP adapters on an open_clip checkpoint: q/k/v into in_proj_weight), "
                         "hf_clip_to_image_encoder (the same under model.)")
-    m.add_argument("--lora-extra", choices=["error", "skip"], default="error",
+    m.add_argument("--lora-extra", choices=["error", "skip"], default=None,
                    help="adapter entries that are whole weights, not LoRA factors (modules_to_save, trained biases): "
                         "error (default) or skip (left out, with a warning)")
     m.add_argument("--out", required=True,
-                   help="output file (.safetensors, .pt, or x.safetensors.index.json for a sharded output)")
-    m.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="output file (.safetensors, .pt, or x.safetensors.index.json for a sharded output), or a "
+                        "model folder (DIR/ with a trailing slash, or an existing folder): weights, θ0's folder's "
+                        "config and tokenizer files, a model card README.md and the recipe pact_recipe.yaml")
+    m.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE",
                    help="method parameters / PACT options, e.g. k=20 core_frac=0.1 svd=rsvd")
     m.add_argument("--trust-pickle", action="store_true",
                    help="also read checkpoints that are whole pickled modules (task-vectors "
                         "ImageEncoder files); unpickling runs code from the files: trusted files only")
-    m.add_argument("--rule", choices=["auto", *PRESETS], default="auto",
+    m.add_argument("--rule", choices=["auto", *PRESETS], default=None,
                    help="matrix rule: which keys are merged as matrices. auto (default): the preset of the "
                         "family the key names belong to (gpt2, decoder_lm, hf_encoder, else default = CLIP / "
                         "conv nets); reference_2d: every 2-d tensor but text_projection, as the reference "
                         "TSV-M / Iso-C code")
     m.add_argument("--max-shard-size", default=None, metavar="SIZE",
                    help="split a .safetensors output into shards of at most SIZE (e.g. 2GB, 500MB, 1.5GiB, bytes) "
-                        "with a Hugging Face *.index.json, when it needs more than one")
+                        "with a Hugging Face *.index.json, when it needs more than one (a folder output: default 50GB, as "
+                        "save_pretrained)")
     m.add_argument("--workers", type=int, default=None,
                    help="layers merged at once, each on one thread (default --threads, else 1; same result for any "
                         "value, memory grows with it)")

@@ -1,4 +1,4 @@
-"""Evaluation of backbones with frozen task heads, and the α selection protocol (method.md §5).
+"""Evaluation of backbones with frozen task heads, and the α selection protocol (book/method.md, protocol).
 
 - :func:`accuracy` -- one backbone state dict, one head, one task split -> accuracy in [0, 1].
 - :func:`evaluate` -- one backbone, many tasks (the merged model is shared by every task).
@@ -142,7 +142,7 @@ def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head
 
 
 def normalized(acc: Mapping[str, float], acc_ft: Mapping[str, float]) -> dict[str, float]:
-    """Normalized accuracy acc(t) / acc_ft(t) per task (method.md §5).
+    """Normalized accuracy acc(t) / acc_ft(t) per task (book/method.md, protocol).
 
     Raises:
         KeyError: a task of ``acc`` has no fine-tuned accuracy. ValueError: acc_ft(t) = 0.
@@ -194,9 +194,9 @@ def select_alpha(
     refine: int = 0,
     **extra: Any,
 ) -> dict:
-    """Choose α on validation by mean normalized accuracy, then evaluate test at that α (§5).
+    """Choose α on validation by mean normalized accuracy, then evaluate test at that α (book/method.md, protocol).
 
-    method.md §5: the grid is widened when the best α sits on its edge. With ``widen > 0``,
+    book/method.md, protocol: the grid is widened when the best α sits on its edge. With ``widen > 0``,
     while the best α is the largest (smallest) α evaluated, one more α = largest × ``widen_factor``
     (smallest / ``widen_factor``) is evaluated, at most ``widen`` extra points in all.
 
@@ -209,7 +209,7 @@ def select_alpha(
 
     Args:
         merged_state: α -> backbone state dict (the caller's θ0 + α·D).
-        alphas: the α grid (method.md §5: TA/TIES 0.05..1.0, TSV-M/Iso/LoRA 0.1..3.0).
+        alphas: the α grid (book/method.md, protocol: TA/TIES 0.05..1.0, TSV-M/Iso/LoRA 0.1..3.0).
         heads: ``{task: Head}`` for the Lite0 testbed (evaluated with :func:`evaluate`).
         val, test: ``{task: TaskData}`` for the validation and test splits (same tasks).
         ft_val, ft_test: fine-tuned accuracies acc_ft(t) on each split (the normalizers).
@@ -394,7 +394,7 @@ def clip_evaluate(
     (N, d), H the task's (C, d) class embeddings and s its scale, as in
     :class:`pactlib.models.clip.ClipClassifier`. Evaluation runs under ``torch.no_grad`` in
     eval mode (every module's train/eval flag is restored afterwards), in batches.
-    Normalized accuracy (method.md §5) is acc_merged(t) / acc_finetuned(t): pass the result and
+    Normalized accuracy (book/method.md, protocol) is acc_merged(t) / acc_finetuned(t): pass the result and
     the fine-tuned accuracies to :func:`normalized`, or use :func:`clip_evaluator` with
     :func:`select_alpha`.
 

@@ -5,22 +5,26 @@ is a whole pickled module (as some task-vector repositories save) needs a truste
 (:func:`pactlib.lazy.trusted_reader`; pactlib's is :func:`pactlib.models.clip.load_clip_checkpoint`)
 with an explicit opt-in.
 
-``.safetensors`` files are written by :func:`write_safetensors`, byte for byte what
-``safetensors.torch.save_file`` writes (tensors sorted by dtype, then name), but without numpy,
-which ``safetensors.torch``'s writer imports: the engine needs torch and safetensors only.
+``.safetensors`` files are written by :func:`pactlib.safetensors_io.write_safetensors`, byte for
+byte what ``safetensors.torch.save_file`` writes, without numpy.
+
+Every output goes through :func:`new_temp` (a locked temporary file beside it) and is renamed into
+place when complete (:func:`atomic_output`, :func:`atomic_write`); a failed write (a full disk)
+raises :class:`OutputError`, which names the output, and leaves nothing behind.
 """
 from __future__ import annotations
 
-import ctypes
-import json
+import contextlib
+import errno
+import fcntl
 import os
 import pickle
 import pickletools
-import struct
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
@@ -179,24 +183,118 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write(path: str | os.PathLike, write_fn) -> Path:
-    """Call ``write_fn(tmp_path)`` then atomically rename the temporary file to ``path``.
+class OutputError(OSError):
+    """Writing an output failed (a full disk, a file size limit, a lost mount, ...). The message
+    names the output; nothing was published and the temporary files are gone."""
 
-    The temporary file lives in the destination directory, so ``os.replace`` is atomic; on any
-    error it is removed and ``path`` is left as it was.
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def output_error(path: str | os.PathLike, e: BaseException) -> OutputError:
+    """The :class:`OutputError` of a failed write of ``path``: the errno and reason of the first
+    ``OSError`` in ``e``'s chain (``torch.save`` turns the file's ``OSError`` into a
+    ``RuntimeError`` with it as the context), else ``e``'s own text."""
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, OutputError):
+        return cause
+    why = (cause.strerror or str(cause)) if cause is not None else f"{type(e).__name__}: {str(e)[:200]}"
+    code = cause.errno if cause is not None and cause.errno else errno.EIO
+    return OutputError(code, f"cannot write the output {path} ({why}); nothing was published")
+
+
+def open_output(fd: int) -> BinaryIO:
+    """The binary file every output's bytes go through (a buffered file on ``fd``)."""
+    return os.fdopen(fd, "wb")
+
+
+def new_temp(path: str | os.PathLike) -> tuple[Path, BinaryIO]:
+    """A new temporary file beside ``path`` (``.<name>.<random>.tmp``, the mode ``open()`` would
+    give it), open for writing and locked (``flock``) while it is open: a clean-up of stale
+    temporary files (:func:`pactlib.lazy.remove_stale_outputs`) leaves a locked one alone.
+
+    Raises:
+        OutputError: the folder cannot be made or written (naming ``path``).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, new_file_mode())  # as open() would make it, not mkstemp's 0o600
-    os.close(fd)
     try:
-        write_fn(Path(tmp))
-        os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise output_error(path, e) from e
+    try:
+        os.fchmod(fd, new_file_mode())  # as open() would make it, not mkstemp's 0o600
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return Path(tmp), open_output(fd)
     except BaseException:
+        os.close(fd)
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def close_quietly(f) -> None:
+    """Close ``f``, ignoring a failed final flush (a full disk): for clean-up paths."""
+    try:
+        f.close()
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def _published(path: Path, sync: bool) -> Iterator[tuple[Path, BinaryIO]]:
+    tmp, f = new_temp(path)
+    try:
+        yield tmp, f
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        close_quietly(f)
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            raise output_error(path, e) from e
+        raise
+    close_quietly(f)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, *, sync: bool = False) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` (``os.replace``, atomic) when the block ends; on any
+    error the temporary file is removed and ``path`` is left as it was. ``sync``: ``fsync``
+    before the rename.
+
+    Raises:
+        OutputError: a write, the flush or the rename failed (a full disk; naming ``path``).
+    """
+    with _published(Path(path), sync) as (_, f):
+        yield f
+
+
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
+    """Call ``write_fn(tmp_path)``, then rename the temporary file to ``path`` atomically (as
+    :func:`atomic_output`, for writers that take a path; ``write_fn`` opens it itself).
+
+    Raises:
+        OutputError: as :func:`atomic_output`.
+    """
+    path = Path(path)
+    with _published(path, False) as (tmp, _):
+        write_fn(tmp)
     return path
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool = False) -> Path:
+    """Write ``data`` (bytes, or text as UTF-8) to ``path`` atomically (:func:`atomic_output`).
+
+    Raises:
+        OutputError: as :func:`atomic_output`.
+    """
+    with atomic_output(path, sync=sync) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metadata: dict[str, str] | None = None) -> Path:
@@ -214,60 +312,9 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
         if not isinstance(v, Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")
     if suffix in SAFETENSORS:
-        return atomic_write(path, lambda p: write_safetensors(sd, p, metadata=metadata))
-    return atomic_write(path, lambda p: torch.save(dict(sd), p))
+        from .safetensors_io import write_safetensors
 
-
-#: safetensors' dtype names, in the order its writer lays tensors out (largest dtype first, then by
-#: name): the order of the Rust ``Dtype`` enum, descending.
-_ST_ORDER: tuple[tuple[torch.dtype, str], ...] = (
-    (torch.uint64, "U64"), (torch.int64, "I64"), (torch.float64, "F64"), (torch.complex64, "C64"),
-    (torch.float32, "F32"), (torch.uint32, "U32"), (torch.int32, "I32"), (torch.bfloat16, "BF16"),
-    (torch.float16, "F16"), (torch.uint16, "U16"), (torch.int16, "I16"), (torch.float8_e4m3fn, "F8_E4M3"),
-    (torch.float8_e5m2, "F8_E5M2"), (torch.int8, "I8"), (torch.uint8, "U8"), (torch.bool, "BOOL"))
-_ST_RANK = {d: i for i, (d, _) in enumerate(_ST_ORDER)}
-_ST_NAME = dict(_ST_ORDER)
-
-
-def tensor_bytes_view(t: Tensor) -> memoryview:
-    """The bytes of the contiguous CPU tensor ``t``, in place (no copy, no numpy); valid while
-    ``t`` lives."""
-    n = t.numel() * t.element_size()
-    if not n:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * n).from_address(t.data_ptr()))
-
-
-def write_safetensors(sd: Mapping[str, Tensor], path: str | os.PathLike, *,
-                      metadata: Mapping[str, str] | None = None) -> None:
-    """Write ``sd`` to ``path`` in the safetensors format (not atomic: see :func:`save_state_dict`),
-    one tensor at a time (each made a contiguous CPU tensor), the same bytes as
-    ``safetensors.torch.save_file`` (whose ``__metadata__`` keys come in hash order when there are
-    several; here they are sorted).
-
-    Raises:
-        CheckpointError: a dtype safetensors cannot store, or metadata that is not str -> str.
-    """
-    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise CheckpointError(f"{path}: safetensors metadata must map str to str, got {dict(metadata)!r:.200}")
-    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in _ST_RANK})
-    if bad:
-        raise CheckpointError(f"{path}: safetensors cannot store dtype(s) {', '.join(bad)}")
-    keys = sorted(sd, key=lambda k: (_ST_RANK[sd[k].dtype], k))
-    header: dict = {}
-    if metadata is not None:
-        header["__metadata__"] = dict(sorted(metadata.items()))
-    off = 0
-    for k in keys:
-        v = sd[k]
-        n = v.numel() * v.element_size()
-        header[k] = {"dtype": _ST_NAME[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for k in keys:
-            t = sd[k].detach().cpu().contiguous()
-            f.write(tensor_bytes_view(t))
-            del t
+        return write_safetensors(sd, path, metadata=metadata)
+    with atomic_output(path) as f:  # a file object: an error names the output, the archive name is fixed
+        torch.save(dict(sd), f)
+    return path

@@ -5,8 +5,9 @@ streamed merge (:mod:`pactlib.streaming`).
 dtype from the file headers, and :meth:`LazyCheckpoint.read` for one tensor (or a range of its
 rows) at a time.
 
-- ``.safetensors``: the header is parsed once; each read opens the file with
-  ``safetensors.safe_open`` (a memory map), takes the one tensor and closes it, so the mapping
+- ``.safetensors``: the layout is read once (:func:`pactlib.safetensors_io.read_layout`); each
+  read opens the file with ``safetensors.safe_open`` (a memory map), takes the one tensor
+  (``get_slice`` for a range of rows) and closes it, so the mapping
   goes away with the tensor. A handle kept open for the whole merge would keep every page it has
   touched resident (the whole file, once every tensor has been read), where reopening per tensor
   keeps about one tensor resident; the streamed merge's peak memory is measured in
@@ -17,7 +18,7 @@ rows) at a time.
 - ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` (pickles): converted **once** to safetensors in the
   conversion cache (:func:`conversion_cache_dir`: ``$PACT_CONVERT_CACHE``, else
   :func:`pactlib.paths.cache_dir` ``/converted``), keyed by the file's resolved
-  path, size and modification time; the file is written to a temporary name in that folder and
+  path and identity (device, inode, size, modification and change times); the file is written to a temporary name in that folder and
   renamed (atomic), and older conversions of the same source are removed. The conversion reads
   the pickle with ``torch.load(mmap=True, weights_only=True)``, so its peak is about that one
   file. ``torch.load(mmap=True)`` alone is not enough for the merge itself: the mapping of the
@@ -37,21 +38,26 @@ so it holds no more than the tensor being written. With ``max_shard_size`` the k
 over ``<stem>-00001-of-0000N.safetensors`` files and a Hugging Face ``<out>.index.json``
 (``{"metadata": {"total_size"}, "weight_map"}``). Everything goes to temporary files in the
 destination folder, renamed on :meth:`CheckpointWriter.commit` (shards first, the index last):
-an interrupted or failed run leaves no output file. A ``.pt`` output is the exception: torch's
+an interrupted or failed run (a full disk too) leaves no output file and no temporary file. A
+writer holds a lock on each of its temporary files while it writes, and
+:func:`pactlib.streaming.merge_files` holds the output's name (:func:`output_lock`), so one run at
+a time writes an output and no run removes another's live files as stale. A ``.pt`` output is the exception: torch's
 format needs the whole state dict, so it is collected in memory (one model) and saved atomically.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import glob
 import hashlib
 import json
 import math
 import os
 import re
-import struct
 import sys
-import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,17 +65,9 @@ import torch
 from torch import Tensor
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, atomic_write, new_file_mode, save_state_dict, tensor_bytes_view
+from .io import SAFETENSORS, TORCH, save_state_dict, write_atomic
+from .safetensors_io import DTYPE_NAMES, StreamedFile, read_layout, tensor_bytes
 from .paths import cache_dir as _cache_dir
-
-#: safetensors dtype names <-> torch dtypes.
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 INDEX_SUFFIX = ".index.json"
 #: What a model folder's checkpoint is read from, first found first: Hugging Face's order
@@ -120,43 +118,14 @@ class Entry:
 
 
 def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
-    """({key: Entry} in data order, metadata) of a safetensors file, from its header only.
+    """({key: Entry} in data order, metadata) of a safetensors file, from its header only
+    (:func:`pactlib.safetensors_io.read_layout`).
 
     Raises:
         CheckpointError: not a readable safetensors file (naming it).
     """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError("file shorter than a safetensors header")
-            n = struct.unpack("<Q", head)[0]
-            if n > min(size - 8, 100 << 20):
-                raise ValueError(f"header length {n} beyond the file")
-            header = json.loads(f.read(n))
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-        meta = header.pop("__metadata__", None) or {}
-        rows = []
-        for key, info in header.items():
-            dtype = DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise ValueError(f"key {key!r}: unsupported dtype {info['dtype']!r}")
-            begin, end = info["data_offsets"]
-            if not 0 <= begin <= end <= size - 8 - n:
-                raise ValueError(f"key {key!r}: data offsets {begin, end} beyond the file")
-            rows.append((begin, key, Entry(path, tuple(int(s) for s in info["shape"]), dtype)))
-        from safetensors import safe_open  # the library's own checks (offsets, sizes)
-
-        with safe_open(str(path), framework="pt"):
-            pass
-    except CheckpointError:
-        raise
-    except Exception as e:  # corrupt / truncated / not safetensors
-        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
-    rows.sort(key=lambda r: r[0])
-    return {key: e for _, key, e in rows}, meta
+    layout, meta = read_layout(path)
+    return {k: Entry(Path(path), shape, dtype) for k, (shape, dtype) in layout.items()}, meta
 
 
 class LazyCheckpoint:
@@ -311,7 +280,8 @@ def default_loader(trust_pickle: bool = False) -> Loader:
 def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
                    cache_dir: str | os.PathLike | None = None) -> Path:
     """The safetensors copy of the pickled checkpoint ``path`` in the conversion cache, written
-    once (atomically) and reused while the file is unchanged (same resolved path, size and mtime).
+    once (atomically) and reused while the file is unchanged: the same resolved path, device,
+    inode, size, mtime and ctime (any write, ``touch`` or rename changes the ctime).
 
     Raises:
         FileNotFoundError: no such file.
@@ -324,7 +294,10 @@ def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
     tag = getattr(loader, "cache_tag", getattr(loader, "__qualname__", "loader"))
     st = path.stat()
     src = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{tag}|{_CONVERSION}".encode()).hexdigest()[:12]
+    # the file's identity: a file rewritten in place (same size, mtime set back) has a new ctime,
+    # one replaced by another (a rename) a new inode
+    ident = f"{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    version = hashlib.sha256(f"{ident}|{tag}|{_CONVERSION}".encode()).hexdigest()[:12]
     cache = Path(cache_dir) if cache_dir is not None else conversion_cache_dir()
     stem = re.sub(r"[^\w.-]", "_", path.stem)[:60]
     dest = cache / f"{stem}-{src}-{version}.safetensors"
@@ -348,14 +321,10 @@ def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
         raise CheckpointError(f"{path}: cannot write its safetensors conversion to {cache} ({e}); "
                               "set PACT_CONVERT_CACHE to a writable folder") from e
     del sd
-    for old in cache.glob(f"{glob_escape(stem)}-{src}-*.safetensors"):
+    for old in cache.glob(f"{glob.escape(stem)}-{src}-*.safetensors"):
         if old != dest:
             old.unlink(missing_ok=True)
     return dest
-
-
-def glob_escape(s: str) -> str:
-    return re.sub(r"([*?\[\]])", r"[\1]", s)
 
 
 def _read_index(index: Path) -> dict[str, Path]:
@@ -480,59 +449,8 @@ def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
 # --------------------------------------------------------------------------- writing
 
 
-def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-
-
-def _header(entries: Sequence[tuple[str, tuple[int, ...], torch.dtype]], metadata: Mapping[str, str] | None) -> bytes:
-    header: dict = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    off = 0
-    for key, shape, dtype in entries:
-        n = tensor_bytes(shape, dtype)
-        header[key] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
-    return struct.pack("<Q", len(raw)) + raw
-
-
-class _SafetensorsFile:
-    """One safetensors file written key by key into a temporary file beside ``path``."""
-
-    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]], metadata):
-        self.path, self.entries, self.metadata = path, entries, metadata
-        self.tmp: Path | None = None
-        self._f = None
-
-    def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.fchmod(fd, new_file_mode())  # as open() would make it, not mkstemp's 0o600
-        self.tmp = Path(tmp)
-        self._f = os.fdopen(fd, "wb")
-        self._f.write(_header(self.entries, self.metadata))
-
-    def write(self, data: Tensor) -> None:
-        if self._f is None:
-            self.open()
-        flat = data.detach().cpu().contiguous().reshape(-1)
-        if flat.numel():
-            self._f.write(tensor_bytes_view(flat))  # in place, no numpy
-
-    def close(self) -> None:
-        if self._f is None:
-            self.open()
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-
-    def discard(self) -> None:
-        if self._f is not None and not self._f.closed:
-            self._f.close()
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
+#: the streamed writer of one file (kept under its old name)
+_SafetensorsFile = StreamedFile
 
 
 def shard_names(out: Path, n: int) -> tuple[Path, list[Path]]:
@@ -630,7 +548,7 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     if not os.access(up, os.W_OK | os.X_OK):
         raise CheckpointError(f"{name} {out}: cannot write into the folder {up} (permission denied)")
     fam = _family_names(out)  # the longest temporary names: .<name>.<8 random>.tmp (mkstemp)
-    written = [out.name] if fam is None else [fam[0], fam[1], shard_names(out, 99999)[1][0].name]
+    written = [out.name] if fam is None else [fam[0], fam[1], f"{fam[2]}-00001-of-99999.safetensors"]
     longest = max(len(f".{n}.") + 8 + len(".tmp") for n in written)
     try:
         limit = int(os.pathconf(up, "PC_NAME_MAX"))
@@ -653,6 +571,8 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
     removed = []
     for f in out.parent.iterdir():
         if member(f.name) and f.name not in keep_names and (f.is_file() or f.is_symlink()):
+            if f.name.endswith(".tmp") and _is_live(f):
+                continue  # a writer of another run has it open
             try:
                 f.unlink(missing_ok=True)
             except OSError as e:  # the output is published: say so, do not fail
@@ -661,6 +581,68 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
                 continue
             removed.append(f)
     return sorted(removed)
+
+
+def _is_live(f: Path) -> bool:
+    """Whether a writer holds the temporary file ``f`` open (its ``flock``, :func:`pactlib.io.new_temp`)."""
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def output_lock_path(out: str | os.PathLike) -> Path:
+    """The lock file of the output ``out``: ``.<name>.lock`` beside it, one for the whole family
+    of names the output may write (``x.safetensors`` and ``x.safetensors.index.json`` share it)."""
+    out = Path(out)
+    fam = _family_names(out)
+    return out.with_name(f".{fam[0] if fam is not None else out.name}.lock")
+
+
+@contextlib.contextmanager
+def output_lock(out: str | os.PathLike) -> Iterator[Path]:
+    """Hold the output name ``out`` for this run (an exclusive ``flock`` on
+    :func:`output_lock_path`, holding the process id); the lock file is removed at the end.
+
+    Raises:
+        OutputError: another run holds it (naming the output, the lock file and its process).
+    """
+    from .io import OutputError
+
+    out = Path(out)
+    path = output_lock_path(out)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise OutputError(errno.EBUSY, f"{out}: another run is writing this output (process {holder or '?'}, "
+                                           f"lock {path}); wait for it to end or choose another name") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:  # its holder ended and removed it between our open and our lock
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        path.unlink(missing_ok=True)  # while still holding it: a waiting opener sees another inode and retries
+        os.close(fd)
 
 
 def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:
@@ -812,12 +794,12 @@ class CheckpointWriter:
         published: list[Path] = []
         try:
             for f in self.files:
-                os.replace(f.tmp, f.path)
+                f.publish()
                 published.append(f.path)
             if self.index is not None:
                 data = {"metadata": {"total_size": self.total_size},
                         "weight_map": {k: self.files[self._file_of[k]].path.name for k, _, _ in self.entries}}
-                atomic_write(self.index, lambda p: p.write_text(json.dumps(data, indent=2) + "\n"))
+                write_atomic(self.index, json.dumps(data, indent=2) + "\n")
                 published.append(self.index)
         except BaseException:
             for p in published:

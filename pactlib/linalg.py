@@ -231,12 +231,102 @@ def numerical_rank(S: Tensor, *, scale: float | Tensor, rtol: float) -> int:
     return int((S > rtol * scale).sum())
 
 
+#: How many times the typical rounding noise of a matrix's values a singular value must exceed to
+#: count as a direction of the matrix (:func:`resolved_rank`). Chosen by measurement
+#: (``bench/bench_null_space_rank.py``, records in ``book/data/rank_decision.jsonl``; book chapter 5,
+#: "Rank-deficient layers"): the exact null directions of PACT-filtered and LoRA updates stored in
+#: float32 sit below it, the smallest real directions of trained layers far above it.
+RESOLUTION = 8.0
+
+
+def resolution_floor(shape: tuple[int, ...], dtype: torch.dtype, norm: float) -> float:
+    """The smallest singular value that the values of an (m, n) matrix in ``dtype`` resolve:
+    ``RESOLUTION · eps(dtype) · norm · (1/√m + 1/√n)``, ``norm`` the Frobenius norm of the matrix
+    (or of the matrix it was computed from).
+
+    eps·‖X‖_F·(1/√m + 1/√n) is the typical spectral norm of a rounding error of relative size eps
+    in every entry of X (a random (m, n) matrix of entries of root-mean-square eps·‖X‖_F/√(mn) has
+    spectral norm about that): a singular value below it can be made by rounding X's values alone.
+    Half precision counts as float32, the dtype it is computed in.
+    """
+    dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    m, n = shape[-2:]
+    if m == 0 or n == 0:
+        return 0.0
+    return RESOLUTION * torch.finfo(dtype).eps * float(norm) * (m ** -0.5 + n ** -0.5)
+
+
+def as_float64(X: Tensor) -> Tensor:
+    """X in float64, on X's device (on the CPU for a device without float64: MPS)."""
+    return (X.cpu() if X.device.type == "mps" else X).to(torch.float64)
+
+
+def exact_svdvals(X: Tensor) -> Tensor:
+    """The singular values (min(m, n),) of X's values, descending, computed in float64
+    (:func:`as_float64`). Exact to float64 rounding for a float32 X. Should LAPACK not converge,
+    from the float64 Gram matrix, as :func:`svd` (values below 1e-7·σ_max then come out as 0)."""
+    X64 = as_float64(X.detach())
+    try:
+        return torch.linalg.svdvals(X64)
+    except torch.linalg.LinAlgError:
+        return _svd_by_eigh(X64)[1]
+
+
+def resolved_rank(X: Tensor, S: Tensor | None = None, *, norm: float | None = None,
+                  limit: int | None = None) -> int:
+    """How many singular directions of X (m, n) its values resolve: the rank decision of
+    ``null_space="drop"`` in TSV-M, Iso-C and Iso-CTS (M3–M5) and of :func:`polar`.
+
+    Counts the singular values σ_i of X's values, computed in float64 (:func:`exact_svdvals`),
+    above max(:func:`resolution_floor` of X's dtype and ``norm``, max(m, n)·eps64·σ_max). The exact
+    null directions that algebra creates (a PACT projection, a LoRA product B·A of rank r, a sum of
+    T such products) are not zero in stored float32 values: they sit at the rounding level of those
+    values, far below the floor; a small but real direction (a full-rank layer's spectrum running
+    to 1e-6·σ_max) lies above it, and is kept. The second term is float64's own tolerance: for a
+    float64 X it is the larger. The decision depends on X's values only (not on how they were
+    ordered or summed), so a merge built on it is a function of the set of task vectors.
+
+    Args:
+        X: the matrix (m, n), any floating dtype (half precision counts as float32).
+        S: X's singular values, descending, from the SVD the caller takes anyway (in X's dtype
+            or in float64), or None. When every one of the first ``limit`` values exceeds the floor
+            by more than the accuracy of an SVD in S's dtype (max(m, n)·eps·σ_max) the answer is
+            known without the float64 spectrum, which is then not computed; float64 values are
+            that spectrum.
+        norm: the Frobenius norm of the matrix whose rounding X inherits; default ‖X‖_F. A matrix
+            computed from another one by a projection (Iso-CTS's task residual Δt − U Uᵀ Δt)
+            carries that one's rounding noise: pass its norm.
+        limit: count at most this many directions (default min(m, n)).
+
+    Returns:
+        The number r of resolved directions, 0 <= r <= min(limit, m, n); 0 for an all-zero X.
+
+    Raises:
+        ValueError / TypeError: X not a 2-d floating matrix.
+    """
+    X = _as_compute(X)
+    m, n = X.shape
+    d = min(m, n) if limit is None else max(0, min(int(limit), m, n))
+    if d == 0:
+        return 0
+    nu = float(torch.linalg.vector_norm(X, dtype=torch.float64)) if norm is None else float(norm)
+    if nu == 0.0 or not bool(X.any()):
+        return 0
+    floor = resolution_floor((m, n), X.dtype, nu)
+    if S is not None and S.numel() >= d:
+        band = default_rtol((m, n), S.dtype) * float(S[0])  # the accuracy of an SVD in S's dtype
+        if float(S[d - 1]) > floor + band:
+            return d
+    s = S if S is not None and S.dtype == torch.float64 else exact_svdvals(X)
+    tol = max(floor, max(m, n) * torch.finfo(torch.float64).eps * float(s[0]))
+    return min(d, int((s > tol).sum()))
+
+
 def _thin_svd(X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.linalg.svd(X, full_matrices=False)`` taken on X's tall orientation: a wide X (m < n)
     is decomposed as Xᵀ = V S Uᵀ. The same factors up to float noise and signs; on one CPU thread
-    LAPACK's gesdd takes about half the time on a (3072, 768) matrix as on its (768, 3072)
-    transpose (``bench/bench_pact_floor.py`` measured 0.40 vs 0.81 s), which is ViT-B's MLP
-    output layer under the default matrix view."""
+    LAPACK's gesdd is faster on a tall matrix than on its wide transpose (ViT-B's MLP output layer
+    under the default matrix view is wide; ``book/data/implementation_choices.jsonl``)."""
     if X.shape[-2] < X.shape[-1]:
         U, S, Vh = torch.linalg.svd(X.mT, full_matrices=False)
         return Vh.mT, S, U.mT
@@ -292,19 +382,21 @@ def polar(X: Tensor, *, rtol: float | None = None, literal: bool = False) -> Ten
     """Orthogonal polar factor of X (m, c) on its numerical range (M3, M5).
 
     From the thin SVD X = P Σ Qᵀ (:func:`svd`, which never fails to converge), returns
-    P_r Q_rᵀ over the r singular values above ``rtol · σ_max`` (default
-    :func:`default_rtol`). For X of full rank this is the usual polar factor, the nearest matrix
-    with orthonormal columns (rows, if c > m) in Frobenius norm. For a rank-deficient X it is the
-    canonical partial isometry: the usual factor is not unique there (the SVD pairs the null
-    directions arbitrarily), this one is. ``literal=True`` keeps every direction, as the
-    reference implementations do (P Qᵀ over all min(m, c) of them).
+    P_r Q_rᵀ over the r directions X's values resolve (:func:`resolved_rank`), or, with ``rtol``,
+    over the singular values above ``rtol · σ_max``. For X of full rank this is the usual polar
+    factor, the nearest matrix with orthonormal columns (rows, if c > m) in Frobenius norm. For a
+    rank-deficient X it is the canonical partial isometry: the usual factor is not unique there
+    (the SVD pairs the null directions arbitrarily), this one is. ``literal=True`` keeps every
+    direction, as the reference implementations do (P Qᵀ over all min(m, c) of them).
     """
     X = _as_compute(X)
     P, S, Qh = svd(X)
     if literal:
         return P @ Qh
-    r = numerical_rank(S, scale=S[0] if S.numel() else 0.0,
-                       rtol=default_rtol(X.shape, X.dtype) if rtol is None else rtol)
+    if rtol is None:
+        r = resolved_rank(X, S)
+    else:
+        r = numerical_rank(S, scale=S[0] if S.numel() else 0.0, rtol=rtol)
     return P[:, :r] @ Qh[:r]
 
 
@@ -312,8 +404,8 @@ def project_out(X: Tensor, S: Tensor) -> Tensor:
     """X − (X S) Sᵀ for X (m, n) and an orthonormal basis S (n, s), without the n x n projector (P5)."""
     if S.shape[1] == 0:
         return X.clone()
-    # X − (X S) Sᵀ, with X S formed as (Sᵀ Xᵀ)ᵀ: the same products, but single-threaded MKL runs
-    # this orientation ~1.4x faster on (m, 768) x (768, s) shapes; the subtraction is fused (addmm)
+    # X − (X S) Sᵀ, with X S formed as (Sᵀ Xᵀ)ᵀ: the same products, in the orientation that
+    # single-threaded MKL runs faster (book/data/implementation_choices.jsonl); addmm fuses the subtraction
     return torch.addmm(X, (S.mT @ X.mT).mT, S.mT, alpha=-1)
 
 

@@ -10,7 +10,7 @@ Kaiming-uniform start) from an explicit ``torch.Generator``. Only the adapters t
 affine parameters, depthwise and stem convolutions stay at θ0, so the LoRA task vector is
 exactly zero outside the matrix layers and exactly rank <= r inside them:
 
-    Δt[key] = scale · B A reshaped to the stored shape (m, n, 1, 1)   (method.md §6, C11).
+    Δt[key] = scale · B A reshaped to the stored shape (m, n, 1, 1)   (book/method.md, C11).
 
 Adapters are plain dicts ``{key: (A, B)}`` keyed by the checkpoint key of the adapted weight;
 on disk they are ``{key + ".lora_A": A, key + ".lora_B": B}`` (see :func:`adapters_to_tensors`).
@@ -47,7 +47,7 @@ def check_rank(rank) -> int:
 
 
 def lora_scale(rank: int, alpha: float) -> float:
-    """scale = alpha / rank (method.md C11).
+    """scale = alpha / rank (book/method.md, C11).
 
     Raises:
         TypeError, ValueError: as :func:`check_rank`.
@@ -123,7 +123,7 @@ def lora_task_vector(
     Returns:
         ``{key: float32 tensor of the stored shape}`` for every floating key of ``pretrained``:
         scale · B A reshaped on adapted keys, zeros elsewhere. Non-floating buffers
-        (``num_batches_tracked``) are left out, as they have no task vector (method.md §0).
+        (``num_batches_tracked``) are left out, as they have no task vector (book/method.md, matrix-view).
 
     Raises:
         KeyError: an adapter names a key absent from ``pretrained``.

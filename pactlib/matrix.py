@@ -1,7 +1,7 @@
 """The matrix view: which checkpoint entries are linear maps, and how to see them as (out, in).
 
 PACT and the SVD-based merges act on linear maps W: R^n -> R^m stored as (m, n). This module
-holds the one explicit rule (method.md §0) that decides, key by key, whether an entry is a
+holds the one explicit rule (book/method.md, matrix-view) that decides, key by key, whether an entry is a
 
 - ``"matrix"`` layer: ``nn.Linear.weight`` (m, n) -- including open_clip's fused
   ``attn.in_proj_weight`` (3d, d) and Hugging Face CLIP's separate q/k/v/out/fc1/fc2 --, a 1x1
@@ -50,13 +50,13 @@ DEFAULT_TRANSPOSED: tuple[str, ...] = (r"(^|\.)visual\.proj$",)
 
 @dataclass(frozen=True)
 class MatrixRule:
-    """The explicit rule deciding which keys are matrix layers (method.md §0).
+    """The explicit rule deciding which keys are matrix layers (book/method.md, matrix-view).
 
     Args:
         not_matrix: regular expressions (``re.search``); a key matching any is never a matrix.
         transposed: regular expressions of 2-d keys stored (in, out); their view is the transpose.
         kxk_conv: if True, k x k convolutions (m, c, k, k) with k > 1 become (m, c*k*k)
-            matrices. Default False (method.md §0).
+            matrices. Default False (book/method.md, matrix-view).
         conv_1x1: if True (default), 1 x 1 convolutions (m, n, 1, 1) are (m, n) matrices; if
             False only 2-d tensors can be matrices.
 
@@ -169,7 +169,7 @@ DECODER_LM_RULE = MatrixRule(
     transposed=())
 
 #: Named matrix rules: ``MatrixRule.preset(name)``, ``pact merge --rule NAME``. ``default`` is
-#: the rule of method.md §0 for CLIP (open_clip, Hugging Face, task-vectors layouts) and the
+#: the rule of book/method.md, matrix-view, for CLIP (open_clip, Hugging Face, task-vectors layouts) and the
 #: book's convolutional testbed (``open_clip`` is an alias of it).
 PRESETS: dict[str, MatrixRule] = {"default": DEFAULT_RULE, "open_clip": DEFAULT_RULE,
                                   "hf_encoder": HF_ENCODER_RULE, "gpt2": GPT2_RULE,

@@ -35,7 +35,7 @@ MODES = ("pact", "s-pact")
 
 @dataclass(frozen=True)
 class PactOptions:
-    """PACT's own choices (method.md §1–2, §6). Defaults are justified in book chapter 11.
+    """PACT's own choices (book/method.md, subspaces and pact). Defaults are justified in book chapter 11.
 
     Ranks: ``core_frac``/``core_energy`` choose K (exactly one set), ``active_frac``/
     ``active_energy`` choose k. ``lbw_tol`` is τ (P3). ``shield_tol`` is the rank-revealing
@@ -44,13 +44,13 @@ class PactOptions:
     ``layers``: regular expressions selecting the matrix layers to filter (None = all).
 
     Defaults, chosen on validation (book chapter 11; 8-task suite, seed 0, PACT-Iso-C): K = 0.1·r
-    and k = 0.05·r (r = min(m, n)), τ = 0.5 (method.md), cap 0.5·n, shield tolerance 1e-4. A first
-    sweep around k = 0.1·r found k = 0.05·r best on validation (86.4 % vs 85.6 % normalized) and
-    no other single change better than that; the records are ``book/data/sensitivity_round1.jsonl``.
+    and k = 0.05·r (r = min(m, n)), τ = 0.5 (book/method.md, P3), cap 0.5·n, shield tolerance 1e-4. A first
+    sweep around k = 0.1·r found k = 0.05·r best on validation and no other single change better
+    than that; the records are ``book/data/sensitivity_round1.jsonl``.
 
     Randomized SVD (``svd="rsvd"``, P7), with separate settings for the pre-trained core (P1:
     p = ``oversample``, q = ``n_iter``) and for the task updates' active subspaces (P2: p =
-    ``active_oversample``, q = ``active_n_iter``); method.md's default is p = 10, q = 2 for both.
+    ``active_oversample``, q = ``active_n_iter``); book/method.md, P7 sets p = 10, q = 2 for both.
     Both pairs were chosen on ViT-B/32-shaped synthetic layers by ``bench/bench_filter.py`` (its
     record, with the sweep of settings behind the choice: ``book/data/bench_filter.json``). The core
     of a trained weight has a slowly decaying spectrum past K and needs many power iterations;

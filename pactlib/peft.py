@@ -1,62 +1,25 @@
-"""PEFT LoRA adapters as task vectors: ``adapter_model.safetensors`` + ``adapter_config.json``.
+"""PEFT LoRA adapters read as task vectors, without PEFT or the model class.
 
-A Hugging Face PEFT LoRA fine-tune saves, for every adapted module ``<m>`` of the base model,
-two factors and a config; the fine-tuned weight is ``W0 + Δ`` with (method.md §6, C11)
+An adapter folder holds ``adapter_model.safetensors`` (or ``.bin``) and ``adapter_config.json``.
+For every adapted module ``<m>`` the update is (book/method.md, C11)
 
-    Δ = scale · B A,    A (r, in) = ``<m>.lora_A.weight``,  B (out, r) = ``<m>.lora_B.weight``,
-    scale = lora_alpha / r          (``use_rslora``: lora_alpha / sqrt(r)),
+    Δ = scale · B A,   A = ``<m>.lora_A.weight`` (r, in),  B = ``<m>.lora_B.weight`` (out, r),
+    scale = lora_alpha / r   (``use_rslora``: lora_alpha / √r),
 
-``r`` and ``lora_alpha`` taken per module from ``rank_pattern`` / ``alpha_pattern`` when one of
-their patterns matches the module, else from ``r`` / ``lora_alpha``. :func:`read_adapter`
-returns Δ as a :class:`~pactlib.taskvector.TaskVector` keyed by the base checkpoint's names
-(``<m>.weight``), the scale applied exactly once, in float32. What follows PEFT's own code
-(``src/peft/tuners/lora/{layer,model}.py``, ``src/peft/utils/other.py``,
-``src/peft/tuners/tuners_utils.py``; read, not copied):
+with r and lora_alpha taken per module from ``rank_pattern`` / ``alpha_pattern`` as PEFT matches
+them (:func:`pattern_key`). :func:`read_adapter` returns Δ as a
+:class:`~pactlib.taskvector.TaskVector` in float32, keyed by the base checkpoint's names, the
+scale applied once; ``lora_B.bias`` (``lora_bias``) gives Δbias = scale · b; Embedding and
+Conv factors are read too. Whether a Linear weight is stored (in, out) (GPT-2's ``Conv1D``) goes
+by θ0's shape, or the matrix rule for a square one. DoRA, other PEFT types and whole-weight
+entries (``modules_to_save``, trained biases) are refused by name unless ``extra`` says to skip
+them or take value − θ0. tests/test_peft.py checks all of this against adapters PEFT itself
+saves and against its ``merge_and_unload``.
 
-- **scale** per layer: ``LoraLayer.update_layer`` sets ``scaling = lora_alpha / math.sqrt(r)``
-  when ``use_rslora`` else ``lora_alpha / r`` (the same in the Embedding and Conv layers).
-- **patterns**: ``LoraModel._create_and_replace`` takes ``r`` and ``lora_alpha`` from the first
-  key of ``rank_pattern`` / ``alpha_pattern`` (in the JSON's order) that ``get_pattern_key``
-  matches, i.e. ``re.match(rf"(.*\\.)?({pattern})$", module)``: the pattern is a regular
-  expression matching the whole module name or a suffix of it after a ``.``; with no match the
-  module name itself is looked up, then the default. ``module`` is the name in the base model
-  (the saved key without ``base_model.model.``).
-- **Linear**: ``Linear.get_delta_weight`` = ``transpose(B @ A, fan_in_fan_out) * scaling``:
-  with ``fan_in_fan_out`` (GPT-2's ``Conv1D``, stored (in, out)) Δ is transposed. PEFT decides
-  this flag per layer from the layer's type (``_create_new_module`` forces it False on
-  ``nn.Linear`` and True on ``Conv1D``, rewriting the config, so the saved flag is whatever the
-  last layer set); here θ0's shape decides for a non-square layer, the matrix rule's
-  ``transposed`` patterns for a square one (:func:`_stored_transposed`), and the config's flag
-  only when θ0 is not given.
-- **lora_bias**: ``lora_B.bias`` b gives Δbias = b · scaling (``Linear.merge``).
-- **Embedding**: ``lora_embedding_A`` (r, num_embeddings), ``lora_embedding_B`` (dim, r), no
-  ``.weight`` suffix; Δ = (B A)ᵀ · scaling (``Embedding.get_delta_weight``), (num, dim).
-- **Conv** (``Conv1d/2d/3d``): A (r, in, *k), B (out, r, 1, …): Δ = (B A) over the flattened
-  kernel, (out, in, *k) (``_ConvNd.get_delta_weight``; a 1×1 kernel is the same product).
-  Grouped convolutions (B's second dim ≠ r) are refused, naming the key.
-- **keys**: ``get_peft_model_state_dict`` saves ``base_model.model.<m>.lora_A.weight`` (the
-  adapter name removed by ``_remove_adapter_name_from_state_dict_key``); files written another
-  way may keep it (``<m>.lora_A.default.weight``) or lack the ``base_model.model.`` prefix: all
-  are read. A file with several adapter names needs ``adapter_name``.
-- Not LoRA task vectors, refused with the key and the config field named: DoRA
-  (``use_dora`` / ``lora_magnitude_vector``), other PEFT types (``peft_type``), and entries
-  that are whole weights rather than factors (``modules_to_save`` copies, biases trained with
-  ``bias="all"``/``"lora_only"``, saved embedding layers) unless ``extra="skip"`` (left out,
-  with a warning) or ``extra="delta"`` (value − θ0, with θ0's tensors given).
-- ``target_modules`` is checked, not used: the file's keys say which modules were adapted; one
-  that ``target_modules`` does not name (PEFT's ``check_target_module_exists``: a str is a
-  ``re.fullmatch`` pattern, a list matches a module equal to an item or ending in ``.<item>``)
-  gives a warning.
-
-Base-checkpoint naming: ``key_map`` maps each Δ key PEFT's naming gives (``<m>.weight``,
-``<m>.bias``) to the base checkpoint's: a callable, a mapping (keys absent are kept), or a name
-of :data:`KEY_MAPS`. A target may be a :class:`Target` that places Δ in rows of a fused weight
-(``part=(j, n)``: the j-th of n equal row blocks, e.g. Hugging Face CLIP's ``q_proj`` in
-open_clip's ``in_proj_weight``) and/or transposes it (``visual_projection`` -> ``visual.proj``,
-stored (in, out)): :func:`hf_clip_to_open_clip`.
-
-``.bin`` adapter files are read with ``torch.load(weights_only=True)`` (:func:`pactlib.io.load_state_dict`),
-which runs no pickled code, like every torch file pactlib reads without ``--trust-pickle``.
+What PEFT does not give: reading an adapter without building the model it was trained on,
+:class:`AdapterSource` for the streamed merge (each Δ formed when its key is merged), and key
+maps onto another naming (:data:`KEY_MAPS`; :func:`hf_clip_to_open_clip` places Hugging Face
+CLIP's ``q_proj``/``k_proj``/``v_proj`` in open_clip's fused ``in_proj_weight``).
 
 Book: chapter "LoRA task vectors" (C11).
 """
@@ -226,53 +189,30 @@ class Target:
 
 KeyMap = Union[Callable[[str], "str | Target | None"], Mapping[str, "str | Target"], str, None]
 
-_HF_BLOCK = {  # Hugging Face CLIP encoder-layer suffix -> open_clip resblock suffix (q/k/v aside)
-    "self_attn.out_proj": "attn.out_proj", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj",
-    "layer_norm1": "ln_1", "layer_norm2": "ln_2",
-}
-_HF_TOP = {
-    "vision_model.embeddings.patch_embedding.weight": Target("visual.conv1.weight"),
-    "vision_model.embeddings.position_embedding.weight": Target("visual.positional_embedding"),
-    "vision_model.embeddings.class_embedding": Target("visual.class_embedding"),
-    "vision_model.pre_layrnorm.weight": Target("visual.ln_pre.weight"),
-    "vision_model.pre_layrnorm.bias": Target("visual.ln_pre.bias"),
-    "vision_model.post_layernorm.weight": Target("visual.ln_post.weight"),
-    "vision_model.post_layernorm.bias": Target("visual.ln_post.bias"),
-    "visual_projection.weight": Target("visual.proj", transpose=True),
-    "text_projection.weight": Target("text_projection", transpose=True),
-    "text_model.embeddings.token_embedding.weight": Target("token_embedding.weight"),
-    "text_model.embeddings.position_embedding.weight": Target("positional_embedding"),
-    "text_model.final_layer_norm.weight": Target("ln_final.weight"),
-    "text_model.final_layer_norm.bias": Target("ln_final.bias"),
-}
-_HF_TOWERS = {"vision_model.encoder.layers.": "visual.transformer.resblocks.",
-              "text_model.encoder.layers.": "transformer.resblocks."}
-
-
 def hf_clip_to_open_clip(key: str, prefix: str = "") -> Target | None:
     """The open_clip key of a Hugging Face CLIP key (``prefix`` put before it, e.g. ``"model."``
     for the task-vectors ``ImageEncoder`` files), or None for a key with no counterpart.
 
     ``…self_attn.{q,k,v}_proj.{weight,bias}`` -> ``…attn.in_proj_{weight,bias}``, part (0|1|2, 3);
-    ``visual_projection.weight`` -> ``visual.proj`` transposed; the rest renamed one to one
-    (the same table as :func:`pactlib.models.clip.hf_to_open_clip`, which converts whole
-    checkpoints; tests/test_peft.py checks that the two agree).
+    ``visual_projection.weight`` -> ``visual.proj`` transposed; the rest renamed one to one, by
+    the tables of :mod:`pactlib.clip_keys` (shared with :func:`pactlib.models.clip.hf_to_open_clip`).
     """
-    top = _HF_TOP.get(key)
-    if top is not None:
-        return Target(prefix + top.key, top.part, top.transpose)
-    tower = next((t for t in _HF_TOWERS if key.startswith(t)), None)
-    m = re.match(r"(\d+)\.(.+)\.(weight|bias)$", key[len(tower):]) if tower else None
+    from .clip_keys import HF_BLOCK, HF_TOP, HF_TOWERS, HF_TRANSPOSED
+
+    if key in HF_TOP:
+        return Target(prefix + HF_TOP[key])
+    if key in HF_TRANSPOSED:
+        return Target(prefix + HF_TRANSPOSED[key], transpose=True)
+    tower = next((t for t in HF_TOWERS if key.startswith(t)), None)
+    m = re.match(r"(\d+)\.(.+)$", key[len(tower):]) if tower else None
     if m is None:
         return None
-    layer, module, param = m.groups()
-    base = f"{prefix}{_HF_TOWERS[tower]}{layer}."
-    q = re.fullmatch(r"self_attn\.([qkv])_proj", module)
+    layer, rest = m.groups()
+    base = f"{prefix}{HF_TOWERS[tower]}{layer}."
+    q = re.fullmatch(r"self_attn\.([qkv])_proj\.(weight|bias)", rest)
     if q:
-        return Target(f"{base}attn.in_proj_{param}", part=("qkv".index(q.group(1)), 3))
-    if module in _HF_BLOCK:
-        return Target(f"{base}{_HF_BLOCK[module]}.{param}")
-    return None
+        return Target(f"{base}attn.in_proj_{q.group(2)}", part=("qkv".index(q.group(1)), 3))
+    return Target(base + HF_BLOCK[rest]) if rest in HF_BLOCK else None
 
 
 #: Named key maps (``pact merge --lora-key-map NAME``): PEFT key -> base checkpoint key.
@@ -552,9 +492,11 @@ def _stored_transposed(key: str, base: Mapping, layer: AdapterLayer, rule) -> bo
     return rule.is_transposed(key)
 
 
-def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None) -> dict[str, list[_Piece]]:
+def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None, *,
+          streamed: bool = False) -> dict[str, list[_Piece]]:
     """``{base key: [pieces]}``: every check that needs no arithmetic (keys, shapes, key map),
-    done before any Δ is formed."""
+    done before any Δ is formed. ``streamed``: for the streamed merge (:class:`AdapterSource`,
+    ``pact merge --lora-adapters``), whose messages offer only what it takes (not 'delta')."""
     if extra not in ("error", "skip", "delta"):
         raise ValueError(f"extra must be 'error', 'skip' or 'delta', got {extra!r}")
     target_of = resolve_key_map(key_map)
@@ -595,9 +537,10 @@ def _plan(adapter: Adapter, base, key_map: KeyMap, extra: str, rule=None) -> dic
         preview = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
         fields = "modules_to_save" if adapter.config.modules_to_save else "bias / modules_to_save"
         if extra == "error":
+            fix = ("pass extra='skip' (--lora-extra skip) to leave them out" if streamed else
+                   "pass extra='skip' to leave them out, or extra='delta' with θ0 to take value − θ0")
             raise AdapterError(f"{where}: {len(names)} entr{'y is' if len(names) == 1 else 'ies are'} whole weights, "
-                               f"not LoRA factors ({preview}; config field {fields}); pass extra='skip' "
-                               "(--lora-extra skip) to leave them out, or extra='delta' with θ0 to take value − θ0")
+                               f"not LoRA factors ({preview}; config field {fields}); {fix}")
         if extra == "skip":
             warnings.warn(f"{where}: left out {len(names)} whole-weight entr{'y' if len(names) == 1 else 'ies'} "
                           f"({preview}; config field {fields})", stacklevel=3)
@@ -746,7 +689,7 @@ class AdapterSource:
         if self.extra == "delta":
             raise AdapterError(f"{self.adapter.file}: extra='delta' needs θ0's values; the streamed merge has only "
                                "its shapes: use 'skip', or pactlib.peft.read_adapter in memory")
-        self._plan = _plan(self.adapter, meta, self.key_map, self.extra, self.rule)
+        self._plan = _plan(self.adapter, meta, self.key_map, self.extra, self.rule, streamed=True)
         bad = [k for k in self._plan if not torch.is_floating_point(meta[k])]
         if bad:
             raise AdapterError(f"{self.adapter.file}: adapts non-floating entries {bad[:3]} of the base checkpoint")

@@ -65,11 +65,22 @@ def build_shield(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol:
 def filter_update(delta: Tensor, shield: Tensor) -> Tensor:
     """Δ̃ = Δ − (Δ S) Sᵀ for Δ (m, n) and a shield S (n, s) with orthonormal columns (P5).
 
+    The projection is applied twice (Δ̃ = P(P(Δ)), P(X) = X − (X S) Sᵀ): the same Δ̃ in exact
+    arithmetic, but in float the first pass leaves a shield component at the rounding level of
+    Δ, which the second reduces to the rounding level of Δ̃ itself. The shield's directions are
+    then as exactly null in Δ̃ as its stored values allow, whatever share of Δ the filter removed,
+    so the merges that decompose Δ̃ tell them from its real directions
+    (:func:`pactlib.linalg.resolved_rank`).
+
     Returns a new tensor; Δ is not modified. The n x n projector is never formed.
     """
     if delta.shape[-1] != shield.shape[0]:
         raise ValueError(f"filter: update {tuple(delta.shape)} and shield {tuple(shield.shape)} do not match in n")
-    return project_out(delta, shield.to(device=delta.device, dtype=delta.dtype))
+    S = shield.to(device=delta.device, dtype=delta.dtype)
+    out = project_out(delta, S)
+    if S.shape[1]:
+        out.addmm_((S.mT @ out.mT).mT, S.mT, alpha=-1)  # the second pass, in place (as project_out)
+    return out
 
 
 def iter_shields(bases: Sequence[Tensor], n: int, *, max_frac: float = 0.5, tol: float = 1e-4,

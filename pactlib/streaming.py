@@ -45,6 +45,7 @@ Threads: ``workers`` layers are merged at once (default 1), each kernel on one t
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -64,7 +65,7 @@ from . import merges
 from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_compatible, check_device, check_finite, check_state_dict
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
-                   glob_escape, open_checkpoint, remove_stale_outputs)
+                   open_checkpoint, output_lock, remove_stale_outputs)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.ties import GlobalThreshold, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
@@ -130,7 +131,7 @@ class _KeyProbe:
     def add(self, t: int, x: Tensor) -> None:
         import hashlib
 
-        from .io import tensor_bytes_view
+        from .safetensors_io import tensor_bytes_view
 
         self.nonzero[t] = self.checks.nonzero[t] or bool(x.any())
         if any(t in pair for pair in self.checks.same):
@@ -326,13 +327,11 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
     ``mallopt(M_MMAP_THRESHOLD, threshold)``: every allocation of at least ``threshold`` bytes gets
     its own memory map, unmapped when freed). Process-wide; ``pact merge`` calls it.
 
-    Why: glibc raises its map threshold to the size of every large block freed, up to 32 MB, so
+    Why: glibc raises its map threshold to the size of every large block freed (up to 32 MB), so
     later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
-    allocations in between keep the freed ones from being returned. Measured here: 40 rounds of two
-    16 MB tensors with a small one kept in between left the process 740 MB larger without this
-    (56 MB in another run: it depends on the heap's history) and 18 MB with it; :func:`merge_files` TSV-M on ViT-L/14-shaped checkpoints (one block), T = 20, peaked at
-    0.70–1.32 GB over five identical runs without it and 0.67–0.68 GB with it. The cost is a page
-    fault per page of each new large buffer.
+    allocations in between keep the freed ones from being returned; the resident size then grows
+    with the heap's history. What it saves is recorded in ``book/data/implementation_choices.jsonl``.
+    The cost is a page fault per page of each new large buffer.
 
     Returns:
         True when set; False when the C library is not glibc (nothing done) or the user set
@@ -390,7 +389,7 @@ def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Call
 
 def apply_update(key: str, p: Tensor, D: Tensor, alpha: float) -> Tensor:
     """θ0 + α·D for one key (or rows of it), same shape as ``p``, in θ0's dtype:
-    :meth:`TaskVector.apply_to` on that one key (method.md §4; D of any of M1–M5).
+    :meth:`TaskVector.apply_to` on that one key (book/method.md, merges; D of any of M1–M5).
 
     Raises:
         MergeOverflowError: a merged value overflows θ0's dtype (fp16), naming the key.
@@ -467,7 +466,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | torch.device | None = None,
                 **kw) -> MergedFiles:
-    """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (method.md §4), D from
+    """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (book/method.md, merges), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).
 
@@ -519,6 +518,9 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
             file and key, before any data is read), NaN / Inf (file and key).
         MergeOverflowError: a merged value overflows θ0's dtype.
+        OutputError (an ``OSError``, :class:`pactlib.io.OutputError`): another run is writing
+            ``out`` (:func:`pactlib.lazy.output_lock`), or writing failed (a full disk); named,
+            with nothing left behind.
 
     Warns:
         UserWarning: as :func:`pactlib.merge`: θ0 has Hugging Face CLIP keys, whose separate
@@ -555,45 +557,46 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                          "streamed form; use pactlib.merge (in memory)")
     check_method_values(m, rule, mparams, torch.float32)
 
-    loader = loader or default_loader(trust_pickle)
-    pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
-    note = split_attention_note(pre.keys(), where=f"{method}: ")
-    if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
-        warnings.warn(note, UserWarning, stacklevel=2)
-    fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
-           for p, nm in zip(finetuned, names)]
-    inputs = DeltaReader(pre, fts, names)
-    selected: list[str] = []
-    report = None
-    matrix_keys: list[str] = []
-    if pact is not None:
-        options = options or PactOptions()
-        report = PactReport(pact, options)
-        matrix_keys, selected = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact,
-                                              options=options, rule=rule, stacklevel=2)
-    entries = [(k, v.shape, v.dtype) for k, v in inputs.meta.items()]
-    checks = _TaskChecks(names)
-    with CheckpointWriter(out, entries, max_shard_size=max_shard_size) as writer:
-        args = dict(inputs=inputs, m=m, mparams=mparams, rule=rule, alpha=alpha, pact=pact, options=options,
-                    selected=set(selected), report=report, checks=checks, writer=writer, workers=workers,
-                    chunk_bytes=chunk_bytes, dev=dev)
-        if per_key:
-            _per_key(**args)
-        else:
-            _ties_global(**args, out=out)
-        checks.warn()
-        if report is not None:
-            warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
-            log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
-        files = writer.commit()
-    stale = remove_stale_outputs(out, files)
-    for d in out.parent.glob(glob_escape(_spill_prefix(out)) + "*"):  # TIES' spill folders of killed runs
-        shutil.rmtree(d, ignore_errors=True)
-        stale.append(d)
-    if stale:
-        log.info("%s: removed %d file(s) of an earlier output or an interrupted run: %s", out, len(stale),
-                 ", ".join(p.name for p in stale[:5]))
-    return MergedFiles(writer.path, files, inputs.T, report)
+    with output_lock(out):  # one run at a time writes this output; the others fail naming it
+        loader = loader or default_loader(trust_pickle)
+        pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
+        note = split_attention_note(pre.keys(), where=f"{method}: ")
+        if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
+            warnings.warn(note, UserWarning, stacklevel=2)
+        fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
+               for p, nm in zip(finetuned, names)]
+        inputs = DeltaReader(pre, fts, names)
+        selected: list[str] = []
+        report = None
+        matrix_keys: list[str] = []
+        if pact is not None:
+            options = options or PactOptions()
+            report = PactReport(pact, options)
+            matrix_keys, selected = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact,
+                                                  options=options, rule=rule, stacklevel=2)
+        entries = [(k, v.shape, v.dtype) for k, v in inputs.meta.items()]
+        checks = _TaskChecks(names)
+        with CheckpointWriter(out, entries, max_shard_size=max_shard_size) as writer:
+            args = dict(inputs=inputs, m=m, mparams=mparams, rule=rule, alpha=alpha, pact=pact, options=options,
+                        selected=set(selected), report=report, checks=checks, writer=writer, workers=workers,
+                        chunk_bytes=chunk_bytes, dev=dev)
+            if per_key:
+                _per_key(**args)
+            else:
+                _ties_global(**args, out=out)
+            checks.warn()
+            if report is not None:
+                warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
+                log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
+            files = writer.commit()
+        stale = remove_stale_outputs(out, files)
+        for d in out.parent.glob(glob.escape(_spill_prefix(out)) + "*"):  # TIES' spill folders of killed runs
+            shutil.rmtree(d, ignore_errors=True)
+            stale.append(d)
+        if stale:
+            log.info("%s: removed %d file(s) of an earlier output or an interrupted run: %s", out, len(stale),
+                     ", ".join(p.name for p in stale[:5]))
+        return MergedFiles(writer.path, files, inputs.T, report)
 
 
 def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,

@@ -1,4 +1,4 @@
-"""Subspaces of one matrix layer (method.md §1): pre-trained core (P1), active update subspace
+"""Subspaces of one matrix layer (book/method.md, subspaces): pre-trained core (P1), active update subspace
 (P2) and the load-bearing-wall (LBW) subspace (P3).
 
 Every subspace is a subspace of the layer's **input** space R^n, given as an orthonormal basis
@@ -92,7 +92,7 @@ def lbw_subspace(core: Tensor, active: Tensor, *, tol: float = 0.5) -> LBW:
 
 def intrusion_energy(others: list[Tensor], basis: Tensor) -> float:
     """Σ_j ‖Δj V‖²_F / Σ_j ‖Δj‖²_F: the share of the other tasks' update energy that lands in the
-    subspace V (n, r) (method.md C9). NaN when the others are all zero."""
+    subspace V (n, r) (book/method.md, C9). NaN when the others are all zero."""
     num = sum(float(((d @ basis) ** 2).sum()) for d in others) if basis.shape[1] else 0.0
     den = sum(float((d ** 2).sum()) for d in others)
     return num / den if den > 0 else math.nan

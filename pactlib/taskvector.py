@@ -1,4 +1,4 @@
-"""Task vectors Δt = θt − θ0 as a strict little value type (method.md §0).
+"""Task vectors Δt = θt − θ0 as a strict little value type (book/method.md, matrix-view).
 
 A :class:`TaskVector` holds one floating tensor per floating checkpoint key, in float32 (or
 float64 when asked), whatever the checkpoints' dtype: bf16/fp16 arithmetic and SVDs are
@@ -17,7 +17,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from .checks import CheckpointError, MergeOverflowError, check_alpha, check_compatible, check_finite
+from .checks import CheckpointError, MergeOverflowError, all_finite, check_alpha, check_compatible, check_finite
 
 log = logging.getLogger(__name__)
 _REPORTED_BUFFERS: set[frozenset[str]] = set()
@@ -32,7 +32,9 @@ def check_compute_dtype(dtype) -> None:
                          "(half-precision checkpoints are fine: task vectors are computed in float32)")
 
 
-def _report_buffers(keys: list[str]) -> None:
+def report_buffers(keys: list[str]) -> None:
+    """Log, once per process and set of keys, that the non-floating buffers ``keys`` have no task
+    vector (they are copied from θ0)."""
     fs = frozenset(keys)
     if keys and fs not in _REPORTED_BUFFERS:
         _REPORTED_BUFFERS.add(fs)
@@ -71,7 +73,7 @@ class TaskVector(Mapping):
     @classmethod
     def from_checkpoints(cls, pretrained: Mapping[str, Tensor], finetuned: Mapping[str, Tensor], *,
                          name: str | None = None, dtype: torch.dtype = torch.float32) -> "TaskVector":
-        """Δ = finetuned − pretrained, key by key, in ``dtype`` (method.md §0).
+        """Δ = finetuned − pretrained, key by key, in ``dtype`` (book/method.md, matrix-view).
 
         Raises:
             CheckpointError: keys missing or extra, a shape mismatch, NaN/Inf (all named).
@@ -83,7 +85,7 @@ class TaskVector(Mapping):
         check_finite(pretrained, name="pre-trained")
         check_finite(finetuned, name=nm)
         buffers = [k for k, v in pretrained.items() if not torch.is_floating_point(v)]
-        _report_buffers(buffers)
+        report_buffers(buffers)
         d = {k: finetuned[k].to(dtype) - v.to(dtype)
              for k, v in pretrained.items() if torch.is_floating_point(v)}
         return cls._wrap(d, name)
@@ -151,10 +153,18 @@ class TaskVector(Mapping):
         vectors = list(vectors)
         if not vectors:
             raise ValueError("sum of an empty sequence of task vectors")
-        out = vectors[0]
         for v in vectors[1:]:
-            out = out + v
-        return TaskVector._wrap(dict(out._d))
+            vectors[0]._check_same(v)
+        out = {}
+        for k, t in vectors[0]._d.items():  # key by key: the key's running sum stays in cache over the tasks
+            acc = t.clone()
+            for v in vectors[1:]:  # ((Δ1 + Δ2) + Δ3) + …, in place: the values of out + v, no new tensors
+                if acc.dtype == v._d[k].dtype:
+                    acc += v._d[k]
+                else:  # mixed float32 / float64: promoted, as out + v
+                    acc = acc + v._d[k]
+            out[k] = acc
+        return TaskVector._wrap(out)
 
     def map(self, fn) -> "TaskVector":
         """A new task vector with ``fn(key, tensor)`` applied to every entry."""
@@ -182,7 +192,12 @@ class TaskVector(Mapping):
             MergeOverflowError: a merged value overflows θ0's dtype (names key, dtype, max |value|).
             TypeError, ValueError: α not a real number, or NaN / ±Inf.
         """
-        alpha = check_alpha(alpha)
+        return self._apply(pretrained, check_alpha(alpha), consume=False)
+
+    def _apply(self, pretrained: Mapping[str, Tensor], alpha: float, *, consume: bool) -> dict[str, Tensor]:
+        """:meth:`apply_to`; with ``consume`` the task vector's own tensors hold α·Δ and then the
+        sum (no new tensor where θ0 is in the task vector's dtype): the task vector is spent. The
+        same values either way: α·Δ, then θ0 (cast to Δ's dtype) added to it."""
         floats = {k for k, v in pretrained.items() if torch.is_floating_point(v)}
         missing, extra = floats - self.keys(), self.keys() - pretrained.keys()
         if missing or extra:
@@ -193,9 +208,10 @@ class TaskVector(Mapping):
                 d = self._d[k]
                 if d.shape != v.shape:
                     raise CheckpointError(f"apply_to: shape mismatch at key {k!r}: θ0 {tuple(v.shape)} vs Δ {tuple(d.shape)}")
-                merged = v.to(d.dtype) + alpha * d
+                merged = d.mul_(alpha) if consume else alpha * d
+                merged += v.to(d.dtype)  # = θ0 + α·Δ (addition commutes, bit for bit)
                 out[k] = merged.to(v.dtype)
-                if not bool(torch.isfinite(out[k]).all()):
+                if not all_finite(out[k]):
                     raise MergeOverflowError(
                         f"apply_to: key {k!r}: merged values reach max |value| {float(merged.abs().max()):.6g}, "
                         f"beyond the range of {v.dtype} (max {torch.finfo(v.dtype).max:.6g}) at alpha={alpha}; "

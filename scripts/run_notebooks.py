@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
 from pactlib.book import provenance, site  # noqa: E402
+from pactlib.io import write_atomic  # noqa: E402
 from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, check_threads,  # noqa: E402,F401
                                   decorate_variant, define_testbeds, named_testbeds, parameters_cell,
                                   parse_cli, set_thread_problems, threads_option)
@@ -696,9 +697,7 @@ def expected_pages(params_file: Path) -> list[str]:
 
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def toc_for(store: str, params_file: Path) -> Path:

@@ -95,7 +95,7 @@ def test_cli_overflow_is_an_error_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])
 def test_task_vectors_from_refuses_non_compute_dtype(ckpts, dtype, monkeypatch):
     pre, fts = ckpts
-    monkeypatch.setattr(pactlib.api, "check_task_set", lambda *a, **k: pytest.fail("work began before the dtype check"))
+    monkeypatch.setattr(pactlib.api, "task_names", lambda *a, **k: pytest.fail("work began before the dtype check"))
     with pytest.raises(ValueError, match=rf"{dtype}.*float32.*float64|float32.*float64.*{dtype}"):
         task_vectors_from(pre, fts, dtype=dtype)
     with pytest.raises(ValueError, match=str(dtype)):

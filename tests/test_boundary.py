@@ -18,7 +18,8 @@ PKG = ROOT / "pactlib"
 
 #: The engine: what ``pip install pactlib`` (torch + safetensors) must be able to import and run.
 ENGINE_MODULES = ("__init__", "taskvector", "checks", "io", "lazy", "matrix", "linalg", "subspaces", "shield",
-                  "pact", "lora", "peft", "api", "cli", "threads", "streaming", "paths")
+                  "pact", "lora", "peft", "api", "cli", "threads", "streaming", "paths", "safetensors_io",
+                  "clip_keys", "recipe")
 #: Third-party packages the engine may import.
 ALLOWED_THIRD_PARTY = {"torch", "safetensors"}
 #: pactlib sub-packages / modules outside the engine (named in the failure messages).
@@ -239,21 +240,22 @@ def test_engine_runs_on_torch_and_safetensors_alone(tmp_path):
 
 
 def test_safetensors_are_written_byte_for_byte_as_safetensors_writes_them(tmp_path):
-    """pactlib.io writes safetensors without numpy (safetensors.torch's writer imports it): the same
+    """pactlib writes safetensors without numpy (safetensors.torch's writer imports it): the same
     bytes as safetensors.torch.save_file, for every dtype, shape and key order."""
     import random
 
     import torch
     from safetensors.torch import save_file
 
-    from pactlib.io import _ST_ORDER, save_state_dict
+    from pactlib.io import save_state_dict
+    from pactlib.safetensors_io import ORDER
 
     rnd, g = random.Random(0), torch.Generator().manual_seed(0)
     names = ["a", "b", "B", "lin.weight", "é.x", "z/y", "a.b", "a_b", "A", "日本", 'x"q', "\\s", "10", "9"]
     for trial in range(60):
         sd = {}
         for i in range(rnd.randint(1, 10)):
-            dtype = rnd.choice(_ST_ORDER)[0]
+            dtype = rnd.choice(ORDER)[0]
             shape = rnd.choice([(), (0,), (3,), (2, 3), (1, 0, 2), (4, 1, 2)])
             t = torch.randn(shape, generator=g) * 10
             sd[rnd.choice(names) + str(i)] = (t > 0) if dtype == torch.bool else t.to(dtype)

@@ -89,6 +89,28 @@ def test_draw_toy_writes_a_two_panel_figure(tmp_path):
     assert (tmp_path / "fig01.9-toy.png").stat().st_size > 10_000
 
 
+def test_toy_drawing_records_hold_the_figure_and_survive_json(tmp_path):
+    toy = geometry.toy_layer(seed=2)
+    recs = json.loads(json.dumps(geometry.toy_drawing_records(toy, params={"seed": 2}, seed=2)))
+    assert [r["task"] for r in recs] == [1, 2] and all(r["method"] == "toy-drawing" for r in recs)
+    for t, r in enumerate(recs):
+        act, filt = torch.tensor(r["active"], dtype=torch.float64), torch.tensor(r["filtered"], dtype=torch.float64)
+        assert act.norm().item() == pytest.approx(float(toy.deltas[t].norm()), rel=1e-12)
+        assert filt.norm().item() == pytest.approx(float(toy.filtered[t].norm()), rel=1e-12)
+        assert float(act @ toy.directions[t]) > 0 and float(filt @ act) >= 0  # signs fixed as drawn
+        lbw = torch.tensor(r["lbw"], dtype=torch.float64).reshape(-1, 3).mT
+        assert torch.equal(lbw, toy.subspaces.lbw[t].basis) and r["metrics"]["lbw_rank"] == lbw.shape[1]
+        other = torch.tensor(recs[1 - t]["lbw"], dtype=torch.float64).reshape(-1, 3).mT
+        assert (other.mT @ filt).abs().max() < 1e-12  # P5: Δ̃t has nothing along the other task's LBW
+    pngs = []
+    for name, source in (("from-toy", toy), ("from-records", recs)):
+        with plotting.figure(name, chapter=1, number=9, caption="toy", size=(9, 4), ncols=2,
+                             directory=tmp_path) as (fig, axes):
+            geometry.draw_toy(fig, axes, source)
+        pngs.append((tmp_path / f"fig01.9-{name}.png").read_bytes())
+    assert pngs[0] == pngs[1]  # the records draw exactly the toy's figure
+
+
 def test_merge_spectra_iso_c_is_flat_at_the_mean_of_the_sum():
     sp = geometry.merge_spectra(n=10, tasks=3, rank=2, seed=1)
     assert set(sp) == {"task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts"}
@@ -130,6 +152,18 @@ def test_sample_montage_places_every_image():
     assert (img[6:10, 1:5] == 200).all() and (img[6:10, 6:10] == 255).all()  # b has one image: white cell
     with pytest.raises(ValueError, match="different sizes"):
         testbed.sample_montage({"a": a, "c": torch.zeros(1, 3, 5, 5, dtype=torch.uint8)}, per_task=1)
+
+
+def test_sample_records_round_trip_exactly_through_json():
+    gen = torch.Generator().manual_seed(0)
+    samples = {"a": torch.randint(0, 256, (3, 3, 8, 6), generator=gen, dtype=torch.uint8),
+               "b": torch.randint(0, 256, (1, 3, 8, 6), generator=gen, dtype=torch.uint8)}
+    recs = json.loads(json.dumps(testbed.sample_records(samples, params={"k": 1}, seed=0)))
+    assert [(r["task"], r["shape"]) for r in recs] == [("a", [3, 3, 8, 6]), ("b", [1, 3, 8, 6])]
+    back = testbed.samples_from_records(recs + [records.make_record("x", params={}, seed=None, metrics={})])
+    assert list(back) == ["a", "b"] and all(torch.equal(back[k], samples[k]) for k in samples)
+    with pytest.raises(ValueError, match="uint8 images"):
+        testbed.sample_records({"a": samples["a"].float()})
 
 
 def _state():
@@ -334,6 +368,54 @@ def test_tiny_example_data_and_classifier(tiny_example):
     assert check.loc["task1", "status"] == "ok" and check.loc["SUN397", "status"].startswith("FileNotFoundError")
     data = paper.load_paper_task("task2", paper.task_root(ex.data_root, "task2"), image_size=32)["test"]
     assert data.images.shape == (12, 3, 32, 32) and data.classes == ex.classes["task2"]
+
+
+def test_chapter_12_tables_and_figure_from_records_equal_the_computed_ones(tiny_example, tmp_path):
+    """The present cells of chapter 12 rebuild the rule and data tables from records alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from pactlib.book.experiments import paper_scale
+    from pactlib.book.records import make_record, read_records, records_frame, write_records
+    from pactlib.matrix import PRESETS
+    from pactlib.models import clip
+
+    ex = tiny_example
+    pre, fts = paper_scale.find_checkpoints(ex.checkpoint_dir, ex.tasks, pretrained_file="zeroshot.pt",
+                                            finetuned_pattern="{task}/finetuned.pt")
+    theta0 = clip.vision_state_dict(pre)
+    rules = {"ours": PRESETS["default"], "ref": PRESETS["reference_2d"]}
+    diff = paper_scale.rule_differences(theta0, rules)
+    assert len(diff) == 2  # visual.positional_embedding and visual.proj
+    check = paper_scale.data_check(ex.data_root, [*ex.tasks, "SUN397"])
+    path = write_records(tmp_path / "12.jsonl", [*paper_scale.rule_records(diff, params={}, seed=0),
+                                                 *paper_scale.data_check_records(check, params={})])
+    recs = read_records(path)
+    pd.testing.assert_frame_equal(paper_scale.rule_table(recs, list(rules)), diff)
+    pd.testing.assert_frame_equal(paper_scale.data_check_table(recs), check)  # NaN counts of SUN397 too
+    assert paper_scale.rule_table([], list(rules)).columns.tolist() == ["pattern", "keys", "shape", "ours", "ref"]
+    assert paper_scale.data_check_table([]).empty
+
+    tvs = task_vectors_from(theta0, [clip.vision_state_dict(p) for p in fts], names=list(ex.tasks))
+    _, rep = pact_filter(theta0, tvs, options=PactOptions())
+    layers = paper_scale.layer_frame(rep, ex.tasks)
+    frame = records_frame([make_record("pact-layer", params={}, seed=0, layer=r.layer, key=r.key, task=r.task,
+                                       metrics={"n": r.n, "shield_rank": r.shield_rank, "capped": int(r.capped),
+                                                "removed_energy": r.removed_energy}) for r in layers.itertuples()])
+    fig, axes = plt.subplots(1, 2)
+    per_layer = paper_scale.plot_pact_layers(frame, axes)
+    plt.close(fig)
+    assert per_layer["layer"].tolist() == list(range(9))
+    want = layers.groupby("layer")["removed_energy"].agg(["mean", "min", "max"])
+    assert per_layer["removed"].tolist() == pytest.approx(want["mean"].tolist())
+    assert per_layer["removed_max"].tolist() == pytest.approx(want["max"].tolist())
+    assert per_layer["capped"].tolist() == pytest.approx(layers.groupby("layer")["capped"].mean().tolist())
+    assert len(axes[0].lines) == 1 and len(axes[1].lines) == 2
+    with pytest.raises(ValueError, match="no 'pact-layer'"):
+        paper_scale.plot_pact_layers(frame.iloc[:0], axes)
 
 
 def test_find_checkpoints_names_what_is_missing(tmp_path):

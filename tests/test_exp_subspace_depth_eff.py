@@ -171,6 +171,27 @@ def test_condition_and_intrusion_tables():
     assert it.loc["late", ("intrusion / (r/n)", "8")] == pytest.approx(7.0)  # (6 + 8) / 2
 
 
+def test_layer_records_round_trip_the_depth_groups_through_a_records_file(tmp_path):
+    from pactlib.book import study
+    from pactlib.book.records import read_records, write_records
+
+    keys = [f"_blocks.{i}._project_conv.weight" for i in (0, 2, 10, 11, 12)]  # 10 after 2: network order kept
+    groups = study.depth_groups(keys)
+    recs = depth.layer_records(groups, params={"x": 1}, testbed="t")
+    assert [r["depth"] for r in recs] == [0, 1, 2, 3, 4] and {r["testbed"] for r in recs} == {"t"}
+    assert [r["group"] for r in recs] == ["early", "early", "middle", "middle", "late"]
+    path = write_records(tmp_path / "layers.jsonl", [*recs[::-1], make_record("other", params={}, seed=0, metrics={})])
+    got_keys, got = depth.groups_from_records(read_records(path))  # any file order; other records ignored
+    assert got_keys == keys and got == groups and list(got) == ["early", "middle", "late", "all"]
+    assert depth.groups_from_records(records_frame(path)) == (keys, groups)
+    with pytest.raises(ValueError, match="no 'depth-layer'"):
+        depth.groups_from_records([make_record("other", params={}, seed=0, metrics={})])
+    with pytest.raises(ValueError, match="in no depth group"):
+        depth.layer_records({"early": keys[:1], "all": keys}, params={})
+    with pytest.raises(ValueError, match="'all'"):
+        depth.layer_records({"early": keys}, params={})
+
+
 def test_c9_not_and_partly():
     f = _group_frame({"8": dict(early=0.5, middle=-0.2, late=0.0, all=-0.1),
                       "20": dict(early=2.0, middle=0.0, late=0.0, all=1.0)})

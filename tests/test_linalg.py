@@ -1,8 +1,11 @@
+import math
+
 import pytest
 import torch
 
 from pactlib import PactOptions
-from pactlib.linalg import gram_is_cheaper, orth, polar, project_out, projector_distance, top_singular
+from pactlib.linalg import (default_rtol, exact_svdvals, gram_is_cheaper, numerical_rank, orth, polar, project_out,
+                            projector_distance, resolution_floor, resolved_rank, top_singular)
 from conftest import planted
 
 
@@ -50,7 +53,7 @@ def test_rsvd_defaults_find_the_top_subspace_of_a_slowly_decaying_spectrum(gen, 
     V = top_singular(W, r, method="rsvd", oversample=o.oversample, n_iter=o.n_iter, seed=0, route=route).V
     # PACT's defaults: sine of the largest principal angle ~2e-3 here (stated tolerance 0.02)
     assert projector_distance(exact, V) < 0.02
-    # method.md's p = 10, q = 2 cannot separate the top 20 directions from the next ones (measured ~0.4-0.5)
+    # P7's defaults (book/method.md) p = 10, q = 2 cannot separate the top 20 directions from the next ones (measured ~0.4-0.5)
     assert projector_distance(exact, top_singular(W, r, method="rsvd", oversample=10, n_iter=2, seed=0).V) > 0.3
 
 
@@ -159,6 +162,51 @@ def test_polar_factor_is_orthonormal_and_nearest(gen):
     torch.testing.assert_close(Q.T @ Q, torch.eye(6, dtype=torch.float64))
     # already orthonormal input is a fixed point
     torch.testing.assert_close(polar(Q), Q)
+
+
+def _log_spaced(m, n, lo, gen):
+    d = min(m, n)
+    U = torch.linalg.qr(torch.randn(m, d, generator=gen, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(n, d, generator=gen, dtype=torch.float64)).Q
+    return ((U * torch.logspace(0, math.log10(lo), d, dtype=torch.float64)) @ V.T).float()
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (256, 128), (48, 300)])
+def test_resolved_rank_keeps_every_real_direction_of_a_full_rank_float32_layer(gen, shape):
+    """Singular values from 1 down to 1e-6 (float32 resolves them all): full rank, with or without
+    the SVD's values given; a relative tolerance max(m, n)·eps would cut the smallest."""
+    X = _log_spaced(*shape, 1e-6, gen)
+    d = min(shape)
+    S = torch.linalg.svdvals(X)
+    assert resolved_rank(X) == resolved_rank(X, S) == d
+    assert numerical_rank(S, scale=S[0], rtol=default_rtol(shape, X.dtype)) < d
+    assert resolved_rank(X, limit=5) == 5 and resolved_rank(torch.zeros(*shape)) == 0
+
+
+@pytest.mark.parametrize("shape, r", [((64, 48), 3), ((300, 200), 16), ((200, 300), 1)])
+def test_resolved_rank_finds_the_rank_of_float32_products_and_float64_matrices(gen, shape, r):
+    """B·A of rank r rounded to float32 is full rank in float64 (its null directions sit at the
+    rounding level of its values): the decision finds r; and r for the float64 product."""
+    m, n = shape
+    B, A = torch.randn(m, r, generator=gen), torch.randn(r, n, generator=gen)
+    X = B @ A
+    assert int(torch.linalg.matrix_rank(X.double())) == min(m, n)  # float64's tolerance alone: all
+    s = exact_svdvals(X)
+    assert float(s[r]) < resolution_floor(shape, X.dtype, float(X.double().norm())) < float(s[r - 1])
+    assert resolved_rank(X) == resolved_rank(X, torch.linalg.svdvals(X)) == r
+    assert resolved_rank(B.double() @ A.double()) == r
+
+
+def test_polar_keeps_two_directions_float32_resolves(gen):
+    """Two columns 1e-5 apart: their smaller singular value (about 7e-6) is real in float32, so
+    the factor has two orthonormal columns; max(m, n)·eps·σ_max (1.1e-5) would merge them."""
+    u = torch.randn(64, 1, generator=gen)
+    w = torch.randn(64, 1, generator=gen)
+    w = w - u * (u.T @ w) / (u.T @ u)
+    X = torch.cat([u / u.norm(), u / u.norm() + 1e-5 * w / w.norm()], 1)  # (64, 2) float32
+    P = polar(X)
+    torch.testing.assert_close(P.T @ P, torch.eye(2), atol=1e-4, rtol=0)
+    assert int(torch.linalg.matrix_rank(polar(X, rtol=default_rtol(X.shape, X.dtype)))) == 1
 
 
 def test_project_out_matches_explicit_projector(gen):

@@ -4,6 +4,7 @@ count — with and without PACT / S-PACT, for full and LoRA (rank <= r) task vec
 exactly rank-deficient layers. The literal convention of the reference code is shown to fail the
 order test there, so these tests can fail."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -11,9 +12,11 @@ import torch
 import pactlib
 from pactlib import TaskVector, merges
 from pactlib.matrix import MatrixRule
+from pactlib.merges.driver import task_sum
 from pactlib.merges.iso import iso_c_kernel, iso_cts_kernel
 from pactlib.merges.tsv_m import tsv_m_kernel
-from pactlib.linalg import polar, svd
+from pactlib.linalg import default_rtol, polar, resolved_rank, svd
+from pactlib.pact import pact_filter
 
 RULE = MatrixRule()
 SVD_METHODS = ("tsv_m", "iso_c", "iso_cts")
@@ -113,6 +116,85 @@ def test_conventions_agree_on_full_rank_layers(gen):
     for kernel in (iso_c_kernel, tsv_m_kernel):
         torch.testing.assert_close(kernel(deltas, "drop"), kernel(deltas, "literal"))
     torch.testing.assert_close(iso_cts_kernel(deltas, 0.8, "drop"), iso_cts_kernel(deltas, 0.8, "literal"))
+
+
+KERNELS = {"iso_c": iso_c_kernel, "tsv_m": tsv_m_kernel,
+           "iso_cts": lambda deltas, null_space="drop", rank_rtol=None: iso_cts_kernel(deltas, 0.8, null_space, rank_rtol)}
+
+
+def log_spectrum(m: int, n: int, lo: float, gen: torch.Generator) -> torch.Tensor:
+    """A float32 (m, n) matrix of full rank: random orthonormal U, V, singular values log-spaced
+    from 1 down to ``lo``."""
+    d = min(m, n)
+    U = torch.linalg.qr(torch.randn(m, d, generator=gen, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(n, d, generator=gen, dtype=torch.float64)).Q
+    return ((U * torch.logspace(0, math.log10(lo), d, dtype=torch.float64)) @ V.T).float()
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (96, 48), (40, 120)])
+@pytest.mark.parametrize("method", SVD_METHODS)
+def test_conventions_agree_on_a_full_rank_layer_whose_spectrum_spans_1e6(method, shape, gen):
+    """One float32 task whose spectrum runs from 1 to 1e-6: Iso-C's sum, TSV-M's task and
+    Iso-CTS's residual all reach 1e-6·σ_max, below max(m, n)·eps·σ_max. Every direction is real
+    (float32 resolves it), so the default convention is the reference one here."""
+    layer = log_spectrum(*shape, 1e-6, gen)
+    assert int(torch.linalg.matrix_rank(layer.double())) == min(shape)
+    deltas, kernel = layer[None], KERNELS[method]  # (1, m, n)
+    drop, literal = kernel(deltas), kernel(deltas, "literal")
+    assert drop.dtype == torch.float32
+    tol = 1e-7 * float(literal.abs().max())  # float32 rounding (the two share one SVD)
+    torch.testing.assert_close(drop, literal, rtol=0, atol=tol)
+    # a relative tolerance of max(m, n)·eps (torch.linalg.matrix_rank's) cuts real directions here:
+    # Iso-C and Iso-CTS then flatten a different spectrum, TSV-M loses the smallest triplets
+    cut = kernel(deltas, "drop", default_rtol(shape, torch.float32))
+    assert float((cut - literal).abs().max()) > 10 * tol
+
+
+@pytest.mark.parametrize("method", ["iso_c", "tsv_m"])
+def test_conventions_agree_when_two_tasks_sum_to_such_a_layer(method, gen):
+    """T = 2, both full rank: ΣΔt's spectrum runs from 1 to 1e-6 (Iso-C), and each task's from 1
+    to 1e-6 over its first half (TSV-M's r = d/2 triplets). (Iso-CTS on two tasks that cancel to
+    such a sum stacks two nearly opposite residuals: their polar factor is ill-posed in float32
+    under either convention, so it is left out here.)"""
+    layer = log_spectrum(64, 64, 1e-6, gen)
+    other = 0.1 * torch.randn(64, 64, generator=gen)
+    if method == "tsv_m":
+        deltas = torch.stack([log_spectrum(64, 64, 1e-12, gen), log_spectrum(64, 64, 1e-12, gen)])
+    else:
+        deltas = torch.stack([layer - other, other])
+    drop, literal = KERNELS[method](deltas), KERNELS[method](deltas, "literal")
+    torch.testing.assert_close(drop, literal, rtol=0, atol=1e-7 * float(literal.abs().max()))
+
+
+def _shared_dim(shields: list[torch.Tensor]) -> int:
+    """dim of the subspace every shield (n, s_t) contains: the eigenvalue T of Σt St Stᵀ."""
+    M = sum(S.double() @ S.double().T for S in shields)
+    return int((torch.linalg.eigvalsh(M) > len(shields) - 1e-6).sum())
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+@pytest.mark.parametrize("pact", [None, "pact", "s-pact"])
+def test_rank_found_on_pact_filtered_and_lora_updates_is_the_algebraic_rank(kind, pact):
+    """The rank decision of null_space="drop" (:func:`pactlib.linalg.resolved_rank`) on the float32
+    updates that PACT / S-PACT and LoRA make, and on their sums, is their rank in exact
+    arithmetic: task t's filtered update min(rank Δt, n − s_t) (s_t its shield's size; LoRA
+    rank Δt = r = 2), the sum min(m, Σ rank Δt, n − s∩) with s∩ the dimension the T shields
+    share (S-PACT: its one shield; none without PACT)."""
+    pre, tvs = _setting(kind)
+    filtered, report = pact_filter(pre, tvs, mode=pact, rule=RULE, keep=True) if pact else (tvs, None)
+    found = []
+    for key in ("a.weight", "b.weight", "pw.weight"):
+        mats = [RULE.view(key, tv[key]) for tv in filtered]  # (m, n) float32
+        m, n = mats[0].shape
+        shields = report.shields[key] if pact else [torch.zeros(n, 0)] * len(tvs)
+        own = 2 if kind == "lora" else min(m, n)
+        for t, x in enumerate(mats):
+            assert resolved_rank(x) == min(own, n - shields[t].shape[1]), (key, t)
+        shared = _shared_dim(shields) if pact else 0
+        rank = min(m, own * len(tvs), n - shared)
+        assert resolved_rank(task_sum(torch.stack(mats))) == rank, key
+        found.append(rank < min(m, n))
+    assert any(found) if (pact or kind == "lora") else not any(found)
 
 
 def test_iso_c_on_a_rank_deficient_sum_flattens_only_its_range(gen):

@@ -217,3 +217,62 @@ def test_task_sum_adds_in_task_order(gen):
         seq = seq + x[t]
     assert torch.equal(task_sum(x), seq) and torch.equal(mean_of(x), seq / 20)
     assert torch.allclose(task_sum(x).double(), x.double().sum(0), rtol=1e-5, atol=1e-6 * float(x.abs().max()))
+
+
+# -- in-memory Task Arithmetic from the checkpoints (no task vectors held) --------------------------
+
+def _task_vector_path(pre, fts, alpha, rule):
+    """The general path: T task vectors, the method, θ0 + α·D."""
+    dtype = torch.float64 if any(v.dtype == torch.float64 for v in pre.values()) else torch.float32
+    tvs = task_vectors_from(pre, fts, dtype=dtype)
+    D, _ = pactlib.merged_update("task_arithmetic", pre, tvs, rule=rule)
+    return D.apply_to(pre, alpha)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("preset", ["default", "gpt2"])
+def test_task_arithmetic_merge_equals_the_task_vector_path_bit_for_bit(dtype, preset):
+    g = torch.Generator().manual_seed(5)
+    shapes = {"h.0.attn.c_attn.weight": (12, 36), "h.0.mlp.c_fc.weight": (12, 20), "conv.weight": (6, 4, 3, 3),
+              "h.0.ln_1.bias": (12,), "wte.weight": (30, 12)}
+    pre = {k: torch.randn(s, generator=g).to(dtype) for k, s in shapes.items()}
+    pre["bn.num_batches_tracked"] = torch.tensor(3)
+    fts = [{k: (v + 0.1 * torch.randn(v.shape, generator=g).to(dtype)) if v.is_floating_point() else v.clone()
+            for k, v in pre.items()} for _ in range(4)]
+    before = {k: v.clone() for k, v in pre.items()}
+    rule = MatrixRule.preset(preset)
+    out = pactlib.merge("task_arithmetic", pre, fts, alpha=0.37, rule=rule)
+    ref = _task_vector_path(pre, fts, 0.37, rule)
+    assert out.keys() == ref.keys()
+    for k in ref:
+        assert out[k].dtype == pre[k].dtype and torch.equal(out[k], ref[k]), k
+        assert out[k].data_ptr() not in {v.data_ptr() for sd in (pre, *fts) for v in sd.values()}
+    assert all(torch.equal(pre[k], before[k]) for k in pre)  # inputs untouched
+
+
+def test_task_arithmetic_merge_reports_the_first_fault_in_task_order(ckpts):
+    pre, fts = ckpts
+    key = next(k for k, v in pre.items() if v.is_floating_point() and v.dim() == 2)
+    nan0 = [dict(f) for f in fts]
+    nan0[0] = {**nan0[0], key: nan0[0][key].clone()}
+    nan0[0][key][0, 0] = float("nan")
+    nan0[1] = {k: v for k, v in nan0[1].items() if k != key}  # task 1: a key missing
+    with pytest.raises(pactlib.CheckpointError, match=rf"task 0: key '{key}' holds 1 NaN"):
+        pactlib.merge("task_arithmetic", pre, nan0, alpha=1.0)
+    with pytest.raises(pactlib.CheckpointError, match="task 1: 1 key\\(s\\) missing"):
+        pactlib.merge("task_arithmetic", pre, [fts[0], nan0[1]], alpha=1.0)
+    inf2 = [dict(f) for f in fts]
+    inf2[-1] = {**inf2[-1], key: inf2[-1][key].clone()}
+    inf2[-1][key][-1, -1] = float("inf")
+    with pytest.raises(pactlib.CheckpointError, match=rf"task {len(fts) - 1}: key '{key}' holds 0 NaN and 1 Inf"):
+        pactlib.merge("task_arithmetic", pre, inf2, alpha=1.0)
+
+
+def test_task_arithmetic_merge_warns_on_zero_and_identical_tasks(ckpts):
+    pre, fts = ckpts
+    with pytest.warns(UserWarning) as rec:
+        pactlib.merge("task_arithmetic", pre, [pre, fts[0], fts[0]], alpha=1.0, names=["z", "a", "b"])
+    msgs = [str(w.message) for w in rec]
+    assert any("'z' is all zero" in m for m in msgs)
+    assert any("'a' and 'b' are identical" in m for m in msgs)
+    assert not any("'z' and" in m for m in msgs)

@@ -207,6 +207,26 @@ def test_filter_removes_exactly_the_shield_component(gen):
     assert not torch.equal(out, delta) and delta.shape == out.shape
 
 
+@pytest.mark.parametrize("kept", [0.5, 1e-3])
+def test_filter_leaves_the_shield_null_to_the_rounding_of_its_output(gen, kept):
+    """float32, Δ mostly inside a 200-column shield (the filter keeps ``kept`` of its norm): what
+    is left in the shield is at the rounding level of Δ̃'s own values (a few eps·‖Δ̃‖_F), not of
+    Δ's, so the merges tell the shield's directions from Δ̃'s real ones. One projection leaves
+    eps·‖Δ‖_F there: 1000x more at kept = 1e-3."""
+    S = torch.linalg.qr(torch.randn(400, 200, generator=gen, dtype=torch.float64)).Q
+    inside = torch.randn(300, 200, generator=gen, dtype=torch.float64) @ S.T
+    outside = torch.randn(300, 400, generator=gen, dtype=torch.float64)
+    outside = outside - (outside @ S) @ S.T
+    delta = (inside + kept * float(inside.norm() / outside.norm()) * outside).float()
+    S = S.float()
+    out = filter_update(delta, S)
+    eps = torch.finfo(torch.float32).eps
+    assert float(torch.linalg.matrix_norm((out @ S).double())) < 2 * eps * float(out.double().norm())
+    torch.testing.assert_close(out.double().norm() / delta.double().norm(),
+                               torch.tensor(kept / (1 + kept ** 2) ** 0.5, dtype=torch.float64),
+                               rtol=1e-2, atol=0)
+
+
 def test_intrusion_energy_closed_form():
     I = torch.eye(4, dtype=torch.float64)
     d1 = torch.diag(torch.tensor([3.0, 4.0, 0, 0], dtype=torch.float64))
@@ -342,7 +362,7 @@ def test_pact_rsvd_defaults_keep_the_lbw_bases_of_a_trained_like_layer(gen):
     assert projector_distance(exact.core, rsvd.core) < 0.05
     for a, b in zip(exact.lbw, rsvd.lbw):
         assert a.basis.shape == b.basis.shape and projector_distance(a.basis, b.basis) < 0.05
-    # method.md's p = 10, q = 2 would not be close
+    # P7's defaults (book/method.md) p = 10, q = 2 would not be close
     old = layer_subspaces(W0, deltas, PactOptions(svd="rsvd", oversample=10, n_iter=2))
     assert max(projector_distance(a.basis, b.basis) for a, b in zip(exact.lbw, old.lbw)) > 0.2
 

@@ -1,6 +1,7 @@
 """PEFT LoRA adapters read as task vectors (pactlib.peft): Δ = scale·B·A with the scale applied
 once, rank/alpha patterns as PEFT matches them, key naming, key maps, errors, ``pact merge
---lora-adapters``; and, when the ``peft`` package is importable, PEFT's own merge_and_unload."""
+--lora-adapters``; and against PEFT itself (a test requirement): adapters its save_pretrained writes,
+its merge_and_unload and its merge_utils.ties."""
 from __future__ import annotations
 
 import json
@@ -311,6 +312,31 @@ def test_pact_merge_lora_adapter_errors(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o.safetensors").exists()
 
 
+def test_pact_merge_whole_weight_entries_are_named_with_what_the_cli_takes(tmp_path, capsys, monkeypatch):
+    """An adapter with a modules_to_save weight: `pact merge --lora-adapters` names it and offers
+    --lora-extra skip, the one choice it takes (not extra='delta', which needs θ0 in memory); with
+    skip the merge runs and leaves that weight at θ0."""
+    monkeypatch.setenv("PACT_CONVERT_CACHE", str(tmp_path / "cache"))
+    base = base_sd()
+    save_state_dict(base, tmp_path / "pre.safetensors")
+    d = write_adapter(tmp_path / "m", {**factors(), "base_model.model.norm.weight": torch.full((5,), 2.0)},
+                      **CONFIG, modules_to_save=["norm"])
+    argv = ["merge", "--method", "task_arithmetic", "--alpha", "1", "--pretrained", str(tmp_path / "pre.safetensors"),
+            "--out", str(tmp_path / "o.safetensors"), "--lora-adapters", str(d)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "whole weights" in err and "norm.weight" in err and "--lora-extra skip" in err
+    assert "delta" not in err
+    with pytest.raises(SystemExit):  # the CLI has no 'delta'
+        main(argv + ["--lora-extra", "delta"])
+    assert "invalid choice: 'delta'" in capsys.readouterr().err
+    assert main(argv + ["--lora-extra", "skip"]) == 0
+    assert "left out 1 whole-weight entry" in capsys.readouterr().err
+    assert torch.equal(load_state_dict(tmp_path / "o.safetensors")["norm.weight"], base["norm.weight"])
+    with pytest.raises(AdapterError, match="extra='delta' with θ0"):  # in memory, 'delta' is offered
+        read_adapter(d, base_keys=base)
+
+
 def test_adapter_source_streams_delta_only_on_request(tmp_path):
     base = base_sd()
     src = AdapterSource(write_adapter(tmp_path / "a", factors(), **CONFIG))
@@ -338,8 +364,8 @@ class _Net(nn.Module):
 
 @pytest.mark.parametrize("rslora,bias", [(False, False), (True, False), (False, True)])
 def test_against_peft_merge_and_unload(tmp_path, rslora, bias):
-    """When the peft package is importable: our θ0 + Δ equals PEFT's own merge_and_unload()."""
-    peft = pytest.importorskip("peft")
+    """Our θ0 + Δ equals PEFT's own merge_and_unload() (rsLoRA, rank/alpha patterns, lora_bias)."""
+    import peft
     torch.manual_seed(0)
     net = _Net()
     base = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -360,3 +386,75 @@ def test_against_peft_merge_and_unload(tmp_path, rslora, bias):
     assert got.keys() == merged.keys()
     for k in merged:
         torch.testing.assert_close(got[k], merged[k], rtol=1e-6, atol=1e-6, msg=k)
+
+
+class _Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+
+def _trained(peft, cfg, net):
+    """``net`` wrapped by PEFT with random LoRA factors and (modules_to_save) a changed head copy."""
+    model = peft.get_peft_model(net, cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n or "modules_to_save" in n:
+                p.add_(torch.randn(p.shape, generator=G))
+    return model
+
+
+def test_modules_to_save_written_by_peft_refused_skipped_or_taken_as_delta(tmp_path):
+    """PEFT's save_pretrained of a LoRA with modules_to_save: the whole-weight copies are refused
+    by name, left out with a warning, or taken as value − θ0, which then equals merge_and_unload."""
+    import peft
+
+    torch.manual_seed(0)
+    net = _Small()
+    base = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _trained(peft, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["lin"], modules_to_save=["head"]), net)
+        model.save_pretrained(tmp_path / "ad")
+        merged = {k: v.detach().clone() for k, v in model.merge_and_unload().state_dict().items()}
+    with pytest.raises(AdapterError, match=r"head\.weight.*modules_to_save"):
+        read_adapter(tmp_path / "ad", base_keys=base)
+    with pytest.warns(UserWarning, match="left out 2 whole-weight entries"):
+        skipped = read_adapter(tmp_path / "ad", base_keys=base, extra="skip")
+    assert torch.equal(skipped["head.weight"], torch.zeros(3, 6)) and skipped["lin.weight"].abs().sum() > 0
+    got = read_adapter(tmp_path / "ad", base_keys=base, extra="delta").apply_to(base, 1.0)
+    assert got.keys() == merged.keys()
+    for k in merged:
+        torch.testing.assert_close(got[k], merged[k], rtol=1e-6, atol=1e-6, msg=k)
+
+
+def test_dora_written_by_peft_is_refused_naming_use_dora(tmp_path):
+    import peft
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trained(peft, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["lin"], use_dora=True),
+                 _Small()).save_pretrained(tmp_path / "dora")
+    with pytest.raises(AdapterError, match="use_dora"):
+        read_adapter(tmp_path / "dora")
+
+
+def test_ties_per_key_equals_peft_merge_utils_ties():
+    """TIES with scope="per_key" on one key is PEFT's merge_utils.ties (density k/100, total sign,
+    unit weights): 100 entries, so both keep exactly 20 per task."""
+    from peft.utils.merge_utils import ties as peft_ties
+
+    tvs = [pactlib.TaskVector._wrap({"w": torch.randn(10, 10, generator=G)}, f"t{i}") for i in range(4)]
+    ours = pactlib.merges.get("ties")(tvs, rule=pactlib.MatrixRule(), k=20.0, scope="per_key")["w"]
+    theirs = peft_ties([tv["w"] for tv in tvs], torch.ones(4), density=0.2)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_read_adapter_is_reachable_after_import_pactlib():
+    import subprocess
+    import sys
+
+    code = "import pactlib; print(pactlib.peft.read_adapter.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "read_adapter"

@@ -117,3 +117,28 @@ def test_moved_knobs_text_gives_gains_and_says_when_the_default_was_not_swept():
         "points; active_frac = 0.1: validation n/a (the default was not swept), test n/a (the default was not "
         "swept) points")
     assert moved_knobs_text(sens.loc[["lbw_tol"]]).endswith(": none")
+
+
+def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
+    import json
+    import math
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"task": ["b", "a"], "n": [3, 4], "x": [1.5, math.nan], "text": ["1,000", "2"],
+                          "ok": [True, False]}).set_index("task")
+    path = records.write_records(tmp_path / "r.jsonl", [
+        records.make_record("other", params={}, seed=0, metrics={"acc": 0.5}),
+        records.table_record(frame, table="t", params={"p": 1}, seed=0, note="x"),
+        records.table_record(frame.reset_index().set_index(["task", "n"]), table="multi", params={})])
+    pd.testing.assert_frame_equal(records.table_frame(path, "t"), frame)
+    pd.testing.assert_frame_equal(records.table_frame(records.read_records(path), "multi"),
+                                  frame.reset_index().set_index(["task", "n"]))
+    square = pd.DataFrame([[1.0, 0.25], [0.25, 1.0]], index=["a", "b"], columns=["a", "b"])
+    rec = json.loads(json.dumps(records.table_record(square, table="cos", params={})))
+    pd.testing.assert_frame_equal(records.table_frame([rec], "cos"), square)
+    with pytest.raises(KeyError, match="no table 'nope'.*'multi', 't'"):
+        records.table_frame(path, "nope")
+    with pytest.raises(records.RecordError, match="MultiIndex columns"):
+        records.table_record(pd.DataFrame([[1]], columns=pd.MultiIndex.from_tuples([("a", "b")])), table="m",
+                             params={})

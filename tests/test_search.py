@@ -61,7 +61,7 @@ def test_search_lora_grid_and_plain_method(tmp_path, capsys):
                  "--alpha-points", "3", "--widen", "0", "--seed", "1", "--option", "val_limit=64"]) == 0
     s = _last_json(capsys.readouterr().out)
     assert s["method"] == "task_arithmetic" and s["pact"] is None and s["kind"] == "lora" and s["seed"] == 1
-    assert s["alpha"] in (0.1, 0.5477, 3.0)  # LoRA merges: 0.1 … 3.0 for every method (method.md §5)
+    assert s["alpha"] in (0.1, 0.5477, 3.0)  # LoRA merges: 0.1 … 3.0 for every method (book/method.md, protocol)
     assert s["records"] is None and s["out"] is None
 
 

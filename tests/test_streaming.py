@@ -734,3 +734,31 @@ def test_global_ties_with_pact_filters_one_task_at_a_time(tmp_path, ckpts, monke
     _assert_identical(load_file(str(res.path)), want)
     matrices = {lr.key for lr in res.report.layers}
     assert matrices and not matrices & set(stacked) and stacked  # the other keys still come in stacked chunks
+
+
+@pytest.mark.parametrize("method", ["tsv_m", "iso_c", "iso_cts"])
+def test_streamed_merge_keeps_the_small_real_directions_of_a_full_rank_layer(tmp_path, method, gen):
+    """One task whose update of a (64, 48) layer is full rank with singular values from 1 to 1e-6:
+    the streamed merge (reducer or stack), in memory, and on the fake accelerator make the same
+    merge, and the default null_space="drop" is the reference's "literal" one there."""
+    from fake_device import fake_gpu
+    from pactlib.threads import single_threaded
+    from test_merge_invariance import log_spectrum
+
+    pre = {"lin.weight": torch.randn(64, 48, generator=gen), "lin.bias": torch.randn(64, generator=gen)}
+    ft = {"lin.weight": pre["lin.weight"] + log_spectrum(64, 48, 1e-6, gen), "lin.bias": pre["lin.bias"] + 0.1}
+    p0, ps = _files(tmp_path, pre, [ft])
+    want = pactlib.merge(method, pre, [ft], alpha=1.0, null_space="literal")
+    for kw in ({}, {"null_space": "literal"}):
+        res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=1.0, **kw)
+        got = load_file(str(res.path))
+        torch.testing.assert_close(got["lin.weight"], want["lin.weight"], rtol=0, atol=1e-6)
+    _assert_identical(got, pactlib.merge(method, pre, [ft], alpha=1.0, null_space="literal"))
+    _assert_identical(load_file(str(pactlib.merge_files(method, p0, ps, tmp_path / "d.safetensors", alpha=1.0).path)),
+                      pactlib.merge(method, pre, [ft], alpha=1.0))
+    with single_threaded():
+        here = pactlib.merge(method, pre, [ft], alpha=1.0)
+    with fake_gpu() as dev:
+        res = pactlib.merge_files(method, p0, ps, tmp_path / "g.safetensors", alpha=1.0, device=dev)
+    _assert_identical(load_file(str(res.path)), here)
+    torch.testing.assert_close(here["lin.weight"], want["lin.weight"], rtol=0, atol=1e-6)

@@ -31,6 +31,7 @@ matplotlib.use("Agg")  # no display needed or wanted: figures go to files and no
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pactlib.book.verdicts import STATUSES  # noqa: E402
+from pactlib.io import write_atomic  # noqa: E402
 
 __all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "table", "verdict", "verdict_text"]
 
@@ -164,10 +165,7 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
         finally:
             plt.close(fig)
     png = buf.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(png)
-    os.replace(tmp, path)
+    write_atomic(path, png)
     from IPython.display import Image, Markdown
 
     _show(Image(data=png, format="png"), Markdown(text))

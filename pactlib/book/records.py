@@ -27,11 +27,12 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from pactlib.io import write_atomic
 
 __all__ = ["REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
            "records_frame", "records_path"]
@@ -146,16 +147,7 @@ def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *,
         if old:
             _parse(old, path)  # never append to a file that no longer parses
         new = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in clean)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(old + new)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, old + new, sync=True)
     return path
 
 
@@ -213,3 +205,65 @@ def records_path(name: str, *, root: str | Path | None = None) -> Path:
     """
     base = Path(root if root is not None else os.environ.get(ENV_DIR, "results"))
     return base / f"{name}.jsonl"
+
+
+# ----------------------------------------------------------------------------- tables as records
+#: ``method`` of a record made by :func:`table_record`.
+TABLE = "table"
+
+
+def table_record(frame, *, table: str, params: Mapping[str, Any], seed: int | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """A small pandas table as one record, so a book cell can show it from records alone.
+
+    The record has ``method`` ``"table"``, empty ``metrics`` and the fields ``table`` (the
+    name), ``index`` (the index level names), ``columns``, ``dtypes`` (of the index levels,
+    then the columns) and ``rows`` (one list per row: index values, then column values), in
+    the frame's order. NaN is stored as null. :func:`table_frame` reads it back with the same
+    index, columns, order and dtypes (int, float, bool, object).
+
+    Args:
+        frame: a DataFrame with flat (not MultiIndex) columns; keep it small (summary data).
+        table: the table's name, unique within its records file.
+        params, seed, **extra: as :func:`make_record`.
+
+    Raises:
+        RecordError: the columns are a MultiIndex, or a value cannot be stored.
+    """
+    import pandas as pd
+
+    if isinstance(frame.columns, pd.MultiIndex):
+        raise RecordError(f"table {table!r}: MultiIndex columns cannot be stored; flatten them first")
+    index = [None if n is None else str(n) for n in frame.index.names]
+    flat = frame.reset_index(names=[f"__index{i}__" for i in range(len(index))])
+    return make_record(TABLE, params=params, seed=seed, metrics={}, table=table, index=index,
+                       columns=list(frame.columns), dtypes=[str(d) for d in flat.dtypes],
+                       rows=flat.to_numpy(dtype=object).tolist(), **extra)
+
+
+def table_frame(records: Iterable[Mapping[str, Any]] | str | Path, table: str):
+    """The DataFrame stored by :func:`table_record` under the name ``table``.
+
+    Args:
+        records: records (e.g. from :func:`read_records`) or a records file.
+        table: the table's name.
+
+    Raises:
+        KeyError: no table of that name (lists the tables there are).
+        FileNotFoundError: ``records`` is a path that does not exist.
+    """
+    import pandas as pd
+
+    if isinstance(records, (str, Path)):
+        records = read_records(records)
+    found = [r for r in records if r.get("method") == TABLE]
+    rec = next((r for r in found if r.get("table") == table), None)
+    if rec is None:
+        raise KeyError(f"no table {table!r} in the records; tables: {sorted(r.get('table') for r in found)}")
+    names = [f"__index{i}__" for i in range(len(rec["index"]))]
+    frame = pd.DataFrame(rec["rows"], columns=names + list(rec["columns"]))
+    frame = frame.astype(dict(zip(frame.columns, rec["dtypes"])))
+    return frame.set_index(names).rename_axis(rec["index"]) if names else frame
+
+
+__all__ += ["TABLE", "table_record", "table_frame"]

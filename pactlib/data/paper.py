@@ -25,7 +25,7 @@ name (folder spellings such as ``AnnualCrop`` or ``a_abbey`` included) or, for i
 labels (``00000``, npz / CSV labels), by class index; ``root/classnames.txt`` (one name per line,
 label order) overrides the standard names. Tasks outside the file use the cleaned folder names.
 
-Splits follow the reference protocol (method.md §5): the validation split is 10 % of the
+Splits follow the reference protocol (book/method.md, protocol): the validation split is 10 % of the
 train split, at most 5,000 images, drawn by ``torch.randperm`` seeded 0, like
 ``torch.utils.data.random_split`` in the task_vectors / TSV code; the test split is the
 dataset's own ``test`` folder (or ``val`` where a layout has no test, as their SUN397 and DTD
@@ -416,7 +416,7 @@ def decode(index: SplitIndex, rows: np.ndarray, image_size: int) -> Tensor:
 
 def train_val_indices(n: int, *, val_fraction: float = VAL_FRACTION, max_val: int | None = MAX_VAL,
                       seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Reference train/validation split of ``n`` train items (method.md §5).
+    """Reference train/validation split of ``n`` train items (book/method.md, protocol).
 
     val = min(⌊n · val_fraction⌋, max_val) items; a permutation from ``torch.randperm`` with a
     generator seeded ``seed`` gives train its first n − val entries and validation the rest --

@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from pactlib.io import write_atomic
 from pactlib.paths import cache_dir as _cache_dir
 
 from .splits import SPLITS
@@ -83,22 +83,6 @@ def task_path(name: str, seed: int = 0, *, cache_dir=None, max_trainval: int = D
     return cache_root(cache_dir) / f"{stem}.pt"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -131,8 +115,8 @@ def _build_and_write(name: str, seed: int, path: Path, max_trainval: int, max_te
         "build": notes, "build_seconds": round(time.perf_counter() - t0, 3),
         "versions": _versions(),
     }
-    _atomic_write(path, blob)
-    _atomic_write(path.with_suffix(".json"), json.dumps(sidecar, indent=1, ensure_ascii=False).encode())
+    write_atomic(path, blob, sync=True)
+    write_atomic(path.with_suffix(".json"), json.dumps(sidecar, indent=1, ensure_ascii=False), sync=True)
     return sidecar
 
 
@@ -280,5 +264,5 @@ def write_manifest(cache_dir=None) -> Path:
     manifest = {"format": FORMAT, "suites": {k: list(v) for k, v in SUITES.items()},
                 "files": entries}
     path = root / "manifest.json"
-    _atomic_write(path, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
+    write_atomic(path, json.dumps(manifest, indent=1, ensure_ascii=False), sync=True)
     return path

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..linalg import Triplets, leading_triplets, svd
+from ..linalg import Triplets, as_float64, leading_triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
-from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
+from .blocks import NullSpace, check_null_space, combine_blocks, in_range, kept_rank
 from .driver import RunningSum, map_layers, mean_of, task_sum
 from .registry import alpha_grid, register
 
@@ -20,12 +20,14 @@ def iso_c_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: floa
     """(T, m, n) -> (m, n): ΣΔt = U Σ Vᵀ; D = σ̄ U Vᵀ with a flat spectrum (M4):
     :func:`iso_c_of_sum` of the sum in task order (:func:`pactlib.merges.driver.task_sum`).
 
-    ``null_space="drop"`` (default): only the numerical range of ΣΔt, the r singular values
-    above ``rank_rtol``·σ_max (default max(m, n)·eps), with σ̄ their mean; D keeps the nuclear
-    norm of ΣΔt on the directions the tasks span and is zero on the others. ``"literal"`` (the
-    reference code): σ̄ is the mean of all min(m, n) values and every direction gets it, also the
-    null directions of a rank-deficient sum, whose pairing the SVD picks arbitrarily. On a
-    full-rank sum the two agree.
+    ``null_space="drop"`` (default): only the r directions of ΣΔt its values resolve
+    (:func:`pactlib.merges.blocks.kept_rank`: singular values in float64 above the float32
+    rounding noise of ΣΔt; with ``rank_rtol``, above ``rank_rtol``·σ_max), with σ̄ their mean; D
+    keeps the nuclear norm of ΣΔt on the directions the tasks span and is zero on the others.
+    ``"literal"`` (the reference code): σ̄ is the mean of all min(m, n) values and every direction
+    gets it, also the null directions of a rank-deficient sum, whose pairing the SVD picks
+    arbitrarily. On a full-rank sum the two give the same D, also when its smallest singular
+    values are far below max(m, n)·eps·σ_max.
     """
     return iso_c_of_sum(task_sum(deltas), null_space, rank_rtol)
 
@@ -38,7 +40,7 @@ def iso_c_of_sum(S: Tensor, null_space: NullSpace = "drop", rank_rtol: float | N
     U, Sv, Vh = svd(S)
     if null_space == "literal":
         return Sv.mean() * (U @ Vh)
-    r = int((Sv > rank_tol(S.shape, S.dtype, Sv[0] if Sv.numel() else 0.0, rank_rtol)).sum())
+    r = kept_rank(S, Sv, rank_rtol)
     if r == 0:
         return torch.zeros_like(S)
     return Sv[:r].mean() * (U[:, :r] @ Vh[:r])
@@ -66,32 +68,47 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
 
     Top-k common directions of ΣΔt; each task adds (d − k)/T directions from the SVD of its update
     with the common *left* subspace projected out; stack, polar-orthogonalise U and V, and set every
-    singular value to the mean of the stacked values.
+    singular value to the mean of the stacked values. The SVD of ΣΔt and the projections are taken
+    in float64 (the result in the deltas' dtype): the residual of a task whose update lies in the
+    common subspace is then zero to the rounding of its values, not to the float32 SVD's accuracy.
 
-    ``null_space="drop"`` (default) keeps common directions only up to the numerical rank of
-    ΣΔt (values above ``rank_rtol``·σ_max(ΣΔt)), and in each task's block only directions whose
-    value exceeds ``rank_rtol`` × the layer's scale (the largest singular value of ΣΔt or of any
-    task's residual); σ̄ is the mean over those; ``"literal"`` keeps k and
-    (d − k)/T directions whatever their values (zeros included in the mean), as the reference code.
+    ``null_space="drop"`` (default) keeps common directions only up to the number of directions
+    ΣΔt resolves, and in each task's block only the directions its residual resolves above the
+    rounding noise of Δt, which the residual inherits (:func:`pactlib.merges.blocks.kept_rank`);
+    σ̄ is the mean over those. With ``rank_rtol``: values above ``rank_rtol``·σ_max(ΣΔt) in the
+    common block and above ``rank_rtol`` × the layer's scale (the largest singular value of ΣΔt or
+    of any task's residual) in the task blocks. ``"literal"`` keeps k and (d − k)/T directions
+    whatever their values (zeros included in the mean), as the reference code.
     """
     T, m, n = deltas.shape
     d = min(m, n)
     k, per = iso_cts_split(d, T, common_frac)
-    U, S, Vh = svd(deltas.sum(0))
+    total = deltas.sum(0)  # (m, n)
+    # the common subspace from the float64 SVD of the sum, and the residuals formed in float64: in
+    # float32 the SVD's error in Uc would leak a rounding-sized part of Δt into its residual, where
+    # it would look like task-specific directions (LoRA: Δt lies in the sum's range, its residual is 0)
+    U, S, Vh = svd(as_float64(total))
     top = float(S[0]) if S.numel() else 0.0
-    if null_space == "drop":  # the common block stops at the sum's numerical rank
-        k = min(k, int((S > rank_tol((m, n), deltas.dtype, top, rank_rtol)).sum()))
-    Uc = U[:, :k]  # (m, k)
-    blocks = [Triplets(Uc, S[:k], Vh[:k].mT)]
+    drop = null_space == "drop"
+    if drop:  # the common block stops at the directions the sum resolves
+        k = min(k, kept_rank(total, S, rank_rtol))
+    Uc = U[:, :k]  # (m, k) float64
+    dt = deltas.dtype
+    to = dict(device=total.device, dtype=dt)  # as_float64 computes on the CPU for MPS
+    blocks = [Triplets(Uc.to(**to), S[:k].to(**to), Vh[:k].mT.to(**to))]
     if per > 0:
         for delta in deltas:
-            resid = delta - Uc @ (Uc.mT @ delta)  # task-specific part (m, n)
-            blocks.append(leading_triplets(*svd(resid), per))
-            del resid
-    if null_space == "drop":  # task blocks: values above the tolerance of the layer's scale
+            d64 = as_float64(delta)
+            resid = (d64 - Uc @ (Uc.mT @ d64)).to(**to)  # task-specific part (m, n)
+            Ur, Sr, Vhr = svd(resid)
+            r = per
+            if drop and rank_rtol is None:  # directions above the rounding noise of Δt
+                r = kept_rank(resid, Sr, None, norm=float(torch.linalg.vector_norm(d64)), limit=per)
+            blocks.append(leading_triplets(Ur, Sr, Vhr, r))
+            del d64, resid, Ur, Sr, Vhr
+    if drop and rank_rtol is not None:  # task blocks: values above rank_rtol × the layer's scale
         scale = max([top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
-        tol = rank_tol((m, n), deltas.dtype, scale, rank_rtol)
-        blocks = blocks[:1] + [in_range(b, tol) for b in blocks[1:]]
+        blocks = blocks[:1] + [in_range(b, float(rank_rtol) * scale) for b in blocks[1:]]
     values = torch.cat([b.S for b in blocks])
     if values.numel() == 0:
         return torch.zeros_like(deltas[0])
@@ -107,7 +124,8 @@ def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullS
 
     Args:
         null_space: ``"drop"`` (default) or ``"literal"`` (:func:`iso_c_kernel`; book chapter 5).
-        rank_rtol: relative tolerance of the numerical range; None = max(m, n)·eps.
+        rank_rtol: None (default): keep the directions the values resolve
+            (:func:`pactlib.merges.blocks.kept_rank`); a number: a relative tolerance instead.
 
     Raises:
         ValueError: unknown ``null_space`` or ``rank_rtol`` outside [0, 1).
@@ -125,7 +143,8 @@ def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: fl
     Args:
         common_frac: c in (0, 1].
         null_space: ``"drop"`` (default) or ``"literal"`` (:func:`iso_cts_kernel`; book chapter 5).
-        rank_rtol: relative tolerance of the numerical range; None = max(m, n)·eps.
+        rank_rtol: None (default): keep the directions the values resolve
+            (:func:`pactlib.merges.blocks.kept_rank`); a number: a relative tolerance instead.
 
     Raises:
         ValueError: ``common_frac`` outside (0, 1], unknown ``null_space`` or bad ``rank_rtol``.

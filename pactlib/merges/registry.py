@@ -1,8 +1,8 @@
-"""A plain registry of merge methods, filled by a decorator (style.md §3).
+"""A plain registry of merge methods, filled by a decorator.
 
 A merge method maps T task vectors to one merged update D (a :class:`TaskVector`); the merged
 model is θ0 + α·D. Every method has a name, a pretty name, its paper reference, its α grid
-(method.md §5) and its tunable parameters with defaults. PACT wraps any of them
+(book/method.md, merges and protocol) and its tunable parameters with defaults. PACT wraps any of them
 (:mod:`pactlib.pact`). Adding a method: see ``book/adding-a-merge-method.md``.
 """
 from __future__ import annotations

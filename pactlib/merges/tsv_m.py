@@ -9,7 +9,7 @@ from torch import Tensor
 from ..linalg import Triplets, leading_triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
-from .blocks import NullSpace, check_null_space, combine_blocks, in_range, rank_tol
+from .blocks import NullSpace, check_null_space, combine_blocks, in_range, kept_rank
 from .driver import RunningSum, map_layers, mean_of
 from .registry import alpha_grid, register
 
@@ -18,10 +18,12 @@ def tsv_m_kernel(deltas: Tensor, null_space: NullSpace = "drop", rank_rtol: floa
     """(T, m, n) -> (m, n): each task keeps its top r = max(1, ⌊min(m, n)/T⌋) singular triplets;
     stack; polar-orthogonalise U and V; D = U⊥ diag(S) V⊥ᵀ with the original values (M3).
 
-    With ``null_space="drop"`` a triplet whose value is at most ``rank_rtol`` × the layer's scale
-    (the largest singular value of any task) is dropped before stacking, and the polar factors
-    are taken on their numerical range (:mod:`pactlib.merges.blocks`): a task whose update has
-    rank < r (PACT-filtered, LoRA) adds no arbitrary directions. ``"literal"`` stacks all r.
+    With ``null_space="drop"`` each task keeps only those of its r triplets that its update's
+    values resolve (:func:`pactlib.merges.blocks.kept_rank`; with ``rank_rtol``: values above
+    ``rank_rtol`` × the layer's scale, the largest singular value of any task), and the polar
+    factors are taken on the directions the stacked factors resolve (:mod:`pactlib.merges.blocks`):
+    a task whose update has rank < r (PACT-filtered, LoRA) adds no arbitrary directions.
+    ``"literal"`` stacks all r.
     """
     blocks = TsvBlocks(deltas.shape[0], null_space, rank_rtol)
     for d in deltas:
@@ -50,14 +52,16 @@ class TsvBlocks:
         if self.null_space == "drop" and not bool(d.any()):
             self.blocks.append(Triplets(d.new_zeros(m, 0), d.new_zeros(0), d.new_zeros(n, 0)))
             return
-        self.blocks.append(leading_triplets(*svd(d), r))  # svd never fails to converge (float64 / eigh fallback)
+        U, S, Vh = svd(d)  # never fails to converge (float64 / eigh fallback)
+        if self.null_space == "drop" and self.rank_rtol is None:  # this task's resolved directions
+            r = kept_rank(d, S, None, limit=r)
+        self.blocks.append(leading_triplets(U, S, Vh, r))
 
     def result(self) -> Tensor:
         blocks = self.blocks
-        if self.null_space == "drop":
+        if self.null_space == "drop" and self.rank_rtol is not None:  # one tolerance for the layer
             scale = max(float(b.S[0]) if b.S.numel() else 0.0 for b in blocks)
-            tol = rank_tol(self.shape, self.dtype, scale, self.rank_rtol)
-            blocks = [in_range(b, tol) for b in blocks]
+            blocks = [in_range(b, float(self.rank_rtol) * scale) for b in blocks]
         return combine_blocks(blocks, literal=self.null_space == "literal")
 
 
@@ -76,7 +80,8 @@ def tsv_m(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullS
     Args:
         null_space: ``"drop"`` (default) or ``"literal"``: how rank-deficient updates are treated
             (:mod:`pactlib.merges.blocks`; book chapter 5 compares them).
-        rank_rtol: relative tolerance of the numerical range; None = max(m, n)·eps.
+        rank_rtol: None (default): keep the directions the values resolve
+            (:func:`pactlib.merges.blocks.kept_rank`); a number: a relative tolerance instead.
 
     Raises:
         ValueError: unknown ``null_space`` or ``rank_rtol`` outside [0, 1).

@@ -58,6 +58,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pactlib.checks import CheckpointError
+from pactlib.clip_keys import HF_BLOCK as _HF_BLOCK
+from pactlib.clip_keys import HF_TOP as _HF_TOP
+from pactlib.clip_keys import HF_TOWERS as _HF_TOWERS
+from pactlib.clip_keys import HF_TRANSPOSED as _HF_TRANSPOSED
 
 log = logging.getLogger(__name__)
 
@@ -311,33 +315,6 @@ def vision_state_dict(source: Source, *, trust_pickle: bool = False,
 
 
 # --------------------------------------------------------------------------- HF <-> open_clip
-
-_HF_BLOCK = {  # Hugging Face encoder-layer suffix -> open_clip resblock suffix (q/k/v aside)
-    "self_attn.out_proj.weight": "attn.out_proj.weight",
-    "self_attn.out_proj.bias": "attn.out_proj.bias",
-    "layer_norm1.weight": "ln_1.weight", "layer_norm1.bias": "ln_1.bias",
-    "layer_norm2.weight": "ln_2.weight", "layer_norm2.bias": "ln_2.bias",
-    "mlp.fc1.weight": "mlp.c_fc.weight", "mlp.fc1.bias": "mlp.c_fc.bias",
-    "mlp.fc2.weight": "mlp.c_proj.weight", "mlp.fc2.bias": "mlp.c_proj.bias",
-}
-_HF_TOP = {  # whole-key renames (tensors unchanged)
-    "vision_model.embeddings.class_embedding": "visual.class_embedding",
-    "vision_model.embeddings.patch_embedding.weight": "visual.conv1.weight",
-    "vision_model.embeddings.position_embedding.weight": "visual.positional_embedding",
-    "vision_model.pre_layrnorm.weight": "visual.ln_pre.weight",
-    "vision_model.pre_layrnorm.bias": "visual.ln_pre.bias",
-    "vision_model.post_layernorm.weight": "visual.ln_post.weight",
-    "vision_model.post_layernorm.bias": "visual.ln_post.bias",
-    "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
-    "text_model.embeddings.position_embedding.weight": "positional_embedding",
-    "text_model.final_layer_norm.weight": "ln_final.weight",
-    "text_model.final_layer_norm.bias": "ln_final.bias",
-    "logit_scale": "logit_scale",
-}
-_HF_TRANSPOSED = {"visual_projection.weight": "visual.proj", "text_projection.weight": "text_projection"}
-_HF_TOWERS = {"vision_model.encoder.layers.": "visual.transformer.resblocks.",
-              "text_model.encoder.layers.": "transformer.resblocks."}
-
 
 def hf_to_open_clip(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Rename a Hugging Face CLIP state dict (either tower or both) to open_clip keys.

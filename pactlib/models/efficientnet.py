@@ -173,7 +173,7 @@ def preprocess(images: Tensor, resolution: int = 32) -> Tensor:
 
 
 def matrix_keys(state_dict: dict[str, Tensor] | None = None) -> list[str]:
-    """The 32 pointwise-convolution keys of the backbone that PACT acts on (method.md §0)."""
+    """The 32 pointwise-convolution keys of the backbone that PACT acts on (book/method.md, matrix-view)."""
     from pactlib.matrix import DEFAULT_RULE
 
     sd = state_dict if state_dict is not None else _imagenet_state()

@@ -108,10 +108,10 @@ GRID_SPACING = "geometric"
 
 def alpha_grid(method: str, points: int | None = None, *, lo: float | None = None, hi: float | None = None,
                spacing: str | None = None) -> tuple[float, ...]:
-    """The α grid of ``method`` (method.md §5), or ``points`` values over its range.
+    """The α grid of ``method`` (book/method.md, protocol), or ``points`` values over its range.
 
     The one α-grid function of the book: every chapter and benchmark takes its grid here.
-    ``lo``/``hi`` replace the range ends (e.g. 0.1…3.0 for every LoRA merge, method.md §5), the
+    ``lo``/``hi`` replace the range ends (e.g. 0.1…3.0 for every LoRA merge, book/method.md, protocol), the
     full grid then steps by 0.1. ``spacing``: ``"linear"`` or ``"geometric"`` (a constant ratio
     between neighbours); None means :data:`GRID_SPACING`. Values are rounded to 4 decimals.
 
@@ -206,12 +206,12 @@ def _memo_read(tb: Testbed, key: str) -> dict | None:
 
 
 def _memo_write(tb: Testbed, key: str, rec: dict) -> None:
-    from ..io import atomic_write
+    from ..io import write_atomic
 
     path = _memo_path(tb, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(rec, default=float)
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    write_atomic(path, text)
 
 
 # ------------------------------------------------------------------------- merge, α, records
@@ -580,7 +580,7 @@ def _room(tb: Testbed, entries: list) -> bool:
     shape, dtype) free: room for the filtered layers."""
     import shutil
 
-    from ..lazy import tensor_bytes
+    from ..safetensors_io import tensor_bytes
 
     need = sum(tensor_bytes(shape, dtype) for _, shape, dtype in entries)
     root = _spill_root(tb)
@@ -637,7 +637,7 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         label: the record's method name (default ``"<pact>-<method>"`` or ``method``).
         task_vectors: merge these instead of the testbed's own (never memoised).
         widen: when the best α sits on an edge of the grid, up to this many more α values are
-            tried beyond it (×1.5 each; method.md §5); the record lists them in ``widened``.
+            tried beyond it (×1.5 each; book/method.md, protocol); the record lists them in ``widened``.
         refine: rounds of coarse-to-fine search around the best α (:func:`pactlib.eval.select_alpha`).
         memo: keep the record in ``<tb.cache_dir>/run_memo/<key>.json`` (written atomically) and
             reuse it when the same merge is asked again (another chapter, an interrupted run).
@@ -714,7 +714,7 @@ def reference_records(tb: Testbed, *, params: Mapping | None = None, per_task: b
     ``"zero-shot"`` (θ0 with each task's head) and ``"fine-tuned"`` (each task's own θt).
 
     Metrics: ``acc`` (mean test accuracy over the tasks) and ``norm_acc`` (mean of acc/acc_ft;
-    1 for the fine-tuned row by definition, method.md §5); ``per_task`` adds ``norm_acc:<task>``.
+    1 for the fine-tuned row by definition, book/method.md, protocol); ``per_task`` adds ``norm_acc:<task>``.
     Each record has ``seed``, ``testbed``, ``suite``, ``base`` (= its method) and the extra
     ``fields``; ``params`` defaults to ``{}``.
     """

@@ -284,9 +284,9 @@ class _Cache:
         return digest
 
     def _write_text(self, path: Path, text: str) -> None:
-        from ..io import atomic_write
+        from ..io import write_atomic
 
-        atomic_write(path, lambda tmp: tmp.write_text(text))
+        write_atomic(path, text)
 
     def accuracy(self, key: str, compute) -> float:
         path = self.root / "accuracy" / f"{self._name(key)}.json"

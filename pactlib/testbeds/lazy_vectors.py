@@ -346,9 +346,8 @@ def save_report(report: PactReport, path: str | os.PathLike) -> Path:
     Raises:
         OSError: the folder cannot be written.
     """
-    from safetensors.torch import save_file
-
-    from ..io import atomic_write
+    from ..io import write_atomic
+    from ..safetensors_io import write_safetensors
 
     path = Path(path)
     tensors: dict[str, Tensor] = {}
@@ -375,8 +374,8 @@ def save_report(report: PactReport, path: str | os.PathLike) -> Path:
            "tensors": tensor_file.name if tensor_file is not None else None}
     text = json.dumps(doc, default=repr)
     if tensor_file is not None:
-        atomic_write(tensor_file, lambda tmp: save_file(tensors, str(tmp)))
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+        write_safetensors(tensors, tensor_file)
+    write_atomic(path, text)
     return path
 
 

@@ -8,7 +8,7 @@
 It loads the testbed (:func:`pactlib.testbeds.load`), merges its task vectors with ``--method``
 (after the PACT / S-PACT filter with ``--pact``), evaluates every α of the grid on the validation
 split, takes the α with the best mean normalized accuracy, evaluates it on test
-(:func:`pactlib.testbeds.run`: the book's own protocol, grid widened at an edge, method.md §5),
+(:func:`pactlib.testbeds.run`: the book's own protocol, grid widened at an edge, book/method.md, protocol),
 prints the α curve and the choice, and writes
 
 - ``--out-records``: the record (:func:`pactlib.book.records.write_records`, appended);
@@ -19,7 +19,7 @@ prints the α curve and the choice, and writes
   testbeds merge in memory (:func:`pactlib.io.save_state_dict`). The same numbers either way.
 
 The grid: ``--alphas`` as given, else ``--alpha-points`` values over the method's range
-(:func:`pactlib.testbeds.alpha_grid`; LoRA testbeds: 0.1…3.0 for every method, method.md §5),
+(:func:`pactlib.testbeds.alpha_grid`; LoRA testbeds: 0.1…3.0 for every method, book/method.md, protocol),
 else the method's full grid. ``--set`` takes method parameters and PACT options
 (``k=20``, ``core_frac=0.1``, ``svd=exact``; as ``pact merge``), ``--option`` the testbed
 loader's options (``val_limit=64``, ``cache_dir=…``). ``--device`` is passed to the testbed's
@@ -102,7 +102,7 @@ def _load(name: str, seed: int, kind: str, device: str | None, options: dict):
 
 
 def write_merged(out, pretrained, D, alpha: float, *, metadata: dict[str, str] | None = None):
-    """Write θ0 + α·D to ``out`` key by key (method.md §4; D of any of M1–M5, optionally after PACT),
+    """Write θ0 + α·D to ``out`` key by key (book/method.md, merges; D of any of M1–M5, optionally after PACT),
     in θ0's dtypes, atomically (:class:`pactlib.lazy.CheckpointWriter`: a failed run leaves no
     file): one key of θ0 and of θ0 + α·D in memory at a time besides D.
 

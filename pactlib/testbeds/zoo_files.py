@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor
 
-from pactlib.io import atomic_write
+from pactlib.io import write_atomic
 from pactlib.testbeds.lite0.heads import file_sha256, load_safetensors, save_safetensors
 
 __all__ = ["save_safetensors", "load_safetensors", "file_sha256", "write_json", "read_json", "record_problem",
@@ -35,7 +35,7 @@ __all__ = ["save_safetensors", "load_safetensors", "file_sha256", "write_json", 
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON, atomically."""
     text = json.dumps(obj, indent=1, sort_keys=True)
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    write_atomic(path, text)
 
 
 def read_json(path: Path) -> dict | None:
@@ -153,4 +153,4 @@ class AccuracyMemo:
         if self.dirty:
             text = json.dumps(self.data, indent=0, sort_keys=True)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, lambda p: p.write_text(text))
+            write_atomic(self.path, text)

@@ -10,7 +10,9 @@
 - :func:`group_record`: one merge → α → test record for a depth group;
 - :func:`intrusion_records`: C9's intrusion energy of the other tasks' updates into each task's
   LBW subspace, per layer and task;
-- :func:`group_gains`, :func:`plot_group_gains`, :func:`plot_intrusion`, :func:`c9_verdicts`.
+- :func:`group_gains`, :func:`plot_group_gains`, :func:`plot_intrusion`, :func:`c9_verdicts`;
+- :func:`layer_records`, :func:`groups_from_records`: the layers' network order and depth groups
+  as records, so the chapter's tables and figures are drawn from records alone.
 
 Every function returns new objects; task vectors and state dicts are never modified.
 """
@@ -34,7 +36,7 @@ from pactlib.testbeds import run
 
 __all__ = ["GROUPS", "network_order", "alpha_grid", "layer_regexes", "group_options", "group_task_vectors",
            "group_record", "intrusion_records", "group_gains", "condition_table", "intrusion_table",
-           "plot_group_gains", "plot_intrusion", "c9_verdicts"]
+           "plot_group_gains", "plot_intrusion", "c9_verdicts", "layer_records", "groups_from_records"]
 
 #: The conditions of chapter 7, in plotting order: no filter, one depth group, every layer.
 GROUPS = ("none", "early", "middle", "late", "all")
@@ -315,3 +317,56 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
         f"share of the full gain {share:.2f} at T={suites[0]} vs {share_last:.2f} at T={suites[-1]}. "
         f"Gains (points): {describe(suites[-1], last)}."))
     return out
+
+
+def layer_records(groups: Mapping[str, Sequence[str]], *, params: Mapping, **extra) -> list[dict]:
+    """The depth groups as records: one ``depth-layer`` record per matrix layer, in network order.
+
+    Args:
+        groups: {group: keys} as from ``study.depth_groups`` (``"all"``: every key, in network
+            order; the other groups partition it).
+        params: the chapter's parameters (stored in each record).
+        **extra: other fields of every record.
+
+    Returns:
+        Records with ``key``, ``depth`` (position in ``groups["all"]``) and ``group`` and no
+        metrics; :func:`groups_from_records` reads them back.
+
+    Raises:
+        ValueError: ``groups`` lacks ``"all"``, or a key of ``"all"`` is in no other group.
+    """
+    if "all" not in groups:
+        raise ValueError("layer_records: groups need 'all' (every key, in network order)")
+    where = {k: g for g, ks in groups.items() if g != "all" for k in ks}
+    missing = [k for k in groups["all"] if k not in where]
+    if missing:
+        raise ValueError(f"layer_records: key(s) {missing[:3]} are in no depth group")
+    return [make_record("depth-layer", params=params, seed=None, key=k, depth=i, group=where[k], metrics={}, **extra)
+            for i, k in enumerate(groups["all"])]
+
+
+def groups_from_records(records) -> tuple[list[str], dict[str, list[str]]]:
+    """The keys in network order and the depth groups, from :func:`layer_records`' records.
+
+    Args:
+        records: records or a frame (:func:`pactlib.book.records.records_frame`); rows other than
+            ``depth-layer`` are ignored.
+
+    Returns:
+        ``(keys, groups)``: ``groups`` as ``study.depth_groups(keys)`` returns it (groups in the
+        order of their first layer, then ``"all"``).
+
+    Raises:
+        ValueError: no ``depth-layer`` record.
+    """
+    f = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
+    f = f[f["method"] == "depth-layer"] if "method" in f else f.iloc[:0]
+    if f.empty:
+        raise ValueError("groups_from_records: no 'depth-layer' record")
+    f = f.sort_values("depth")
+    keys = [str(k) for k in f["key"]]
+    groups: dict[str, list[str]] = {}
+    for k, g in zip(keys, f["group"]):
+        groups.setdefault(str(g), []).append(k)
+    groups["all"] = keys
+    return keys, groups

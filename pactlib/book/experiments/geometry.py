@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +30,10 @@ from pactlib.shield import Shield, build_shield, filter_update
 from pactlib.subspaces import intrusion_energy
 from pactlib.taskvector import TaskVector
 
-__all__ = ["TOY_OPTIONS", "Toy", "toy_layer", "toy_records", "draw_toy", "merge_spectra", "rsvd_check"]
+__all__ = ["TOY_OPTIONS", "Toy", "toy_layer", "toy_records", "toy_drawing_records", "draw_toy", "merge_spectra", "rsvd_check"]
 
 #: PACT options of the toy: in R^3, K = round(2/3 · 3) = 2 (the core is a plane), k = 1 (one
-#: active direction per task), τ = 0.5 (method.md's default) and a shield cap of 2 directions.
+#: active direction per task), τ = 0.5 (the default of book/method.md, P3) and a shield cap of 2 directions.
 TOY_OPTIONS = PactOptions(core_frac=2 / 3, active_frac=1 / 3, lbw_tol=0.5, max_shield_frac=2 / 3)
 KEY = "toy.weight"
 
@@ -181,17 +181,46 @@ def _arrow(ax, v: Tensor, *, three_d: bool, **kw) -> None:
                     arrowprops=dict(arrowstyle="->", lw=lw, **kw))
 
 
-def draw_toy(fig, axes, toy: Toy) -> None:
+def toy_drawing_records(toy: Toy, *, params: dict, seed: int) -> list[dict]:
+    """What :func:`draw_toy` draws, as one record per task (method ``"toy-drawing"``), so the
+    figure can be drawn from records alone.
+
+    Extra fields (coordinates in W0's right singular basis, plain lists of floats):
+    ``active`` (3,), the active direction v_t signed like the update's direction and scaled by
+    ‖Δt‖_F; ``filtered`` (3,), the dominant input direction of Δ̃t (P5) signed like ``active``
+    and scaled by ‖Δ̃t‖_F; ``lbw``, the LBW basis of the task as a list of its columns (3,).
+    Metrics: ``lbw_rank``.
+    """
+    from pactlib.book.records import make_record
+
+    out = []
+    for t, d in enumerate(toy.deltas):
+        act = toy.subspaces.active[t][:, 0]
+        act = act * torch.sign(act @ toy.directions[t])  # the sign of a singular vector is arbitrary
+        filt = top_singular(toy.filtered[t], 1).V[:, 0]
+        filt = filt * torch.sign(filt @ act) if float(filt @ act) != 0 else filt
+        lbw = toy.subspaces.lbw[t].basis
+        out.append(make_record("toy-drawing", params=params, seed=seed, task=t + 1,
+                               metrics={"lbw_rank": lbw.shape[1]},
+                               active=act * float(d.norm()), filtered=filt * float(toy.filtered[t].norm()),
+                               lbw=lbw.mT))
+    return out
+
+
+def draw_toy(fig, axes, toy: Toy | Sequence[Mapping]) -> None:
     """Draw the toy on two panels: a 3-D view (left) and the view from above the core plane.
 
     Grey disc: the core V0,K (P1). Per task (one colour each): solid arrow, the active
     direction v_t (P2, scaled by ‖Δt‖_F); dashed line, its LBW subspace (P3); dotted arrow, the
     dominant input direction of the PACT-filtered update Δ̃t (P5, scaled by ‖Δ̃t‖_F). The left
     axes object of ``axes`` is replaced by a 3-D one.
+
+    ``toy``: a :class:`Toy`, or its :func:`toy_drawing_records` (in task order).
     """
     import matplotlib.pyplot as plt
     import numpy as np
 
+    recs = toy_drawing_records(toy, params={}, seed=0) if isinstance(toy, Toy) else list(toy)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     pos = axes[0].get_subplotspec()
     axes[0].remove()
@@ -202,14 +231,9 @@ def draw_toy(fig, axes, toy: Toy) -> None:
     ax3.plot_surface(rr * np.cos(tt), rr * np.sin(tt), 0 * rr, color="0.6", alpha=0.25, linewidth=0, shade=False)
     ax3.plot(np.cos(th), np.sin(th), 0 * th, color="0.5", lw=0.8)
     ax2.fill(np.cos(th), np.sin(th), color="0.9", zorder=0)
-    drawn = []
-    for t, d in enumerate(toy.deltas):
-        act = toy.subspaces.active[t][:, 0]
-        act = act * torch.sign(act @ toy.directions[t])  # the sign of a singular vector is arbitrary
-        filt = top_singular(toy.filtered[t], 1).V[:, 0]
-        filt = filt * torch.sign(filt @ act) if float(filt @ act) != 0 else filt
-        drawn.append((colors[t % len(colors)], act * float(d.norm()), filt * float(toy.filtered[t].norm()),
-                      toy.subspaces.lbw[t].basis))
+    f64 = dict(dtype=torch.float64)
+    drawn = [(colors[t % len(colors)], torch.tensor(r["active"], **f64), torch.tensor(r["filtered"], **f64),
+              torch.tensor(r["lbw"], **f64).reshape(-1, 3).mT) for t, r in enumerate(recs)]
     for t, (c, act, _, lbws) in enumerate(drawn):  # updates and LBW lines first ...
         for ax, three in ((ax3, True), (ax2, False)):
             _arrow(ax, act, three_d=three, color=c)

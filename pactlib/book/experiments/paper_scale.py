@@ -7,6 +7,11 @@ suite (:func:`find_checkpoints`), tabulate what the matrix rule makes of their k
 one: :func:`write_tiny_example` writes a tiny open_clip CLIP, fine-tuned-looking copies of it
 and tiny image folders in the same layout, so the very same steps run on files made on the fly.
 
+The chapter's compute cells store what its tables and figures show as records
+(:func:`rule_records`, :func:`data_check_records`, ``pact-layer`` records of :func:`layer_frame`'s
+rows); its present cells rebuild them from the records alone (:func:`rule_table`,
+:func:`data_check_table`, :func:`plot_pact_layers`).
+
 Nothing here downloads; checkpoints are read with :mod:`pactlib.models.clip`, datasets with
 :mod:`pactlib.data.paper`.
 """
@@ -25,7 +30,8 @@ from torch import Tensor
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 
 __all__ = ["TINY_CLIP", "TinyExample", "write_tiny_example", "find_checkpoints", "key_kinds", "tower_of",
-           "layer_frame", "data_check", "classifier_accuracy"]
+           "layer_frame", "data_check", "classifier_accuracy", "rule_records", "rule_table", "data_check_records",
+           "data_check_table", "plot_pact_layers"]
 
 #: A tiny open_clip ViT CLIP (width 32, 2 vision layers, 8 px patches on 32 px images): the
 #: same key layout as ViT-B/32, small enough to build in a second.
@@ -275,3 +281,89 @@ def rule_differences(state_dict: Mapping[str, Tensor], rules: Mapping[str, Matri
                               {"pattern": pattern, "keys": 0, "shape": "×".join(map(str, t.shape)), **views})
         row["keys"] += 1
     return pd.DataFrame(list(rows.values()), columns=["pattern", "keys", "shape", *rules])
+
+
+def rule_records(differences: pd.DataFrame, *, params: Mapping, seed: int | None) -> list[dict]:
+    """:func:`rule_differences`' rows as records (``rule-key``; :func:`rule_table` reads them back).
+
+    Each record holds ``pattern``, ``shape``, ``views`` ({rule name: view}) and the metric
+    ``keys`` (how many keys the pattern stands for).
+    """
+    from pactlib.book.records import make_record
+
+    rules = [c for c in differences.columns if c not in ("pattern", "keys", "shape")]
+    return [make_record("rule-key", params=params, seed=seed, pattern=r["pattern"], shape=r["shape"],
+                        views={name: r[name] for name in rules}, metrics={"keys": int(r["keys"])})
+            for _, r in differences.iterrows()]
+
+
+def rule_table(records, rules: Sequence[str]) -> pd.DataFrame:
+    """The table of :func:`rule_differences` from :func:`rule_records`' records.
+
+    Args:
+        records: records (other methods than ``rule-key`` are ignored).
+        rules: the rule names, in column order (every record's ``views`` has them).
+
+    Returns:
+        Columns ``pattern``, ``keys``, ``shape`` and one per rule; empty when no record.
+    """
+    rows = [{"pattern": r["pattern"], "keys": int(r["metrics"]["keys"]), "shape": r["shape"],
+             **{name: r["views"][name] for name in rules}} for r in records if r["method"] == "rule-key"]
+    return pd.DataFrame(rows, columns=["pattern", "keys", "shape", *rules])
+
+
+def data_check_records(check: pd.DataFrame, *, params: Mapping) -> list[dict]:
+    """:func:`data_check`'s rows as records (``data-check``; :func:`data_check_table` reads them
+    back): ``task``, ``folder``, ``status`` and the metrics ``classes``, ``train``, ``test``
+    (None where the folder could not be indexed)."""
+    from pactlib.book.records import make_record
+
+    return [make_record("data-check", params=params, seed=None, task=t, folder=r["folder"], status=r["status"],
+                        metrics={"classes": r["classes"], "train": r["train"], "test": r["test"]})
+            for t, r in check.iterrows()]
+
+
+def data_check_table(records) -> pd.DataFrame:
+    """The table of :func:`data_check` from :func:`data_check_records`' records (NaN for a
+    missing count); empty (same columns) when there is none."""
+    rows = [{"task": r["task"], "folder": r["folder"],
+             **{k: np.nan if r["metrics"][k] is None else r["metrics"][k] for k in ("classes", "train", "test")},
+             "status": r["status"]} for r in records if r["method"] == "data-check"]
+    return pd.DataFrame(rows, columns=["task", "folder", "classes", "train", "test", "status"]).set_index("task")
+
+
+def plot_pact_layers(frame: pd.DataFrame, axes) -> pd.DataFrame:
+    """Draw PACT's effect per vision layer from the ``pact-layer`` records of a records frame.
+
+    Left axis: the share of ‖Δt‖² the filter removes (line: mean over tasks, band: min–max).
+    Right axis: the shield rank as a share of the input dimension n (mean over tasks) and the
+    share of tasks whose shield hit the cap.
+
+    Args:
+        frame: a records frame with ``pact-layer`` rows (``layer``, ``key``, ``metrics.removed_energy``,
+            ``metrics.shield_rank``, ``metrics.n``, ``metrics.capped``).
+        axes: two matplotlib axes.
+
+    Returns:
+        The per-layer summary drawn: ``layer``, ``key``, ``removed`` (mean), ``removed_min``,
+        ``removed_max``, ``shield`` (mean rank), ``n``, ``capped`` (share).
+
+    Raises:
+        ValueError: the frame has no ``pact-layer`` row.
+    """
+    rows = frame[frame["method"] == "pact-layer"] if "method" in frame else frame.iloc[:0]
+    if rows.empty:
+        raise ValueError("plot_pact_layers: no 'pact-layer' record")
+    per_layer = rows.groupby(["layer", "key"], sort=True).agg(
+        removed=("metrics.removed_energy", "mean"), removed_min=("metrics.removed_energy", "min"),
+        removed_max=("metrics.removed_energy", "max"), shield=("metrics.shield_rank", "mean"),
+        n=("metrics.n", "first"), capped=("metrics.capped", "mean")).reset_index()
+    left, right = axes
+    left.plot(per_layer["layer"], per_layer["removed"], marker="o", ms=3)
+    left.fill_between(per_layer["layer"], per_layer["removed_min"], per_layer["removed_max"], alpha=0.25)
+    left.set(xlabel="vision matrix layer", ylabel="removed share of ‖Δt‖²")
+    right.plot(per_layer["layer"], per_layer["shield"] / per_layer["n"], marker="o", ms=3, label="shield rank / n")
+    right.plot(per_layer["layer"], per_layer["capped"], marker="x", ms=4, ls=":", label="cap bound (share of tasks)")
+    right.set(xlabel="vision matrix layer", ylim=(-0.05, 1.05))
+    right.legend(fontsize=7)
+    return per_layer

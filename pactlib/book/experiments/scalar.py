@@ -50,7 +50,7 @@ def task_fisher(tb, task: str, state: Mapping[str, Tensor], *, n_samples: int, e
         task: the task whose head and examples are used.
         state: backbone state dict (not modified).
         n_samples: N examples of ``split`` (the estimate is their mean).
-        empirical: use the true labels instead of y ~ p(y|x; θt) (method.md §3: a switch, off by default).
+        empirical: use the true labels instead of y ~ p(y|x; θt) (book/method.md, S1: a switch, off by default).
         seed: seed of the label sampling.
         split: ``"val"`` or ``"test"``.
         chunk: examples per vectorised per-sample-gradient call: memory (one float32 gradient per
@@ -245,7 +245,7 @@ def control_masks(lbw: Mapping[str, Tensor], sensitive: Mapping[str, Tensor], *,
 
 
 def layer_kind(key: str, tensor: Tensor, rule: MatrixRule = DEFAULT_RULE) -> str:
-    """``"pointwise"`` (a matrix layer under ``rule``, method.md §0), ``"conv"`` (k×k / depthwise,
+    """``"pointwise"`` (a matrix layer under ``rule``, book/method.md, matrix-view), ``"conv"`` (k×k / depthwise,
     or any other tensor of 2+ dimensions) or ``"norm"``."""
     if rule.kind(key, tensor) == "matrix":
         return "pointwise"

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 
-__all__ = ["task_table", "sample_montage", "layer_table", "backbone_summary", "recipe_table",
+__all__ = ["task_table", "sample_montage", "sample_records", "samples_from_records", "layer_table", "backbone_summary", "recipe_table",
            "run_records", "accuracy_table", "timing_table", "plot_accuracy", "frozen_statistics", "HEAD_CHOICE", "head_choice_frame",
            "head_choice_table", "plot_head_choice",
            "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "steps_text",
@@ -98,6 +98,54 @@ def sample_montage(samples: Mapping[str, Tensor], *, per_task: int, pad: int = 2
             x0 = pad + c * (w + pad)
             out[y0:y0 + h, x0:x0 + w] = img.permute(1, 2, 0).numpy()  # (3, H, W) -> (H, W, 3)
     return out, centres
+
+
+def sample_records(samples: Mapping[str, Tensor], *, params: Mapping | None = None, seed: int | None = None
+                   ) -> list[dict]:
+    """Sample images as records (method ``"task-samples"``, one per task in ``samples``' order),
+    so :func:`sample_montage` can be drawn from records alone (:func:`samples_from_records`).
+
+    Each record holds ``task``, ``shape`` ``[N, 3, H, W]`` and ``png``: the N images side by side
+    as one lossless PNG, base64-encoded (a few kB per 32-px image).
+
+    Raises:
+        ValueError: an entry is not a uint8 (N, 3, H, W) tensor.
+    """
+    import base64
+    import io
+
+    from PIL import Image
+
+    from pactlib.book.records import make_record
+
+    out = []
+    for task, x in samples.items():
+        if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"sample_records: {task!r}: need uint8 images (N, 3, H, W), got {x.dtype} {tuple(x.shape)}")
+        strip = x.permute(2, 0, 3, 1).reshape(x.shape[2], -1, 3).numpy()  # (H, N*W, 3): the images side by side
+        buf = io.BytesIO()
+        Image.fromarray(strip).save(buf, format="PNG", optimize=True)
+        out.append(make_record("task-samples", params=dict(params or {}), seed=seed, metrics={}, task=task,
+                               shape=list(x.shape), png=base64.b64encode(buf.getvalue()).decode("ascii")))
+    return out
+
+
+def samples_from_records(recs: Iterable[Mapping]) -> dict[str, Tensor]:
+    """``{task: uint8 images (N, 3, H, W)}`` back from :func:`sample_records`' records (others
+    are skipped), in record order; the images are exactly the ones stored."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = {}
+    for r in recs:
+        if r.get("method") != "task-samples":
+            continue
+        n, c, h, w = r["shape"]
+        strip = np.asarray(Image.open(io.BytesIO(base64.b64decode(r["png"]))).convert("RGB"))
+        out[r["task"]] = torch.from_numpy(strip.reshape(h, n, w, c).transpose(1, 3, 0, 2).copy())
+    return out
 
 
 def layer_table(state_dict: Mapping[str, Tensor], *, rule: MatrixRule = DEFAULT_RULE) -> pd.DataFrame:

@@ -9,7 +9,7 @@ cache's ``data/text/``: :func:`pactlib.paths.cache_dir`)::
     manifest.json               every prepared task and the provenance table, rebuilt after each prepare
 
 Non-default caps add ``-cap<train>-<val>-<test>`` to the stem. Both files are written atomically
-(:func:`pactlib.io.atomic_write`), the data first, so a sidecar never describes a partial file;
+(:func:`pactlib.io.write_atomic`), the data first, so a sidecar never describes a partial file;
 :func:`load_text_task` checks the sha256 before reading, and a corrupt, partial or outdated file
 is rebuilt (with a warning), never used. The gzip stream has no timestamp, so the same task and
 seed give the same bytes.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from pactlib.io import atomic_write
+from pactlib.io import write_atomic
 from pactlib.paths import cache_dir as _cache_dir
 
 from ..splits import SPLITS
@@ -107,9 +107,9 @@ def _build_and_write(name: str, seed: int, path: Path, caps: dict) -> dict:
         "build": notes, "build_seconds": round(time.perf_counter() - t0, 3),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: tmp.write_bytes(blob))
+    write_atomic(path, blob)
     side = json.dumps(sidecar, indent=1, ensure_ascii=False)
-    atomic_write(_sidecar_path(path), lambda tmp: tmp.write_text(side, encoding="utf-8"))
+    write_atomic(_sidecar_path(path), side)
     return sidecar
 
 
@@ -232,5 +232,5 @@ def write_text_manifest(cache_dir=None) -> Path:
     path = root / "manifest.json"
     root.mkdir(parents=True, exist_ok=True)
     text = json.dumps(manifest, indent=1, ensure_ascii=False)
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_atomic(path, text)
     return path

@@ -1,7 +1,7 @@
 """Per-task linear heads on frozen pre-trained features: the testbed's "zero-shot" classifiers.
 
 CLIP classifies with a head built from class names, before any fine-tuning; fine-tuning then
-moves only the image encoder and the head stays frozen (method.md §5). The Lite0 testbed has no
+moves only the image encoder and the head stays frozen (book/method.md, protocol). The Lite0 testbed has no
 text tower, so its analogue is a classifier ``features (N, 1280) -> logits (N, C)`` built once
 per task from the *pre-trained* backbone's features of the task's train split, then frozen for
 every fine-tuning run, every seed and every merge. Its accuracy on θ0 is the "zero-shot"
@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from pactlib.io import atomic_write
+from pactlib.io import write_atomic
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def fit_prototype_head(
     """A cosine "prototype" head: the CLIP-style zero-shot classifier of the testbed.
 
     CLIP's zero-shot head is ``s · normalize(text embedding of class c)`` applied to normalised
-    image features, with a fixed logit scale s (method.md §5). The testbed has no text tower, so
+    image features, with a fixed logit scale s (book/method.md, protocol). The testbed has no text tower, so
     the class embedding is the normalised mean of the normalised θ0 features of the class's
     train images, and ``s`` is the one scalar fit (by L-BFGS on log s, from s = 10) to minimise
     the train cross-entropy. Nothing else is trained: the head is as weak as a nearest-class-mean
@@ -237,7 +237,7 @@ def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dic
     """
     meta = {k: json.dumps(v) for k, v in (metadata or {}).items()}
     data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    write_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
 
 

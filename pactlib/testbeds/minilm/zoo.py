@@ -79,7 +79,7 @@ class Recipe:
     ``book/data/minilm_timing.jsonl``): 60 AdamW steps of 16 texts at 32 tokens, lr 1e-4 (full) /
     1e-3 (LoRA r = 8, alpha = 16, all 36 maps), 6 warm-up steps, prompt heads. On the 8-task suite
     (seed 0) every task's fine-tuned accuracy beats its zero-shot accuracy on val and test, full and
-    LoRA (mean test 0.634 -> 0.818 full); a run takes 35-70 s on one thread. Not yet tuned: the
+    LoRA (accuracies and run times in that record). Not yet tuned: the
     budget of the book sizes it (the ``default`` profile pins it).
 
     Attributes:

@@ -1,0 +1,597 @@
+"""Merge recipes and model folders: what ``pact merge --out DIR/`` writes besides the weights.
+
+A **recipe** records one merge: θ0, the T fine-tuned checkpoints (or PEFT adapters), the method,
+α, its parameters, the PACT mode and options, the matrix rule and the output's shard size. Its
+YAML uses mergekit's field names where they mean the same thing (``merge_method``,
+``base_model``, ``models`` as a list of ``- model: PATH``, ``parameters``, ``dtype``), so a
+mergekit user reads it at once::
+
+    merge_method: "ties"
+    base_model: "/models/base"
+    models:
+      - model: "/models/ft-a"
+        sha256: "3b1f…"
+    parameters:
+      alpha: 0.3
+      k: 20
+    pact:
+      mode: "pact"
+      core_frac: 0.1
+    dtype: "float32"
+
+``parameters`` holds α (pactlib's global scale, θ = θ0 + α·D) and the method's parameters by
+pactlib's names (TIES' ``k`` is a percentage kept; mergekit's per-model ``weight`` and
+``density`` are refused, they are not the same thing). ``pact`` is null or the mode with its
+options (:class:`pactlib.pact.PactOptions` field names). ``sha256`` (per model, and
+``base_model_sha256``) pins each input: the hash of the bytes of the files it is read from
+(:func:`input_sha256`); a rerun whose inputs hash otherwise is refused. ``dtype`` is θ0's: pact
+writes θ0's dtypes and never casts, so a recipe naming another dtype is refused. Reading a recipe
+does not turn on ``--trust-pickle`` (a recipe from someone else must not run code): that stays a
+command-line choice. Relative paths are taken from the working directory, as on the command line.
+
+The engine reads and writes recipes without PyYAML (it needs torch and safetensors only): it
+writes block-style YAML with JSON-quoted strings, which any YAML reader takes, and reads that
+form back, plus plain scalars, ``[a, b]`` lists and ``#`` comments; anchors, multi-line strings
+and other YAML features are refused with the line named (:func:`parse_yaml`).
+
+A **model folder** (:func:`write_model_folder`) holds what ``save_pretrained`` writes: the
+weights (``model.safetensors``, or shards and ``model.safetensors.index.json``; an open_clip
+base's name ``open_clip_model.safetensors`` for open_clip's loader), the base folder's non-weight
+files copied byte for byte (:data:`SUPPORT_FILES`), the recipe (:data:`RECIPE_NAME`) and a model
+card ``README.md`` whose YAML front matter has Hugging Face's ``base_model`` and ``tags`` and
+pact's record of the merge. Every file is written atomically; the card last. ``base_model`` and
+the inputs are the absolute local paths the merge read: put the hub ids there before publishing
+the card on the Hugging Face hub.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import merges
+from .checks import CheckpointError
+from .io import atomic_write
+from .lazy import FOLDER_ORDER, checkpoint_files, parse_size
+from .matrix import PRESETS
+from .pact import MODES, PactOptions
+
+#: The recipe's file name in a model folder.
+RECIPE_NAME = "pact_recipe.yaml"
+#: The model card's file name.
+CARD_NAME = "README.md"
+#: Non-weight files of a model folder copied from θ0's folder as they are (config, tokenizer,
+#: generation and processor files, open_clip's config).
+SUPPORT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt",
+                 "merges.txt", "spiece.model", "sentencepiece.bpe.model", "preprocessor_config.json",
+                 "processor_config.json", "video_preprocessor_config.json", "chat_template.json",
+                 "chat_template.jinja", "open_clip_config.json")
+#: ``save_pretrained``'s default shard size (transformers 5), used for folder outputs.
+DEFAULT_SHARD_SIZE = "50GB"
+#: The dtype names a recipe may give.
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+_TOP = ("merge_method", "base_model", "base_model_sha256", "models", "parameters", "pact", "dtype", "rule",
+        "max_shard_size", "lora_key_map", "lora_extra")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RecipeError(CheckpointError):
+    """A recipe that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One ``pact merge``, as a recipe file records it (module docstring).
+
+    Attributes:
+        merge_method: a registered method name. base_model: θ0's path. models: the fine-tuned
+            checkpoints' paths (or PEFT adapter folders when ``lora`` is True).
+        alpha: α. params: the method's parameters and PACT's options, by name (as ``--set``).
+        pact: None, ``"pact"`` or ``"s-pact"``. rule: ``"auto"`` or a preset name.
+        dtype: θ0's dtype name (None: not checked). max_shard_size: as ``--max-shard-size``.
+        lora, lora_key_map, lora_extra: as ``--lora-adapters``, ``--lora-key-map``, ``--lora-extra``.
+        sha256: {path: hex digest} of inputs to check before merging (:func:`input_sha256`).
+    """
+
+    merge_method: str
+    base_model: str
+    models: tuple[str, ...]
+    alpha: float | int
+    params: dict = field(default_factory=dict)
+    pact: str | None = None
+    rule: str = "auto"
+    dtype: str | None = None
+    max_shard_size: int | str | None = None
+    lora: bool = False
+    lora_key_map: str | None = None
+    lora_extra: str = "error"
+    sha256: dict = field(default_factory=dict)
+
+    def split_params(self) -> tuple[dict, dict]:
+        """(method parameters, PACT options) of :attr:`params`, by name."""
+        m = merges.get(self.merge_method)
+        return ({k: v for k, v in self.params.items() if k in m.params},
+                {k: v for k, v in self.params.items() if k not in m.params})
+
+    def to_yaml(self) -> str:
+        """The recipe file's text (deterministic: the same recipe gives the same bytes)."""
+        mparams, popts = self.split_params()
+        role = "lora_adapter" if self.lora else "model"
+        models = [{role: p, **({"sha256": self.sha256[p]} if p in self.sha256 else {})} for p in self.models]
+        data = {"merge_method": self.merge_method, "base_model": self.base_model}
+        if self.base_model in self.sha256:
+            data["base_model_sha256"] = self.sha256[self.base_model]
+        data["models"] = models
+        data["parameters"] = {"alpha": self.alpha, **mparams}
+        data["pact"] = None if self.pact is None else {"mode": self.pact, **popts}
+        data["dtype"] = self.dtype
+        data["rule"] = self.rule
+        data["max_shard_size"] = self.max_shard_size
+        if self.lora:
+            data["lora_key_map"] = self.lora_key_map
+            data["lora_extra"] = self.lora_extra
+        return ("# pact merge recipe: redo this merge with: pact merge --config pact_recipe.yaml --out DIR/\n"
+                "# Fields as mergekit's where they mean the same (merge_method, base_model, models, parameters,\n"
+                "# dtype); alpha scales the merged update: theta = theta0 + alpha * D.\n" + dump_yaml(data))
+
+
+def input_sha256(path: str | os.PathLike, *, lora: bool = False) -> str:
+    """The sha256 (hex) of an input: of the bytes of the files it is read from, concatenated in
+    the reader's order (:func:`pactlib.lazy.checkpoint_files`: a file alone, or a sharded
+    checkpoint's index then its shards; a PEFT adapter's weights then its config). For one file
+    it is the file's ``sha256sum``; for several, that of ``cat`` of them in that order.
+
+    Raises:
+        FileNotFoundError: the input has no file to read.
+    """
+    if lora:
+        from .peft import adapter_files
+
+        files = list(adapter_files(path))
+    else:
+        files = checkpoint_files(path)
+    if not files:
+        raise FileNotFoundError(f"{path}: no checkpoint file to hash")
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+# -- YAML without PyYAML ----------------------------------------------------------------------------
+
+def _scalar_text(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot write the non-finite number {v} in a recipe")
+        text = repr(v)
+        if "e" in text and "." not in text.split("e")[0]:  # 1e-05 -> 1.0e-05: YAML 1.1 readers want the dot
+            mant, exp = text.split("e")
+            text = f"{mant}.0e{exp}"
+        return text
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)) and all(not isinstance(x, (list, tuple, Mapping)) for x in v):
+        return "[" + ", ".join(_scalar_text(x) for x in v) + "]"
+    raise ValueError(f"cannot write a {type(v).__name__} in a recipe")
+
+
+def dump_yaml(data: Mapping, indent: int = 0) -> str:
+    """Block-style YAML of nested mappings, lists of mappings and scalars (strings JSON-quoted,
+    lists of scalars in flow style ``[a, b]``)."""
+    pad = " " * indent
+    lines = []
+    for k, v in data.items():
+        if isinstance(v, Mapping) and v:
+            lines.append(f"{pad}{k}:")
+            lines.append(dump_yaml(v, indent + 2).rstrip("\n"))
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, Mapping) for x in v):
+            lines.append(f"{pad}{k}:")
+            for item in v:
+                body = dump_yaml(item, indent + 4).rstrip("\n").split("\n")
+                lines.append(f"{pad}  - {body[0].lstrip()}")
+                lines += body[1:]
+        else:
+            lines.append(f"{pad}{k}: {'{}' if isinstance(v, Mapping) else _scalar_text(v)}")
+    return "\n".join(lines) + "\n"
+
+
+_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?(\.\d*)?([eE][-+]?\d+)?$")
+
+
+def _parse_scalar(text: str, where: str):
+    text = text.strip()
+    if text == "":
+        return None
+    if text == "{}":
+        return {}
+    if text[0] in "&*!|>@`{":
+        raise RecipeError(f"{where}: {text[:20]!r}: this YAML feature is not read here (write plain values, "
+                          "\"quoted strings\" and [a, b] lists)")
+    if text[0] in "\"'":
+        if text[0] == "'":
+            if len(text) < 2 or text[-1] != "'":
+                raise RecipeError(f"{where}: unbalanced quote in {text!r}")
+            return text[1:-1].replace("''", "'")
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise RecipeError(f"{where}: cannot read the quoted string {text!r}") from None
+    if text[0] == "[":
+        if text[-1] != "]":
+            raise RecipeError(f"{where}: unbalanced [ in {text!r}")
+        inner = text[1:-1].strip()
+        return [_parse_scalar(x, where) for x in inner.split(",")] if inner else []
+    low = text.lower()
+    if low in ("null", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if _NUMBER.match(text) and any(c.isdigit() for c in text):
+        t = text.replace("_", "")
+        try:
+            return int(t)
+        except ValueError:
+            return float(t)
+    return text
+
+
+def _strip_comment(line: str) -> str:
+    quote, escaped = None, False
+    for i, c in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif c == "\\" and quote == '"':
+                escaped = True
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def parse_yaml(text: str, *, name: str = "recipe"):
+    """Read the YAML subset of recipes: block mappings and sequences (of mappings or scalars),
+    scalars as :func:`_parse_scalar` reads them, ``#`` comments; a JSON document too.
+
+    Raises:
+        RecipeError: a tab, a bad indentation, an unsupported feature (naming ``name`` and the line).
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    rows = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        if "\t" in raw[:len(raw) - len(raw.lstrip())]:
+            raise RecipeError(f"{name} line {n}: a tab in the indentation (YAML indents with spaces)")
+        line = _strip_comment(raw).rstrip()
+        if line.strip() in ("", "---"):
+            continue
+        rows.append((n, len(line) - len(line.lstrip()), line.strip()))
+    pos = 0
+
+    def block(indent: int):
+        nonlocal pos
+        n, ind, s = rows[pos]
+        if s.startswith("- ") or s == "-":
+            out = []
+            while pos < len(rows) and rows[pos][1] == indent and (rows[pos][2].startswith("- ") or rows[pos][2] == "-"):
+                n, _, s = rows[pos]
+                rest = s[1:].lstrip()
+                item_indent = indent + (len(s) - len(rest))
+                if not rest:
+                    pos += 1
+                    out.append(block(rows[pos][1]) if pos < len(rows) and rows[pos][1] > indent else None)
+                elif _key(rest) is not None:
+                    rows[pos] = (n, item_indent, rest)  # the item's first key, then its other keys
+                    out.append(block(item_indent))
+                else:
+                    out.append(_parse_scalar(rest, f"{name} line {n}"))
+                    pos += 1
+            return out
+        out = {}
+        while pos < len(rows) and rows[pos][1] == indent:
+            n, _, s = rows[pos]
+            kv = _key(s)
+            if kv is None:
+                raise RecipeError(f"{name} line {n}: expected 'key: value', got {s!r}")
+            k, rest = kv
+            if k in out:
+                raise RecipeError(f"{name} line {n}: {k!r} is given twice")
+            pos += 1
+            if rest:
+                out[k] = _parse_scalar(rest, f"{name} line {n}")
+            elif pos < len(rows) and (rows[pos][1] > indent or
+                                      (rows[pos][1] == indent and rows[pos][2].startswith("-"))):
+                out[k] = block(rows[pos][1])
+            else:
+                out[k] = None
+        if pos < len(rows) and rows[pos][1] > indent:
+            raise RecipeError(f"{name} line {rows[pos][0]}: unexpected indentation")
+        return out
+
+    if not rows:
+        raise RecipeError(f"{name}: the file is empty")
+    data = block(rows[0][1])
+    if pos < len(rows):
+        raise RecipeError(f"{name} line {rows[pos][0]}: unexpected indentation")
+    return data
+
+
+def _key(s: str):
+    """(key, rest) of ``key: rest`` (a quoted or plain key), else None."""
+    m = re.match(r'^("(?:[^"\\]|\\.)*"|\'[^\']*\'|[^:#\[\]{},"\'][^:]*?)\s*:(?:\s+(.*))?$', s)
+    if not m:
+        return None
+    k = m.group(1)
+    if k[0] in "\"'":
+        k = json.loads(k) if k[0] == '"' else k[1:-1]
+    return k, (m.group(2) or "").strip()
+
+
+# -- reading a recipe ----------------------------------------------------------------------------
+
+def read_recipe(path: str | os.PathLike) -> Recipe:
+    """The :class:`Recipe` in the file ``path`` (module docstring), checked field by field.
+
+    Raises:
+        RecipeError: an unreadable file, a missing or unknown field, a value of the wrong type or
+            out of range (each message names the file and the field, e.g. ``models[1].model``).
+        FileNotFoundError: no such file.
+    """
+    path = Path(path)
+    where = str(path)
+    data = parse_yaml(path.read_text(encoding="utf-8"), name=where)
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"{where}: expected a mapping of fields ({', '.join(_TOP)}), got {type(data).__name__}")
+
+    def fail(fld: str, msg: str):
+        raise RecipeError(f"{where}: {fld}: {msg}")
+
+    unknown = [k for k in data if k not in _TOP]
+    if unknown:
+        fail(unknown[0], f"unknown field (pact merge reads: {', '.join(_TOP)})")
+    for req in ("merge_method", "base_model", "models"):
+        if data.get(req) is None:
+            fail(req, "missing (required)")
+    method = data["merge_method"]
+    if not isinstance(method, str) or method not in merges.names():
+        fail("merge_method", f"unknown merge method {method!r}; known: {', '.join(merges.names())}")
+    if not isinstance(data["base_model"], str) or not data["base_model"]:
+        fail("base_model", f"expected a path, got {data['base_model']!r}")
+    sha = {}
+    if data.get("base_model_sha256") is not None:
+        if not isinstance(data["base_model_sha256"], str) or not _SHA.match(data["base_model_sha256"]):
+            fail("base_model_sha256", "expected 64 lower-case hex digits")
+        sha[data["base_model"]] = data["base_model_sha256"]
+    models = data["models"]
+    if not isinstance(models, list) or not models:
+        fail("models", "expected a non-empty list of '- model: PATH' entries")
+    paths, kinds = [], set()
+    for i, item in enumerate(models):
+        at = f"models[{i}]"
+        if isinstance(item, str):
+            item = {"model": item}
+        if not isinstance(item, Mapping):
+            fail(at, f"expected '- model: PATH', got {item!r}")
+        if "parameters" in item:
+            fail(f"{at}.parameters", "pact merges take no per-model parameters (mergekit's weight / density); "
+                                     "give alpha and the method's parameters under the top-level parameters")
+        extra = [k for k in item if k not in ("model", "lora_adapter", "sha256")]
+        if extra:
+            fail(f"{at}.{extra[0]}", "unknown field (an entry has model or lora_adapter, and sha256)")
+        roles = [k for k in ("model", "lora_adapter") if k in item]
+        if len(roles) != 1:
+            fail(at, "give exactly one of model (a fine-tuned checkpoint) or lora_adapter (a PEFT adapter folder)")
+        p = item[roles[0]]
+        if not isinstance(p, str) or not p:
+            fail(f"{at}.{roles[0]}", f"expected a path, got {p!r}")
+        kinds.add(roles[0])
+        paths.append(p)
+        if item.get("sha256") is not None:
+            if not isinstance(item["sha256"], str) or not _SHA.match(item["sha256"]):
+                fail(f"{at}.sha256", "expected 64 lower-case hex digits")
+            sha[p] = item["sha256"]
+    if len(kinds) > 1:
+        fail("models", "mixes model and lora_adapter entries; give one kind")
+    params = {} if data.get("parameters") is None else data["parameters"]
+    if not isinstance(params, Mapping):
+        fail("parameters", f"expected a mapping (alpha: …, the method's parameters), got {params!r}")
+    params = dict(params)
+    if "alpha" not in params:
+        fail("parameters.alpha", "missing (required: θ = θ0 + α·D)")
+    alpha = params.pop("alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        fail("parameters.alpha", f"expected a finite number, got {alpha!r}")
+    m = merges.get(method)
+    for k in params:
+        if k not in m.params:
+            known = ", ".join(["alpha", *m.params])
+            fail(f"parameters.{k}", f"not a parameter of {method} (known: {known}; PACT options go under pact)")
+    pact, popts = data.get("pact"), {}
+    if pact is not None:
+        if isinstance(pact, str):
+            pact = {"mode": pact}
+        if not isinstance(pact, Mapping) or pact.get("mode") not in MODES:
+            fail("pact.mode" if isinstance(pact, Mapping) else "pact",
+                 f"expected null or a mapping with mode: one of {', '.join(MODES)}")
+        popts = {k: v for k, v in pact.items() if k != "mode"}
+        for k in popts:
+            if k not in PactOptions.field_names():
+                fail(f"pact.{k}", f"not a PACT option (known: {', '.join(sorted(PactOptions.field_names()))})")
+        pact = pact["mode"]
+    kw = {**params, **popts}
+    from .api import resolve_kwargs
+
+    try:
+        resolve_kwargs(method, pact, kw)
+    except (TypeError, ValueError) as e:
+        raise RecipeError(f"{where}: parameters / pact: {e}") from None
+    dtype = data.get("dtype")
+    if dtype is not None and dtype not in DTYPES:
+        fail("dtype", f"expected one of {', '.join(DTYPES)} or null, got {dtype!r}")
+    rule = data.get("rule") or "auto"
+    if rule not in ("auto", *PRESETS):
+        fail("rule", f"expected auto or one of {', '.join(PRESETS)}, got {rule!r}")
+    shard = data.get("max_shard_size")
+    if shard is not None:
+        try:
+            parse_size(shard)
+        except (ValueError, TypeError) as e:
+            fail("max_shard_size", str(e))
+    lora = kinds == {"lora_adapter"}
+    key_map, lora_extra = data.get("lora_key_map"), data.get("lora_extra") or "error"
+    if not lora and (key_map is not None or data.get("lora_extra") is not None):
+        fail("lora_key_map" if key_map is not None else "lora_extra", "only with lora_adapter models")
+    if lora_extra not in ("error", "skip"):
+        fail("lora_extra", f"expected error or skip, got {lora_extra!r}")
+    return Recipe(method, data["base_model"], tuple(paths), alpha, kw, pact, rule, dtype, shard, lora, key_map,
+                  lora_extra, sha)
+
+
+def check_sha256(recipe: Recipe, *, where: str = "recipe") -> dict[str, str]:
+    """Hash every input (:func:`input_sha256`) and compare with the recipe's digests; returns
+    {path: digest} of all inputs (θ0 first).
+
+    Raises:
+        RecipeError: an input whose digest differs from the recipe's (the field named).
+    """
+    out = {}
+    for i, p in enumerate((recipe.base_model, *recipe.models)):
+        lora = recipe.lora and i > 0
+        out[p] = input_sha256(p, lora=lora)
+        want = recipe.sha256.get(p)
+        if want is not None and want != out[p]:
+            fld = "base_model_sha256" if i == 0 else f"models[{i - 1}].sha256"
+            raise RecipeError(f"{where}: {fld}: {p} now hashes to {out[p]}, the recipe says {want} (the input "
+                              "changed; remove the field to merge the file as it is now)")
+    return out
+
+
+# -- the model folder ------------------------------------------------------------------------------
+
+def is_folder_output(out: str) -> bool:
+    """Whether ``--out`` names a model folder: a trailing ``/`` or an existing folder."""
+    return str(out).endswith(("/", os.sep)) or Path(out).is_dir()
+
+
+def base_folder(pretrained: str | os.PathLike) -> Path | None:
+    """The model folder of θ0 whose non-weight files a folder output copies: θ0 itself when it
+    is a folder, the folder of θ0's file when that file has a model folder's name
+    (:data:`pactlib.lazy.FOLDER_ORDER`), else None."""
+    p = Path(pretrained)
+    if p.is_dir():
+        return p
+    return p.parent if p.name in FOLDER_ORDER else None
+
+
+def weights_name(pretrained: str | os.PathLike) -> str:
+    """The weights' file name in a folder output: ``open_clip_model.safetensors`` when θ0's
+    folder is an open_clip one (read by ``open_clip.create_model("local-dir:…")``), else
+    ``model.safetensors`` (``save_pretrained``'s)."""
+    folder = base_folder(pretrained)
+    if folder is not None and (folder / "open_clip_config.json").is_file():
+        return "open_clip_model.safetensors"
+    return "model.safetensors"
+
+
+def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
+    """Refuse a folder output in the folder of an input (its config, tokenizer or card would be
+    overwritten) or in a file.
+
+    Raises:
+        ValueError: the folder holds a file of an input (both named).
+        CheckpointError: the path is a file.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"--out {folder}: is a file, not a folder")
+    target = folder.resolve()
+    for p in inputs:
+        for f in checkpoint_files(p):
+            if f.resolve().parent == target:
+                raise ValueError(f"--out {folder}/ is the folder of the input {p}: writing the model folder there "
+                                 "would overwrite its files; choose another folder")
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None, weights: Sequence[str]) -> str:
+    """The model card: YAML front matter (``base_model``, ``tags``, ``library_name`` and pact's
+    record of the merge: method, α, parameters, PACT mode and options, each input's sha256), then
+    a short text and the recipe."""
+    m = merges.get(recipe.merge_method)
+    mparams, popts = recipe.split_params()
+    front = {"base_model": recipe.base_model, "tags": ["merge", "pact"]}
+    if library:
+        front["library_name"] = library
+    inputs = [{"role": "base_model", "path": recipe.base_model, "sha256": sha256[recipe.base_model]}]
+    inputs += [{"role": "lora_adapter" if recipe.lora else "model", "path": p, "sha256": sha256[p]}
+               for p in recipe.models]
+    front["pact_merge"] = {"merge_method": recipe.merge_method, "alpha": recipe.alpha,
+                           "parameters": {**m.params, **mparams}, "pact": recipe.pact, "pact_options": popts,
+                           "rule": recipe.rule, "inputs": inputs}
+    text = dump_yaml(front)
+    how = f"{m.pretty} ({m.reference})"
+    if recipe.pact is not None:
+        opts = ", ".join(f"{k}={v!r}" for k, v in popts.items()) or "default options"
+        how = f"{recipe.pact.upper()} ({opts}) then {how}"
+    rows = "\n".join(f"| {i['role']} | `{i['path']}` | `{i['sha256']}` |" for i in inputs)
+    return (f"---\n{text}---\n\n# Merged model\n\n"
+            f"Made with `pact merge` (pactlib): θ = θ0 + α·D with α = {recipe.alpha!r} and D the merged update "
+            f"of {how} over {len(recipe.models)} task vectors.\n\n"
+            f"Weights: {', '.join(f'`{w}`' for w in weights)}.\n\n"
+            f"| role | input | sha256 |\n|---|---|---|\n{rows}\n\n"
+            f"## Recipe\n\nRedo it with `pact merge --config {RECIPE_NAME} --out DIR/`:\n\n"
+            f"```yaml\n{recipe.to_yaml()}```\n")
+
+
+def write_model_folder(folder: str | os.PathLike, recipe: Recipe, *, sha256: Mapping[str, str],
+                       weights: Sequence[str | os.PathLike]) -> list[Path]:
+    """Complete a folder output whose weights are written: copy θ0's folder's
+    :data:`SUPPORT_FILES` as they are, write the recipe (:data:`RECIPE_NAME`) and the card
+    (:data:`CARD_NAME`, last), each atomically. Returns the files written besides the weights.
+
+    Raises:
+        OSError: a file that cannot be read or written.
+    """
+    folder = Path(folder)
+    written = []
+    src = base_folder(recipe.base_model)
+    library = None
+    if src is not None and src.resolve() != folder.resolve():
+        for name in SUPPORT_FILES:
+            if (src / name).is_file():
+                _copy_atomic(src / name, folder / name)
+                written.append(folder / name)
+        if (src / "open_clip_config.json").is_file():
+            library = "open_clip"
+        elif (src / "config.json").is_file():
+            library = "transformers"
+    atomic_write(folder / RECIPE_NAME, lambda p: p.write_text(recipe.to_yaml(), encoding="utf-8"))
+    written.append(folder / RECIPE_NAME)
+    card = card_text(recipe, sha256=sha256, library=library, weights=[Path(w).name for w in weights])
+    atomic_write(folder / CARD_NAME, lambda p: p.write_text(card, encoding="utf-8"))
+    written.append(folder / CARD_NAME)
+    return written

@@ -1,0 +1,186 @@
+"""The faults found by trying to break ``pact merge``: a full disk, two runs on one output, a
+``.pt`` replaced in place, repeated ``--set`` names. Each test failed on the code before its fix."""
+import contextlib
+import fcntl
+import os
+import resource
+import signal
+import threading
+
+import pytest
+import torch
+
+from conftest import make_checkpoints
+from pactlib import lazy
+from pactlib.cli import main, parse_set
+from pactlib.io import save_state_dict
+from pactlib.streaming import merge_files
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """Writes that would make a file larger than ``nbytes`` fail (EFBIG, as a full disk fails
+    them with ENOSPC), for this process, inside the block."""
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel's signal ends the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def big_checkpoints(tmp_path, T=2):
+    """θ0 and T fine-tuned safetensors files of about 400 kB each."""
+    g = torch.Generator().manual_seed(0)
+    pre = {"a.weight": torch.randn(160, 160, generator=g), "b.weight": torch.randn(320, 160, generator=g)}
+    paths = [tmp_path / "pre.safetensors"]
+    save_state_dict(pre, paths[0])
+    for t in range(T):
+        p = tmp_path / f"ft{t}.safetensors"
+        save_state_dict({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in pre.items()}, p)
+        paths.append(p)
+    return [str(p) for p in paths]
+
+
+def merge_args(paths, out, method="task_arithmetic"):
+    return ["merge", "--method", method, "--alpha", "0.5", "--pretrained", paths[0], "--finetuned",
+            *paths[1:], "--out", str(out)]
+
+
+@pytest.mark.parametrize("name", ["merged.safetensors", "merged.pt"])
+def test_a_full_disk_leaves_nothing_behind_and_names_the_output(tmp_path, capsys, name):
+    paths = big_checkpoints(tmp_path)
+    out = tmp_path / "out" / name
+    out.parent.mkdir()
+    with file_size_limit(200_000):  # the output needs about 300 kB
+        rc = main(merge_args(paths, out))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("pact: error: ") and err.count("\n") == 1, err  # one line, no traceback
+    assert str(out) in err and "File too large" in err
+    assert sorted(os.listdir(out.parent)) == []  # no temporary file left
+    # a rerun that fits succeeds
+    assert main(merge_args(paths, out)) == 0
+    assert sorted(os.listdir(out.parent)) == [name]
+
+
+def test_a_full_disk_in_the_writer_names_the_output_and_removes_its_temporary_file(tmp_path, monkeypatch):
+    """ENOSPC from the write itself or from the flush at close: the temporary file goes either way."""
+    import errno
+
+    from pactlib import io as pio
+
+    real = pio.open_output
+
+    class Full:
+        def __init__(self, f, room):
+            self.f, self.room = f, room
+
+        def write(self, b):
+            if len(b) > self.room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.room -= len(b)
+            return self.f.write(b)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    paths = big_checkpoints(tmp_path)
+    out = tmp_path / "out" / "merged.safetensors"
+    out.parent.mkdir()
+    monkeypatch.setattr(pio, "open_output", lambda fd: Full(real(fd), 150_000))
+    with pytest.raises(OSError) as e:
+        merge_files("task_arithmetic", paths[0], paths[1:], out, alpha=0.5)
+    assert e.value.errno == errno.ENOSPC and str(out) in str(e.value) and "No space left" in str(e.value)
+    assert os.listdir(out.parent) == []
+
+
+def test_one_run_at_a_time_writes_an_output(tmp_path, capsys):
+    paths = big_checkpoints(tmp_path)
+    out = tmp_path / "merged.safetensors"
+    lock = lazy.output_lock_path(out)
+    # another run holds the output: this one fails at once, naming it, and touches nothing of it
+    live_tmp = tmp_path / ".merged.safetensors.live1234.tmp"
+    live_tmp.write_bytes(b"being written")
+    with lazy.output_lock(out):
+        rc = main(merge_args(paths, out))
+    err = capsys.readouterr().err
+    assert rc == 2 and str(out) in err and "another run" in err, err
+    assert live_tmp.read_bytes() == b"being written" and not out.exists()
+    # once it is released the run goes ahead; the lock file goes with the run
+    live_tmp.unlink()
+    assert main(merge_args(paths, out)) == 0
+    assert not lock.exists() and out.is_file()
+
+
+def test_a_live_temporary_file_is_never_removed_as_stale(tmp_path):
+    """A writer holds a lock on its temporary file while it writes: a run publishing an output of
+    the same family (here ``x-00001-of-00002.safetensors``, a shard name of ``x.safetensors``)
+    leaves it alone, and removes a dead one."""
+    paths = big_checkpoints(tmp_path)
+    live = tmp_path / ".x-00001-of-00002.safetensors.live.tmp"
+    dead = tmp_path / ".x-00001-of-00002.safetensors.dead.tmp"
+    dead.write_bytes(b"left by a killed run")
+    with open(live, "wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        merge_files("task_arithmetic", paths[0], paths[1:], tmp_path / "x.safetensors", alpha=0.5)
+        assert live.exists()
+    assert not dead.exists()
+
+
+def test_two_runs_on_one_output_at_once_do_not_collide(tmp_path):
+    paths = big_checkpoints(tmp_path)
+    out = tmp_path / "merged.safetensors"
+    results = []
+
+    def run():
+        try:
+            merge_files("task_arithmetic", paths[0], paths[1:], out, alpha=0.5)
+            results.append("ok")
+        except OSError as e:
+            results.append(str(e))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "ok" in results and all(r == "ok" or "another run" in r for r in results), results
+    assert sorted(os.listdir(tmp_path)) == sorted(["merged.safetensors", *(os.path.basename(p) for p in paths)])
+
+
+def test_a_pt_replaced_in_place_with_the_same_size_and_mtime_is_converted_again(tmp_path):
+    pre, (ft, ft2) = make_checkpoints(T=2)
+    src = tmp_path / "model.pt"
+    torch.save(ft, src)
+    st = src.stat()
+    cache = tmp_path / "cache"
+    first = lazy.convert_pickle(src, cache_dir=cache)
+    assert torch.equal(lazy.open_checkpoint(first).read("lin.weight"), ft["lin.weight"])
+    with open(src, "r+b") as f:  # the same bytes' count, other values; then the old mtime back
+        f.write(_same_size_bytes(ft2, src.stat().st_size, tmp_path))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (src.stat().st_size, src.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = lazy.convert_pickle(src, cache_dir=cache)
+    assert torch.equal(lazy.open_checkpoint(second).read("lin.weight"), ft2["lin.weight"])
+    assert [p.name for p in cache.iterdir()] == [second.name]  # the old conversion is gone
+
+
+def _same_size_bytes(sd, size, tmp_path):
+    other = tmp_path / "other" / "model.pt"  # the same file name: torch's zip holds it
+    other.parent.mkdir()
+    torch.save(sd, other)
+    data = other.read_bytes()
+    assert len(data) == size  # the same keys and shapes: torch's zip layout has the same size
+    return data
+
+
+def test_repeated_set_names_are_refused_naming_the_key(tmp_path, capsys):
+    with pytest.raises(ValueError, match="'k'.*more than once"):
+        parse_set(["k=20", "svd=rsvd", "k=30"])
+    assert parse_set(["k=20", "svd=rsvd"]) == {"k": 20, "svd": "rsvd"}
+    paths = big_checkpoints(tmp_path)
+    rc = main([*merge_args(paths, tmp_path / "m.safetensors", method="ties"), "--set", "k=20", "k=30"])
+    assert rc == 2 and "'k'" in capsys.readouterr().err and not (tmp_path / "m.safetensors").exists()
