@@ -47,8 +47,10 @@ zoo: data
 
 include mk/book.mk
 
+# The suite runs on every core (pytest-xdist; -n auto: one worker per core); each module stays on
+# one worker (--dist loadfile), so its module-scoped fixtures are built once.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 # bench_reference compares with the public reference code: clone each repository and name it, e.g.
 # make bench REF_TIES=~/ties-merging REF_TSV=~/task_singular_vectors REF_ISO=~/iso-merging REF_TASK_VECTORS=~/task_vectors

@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# OpenMP threads that wait for work sleep instead of spinning (set before torch loads OpenMP; every
+# subprocess and notebook kernel a test starts inherits it). Spinning threads are what made small
+# parallel torch ops (a 65536-bin bincount per chunk: streamed global TIES) 10-20 times slower once
+# the cores are shared: between the `make test` workers (pytest-xdist, one per core) or with other
+# work on the machine. Only how idle threads wait changes: thread counts and results do not.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # pactlib finds its caches by configuration only ($PACT_CACHE, else ~/.cache/pactlib): the tests use
