@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
 from pactlib.book import site  # noqa: E402
+from pactlib.io import write_atomic  # noqa: E402
 
 #: Where a cell links: the chapter's notebook in the repository.
 LINK = "notebooks/{chapter}.py"
@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0 if new == text else 1
     if new != text:
-        tmp = args.readme.with_name(f".{args.readme.name}.{os.getpid()}.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        os.replace(tmp, args.readme)
+        write_atomic(args.readme, new)
         print(f"updated the verdict table in {args.readme.name}")
     return 0
 

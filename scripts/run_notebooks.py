@@ -807,8 +807,9 @@ def main(argv: list[str] | None = None) -> int:
             raise pparams.ParameterError(f"--jobs must be a whole number >= 1, got {args.jobs}")
         cli = parse_cli(args.set)
         selected = {p.stem for p in notebook_paths(args.only)}
-        # every chapter is validated (the book renders them all); -p applies to the selected ones
-        others = [p for p in notebook_paths(None) if p.stem not in selected]
+        # every chapter is validated when the book is rendered (it shows them all); -p applies to the
+        # selected ones. With --no-render only the selected chapters are run, so only they are checked.
+        others = [] if args.no_render else [p for p in notebook_paths(None) if p.stem not in selected]
         jobs = prepare(notebook_paths(args.only), params_file, cli) + (prepare(others, params_file, {}) if others else [])
         runs = pparams.variant_definitions(params_file)
         jobs.sort(key=lambda j: (list(runs).index(j.run), j.name))

@@ -295,18 +295,19 @@ def test_chapters_run_on_a_testbed_with_another_rule(tmp_path):
     set_path = tmp_path / "smoke-rule.yaml"
     set_path.write_text(yaml.safe_dump(smoke))
     names = ["04_subspace_perspective", "07_layer_depth", "08_efficiency", "10_theory"]
+    mp = pytest.MonkeyPatch()
     try:
-        jobs = rn.prepare([ROOT / "notebooks" / f"{n}.py" for n in names], set_path, {})
-        shared = rn.shared_inputs([])
-        out = tmp_path / "out"
-        for job in jobs:
-            rn.compute_key(job, shared)
-            rn.execute(job, out, "smoke-rule", progress=False)
+        mp.setattr(rn, "EXECUTED", tmp_path / "executed")
+        mp.setattr(rn, "RECORDS", tmp_path / "records")
+        for job in rn.prepare([ROOT / "notebooks" / f"{n}.py" for n in names], set_path, {}):
+            rn.compute(job, "smoke-rule", "smoke-rule", progress=False)
     finally:
+        mp.undo()
         testbeds.undefine("synthetic-3")
+    out = tmp_path / "records" / "smoke-rule" / "main"
     per_layer = {"dimensions", "intrusion", "core-gap", "lbw-distance", "layer"}
     for n in names:
-        recs = [json.loads(line) for line in (out / "records" / f"{n}.jsonl").read_text().splitlines()]
+        recs = [json.loads(line) for line in (out / n / f"{n}.jsonl").read_text().splitlines()]
         keyed = [r for r in recs if r["method"] in per_layer]
         assert keyed, n
         assert {r["key"] for r in keyed} == set(MAPS[:3]), n

@@ -26,10 +26,12 @@ import ast
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pactlib.book.records import read_json_object
+from pactlib.io import write_atomic
 
 __all__ = ["PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
            "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state"]
@@ -141,16 +143,7 @@ def write(folder: str | os.PathLike, prov: Mapping[str, Any]) -> Path:
     """Write ``prov`` as ``folder/provenance.json`` (sorted keys, indent 1), atomically."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(prov, sort_keys=True, indent=1, default=str) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, folder / FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return folder / FILE
+    return write_atomic(folder / FILE, json.dumps(prov, sort_keys=True, indent=1, default=str) + "\n")
 
 
 def read(folder: str | os.PathLike) -> dict[str, Any] | None:
@@ -159,16 +152,7 @@ def read(folder: str | os.PathLike) -> dict[str, Any] | None:
     Raises:
         ValueError: the file is not a JSON object (the message names it).
     """
-    path = Path(folder) / FILE
-    if not path.is_file():
-        return None
-    try:
-        prov = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg})") from None
-    if not isinstance(prov, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return prov
+    return read_json_object(Path(folder) / FILE)
 
 
 def _plain(value: Any) -> Any:

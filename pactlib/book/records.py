@@ -34,7 +34,7 @@ from typing import Any
 
 from pactlib.io import write_atomic
 
-__all__ = ["REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
+__all__ = ["read_json_object", "REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
            "records_frame", "records_path"]
 
 REQUIRED_FIELDS = ("method", "params", "seed", "metrics")
@@ -267,3 +267,21 @@ def table_frame(records: Iterable[Mapping[str, Any]] | str | Path, table: str):
 
 
 __all__ += ["TABLE", "table_record", "table_frame"]
+
+
+def read_json_object(path: str | Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a provenance or benchmark file), or None when there is no file.
+
+    Raises:
+        ValueError: the file is not JSON, or not a JSON object (the message names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data

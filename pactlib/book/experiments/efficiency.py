@@ -31,7 +31,7 @@ from torch import Tensor
 
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import PactOptions, PactReport, pact_filter
-from pactlib.book.records import make_record
+from pactlib.book.records import make_record, read_json_object
 from pactlib.book.verdicts import ladder, verdict
 from pactlib.subspaces import choose_rank
 from pactlib.taskvector import TaskVector
@@ -279,16 +279,10 @@ def read_bench(path: str | Path) -> dict | None:
     Raises:
         ValueError: the file exists but is not a JSON object (names the file).
     """
-    path = Path(path)
-    if not path.is_file():
-        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg}); re-run bench/bench_filter.py") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+        return read_json_object(path)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; re-run bench/bench_filter.py") from exc
 
 
 BENCH_ROWS = (("blocks", "ViT-B/32-shaped blocks (4 matrix layers each)", "{:.0f}"),
