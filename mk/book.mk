@@ -21,7 +21,8 @@
 #   make publish                   push _build/html to the gh-pages branch (ghp-import)
 #   make readme                    regenerate README.md's verdict table from book/records/default
 #   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
-#   make book-screenshot           headless-Chromium PNGs of the front page and chapter 5
+#   make book-screenshot           headless-Chromium PNGs of the front page, chapter 5 and the Verdicts page;
+#                                  fails when a page makes a network request
 #
 # Parameters are validated first (book-check / chapter-check / reproduce-check, with the venv only):
 # a wrong value fails in seconds, before any data or zoo is built.
@@ -80,4 +81,4 @@ chapter-check: $(STAMP)
 	$(BOOK_RUN) --only $(NB) --check-only $(ARGS)
 
 book-screenshot:
-	PARAMS=$(PARAMS) bash scripts/screenshot.sh $(if $(filter default,$(PARAMS)),_build/html,_build/$(PARAMS)/_build/html)
+	$(PY) scripts/screenshot.py --set $(PARAMS) --html $(if $(filter default,$(PARAMS)),_build/html,_build/$(PARAMS)/_build/html)

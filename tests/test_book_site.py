@@ -127,3 +127,22 @@ def test_publish_and_ghp_import_are_pinned():
     assert "$(GHP_IMPORT) -n -p -f _build/html" in mk
     for req in ("requirements.txt", "requirements.lock"):
         assert re.search(r"^ghp-import==\d", (ROOT / req).read_text(), re.M), req
+
+
+def test_look_at_screenshots_a_page_and_names_each_request_the_page_makes(tmp_path):
+    """A page that loads a remote image and script is caught by the net log (Chromium's own
+    background requests are not the page's); a local page makes none."""
+    from pactlib.book import site
+
+    (tmp_path / "pic.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>')
+    local = tmp_path / "local.html"
+    local.write_text('<html><body><img src="pic.svg"><p>offline</p></body></html>')
+    remote = tmp_path / "remote.html"
+    remote.write_text('<html><body><img src="https://example.com/x.png">'
+                      '<script src="http://cdn.example.org/a.js"></script></body></html>')
+    assert site.look_at(local, tmp_path / "local.png", width=320, height=240) == []
+    assert (tmp_path / "local.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert site.look_at(remote, tmp_path / "remote.png", width=320, height=240) == [
+        "http://cdn.example.org/a.js", "https://example.com/x.png"]
+    with pytest.raises(FileNotFoundError, match="nowhere.html"):
+        site.look_at(tmp_path / "nowhere.html", tmp_path / "x.png")

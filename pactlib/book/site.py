@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
+__all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
            "time_section", "readme_table", "replace_block", "html_problems"]
 
 MAIN = "main"
@@ -56,8 +56,8 @@ def toc(base: Mapping[str, Any], prefix_from: str, prefix_to: str, variants: Map
                 stem = f[len(prefix_from):]
                 chapter["file"] = prefix_to + stem
                 extra = [{"file": f"{prefix_to}{v}/{stem}"} for v, stems in variants.items() if stem in stems]
-                if extra:
-                    chapter["sections"] = extra
+                if extra:  # after the chapter's own sections (e.g. chapter 1's specification page)
+                    chapter["sections"] = chapter.get("sections", []) + extra
     parts = out.setdefault("parts", [])
     at = next((i for i, p in enumerate(parts) if p.get("caption", "").startswith("About")), len(parts))
     parts.insert(at, {"caption": "Verdicts", "chapters": [{"file": prefix_to + VERDICTS_PAGE}]})
@@ -195,3 +195,63 @@ def html_problems(html: Path, pages: Sequence[str]) -> list[str]:
     if not mathjax_ok:
         problems.append("no page loads the local MathJax (run scripts/setup_book_assets.sh)")
     return problems
+
+
+#: Chromium's flags for looking at a page the way a reader's browser would, with its own background
+#: services (sync, updates, component downloads) off.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
+
+
+def page_requests(netlog: str | Path) -> list[str]:
+    """The network requests a page made, from a Chromium net log (``--log-net-log=FILE``).
+
+    Chromium's own requests (updates, time, spelling dictionaries) have no origin and are left
+    out; a request a page makes carries the page's origin (``"null"`` for a ``file://`` page).
+    A book that works offline has none.
+
+    Raises:
+        ValueError: the file is not a Chromium net log (the message names it).
+    """
+    try:
+        events = json.loads(Path(netlog).read_text(encoding="utf-8"))["events"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{netlog}: not a Chromium net log ({exc})") from None
+    urls = []
+    for event in events:
+        params = event.get("params") or {}
+        url, origin = params.get("url"), params.get("initiator")
+        if url and origin is not None and origin != "not an origin" and not url.startswith(("file:", "data:")):
+            urls.append(url)
+    return sorted(set(urls))
+
+
+def look_at(page: str | Path, png: str | Path, browser: str = "chromium", *, width: int = 1280,
+            height: int = 1600) -> list[str]:
+    """Open ``page`` in headless Chromium, write a screenshot to ``png`` and return the network
+    requests the page made (:func:`page_requests`).
+
+    Raises:
+        FileNotFoundError: ``page`` or the browser does not exist.
+        RuntimeError: Chromium failed or wrote no screenshot (its exit status named).
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    page, png = Path(page).resolve(), Path(png)
+    if not page.is_file():
+        raise FileNotFoundError(f"page not found: {page}")
+    exe = shutil.which(browser)
+    if exe is None:
+        raise FileNotFoundError(f"{browser} not found (scripts/setup_sources.sh installs Debian's chromium)")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        log = Path(profile) / "net.json"
+        proc = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/user", f"--log-net-log={log}",
+                               f"--window-size={width},{height}", "--virtual-time-budget=4000",
+                               f"--screenshot={png.resolve()}", page.as_uri()],
+                              capture_output=True, timeout=120)
+        if proc.returncode != 0 or not png.is_file() or png.stat().st_size == 0:
+            raise RuntimeError(f"chromium could not screenshot {page} (exit {proc.returncode})")
+        return page_requests(log)
