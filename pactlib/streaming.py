@@ -348,16 +348,22 @@ def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre:
     return res[0] if res is not None else None
 
 
-def return_freed_memory(threshold: int = 1 << 20) -> bool:
+def return_freed_memory(threshold: int = 1 << 20, trim: int | None = None) -> bool:
     """Make the C allocator give freed large buffers back to the operating system at once (glibc:
     ``mallopt(M_MMAP_THRESHOLD, threshold)``: every allocation of at least ``threshold`` bytes gets
-    its own memory map, unmapped when freed). Process-wide; ``pact merge`` calls it.
+    its own memory map, unmapped when freed; with ``trim``, ``mallopt(M_TRIM_THRESHOLD, trim)``:
+    the heap keeps up to that many freed bytes at its top for the next buffers instead of giving
+    them back at every free). Process-wide; ``pact merge`` calls it with :func:`allocator_settings`.
 
     Why: glibc raises its map threshold to the size of every large block freed (up to 32 MB), so
     later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
     allocations in between keep the freed ones from being returned; the resident size then grows
     with the heap's history. What it saves is recorded in ``book/data/implementation_choices.jsonl``.
-    The cost is a page fault per page of each new large buffer.
+    The cost is a page fault per page of each new buffer of ``threshold`` bytes or more: the chunked
+    paths, whose buffers all fit in a chunk and recur chunk after chunk, take a threshold above the
+    chunk and a trim threshold above a chunk's work space (:func:`allocator_settings`), so their
+    buffers come from the heap, reused without faults; the heap then holds no more than the peak
+    of one chunk's work, which the process reaches anyway.
 
     Returns:
         True when set; False when the C library is not glibc (nothing done) or the user set
@@ -373,8 +379,24 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    if trim is not None and not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
+        mallopt(M_TRIM_THRESHOLD, int(trim))
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+def allocator_settings(method: str, pact: str | None, params: dict,
+                       chunk_bytes: int = CHUNK_BYTES) -> tuple[int, int | None]:
+    """``(threshold, trim)`` for :func:`return_freed_memory` in a streamed merge of ``method`` with
+    ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
+    entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
+    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of 16 chunks (above the
+    work space of one chunk: TIES' election holds about eight chunk-sized temporaries), so they
+    are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
+    each buffer its own map, unmapped when freed."""
+    m = merges.get(method)
+    chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
+    return (2 * chunk_bytes, 16 * chunk_bytes) if chunked and pact is None else (1 << 20, None)
 
 
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
@@ -748,6 +770,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 for rows in inputs.rows(key, True, chunk_bytes):
                     yield stack(key, rows, first)[1]
 
+        work: dict = {}  # ties_kernel's temporaries, reused chunk after chunk
         with single_threaded():
             find_thresholds(gt, passes)
             for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
@@ -759,7 +782,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                     if p is None:
                         p = inputs.pre.read(key, rows)
                     trimmed = trim_stack(gt, st, out=st)  # = flat * mask in memory
-                    writer.write(key, apply_update(key, p, ties_kernel(trimmed), alpha))
+                    writer.write(key, apply_update(key, p, ties_kernel(trimmed, work=work), alpha))
                     del trimmed, st, p
     finally:
         if spill_dir is not None:
