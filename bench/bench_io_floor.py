@@ -120,9 +120,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "book" / "data" / "io_floor.jsonl")
     ap.add_argument("--append", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="write the checkpoints here and keep them (reused)")
+    ap.add_argument("--code", type=Path, default=ROOT,
+                    help="the checkout whose pactlib the merges run (e.g. another branch's, for a before / after)")
     args = ap.parse_args(argv)
     py = sys.executable
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
     records: list[dict] = []
     shape = dict(layers=args.layers, hidden=args.hidden, mlp=args.mlp, vocab=args.vocab)
     work = args.keep or Path(tempfile.mkdtemp(prefix="io_floor-"))
@@ -138,7 +140,9 @@ def main(argv=None) -> None:
             stamp.touch()
         base = work / "base.safetensors"
         start = run_child([py, "-c", "import pactlib.cli"], env)  # what every merge pays before it reads a byte
-        rec = {"kind": "startup", "label": args.label, **start, "load1": round(os.getloadavg()[0], 2)}
+        commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start, "load1": round(os.getloadavg()[0], 2)}
         records.append(rec)
         print(json.dumps(rec), flush=True)
         start_cpu = start["user_s"] + start["sys_s"]

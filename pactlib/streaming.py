@@ -390,13 +390,12 @@ def allocator_settings(method: str, pact: str | None, params: dict,
     """``(threshold, trim)`` for :func:`return_freed_memory` in a streamed merge of ``method`` with
     ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
     entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
-    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of 16 chunks (above the
-    work space of one chunk: TIES' election holds about eight chunk-sized temporaries), so they
-    are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
+    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of four chunks (above the
+    work space of one chunk), so they are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
     each buffer its own map, unmapped when freed."""
     m = merges.get(method)
     chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
-    return (2 * chunk_bytes, 16 * chunk_bytes) if chunked and pact is None else (1 << 20, None)
+    return (2 * chunk_bytes, 4 * chunk_bytes) if chunked and pact is None else (1 << 20, None)
 
 
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
@@ -698,6 +697,9 @@ def _spill_prefix(out: Path) -> str:
 def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
                  workers, chunk_bytes, dev: torch.device | None, out: Path) -> None:
     T = inputs.T
+    # the election holds about four temporaries of a chunk's stack (ties_kernel's workspace): stacks
+    # of a quarter of the budget keep the whole work space of a chunk within it
+    chunk_bytes = max(1, chunk_bytes // 4)
     k = float(mparams.get("k", m.params["k"]))
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
     sel = [key for key in inputs.floats if key in selected]
