@@ -126,6 +126,14 @@ def main(argv=None) -> None:
     py = sys.executable
     env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
     records: list[dict] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(args.out, "a" if args.append else "w")
+
+    def emit(rec: dict) -> None:  # each record as it comes: an interrupted run keeps what it measured
+        records.append(rec)
+        sink.write(json.dumps(rec) + "\n")
+        sink.flush()
+        print(json.dumps(rec), flush=True)
     shape = dict(layers=args.layers, hidden=args.hidden, mlp=args.mlp, vocab=args.vocab)
     work = args.keep or Path(tempfile.mkdtemp(prefix="io_floor-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -143,8 +151,7 @@ def main(argv=None) -> None:
         commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start, "load1": round(os.getloadavg()[0], 2)}
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+        emit(rec)
         start_cpu = start["user_s"] + start["sys_s"]
         for T in sorted(args.tasks):
             files = [base] + [work / f"task{t:02d}.safetensors" for t in range(T)]
@@ -154,8 +161,7 @@ def main(argv=None) -> None:
             fl = floor(files, size, work)
             rec = {"kind": "floor", "label": args.label, **shape, "T": T, "file_mb": round(size / 1e6, 1),
                    "input_mb": round(size * (T + 1) / 1e6, 1), **fl, "load1": round(load0, 2)}
-            records.append(rec)
-            print(json.dumps(rec), flush=True)
+            emit(rec)
             for name in args.methods:
                 method, sets = SETS.get(name, (name, []))
                 out = work / f"merged-{name}-{T}.safetensors"
@@ -178,8 +184,7 @@ def main(argv=None) -> None:
                        "merge_kernel_share": round((r["sys_s"] - start["sys_s"]) / max(cpu - start_cpu, 1e-9), 3),
                        "merge_rss_mb": round(r["peak_rss_mb"] - start["peak_rss_mb"], 1),
                        "load1_before": round(load0, 2), "load1_after": round(os.getloadavg()[0], 2)}
-                records.append(rec)
-                print(json.dumps(rec), flush=True)
+                emit(rec)
         runs = [r for r in records if r["kind"] == "merge"]
         for name in args.methods:
             mine = sorted((r for r in runs if r["method"] == name), key=lambda r: r["T"])
@@ -188,15 +193,11 @@ def main(argv=None) -> None:
                        "T_max": mine[-1]["T"],
                        "peak_ratio": round(mine[-1]["peak_rss_mb"] / mine[0]["peak_rss_mb"], 3),
                        "merge_rss_mb": [mine[0]["merge_rss_mb"], mine[-1]["merge_rss_mb"]]}
-                records.append(rec)
-                print(json.dumps(rec), flush=True)
+                emit(rec)
     finally:
+        sink.close()
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a" if args.append else "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":
