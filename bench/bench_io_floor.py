@@ -69,10 +69,11 @@ print(sum(v.numel() for v in base.values()))
 """
 
 
-def run_child(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; its wall time and its own rusage (user, sys, peak RSS, minor faults)."""
+def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
+    """Run ``cmd`` (in ``cwd``: ``python -m`` imports from there first); its wall time and its own
+    rusage (user, sys, peak RSS, minor faults)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode(errors="replace")
@@ -124,7 +125,8 @@ def main(argv=None) -> None:
                     help="the checkout whose pactlib the merges run (e.g. another branch's, for a before / after)")
     args = ap.parse_args(argv)
     py = sys.executable
-    env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
+    code = args.code.resolve()
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     records: list[dict] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sink = open(args.out, "a" if args.append else "w")
@@ -147,7 +149,7 @@ def main(argv=None) -> None:
                                                           args.seed, str(work)])], check=True, env=env)
             stamp.touch()
         base = work / "base.safetensors"
-        start = run_child([py, "-c", "import pactlib.cli"], env)  # what every merge pays before it reads a byte
+        start = run_child([py, "-c", "import pactlib.cli"], env, code)  # what every merge pays before it reads a byte
         commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start, "load1": round(os.getloadavg()[0], 2)}
@@ -171,7 +173,7 @@ def main(argv=None) -> None:
                 if sets:
                     cmd += ["--set", *sets]
                 load0 = os.getloadavg()[0]
-                r = run_child(cmd, env)
+                r = run_child(cmd, env, code)
                 out.unlink(missing_ok=True)
                 cpu = r["user_s"] + r["sys_s"]
                 rec = {"kind": "merge", "label": args.label, **shape, "T": T, "method": name, **r,
