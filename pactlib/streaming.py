@@ -361,7 +361,7 @@ def return_freed_memory(threshold: int = 1 << 20, trim: int | None = None) -> bo
     with the heap's history. What it saves is recorded in ``book/data/implementation_choices.jsonl``.
     The cost is a page fault per page of each new buffer of ``threshold`` bytes or more: the chunked
     paths, whose buffers all fit in a chunk and recur chunk after chunk, take a threshold above the
-    chunk and a trim threshold above a chunk's work space (:func:`allocator_settings`), so their
+    chunk and a trim threshold of a chunk (:func:`allocator_settings`), so their
     buffers come from the heap, reused without faults; the heap then holds no more than the peak
     of one chunk's work, which the process reaches anyway.
 
@@ -390,12 +390,12 @@ def allocator_settings(method: str, pact: str | None, params: dict,
     """``(threshold, trim)`` for :func:`return_freed_memory` in a streamed merge of ``method`` with
     ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
     entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
-    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of four chunks (above the
-    work space of one chunk), so they are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
+    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of one chunk (the heap
+    keeps that much freed memory for the next chunk's buffers), so they are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
     each buffer its own map, unmapped when freed."""
     m = merges.get(method)
     chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
-    return (2 * chunk_bytes, 4 * chunk_bytes) if chunked and pact is None else (1 << 20, None)
+    return (2 * chunk_bytes, chunk_bytes) if chunked and pact is None else (1 << 20, None)
 
 
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
@@ -651,12 +651,15 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
              workers, chunk_bytes, dev: torch.device | None) -> None:
     T = inputs.T
     reduced = m.reducer is not None
+    # a reducer holds no (T, rows, …) stack but about eight one-task buffers of the rows (θ0's rows,
+    # the read buffer, Δt, the running sum, the update, …): its rows take an eighth of the budget each
+    budget = max(1, chunk_bytes * T // 8) if reduced else chunk_bytes
 
     def job(key: str):
         if key not in inputs.floats:
             return [inputs.pre.read(key)], None
         outs, lr = [], None
-        for rows in inputs.rows(key, m.elementwise and key not in selected, chunk_bytes):
+        for rows in inputs.rows(key, m.elementwise and key not in selected, budget):
             if reduced:  # tasks read one at a time into the method's reducer: no (T, m, n) stack
                 p = inputs.pre.read(key, rows)
                 check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")

@@ -109,7 +109,7 @@ def test_ties_kernel_workspace_is_bit_identical(dtype):
 def test_allocator_settings():
     """Chunked paths (Task Arithmetic; TIES global, no PACT) reuse chunk-sized buffers from the
     heap; every other path keeps each large buffer its own map (1 MB)."""
-    chunked = (2 * CHUNK_BYTES, 4 * CHUNK_BYTES)
+    chunked = (2 * CHUNK_BYTES, CHUNK_BYTES)
     assert allocator_settings("task_arithmetic", None, {}) == chunked
     assert allocator_settings("ties", None, {}) == chunked
     assert allocator_settings("ties", None, {"scope": "global", "k": 10}) == chunked
@@ -118,4 +118,4 @@ def test_allocator_settings():
     assert allocator_settings("task_arithmetic", "s-pact", {}) == (1 << 20, None)
     for m in ("tsv_m", "iso_c", "iso_cts"):
         assert allocator_settings(m, None, {}) == (1 << 20, None)
-    assert allocator_settings("ties", None, {}, chunk_bytes=1 << 20) == (2 << 20, 4 << 20)
+    assert allocator_settings("ties", None, {}, chunk_bytes=1 << 20) == (2 << 20, 1 << 20)
