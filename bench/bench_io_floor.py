@@ -23,12 +23,17 @@ merge's own, that startup taken off. The script never imports torch itself (a ch
 checkpoints), so a large parent does not set a floor under the children's ``ru_maxrss``.
 
     .venv/bin/python bench/bench_io_floor.py                          # T = 2 and 8, every method
-    .venv/bin/python bench/bench_io_floor.py --tasks 20 --methods task_arithmetic ties --append
+    .venv/bin/python bench/bench_io_floor.py --tasks 20 --methods task_arithmetic ties_global --append
     .venv/bin/python bench/bench_io_floor.py --layers 8               # the issue's shape (0.48 GB per file)
 
 Records: ``book/data/io_floor.jsonl`` (``--out``): one ``floor`` line per T, one ``merge`` line per
 method and T, and ``memory`` lines (peak RSS at the largest T over the smallest, per method).
-``--label`` tags the records (e.g. ``before`` / ``after`` a change); ``--append`` adds to the file.
+``--label`` tags the records (e.g. ``before`` / ``after`` a change); ``--code DIR`` runs the merges
+with another checkout's pactlib (the ``startup`` line records its commit); ``--append`` adds to
+the file; ``--keep DIR`` keeps the checkpoints for the next run. The recorded runs:
+``--code <main> --tasks 2 8 --methods task_arithmetic ties_global --label before`` and
+``--tasks 2 8 20 --methods task_arithmetic ties_global --label after`` (and the per-key methods at
+T = 2 and 8, ``after-perkey``).
 """
 from __future__ import annotations
 
