@@ -157,7 +157,8 @@ def main(argv=None) -> None:
         start = run_child([py, "-c", "import pactlib.cli"], env, code)  # what every merge pays before it reads a byte
         commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start, "load1": round(os.getloadavg()[0], 2)}
+        rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start,
+               "load1": round(os.getloadavg()[0], 2)}
         emit(rec)
         start_cpu = start["user_s"] + start["sys_s"]
         for T in sorted(args.tasks):

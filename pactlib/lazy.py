@@ -71,6 +71,8 @@ from .safetensors_io import DTYPE_NAMES, StreamedFile, read_layout, read_offsets
 from .paths import cache_dir as _cache_dir
 
 INDEX_SUFFIX = ".index.json"
+#: Read descriptors a :class:`LazyCheckpoint` keeps open (its most recently read files)
+OPEN_FILES = 8
 #: What a model folder's checkpoint is read from, first found first: Hugging Face's order
 #: (transformers reads ``model.safetensors`` before its index, and both before ``pytorch_model.bin``),
 #: open_clip's names after Hugging Face's of the same format
@@ -142,7 +144,8 @@ class LazyCheckpoint:
     def __init__(self, name: str, entries: Mapping[str, Entry]):
         self.name = name
         self._entries = dict(entries)
-        self._fds: dict[Path, int] = {}
+        self._fds: dict[Path, int] = {}  # open descriptors, least recently used first
+        self._users: dict[Path, int] = {}  # reads in progress per file
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -183,9 +186,10 @@ class LazyCheckpoint:
         a CPU tensor of its own: ``out`` when given (contiguous, of the result's shape and dtype:
         a buffer reused from call to call), else a new one.
 
-        The bytes are read with ``pread`` from a descriptor opened once per file and kept for the
-        checkpoint's life (:meth:`close`): one system call per contiguous run (the whole tensor, a
-        range of rows; a range along ``dim`` 1 is one run per index of dimension 0). Nothing is
+        The bytes are read with ``pread`` from a descriptor opened once per file and kept
+        (:data:`OPEN_FILES` per checkpoint, until :meth:`close`): one system call per contiguous
+        run (the whole tensor, a range of rows; a range along ``dim`` 1 is one run per index of
+        dimension 0). Nothing is
         memory-mapped, so the page cache's pages are copied, not faulted in, and none of them
         counts in the process's resident size.
 
@@ -225,8 +229,9 @@ class LazyCheckpoint:
             out.copy_(self._read_safe_open(key, rows, dim))
             return out
         view = tensor_bytes_view(out)
+        fd = None
         try:
-            fd = self._fd(e.file)
+            fd = self._acquire(e.file)
             pos = 0
             for off, n in runs:
                 done = 0
@@ -239,6 +244,9 @@ class LazyCheckpoint:
         except (OSError, EOFError) as err:
             raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
                                   f"({type(err).__name__}: {str(err)[:200]})") from err
+        finally:
+            if fd is not None:
+                self._release(e.file)
         return out
 
     def _read_safe_open(self, key: str, rows, dim: int) -> Tensor:
@@ -255,15 +263,26 @@ class LazyCheckpoint:
             raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
                                   f"({type(err).__name__}: {str(err)[:200]})") from err
 
-    def _fd(self, file: Path) -> int:
-        """The read descriptor of ``file``, opened on first use and kept until :meth:`close`."""
-        fd = self._fds.get(file)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(file)
-                if fd is None:
-                    fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return fd
+    def _acquire(self, file: Path) -> int:
+        """The read descriptor of ``file``, opened on first use and kept (the :data:`OPEN_FILES`
+        most recently used per checkpoint: a sharded checkpoint is read shard after shard, and
+        T checkpoints of many shards stay within the process's limit); released after the read."""
+        with self._lock:
+            fd = self._fds.pop(file, None)
+            if fd is None:
+                fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._fds[file] = fd  # the most recently used last
+            self._users[file] = self._users.get(file, 0) + 1
+            for old in list(self._fds)[:max(0, len(self._fds) - OPEN_FILES)]:
+                if not self._users.get(old):  # a descriptor in use by another thread stays open
+                    os.close(self._fds.pop(old))
+            return fd
+
+    def _release(self, file: Path) -> None:
+        with self._lock:
+            self._users[file] -= 1
+            if not self._users[file]:
+                del self._users[file]
 
     def close(self) -> None:
         """Close the files' descriptors (reading again opens them again)."""

@@ -391,8 +391,9 @@ def allocator_settings(method: str, pact: str | None, params: dict,
     ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
     entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
     chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of one chunk (the heap
-    keeps that much freed memory for the next chunk's buffers), so they are reused from the heap. Else (layer-sized buffers of every size): 1 MB and glibc's own trim,
-    each buffer its own map, unmapped when freed."""
+    keeps that much freed memory for the next chunk's buffers), so they are reused from the heap.
+    Else (layer-sized buffers of every size): 1 MB and glibc's own trim, each buffer its own map,
+    unmapped when freed."""
     m = merges.get(method)
     chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
     return (2 * chunk_bytes, chunk_bytes) if chunked and pact is None else (1 << 20, None)

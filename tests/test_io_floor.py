@@ -119,3 +119,27 @@ def test_allocator_settings():
     for m in ("tsv_m", "iso_c", "iso_cts"):
         assert allocator_settings(m, None, {}) == (1 << 20, None)
     assert allocator_settings("ties", None, {}, chunk_bytes=1 << 20) == (2 << 20, 1 << 20)
+
+
+def test_many_shards_keep_few_descriptors(tmp_path, monkeypatch):
+    """A checkpoint of more shards than :data:`pactlib.lazy.OPEN_FILES` reads every key right and
+    keeps at most that many files open."""
+    import json
+
+    import pactlib.lazy as lazy
+
+    monkeypatch.setattr(lazy, "OPEN_FILES", 3)
+    g = torch.Generator().manual_seed(6)
+    sd = {f"k{i:02d}": torch.randn(4, 3, generator=g) for i in range(10)}
+    wm = {}
+    for i, (k, v) in enumerate(sd.items()):
+        save_file({k: v}, tmp_path / f"s{i}.safetensors")
+        wm[k] = f"s{i}.safetensors"
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    ck = open_checkpoint(tmp_path / "m.safetensors.index.json")
+    for _ in range(2):
+        for k, v in sd.items():
+            assert torch.equal(ck.read(k), v)
+            assert len(ck._fds) <= 3
+    ck.close()
+    assert not ck._fds
