@@ -65,7 +65,7 @@ from .checks import CheckpointError, check_alpha, check_device
 from .io import load_state_dict
 from .lazy import check_out_suffix, check_out_target, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
-from .streaming import merge_files, return_freed_memory
+from .streaming import allocator_settings, merge_files, return_freed_memory
 
 
 def parse_literal(text: str):
@@ -231,7 +231,6 @@ def cmd_merge(args) -> int:
     set_threads(args.threads)
     if args.device is not None:
         check_device(args.device, name="--device")
-    return_freed_memory()  # layer-sized buffers go back to the OS when freed (its docstring says why)
     adapters = list(r.models) if r.lora else []
     inputs = [r.base_model, *([] if r.lora else r.models)]
     if adapters:
@@ -244,7 +243,9 @@ def cmd_merge(args) -> int:
         out = str(folder / rc.weights_name(r.base_model))
     check_out_path(out, inputs, max_shard_size)
     kw = dict(r.params)
-    resolve_kwargs(r.merge_method, r.pact, kw)
+    mparams, _ = resolve_kwargs(r.merge_method, r.pact, kw)
+    # freed buffers go back to the OS; chunk-sized ones are reused from the heap (the docstrings say why)
+    return_freed_memory(*allocator_settings(r.merge_method, r.pact, mparams))
     workers = args.workers if args.workers is not None else (args.threads or 1)
     if adapters:
         from .peft import resolve_key_map

@@ -5,13 +5,13 @@ streamed merge (:mod:`pactlib.streaming`).
 dtype from the file headers, and :meth:`LazyCheckpoint.read` for one tensor (or a range of its
 rows) at a time.
 
-- ``.safetensors``: the layout is read once (:func:`pactlib.safetensors_io.read_layout`); each
-  read opens the file with ``safetensors.safe_open`` (a memory map), takes the one tensor
-  (``get_slice`` for a range of rows) and closes it, so the mapping
-  goes away with the tensor. A handle kept open for the whole merge would keep every page it has
-  touched resident (the whole file, once every tensor has been read), where reopening per tensor
-  keeps about one tensor resident; the streamed merge's peak memory is measured in
-  ``book/data/merge_scale.jsonl`` (``bench/bench_merge_scale.py``).
+- ``.safetensors``: the layout and each key's byte offset are read once from the header
+  (:func:`pactlib.safetensors_io.read_layout`, :func:`~pactlib.safetensors_io.read_offsets`);
+  each file is opened once and kept open, and a read copies one tensor (or a range of its rows,
+  one contiguous run) with ``pread`` into a tensor of its own, or into a buffer the caller reuses
+  (``out=``). Nothing is memory-mapped: a mapping would fault in every 4 KB page it touches on
+  every pass, and keep the pages it touched in the process's resident size; the page cache's
+  pages are copied instead, whatever the number of passes.
 - Sharded checkpoints: a ``*.index.json`` with a Hugging Face ``weight_map`` (key -> shard file),
   or a model folder holding one (or a single ``model.safetensors`` / ``pytorch_model.bin``);
   each key is read from its shard.
@@ -56,6 +56,7 @@ import math
 import os
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,10 +67,12 @@ from torch import Tensor
 
 from .checks import CheckpointError
 from .io import SAFETENSORS, TORCH, save_state_dict, write_atomic
-from .safetensors_io import DTYPE_NAMES, StreamedFile, read_layout, tensor_bytes
+from .safetensors_io import DTYPE_NAMES, StreamedFile, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
 
 INDEX_SUFFIX = ".index.json"
+#: Read descriptors a :class:`LazyCheckpoint` keeps open (its most recently read files)
+OPEN_FILES = 8
 #: What a model folder's checkpoint is read from, first found first: Hugging Face's order
 #: (transformers reads ``model.safetensors`` before its index, and both before ``pytorch_model.bin``),
 #: open_clip's names after Hugging Face's of the same format
@@ -111,6 +114,7 @@ class Entry:
     file: Path
     shape: tuple[int, ...]
     dtype: torch.dtype
+    offset: int = -1  #: the byte offset of its data in ``file`` (-1: unknown, read through ``safe_open``)
 
     @property
     def numel(self) -> int:
@@ -125,7 +129,8 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
         CheckpointError: not a readable safetensors file (naming it).
     """
     layout, meta = read_layout(path)
-    return {k: Entry(Path(path), shape, dtype) for k, (shape, dtype) in layout.items()}, meta
+    offsets = read_offsets(path)
+    return {k: Entry(Path(path), shape, dtype, offsets[k]) for k, (shape, dtype) in layout.items()}, meta
 
 
 class LazyCheckpoint:
@@ -139,6 +144,9 @@ class LazyCheckpoint:
     def __init__(self, name: str, entries: Mapping[str, Entry]):
         self.name = name
         self._entries = dict(entries)
+        self._fds: dict[Path, int] = {}  # open descriptors, least recently used first
+        self._users: dict[Path, int] = {}  # reads in progress per file
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LazyCheckpoint({self.name!r}, keys={len(self)})"
@@ -172,22 +180,79 @@ class LazyCheckpoint:
         """{key: an empty ``meta`` tensor of the key's shape and dtype}, in order."""
         return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in self._entries.items()}
 
-    def read(self, key: str, rows: tuple[int, int] | None = None, *, dim: int = 0) -> Tensor:
-        """The tensor of ``key`` (or its index range ``rows`` = (start, stop) along ``dim``, 0 or 1).
+    def read(self, key: str, rows: tuple[int, int] | None = None, *, dim: int = 0,
+             out: Tensor | None = None) -> Tensor:
+        """The tensor of ``key`` (or its index range ``rows`` = (start, stop) along ``dim``, 0 or 1),
+        a CPU tensor of its own: ``out`` when given (contiguous, of the result's shape and dtype:
+        a buffer reused from call to call), else a new one.
 
-        The result is backed by a memory map of the file that lives as long as the tensor; do not
-        write into it.
+        The bytes are read with ``pread`` from a descriptor opened once per file and kept
+        (:data:`OPEN_FILES` per checkpoint, until :meth:`close`): one system call per contiguous
+        run (the whole tensor, a range of rows; a range along ``dim`` 1 is one run per index of
+        dimension 0). Nothing is
+        memory-mapped, so the page cache's pages are copied, not faulted in, and none of them
+        counts in the process's resident size.
 
         Raises:
             KeyError: unknown key (naming the checkpoint).
-            CheckpointError: the file can no longer be read (naming it and the key).
+            ValueError: ``out`` of the wrong shape or dtype, or not contiguous.
+            CheckpointError: the file can no longer be read, or is shorter than its header says
+                (naming it and the key).
         """
         try:
             e = self._entries[key]
         except KeyError:
             raise KeyError(f"{self.name}: no key {key!r}") from None
+        shape, runs = e.shape, None
+        item = torch.empty((), dtype=e.dtype).element_size()
+        if rows is None or not shape:
+            runs = [(e.offset, e.numel * item)]
+        else:
+            if dim not in (0, 1) or len(shape) <= dim:
+                raise ValueError(f"{self.name}: key {key!r} of shape {tuple(shape)} has no dimension {dim}")
+            a, b, _ = slice(rows[0], rows[1]).indices(shape[dim])
+            b = max(a, b)
+            inner = math.prod(shape[dim + 1:]) * item  # bytes of one index along dim
+            if dim == 0:
+                shape = (b - a, *shape[1:])
+                runs = [(e.offset + a * inner, (b - a) * inner)]
+            else:
+                stride = shape[1] * inner
+                runs = [(e.offset + i * stride + a * inner, (b - a) * inner) for i in range(shape[0])]
+                shape = (shape[0], b - a, *shape[2:])
+        if out is None:
+            out = torch.empty(shape, dtype=e.dtype)
+        elif tuple(out.shape) != tuple(shape) or out.dtype != e.dtype or not out.is_contiguous() or out.is_cuda:
+            raise ValueError(f"{self.name}: key {key!r}: out must be a contiguous CPU tensor {tuple(shape)} "
+                             f"{e.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if e.offset < 0:  # no known offset: through safetensors
+            out.copy_(self._read_safe_open(key, rows, dim))
+            return out
+        view = tensor_bytes_view(out)
+        fd = None
+        try:
+            fd = self._acquire(e.file)
+            pos = 0
+            for off, n in runs:
+                done = 0
+                while done < n:
+                    got = os.preadv(fd, [view[pos + done:pos + n]], off + done)
+                    if got <= 0:
+                        raise EOFError(f"the file ends {n - done} byte(s) early")
+                    done += got
+                pos += n
+        except (OSError, EOFError) as err:
+            raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
+                                  f"({type(err).__name__}: {str(err)[:200]})") from err
+        finally:
+            if fd is not None:
+                self._release(e.file)
+        return out
+
+    def _read_safe_open(self, key: str, rows, dim: int) -> Tensor:
         from safetensors import safe_open
 
+        e = self._entries[key]
         try:
             with safe_open(str(e.file), framework="pt") as f:
                 if rows is None or not e.shape:
@@ -197,6 +262,39 @@ class LazyCheckpoint:
         except Exception as err:
             raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
                                   f"({type(err).__name__}: {str(err)[:200]})") from err
+
+    def _acquire(self, file: Path) -> int:
+        """The read descriptor of ``file``, opened on first use and kept (the :data:`OPEN_FILES`
+        most recently used per checkpoint: a sharded checkpoint is read shard after shard, and
+        T checkpoints of many shards stay within the process's limit); released after the read."""
+        with self._lock:
+            fd = self._fds.pop(file, None)
+            if fd is None:
+                fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._fds[file] = fd  # the most recently used last
+            self._users[file] = self._users.get(file, 0) + 1
+            for old in list(self._fds)[:max(0, len(self._fds) - OPEN_FILES)]:
+                if not self._users.get(old):  # a descriptor in use by another thread stays open
+                    os.close(self._fds.pop(old))
+            return fd
+
+    def _release(self, file: Path) -> None:
+        with self._lock:
+            self._users[file] -= 1
+            if not self._users[file]:
+                del self._users[file]
+
+    def close(self) -> None:
+        """Close the files' descriptors (reading again opens them again)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 Loader = Callable[[Path], Mapping[str, Tensor]]

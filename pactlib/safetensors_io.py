@@ -102,6 +102,23 @@ def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
     return layout, dict(meta)
 
 
+def read_offsets(path: str | os.PathLike) -> dict[str, int]:
+    """{key: the absolute byte offset of its data in the file} of a safetensors file, from its
+    header (8-byte length, JSON, then the data). Call it after :func:`read_layout`, which checks
+    the header against the file.
+
+    Raises:
+        CheckpointError: the header cannot be read (naming the file).
+    """
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error) as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint header ({type(e).__name__}: {str(e)[:200]})") from e
+    return {k: 8 + n + int(v["data_offsets"][0]) for k, v in header.items() if k != "__metadata__"}
+
+
 class StreamedFile:
     """One safetensors file written tensor by tensor, in the declared order, into a temporary
     file beside ``path`` (:func:`pactlib.io.new_temp`: locked while open, so no clean-up takes it

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -186,6 +187,29 @@ class DeltaReader:
         self.dtype = torch.float64 if any(v.dtype == torch.float64 for v in meta.values()) else torch.float32
         self.floats = [k for k, v in meta.items() if torch.is_floating_point(v)]
         self.T = len(self.fts)
+        self._local = threading.local()  # each thread's read buffer (θt's entry before the subtraction)
+
+    def _buffer(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+        """This thread's reusable read buffer as a ``shape`` tensor of ``dtype`` (grown when too
+        small): θt's bytes land there and only Δt = θt − θ0 leaves it, so a pass over the files
+        allocates no buffer per task."""
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.numel() < n:
+            buf = self._local.buf = torch.empty(max(n, 1), dtype=torch.uint8)
+        return buf[:n].view(dtype).view(tuple(shape))
+
+    def stack_buffer(self, key: str, rows: tuple[int, int] | None, buf: Tensor | None) -> Tensor:
+        """A (T, …) tensor of :attr:`dtype` for ``key`` (or its ``rows``) on the storage of
+        ``buf`` (a 1-d tensor of :attr:`dtype`, reused from chunk to chunk) when it is large
+        enough, else a new one: the ``out`` of :meth:`deltas` in a loop over chunks."""
+        shape = self.pre.shape(key)
+        if rows is not None and shape:
+            shape = (rows[1] - rows[0], *shape[1:])
+        n = self.T * math.prod(shape)
+        if buf is None or buf.numel() < n:
+            return torch.empty((self.T, *shape), dtype=self.dtype)
+        return buf[:n].view(self.T, *shape)
 
     def rows(self, key: str, chunked: bool, chunk_bytes: int) -> list[tuple[int, int] | None]:
         """Row ranges ``(start, stop)`` along dimension 0 that cover ``key`` in order, each
@@ -204,10 +228,12 @@ class DeltaReader:
             return [None]
         return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)]
 
-    def deltas(self, key: str, rows: tuple[int, int] | None = None, *, check: bool = True) -> tuple[Tensor, Tensor]:
+    def deltas(self, key: str, rows: tuple[int, int] | None = None, *, check: bool = True,
+               out: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``(p, stack)``: θ0's entry (or its ``rows``), shape (…), in θ0's dtype, and the
-        (T, …) stack of Δt = θt − θ0 in :attr:`dtype` (a fresh tensor the caller may modify),
-        checked finite unless ``check`` is False (a later pass over data already checked).
+        (T, …) stack of Δt = θt − θ0 in :attr:`dtype` (a fresh tensor the caller may modify, or
+        ``out``, a contiguous (T, …) tensor of :attr:`dtype`: :meth:`stack_buffer`), checked
+        finite unless ``check`` is False (a later pass over data already checked).
 
         Raises:
             KeyError: ``key`` is not in θ0.
@@ -216,7 +242,7 @@ class DeltaReader:
         p = self.pre.read(key, rows)
         if check:
             check_finite({key: p}, name=f"pre-trained ({self.pre.name})")
-        stack = torch.empty((self.T, *p.shape), dtype=self.dtype)
+        stack = torch.empty((self.T, *p.shape), dtype=self.dtype) if out is None else out
         p_c = p.to(self.dtype)
         for t in range(self.T):
             self.delta(key, t, rows, pre=p_c, check=check, out=stack[t])
@@ -240,7 +266,7 @@ class DeltaReader:
         if is_delta_source(ft):  # Δt itself (None: zero); checked finite when it was read
             d = ft.delta(key)
             return out.zero_() if d is None else out.copy_(d if rows is None else d[rows[0]:rows[1]])
-        x = ft.read(key, rows)
+        x = ft.read(key, rows, out=self._buffer(pre.shape, ft.dtype(key)))
         if check:
             check_finite({key: x}, name=nm)
         return torch.sub(x.to(self.dtype), pre, out=out)
@@ -322,16 +348,22 @@ def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre:
     return res[0] if res is not None else None
 
 
-def return_freed_memory(threshold: int = 1 << 20) -> bool:
+def return_freed_memory(threshold: int = 1 << 20, trim: int | None = None) -> bool:
     """Make the C allocator give freed large buffers back to the operating system at once (glibc:
     ``mallopt(M_MMAP_THRESHOLD, threshold)``: every allocation of at least ``threshold`` bytes gets
-    its own memory map, unmapped when freed). Process-wide; ``pact merge`` calls it.
+    its own memory map, unmapped when freed; with ``trim``, ``mallopt(M_TRIM_THRESHOLD, trim)``:
+    the heap keeps up to that many freed bytes at its top for the next buffers instead of giving
+    them back at every free). Process-wide; ``pact merge`` calls it with :func:`allocator_settings`.
 
     Why: glibc raises its map threshold to the size of every large block freed (up to 32 MB), so
     later layer-sized buffers (a ViT-L/14 MLP matrix is 16 MB) come from the heap, where small
     allocations in between keep the freed ones from being returned; the resident size then grows
     with the heap's history. What it saves is recorded in ``book/data/implementation_choices.jsonl``.
-    The cost is a page fault per page of each new large buffer.
+    The cost is a page fault per page of each new buffer of ``threshold`` bytes or more: the chunked
+    paths, whose buffers all fit in a chunk and recur chunk after chunk, take a threshold above the
+    chunk and a trim threshold of a chunk (:func:`allocator_settings`), so their
+    buffers come from the heap, reused without faults; the heap then holds no more than the peak
+    of one chunk's work, which the process reaches anyway.
 
     Returns:
         True when set; False when the C library is not glibc (nothing done) or the user set
@@ -347,8 +379,24 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    if trim is not None and not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
+        mallopt(M_TRIM_THRESHOLD, int(trim))
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+def allocator_settings(method: str, pact: str | None, params: dict,
+                       chunk_bytes: int = CHUNK_BYTES) -> tuple[int, int | None]:
+    """``(threshold, trim)`` for :func:`return_freed_memory` in a streamed merge of ``method`` with
+    ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
+    entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
+    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of one chunk (the heap
+    keeps that much freed memory for the next chunk's buffers), so they are reused from the heap.
+    Else (layer-sized buffers of every size): 1 MB and glibc's own trim, each buffer its own map,
+    unmapped when freed."""
+    m = merges.get(method)
+    chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
+    return (2 * chunk_bytes, chunk_bytes) if chunked and pact is None else (1 << 20, None)
 
 
 def consume_in_order(job: Callable, items: Sequence, workers: int, consume: Callable) -> None:
@@ -443,18 +491,19 @@ def find_thresholds(gt: GlobalThreshold, passes: Callable[[bool], Iterable[Tenso
     return gt
 
 
-def trim_stack(gt: GlobalThreshold, stack: Tensor) -> Tensor:
+def trim_stack(gt: GlobalThreshold, stack: Tensor, *, out: Tensor | None = None) -> Tensor:
     """The trimmed (T, …) stack Δt · mask_t of the next chunk of every task: chunks must come in
     the in-memory position order (keys in order, rows in order), as
     :meth:`~pactlib.merges.ties.GlobalThreshold.mask`; what the in-memory TIES computes as
-    ``flat * mask`` (M2). A CPU tensor of ``stack``'s shape and dtype.
+    ``flat * mask`` (M2). A CPU tensor of ``stack``'s shape and dtype: ``out`` when given (which
+    may be ``stack`` itself: trimmed in place), else a new one.
 
     Raises:
         RuntimeError: the passes are not finished. ValueError: the first dimension is not T.
     """
     if stack.shape[0] != gt.tasks:
         raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
-    out = torch.empty_like(stack)
+    out = torch.empty_like(stack) if out is None else out
     for t in range(gt.tasks):
         torch.mul(stack[t], gt.mask(t, stack[t]), out=out[t])
     return out
@@ -603,12 +652,15 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
              workers, chunk_bytes, dev: torch.device | None) -> None:
     T = inputs.T
     reduced = m.reducer is not None
+    # a reducer holds no (T, rows, …) stack but about eight one-task buffers of the rows (θ0's rows,
+    # the read buffer, Δt, the running sum, the update, …): its rows take an eighth of the budget each
+    budget = max(1, chunk_bytes * T // 8) if reduced else chunk_bytes
 
     def job(key: str):
         if key not in inputs.floats:
             return [inputs.pre.read(key)], None
         outs, lr = [], None
-        for rows in inputs.rows(key, m.elementwise and key not in selected, chunk_bytes):
+        for rows in inputs.rows(key, m.elementwise and key not in selected, budget):
             if reduced:  # tasks read one at a time into the method's reducer: no (T, m, n) stack
                 p = inputs.pre.read(key, rows)
                 check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
@@ -649,6 +701,9 @@ def _spill_prefix(out: Path) -> str:
 def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
                  workers, chunk_bytes, dev: torch.device | None, out: Path) -> None:
     T = inputs.T
+    # the election holds about four temporaries of a chunk's stack (ties_kernel's workspace): stacks
+    # of a quarter of the budget keep the whole work space of a chunk within it
+    chunk_bytes = max(1, chunk_bytes // 4)
     k = float(mparams.get("k", m.params["k"]))
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
     sel = [key for key in inputs.floats if key in selected]
@@ -699,11 +754,17 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 spill_writer.commit()
             spill = open_checkpoint(spill_dir / "filtered.safetensors", name="filtered task vectors")
 
+        buf: list[Tensor | None] = [None]  # one chunk's (T, rows…) stack, reused by every chunk of every pass
+
         def stack(key: str, rows, first: bool) -> tuple[Tensor | None, Tensor]:
-            """(θ0's rows, or None for a filtered layer; the (T, rows…) stack of Δt, filtered or not)."""
+            """(θ0's rows, or None for a filtered layer; the (T, rows…) stack of Δt, filtered or not),
+            the stack on the reused buffer (valid until the next call)."""
+            out = inputs.stack_buffer(key, rows, buf[0])
+            if buf[0] is None or out.numel() > buf[0].numel():
+                buf[0] = out.view(-1)
             if spill is not None and key in spill:
-                return None, spill.read(key, rows, dim=1)
-            p, st = inputs.deltas(key, rows, check=first)
+                return None, spill.read(key, rows, dim=1, out=out)
+            p, st = inputs.deltas(key, rows, check=first, out=out)
             if first:
                 checks.update(st)
             return p, st
@@ -715,6 +776,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 for rows in inputs.rows(key, True, chunk_bytes):
                     yield stack(key, rows, first)[1]
 
+        work: dict = {}  # ties_kernel's temporaries, reused chunk after chunk
         with single_threaded():
             find_thresholds(gt, passes)
             for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
@@ -725,10 +787,9 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                     p, st = stack(key, rows, False)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    trimmed = trim_stack(gt, st)  # = flat * mask in memory
-                    del st
-                    writer.write(key, apply_update(key, p, ties_kernel(trimmed), alpha))
-                    del trimmed, p
+                    trimmed = trim_stack(gt, st, out=st)  # = flat * mask in memory
+                    writer.write(key, apply_update(key, p, ties_kernel(trimmed, work=work), alpha))
+                    del trimmed, st, p
     finally:
         if spill_dir is not None:
             shutil.rmtree(spill_dir, ignore_errors=True)

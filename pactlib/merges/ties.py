@@ -141,17 +141,45 @@ class GlobalThreshold:
         return m.reshape(values.shape)
 
 
-def ties_kernel(stack: Tensor) -> Tensor:
+def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     """Elect + disjoint mean of already trimmed updates (T, …) -> (…).
 
     The elected sign is sign(Σt trimmed Δt); entries agreeing with it (and non-zero) are averaged;
     where none agree (or the elected sign is 0) the result is 0.
+
+    ``work``: a dict the caller keeps from call to call (chunk after chunk of a streamed merge);
+    the temporaries then live in its buffers (the same operations, written with ``out=``: the same
+    values), and only the result is a new tensor.
     """
-    elected = torch.sign(stack.sum(0))
-    agree = (torch.sign(stack) == elected) & (stack != 0)
-    count = agree.sum(0)
-    total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
-    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+    if work is None:
+        elected = torch.sign(stack.sum(0))
+        agree = (torch.sign(stack) == elected) & (stack != 0)
+        count = agree.sum(0)
+        total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
+        return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+
+    def buf(name: str, shape, dtype: torch.dtype) -> Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        b = work.get(name)
+        if b is None or b.numel() < n or b.dtype != dtype or b.device != stack.device:
+            b = work[name] = torch.empty(max(n, 1), dtype=dtype, device=stack.device)
+        return b[:n].view(tuple(shape))
+
+    inner = stack.shape[1:]
+    zero = torch.zeros((), dtype=stack.dtype, device=stack.device)
+    elected = torch.sum(stack, 0, out=buf("sum", inner, stack.dtype))
+    torch.sign(elected, out=elected)
+    signs = torch.sign(stack, out=buf("signs", stack.shape, stack.dtype))
+    agree = torch.eq(signs, elected, out=buf("agree", stack.shape, torch.bool))
+    agree &= torch.ne(stack, 0, out=buf("nonzero", stack.shape, torch.bool))
+    count = torch.sum(agree, 0, out=buf("count", inner, torch.int64))
+    kept = torch.where(agree, stack, zero, out=signs)
+    total = torch.sum(kept, 0, out=buf("total", inner, stack.dtype))
+    some = torch.gt(count, 0, out=buf("some", inner, torch.bool))
+    torch.div(total, count.clamp_(min=1), out=total)
+    return torch.where(some, total, zero)
 
 
 @register("ties", pretty="TIES", reference="Yadav et al., NeurIPS 2023", alphas=alpha_grid(0.05, 1.0, 0.05),

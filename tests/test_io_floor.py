@@ -1,0 +1,145 @@
+"""The streamed merge's I/O: reads with pread from files opened once (no memory map), buffers
+reused chunk after chunk, and the allocator settings ``pact merge`` asks for."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from pactlib.checks import CheckpointError
+from pactlib.lazy import open_checkpoint
+from pactlib.merges.ties import ties_kernel
+from pactlib.streaming import CHUNK_BYTES, DeltaReader, allocator_settings
+
+
+@pytest.fixture
+def sd():
+    g = torch.Generator().manual_seed(3)
+    return {"a.weight": torch.randn(7, 5, generator=g), "b.bias": torch.randn(11, generator=g),
+            "c": torch.randn(3, 4, 2, generator=g).to(torch.float16), "d": torch.tensor(2.5, dtype=torch.float64),
+            "e": torch.arange(6, dtype=torch.int64).reshape(2, 3), "f": torch.empty(0, 4)}
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_read_is_safetensors_bytes(tmp_path, sd):
+    """Whole keys, rows along dim 0 and 1 (clipped as a slice is), with and without ``out``: the
+    bytes safetensors' own reader gives."""
+    f = tmp_path / "m.safetensors"
+    save_file(sd, f)
+    ck = open_checkpoint(f)
+    with safe_open(str(f), framework="pt") as ref:
+        for k in sd:
+            assert torch.equal(_bits(ck.read(k)), _bits(ref.get_tensor(k))), k
+        for rows in [(0, 3), (2, 7), (5, 100), (4, 4)]:
+            want = ref.get_slice("a.weight")[rows[0]:rows[1]]
+            assert torch.equal(ck.read("a.weight", rows), want)
+            out = torch.full(tuple(want.shape), -1.0)
+            assert ck.read("a.weight", rows, out=out) is out and torch.equal(out, want)
+        want = ref.get_slice("c")[:, 1:3]
+        assert torch.equal(_bits(ck.read("c", (1, 3), dim=1)), _bits(want))
+    with pytest.raises(ValueError, match="out must be"):
+        ck.read("a.weight", out=torch.empty(5, 7))
+
+
+def test_read_maps_nothing(tmp_path, sd):
+    """A tensor read stays a tensor of its own: the file is not mapped into the process (a map
+    faults in every page on every pass, and its pages count in the resident size)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("Linux only")
+    f = tmp_path / "mapped-or-not.safetensors"
+    save_file(sd, f)
+    ck = open_checkpoint(f)
+    x = ck.read("a.weight")
+    y = ck.read("a.weight", (1, 4))
+    assert str(f) not in maps.read_text()
+    assert torch.equal(x[1:4], y)
+
+
+def test_truncated_file_names_key(tmp_path, sd):
+    f = tmp_path / "cut.safetensors"
+    save_file(sd, f)
+    ck = open_checkpoint(f)
+    with open(f, "r+b") as h:
+        h.truncate(f.stat().st_size - 8)
+    last = max((k for k in sd if sd[k].numel()), key=lambda k: ck.entry(k).offset)
+    with pytest.raises(CheckpointError, match=f"{last!r}.*ends"):
+        ck.read(last)
+
+
+def test_deltas_into_a_reused_buffer(tmp_path, sd):
+    """``deltas(out=)`` on a :meth:`DeltaReader.stack_buffer` is the fresh stack, bit for bit."""
+    floats = {k: v.float() for k, v in sd.items() if v.is_floating_point() and v.dim()}
+    g = torch.Generator().manual_seed(4)
+    save_file(floats, tmp_path / "p.safetensors")
+    for t in range(3):
+        save_file({k: v + torch.randn(v.shape, generator=g) for k, v in floats.items()}, tmp_path / f"t{t}.safetensors")
+    inputs = DeltaReader(open_checkpoint(tmp_path / "p.safetensors"),
+                         [open_checkpoint(tmp_path / f"t{t}.safetensors") for t in range(3)], ["0", "1", "2"])
+    buf = torch.empty(1000)
+    for k in floats:
+        for rows in [None, (0, 2)] if floats[k].shape[0] > 2 else [None]:
+            p, want = inputs.deltas(k, rows)
+            out = inputs.stack_buffer(k, rows, buf)
+            assert out.numel() == 0 or out.data_ptr() == buf.data_ptr()
+            p2, got = inputs.deltas(k, rows, out=out)
+            assert got is out and torch.equal(got, want) and torch.equal(p, p2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ties_kernel_workspace_is_bit_identical(dtype):
+    """The streamed TIES' election with a reused workspace: the in-memory kernel's values, for
+    chunks of changing size (the workspace grows and is reused), signed zeros and full ties."""
+    g = torch.Generator().manual_seed(5)
+    work: dict = {}
+    for T, shape in [(2, (1000, 37)), (5, (333,)), (3, (64, 64)), (20, (4096,)), (2, (10,))]:
+        x = torch.randn((T, *shape), generator=g).to(dtype)
+        x[x.abs() < 0.8] = 0
+        x.view(T, -1)[:, :4] = torch.tensor([1.0, -1.0, 0.0, -0.0], dtype=dtype)
+        a, b = ties_kernel(x), ties_kernel(x, work=work)
+        assert a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def test_allocator_settings():
+    """Chunked paths (Task Arithmetic; TIES global, no PACT) reuse chunk-sized buffers from the
+    heap; every other path keeps each large buffer its own map (1 MB)."""
+    chunked = (2 * CHUNK_BYTES, CHUNK_BYTES)
+    assert allocator_settings("task_arithmetic", None, {}) == chunked
+    assert allocator_settings("ties", None, {}) == chunked
+    assert allocator_settings("ties", None, {"scope": "global", "k": 10}) == chunked
+    assert allocator_settings("ties", None, {"scope": "per_key"}) == (1 << 20, None)
+    assert allocator_settings("ties", "pact", {}) == (1 << 20, None)
+    assert allocator_settings("task_arithmetic", "s-pact", {}) == (1 << 20, None)
+    for m in ("tsv_m", "iso_c", "iso_cts"):
+        assert allocator_settings(m, None, {}) == (1 << 20, None)
+    assert allocator_settings("ties", None, {}, chunk_bytes=1 << 20) == (2 << 20, 1 << 20)
+
+
+def test_many_shards_keep_few_descriptors(tmp_path, monkeypatch):
+    """A checkpoint of more shards than :data:`pactlib.lazy.OPEN_FILES` reads every key right and
+    keeps at most that many files open."""
+    import json
+
+    import pactlib.lazy as lazy
+
+    monkeypatch.setattr(lazy, "OPEN_FILES", 3)
+    g = torch.Generator().manual_seed(6)
+    sd = {f"k{i:02d}": torch.randn(4, 3, generator=g) for i in range(10)}
+    wm = {}
+    for i, (k, v) in enumerate(sd.items()):
+        save_file({k: v}, tmp_path / f"s{i}.safetensors")
+        wm[k] = f"s{i}.safetensors"
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    ck = open_checkpoint(tmp_path / "m.safetensors.index.json")
+    for _ in range(2):
+        for k, v in sd.items():
+            assert torch.equal(ck.read(k), v)
+            assert len(ck._fds) <= 3
+    ck.close()
+    assert not ck._fds
