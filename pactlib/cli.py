@@ -217,6 +217,20 @@ def recipe_of(args):
 
 
 def cmd_merge(args) -> int:
+    """``pact merge``; a model folder this run created is removed again when the merge fails."""
+    from . import recipe as rc
+
+    folder = Path(args.out) if rc.is_folder_output(args.out) else None
+    new_folder = folder is not None and not folder.exists()
+    try:
+        return _merge(args)
+    except BaseException:
+        if new_folder and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # nothing of this run is left behind
+        raise
+
+
+def _merge(args) -> int:
     import dataclasses
 
     from . import recipe as rc
@@ -379,7 +393,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                    help="output file (.safetensors, .pt, or x.safetensors.index.json for a sharded output), or a "
                         "model folder (DIR/ with a trailing slash, or an existing folder): weights, θ0's folder's "
                         "config and tokenizer files, a model card README.md and the recipe pact_recipe.yaml")
-    m.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE",
+    m.add_argument("--set", nargs="*", action="extend", default=None, metavar="KEY=VALUE",
                    help="method parameters / PACT options, e.g. k=20 core_frac=0.1 svd=rsvd")
     m.add_argument("--trust-pickle", action="store_true",
                    help="also read checkpoints that are whole pickled modules (task-vectors "

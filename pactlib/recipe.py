@@ -158,7 +158,8 @@ def input_sha256(path: str | os.PathLike, *, lora: bool = False) -> str:
     else:
         files = checkpoint_files(path)
     if not files:
-        raise FileNotFoundError(f"{path}: no checkpoint file to hash")
+        raise FileNotFoundError(f"checkpoint not found: {path}" if not Path(path).exists()
+                                else f"{path}: no checkpoint file to hash")
     h = hashlib.sha256()
     for f in files:
         with open(f, "rb") as fh:

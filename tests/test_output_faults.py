@@ -184,3 +184,27 @@ def test_repeated_set_names_are_refused_naming_the_key(tmp_path, capsys):
     paths = big_checkpoints(tmp_path)
     rc = main([*merge_args(paths, tmp_path / "m.safetensors", method="ties"), "--set", "k=20", "k=30"])
     assert rc == 2 and "'k'" in capsys.readouterr().err and not (tmp_path / "m.safetensors").exists()
+
+
+def test_set_given_twice_as_flags_is_refused_too(tmp_path, capsys):
+    """``--set k=20 --set k=30`` collects both flags' items (argparse ``extend``), so the repeat
+    is refused as in one flag; it used to keep the last silently."""
+    paths = big_checkpoints(tmp_path)
+    rc = main([*merge_args(paths, tmp_path / "m.safetensors", method="ties"), "--set", "k=20", "--set", "k=30"])
+    assert rc == 2 and "'k'" in capsys.readouterr().err and not (tmp_path / "m.safetensors").exists()
+    rc = main([*merge_args(paths, tmp_path / "m.safetensors", method="ties"), "--set", "k=20", "--set", "scope=per_key"])
+    assert rc == 0 and (tmp_path / "m.safetensors").is_file()
+
+
+def test_a_failed_folder_merge_leaves_no_folder(tmp_path, capsys):
+    """A merge into a new model folder that fails after the folder was made (a bad TIES k, a
+    missing fine-tuned file) removes the folder again, and a missing file is named as such."""
+    paths = big_checkpoints(tmp_path)
+    out = tmp_path / "merged"
+    rc = main([*merge_args(paths, f"{out}/", method="ties"), "--set", "k=250"])
+    assert rc == 2 and "k" in capsys.readouterr().err and not out.exists()
+    args = merge_args(paths, f"{out}/", method="task_arithmetic")
+    missing = str(tmp_path / "missing.safetensors")
+    args[args.index("--finetuned") + 1] = missing
+    rc = main(args)
+    assert rc != 0 and f"checkpoint not found: {missing}" in capsys.readouterr().err and not out.exists()
