@@ -448,8 +448,16 @@ def compute(job: Job, store: str, set_name: str, progress: bool = False) -> dict
     return prov
 
 
+def _command(job: Job, store: str) -> str:
+    """The command that computes ``job``'s records in ``store``: ``make chapter ... -p`` for the
+    scratch store of overridden parameters, else ``make reproduce`` (``--run`` for a variant)."""
+    if store.startswith(f"{SCRATCH}/"):
+        return f"`make chapter NB={job.name} ARGS=\"-p ...\"`"
+    return f"`make reproduce NB={job.name}" + (f' ARGS="--run {job.run}"' if job.variant else "") + "`"
+
+
 def _banner(job: Job, store: str, prov: dict | None) -> str:
-    again = f"`make reproduce NB={job.name}`" + (f" (run `{job.run}`)" if job.variant else "")
+    again = _command(job, store)
     if prov is None:
         return (f"```{{warning}}\nNo records yet for this chapter (parameter set `{store}`, run `{job.run}`): its "
                 f"code is shown, nothing past the parameters was executed. Run {again} to compute them.\n```")
@@ -459,7 +467,7 @@ def _banner(job: Job, store: str, prov: dict | None) -> str:
 
 
 def _note(job: Job, store: str, prov: dict) -> str:
-    return (f"*Computed by `make reproduce NB={job.name}` on {prov.get('made', '?')[:10]} "
+    return (f"*Computed by {_command(job, store)} on {prov.get('made', '?')[:10]} "
             f"({prov.get('cpu_minutes', '?')} CPU min); records in "
             f"`{_rel(records_dir(store, job))}/`.*")
 

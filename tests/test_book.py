@@ -642,3 +642,15 @@ def test_overrides_go_to_a_scratch_store(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"missing  missing: no records in {tmp_path}/records/_scratch/smoke/main/01_method" in out, out
     assert "records/smoke/" not in out
+
+
+def test_pages_name_the_command_that_computes_their_records():
+    """A variant's page names `--run <variant>` (its chapter stem alone would compute the main
+    run), and a page of the scratch store of overridden parameters names `make chapter ... -p`."""
+    rn = _runner()
+    main = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={})
+    var = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={}, variant="minilm")
+    assert rn._command(main, "default") == "`make reproduce NB=05_main_results`"
+    assert rn._command(var, "default") == '`make reproduce NB=05_main_results ARGS="--run minilm"`'
+    assert rn._command(main, "_scratch/default") == '`make chapter NB=05_main_results ARGS="-p ..."`'
+    assert "Run `make reproduce NB=05_main_results ARGS=\"--run minilm\"`" in rn._banner(var, "default", None)
