@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import copy
 import functools
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -286,10 +285,6 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
 # records and their state
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
@@ -316,7 +311,7 @@ def notebook_hash(job: Job) -> str:
 
 
 def testbed_hashes(job: Job) -> dict[str, str]:
-    return {name: _sha(_json(spec).encode()) for name, spec in job.testbeds.items()}
+    return {name: provenance.sha(_json(spec).encode()) for name, spec in job.testbeds.items()}
 
 
 def assess(jobs: list[Job], store: str) -> None:
@@ -490,8 +485,8 @@ def present_key(job: Job, store: str, engine_code: str) -> str:
     """What a present notebook depends on: its source, parameters, run, records, their state and
     the code of ``pactlib``."""
     folder = records_dir(store, job)
-    files = {p.name: _sha(p.read_bytes()) for p in sorted(folder.glob("*")) if p.is_file()} if folder.is_dir() else {}
-    return _sha(_json({"notebook": _sha(job.source.read_bytes()), "params": job.params, "run": [job.run, job.title],
+    files = {p.name: provenance.sha(p.read_bytes()) for p in sorted(folder.glob("*")) if p.is_file()} if folder.is_dir() else {}
+    return provenance.sha(_json({"notebook": provenance.sha(job.source.read_bytes()), "params": job.params, "run": [job.run, job.title],
                        "records": files, "reasons": job.reasons, "code": engine_code}).encode())
 
 

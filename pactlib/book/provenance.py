@@ -33,7 +33,7 @@ from typing import Any
 from pactlib.book.records import read_json_object
 from pactlib.io import write_atomic
 
-__all__ = ["PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
+__all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
            "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state"]
 
 #: Modules that only read records and draw them: not part of a chapter's engine fingerprint.
@@ -56,7 +56,8 @@ def strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def _sha(data: bytes) -> str:
+def sha(data: bytes) -> str:
+    """The sha256 of ``data``, in hex: every hash of a provenance and of the runner's keys."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -67,7 +68,7 @@ def ast_hash(path: str | os.PathLike) -> str:
         SyntaxError: the file does not parse. OSError: it cannot be read.
     """
     path = Path(path)
-    return _sha(ast.dump(strip_docstrings(ast.parse(path.read_text(encoding="utf-8"), str(path)))).encode())
+    return sha(ast.dump(strip_docstrings(ast.parse(path.read_text(encoding="utf-8"), str(path)))).encode())
 
 
 def module_file(name: str, root: Path) -> str | None:
@@ -97,12 +98,12 @@ def engine_modules(names: Iterable[str], root: str | os.PathLike) -> dict[str, s
 def fingerprint(modules: Mapping[str, str], lock: str | None) -> str:
     """sha256 over the sorted ``(path, hash)`` pairs of ``modules`` and the lock hash."""
     rows = [f"{p}\0{h}" for p, h in sorted(modules.items())] + [f"{LOCK}\0{lock or ''}"]
-    return _sha("\n".join(rows).encode())
+    return sha("\n".join(rows).encode())
 
 
 def _lock_hash(root: Path) -> str | None:
     lock = root / LOCK
-    return _sha(lock.read_bytes()) if lock.is_file() else None
+    return sha(lock.read_bytes()) if lock.is_file() else None
 
 
 def engine(names: Iterable[str], root: str | os.PathLike) -> dict[str, Any]:
@@ -131,7 +132,7 @@ def _code_text(source: str) -> str:
 def notebook_hash(sources: Sequence[str]) -> str:
     """sha256 of the code of a chapter's compute cells (``sources``, in order): comments and
     blank lines are not part of it."""
-    return _sha("\n\0".join(_code_text(s) for s in sources).encode())
+    return sha("\n\0".join(_code_text(s) for s in sources).encode())
 
 
 def seeds_of(params: Mapping[str, Any]) -> dict[str, Any]:
