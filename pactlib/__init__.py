@@ -12,7 +12,7 @@ _warnings.filterwarnings("ignore", message="IProgress not found")
 
 from . import merges, peft  # noqa: E402  (pactlib.peft.read_adapter: PEFT adapters, no PEFT needed)
 from .api import merge, merged_update, task_vectors_from
-from .checks import CheckpointError, MergeOverflowError
+from .checks import CheckpointError, MergeOverflowError, PrecisionWarning
 from .io import load_state_dict, save_state_dict
 from .matrix import MatrixRule
 from .pact import PactOptions, PactReport, pact_filter
@@ -20,6 +20,6 @@ from .streaming import MergedFiles, merge_files
 from .taskvector import TaskVector
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "MergedFiles", "PactOptions", "PactReport",
+__all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "MergedFiles", "PactOptions", "PrecisionWarning", "PactReport",
            "TaskVector", "load_state_dict", "merge", "merge_files", "merged_update", "merges", "pact_filter",
            "peft", "save_state_dict", "task_vectors_from"]

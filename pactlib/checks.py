@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 
@@ -24,6 +25,12 @@ class CheckpointError(ValueError):
 class MergeOverflowError(CheckpointError, OverflowError):
     """A merged value does not fit the checkpoint's dtype (e.g. beyond fp16's ±65504): it would
     become ±inf. The message names the key, the dtype and the largest |value|."""
+
+
+class PrecisionWarning(UserWarning):
+    """A fine-tuned checkpoint stores floating entries in a less precise dtype than θ0 (e.g.
+    float16 against float32): its task vector Δt = θt − θ0 then carries that dtype's rounding
+    of the whole weight, not only the fine-tuning update."""
 
 
 def check_alpha(alpha) -> float:
@@ -181,6 +188,17 @@ def check_compatible(reference: Mapping[str, Tensor], other: Mapping[str, Tensor
         if torch.is_floating_point(v) != torch.is_floating_point(w):
             raise CheckpointError(
                 f"{name}: dtype kind mismatch at key {k!r}: {ref_name} {v.dtype} vs {name} {w.dtype}")
+    coarser = [k for k, v in reference.items()
+               if torch.is_floating_point(v) and other[k].dtype != v.dtype
+               and torch.finfo(other[k].dtype).eps > torch.finfo(v.dtype).eps]
+    if coarser:
+        k = coarser[0]
+        warnings.warn(
+            f"{name}: {len(coarser)} floating key(s) stored in a less precise dtype than {ref_name} "
+            f"(e.g. {k!r}: {other[k].dtype} vs {reference[k].dtype}); Δt = θt − θ0 then includes "
+            f"{other[k].dtype}'s rounding of the weights, not only the fine-tuning update. Cast "
+            f"{ref_name} to {other[k].dtype} first (θ0 rounded the same way cancels) or give "
+            f"{reference[k].dtype} checkpoints", PrecisionWarning, stacklevel=3)
 
 
 def all_finite(x: Tensor) -> bool:

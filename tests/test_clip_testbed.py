@@ -211,7 +211,7 @@ def test_run_record_memo_and_cached_accuracies(tb, files, monkeypatch):
         raise AssertionError("evaluated again")
 
     monkeypatch.setattr(tb, "evaluate", refuse)
-    assert testbeds.run(tb, "iso_c", pact="pact", alphas=(0.5, 1.0)) == rec  # memo hit: nothing evaluated
+    assert testbeds.run(tb, "iso_c", pact="pact", alphas=(0.5, 1.0)) == dict(rec, memo_hit=True)  # nothing evaluated
     monkeypatch.undo()
     import pactlib.eval
 

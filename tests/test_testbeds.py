@@ -206,6 +206,7 @@ def test_run_memo(tmp_path, monkeypatch):
     monkeypatch.setattr(base, "merged_update", boom)
     hit = testbeds.run(testbeds.load("synthetic-2", seed=0, cache_dir=tmp_path), "task_arithmetic", alphas=(0.3, 1.0))
     assert hit["metrics"] == pytest.approx(first["metrics"]) and hit["alpha"] == first["alpha"]
+    assert hit["memo_hit"] is True and "memo_hit" not in first and hit["seconds"] == first["seconds"]
     with pytest.raises(AssertionError, match="memo missed"):  # another α grid
         testbeds.run(tb, "task_arithmetic", alphas=(0.3, 0.9))
     with pytest.raises(AssertionError, match="memo missed"):  # another cap: another fingerprint

@@ -649,7 +649,8 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
         The record of :func:`pactlib.eval.select_alpha` (test ``acc``/``norm_acc`` at the α that is
         best on validation, the curve, per-task values) with ``testbed``, ``suite`` (the part of
         the name after the family), ``kind``, ``base`` (method), ``pact``, the PACT options, the
-        cap-binding rate, the mean removed energy, ``merge_seconds`` and ``seconds``.
+        cap-binding rate, the mean removed energy, ``merge_seconds`` and ``seconds`` (of the run
+        that computed it); a record read back from the memo also has ``memo_hit: True``.
 
     Raises:
         UnknownMethodError: unknown ``method``. ValueError: a bad mode or parameter.
@@ -667,7 +668,7 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
                                  params=params))
         hit = _memo_read(tb, key) if key else None
         if hit is not None:
-            return hit
+            return dict(hit, memo_hit=True)
     pre = _engine_pretrained(tb)
     streamed = streamed_update(tb, method, pact=pact, options=opts, **params) if own else None
     if streamed is not None:  # key by key from the testbed's files: memory independent of T
