@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
-from pactlib.book import provenance, site  # noqa: E402
+from pactlib.book import provenance, records, site  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
 from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, check_threads,  # noqa: E402,F401
                                   decorate_variant, define_testbeds, named_testbeds, parameters_cell,
@@ -433,7 +433,9 @@ def compute(job: Job, store: str, set_name: str, progress: bool = False) -> dict
             "engine": provenance.engine(kernel["modules"], ROOT), "notebook": notebook_hash(job),
             "made": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "git": _git(),
             "machine": _machine(), "threads": job.threads or default_threads(1),
-            "wall_minutes": round(wall / 60, 2), "cpu_minutes": round(kernel["cpu_seconds"] / 60, 2)}
+            "wall_minutes": round(wall / 60, 2), "cpu_minutes": round(kernel["cpu_seconds"] / 60, 2),
+            "merges": site.merge_profile(r for f in sorted(staging.glob("*.jsonl"))
+                                         if not f.name.endswith(".verdicts.jsonl") for r in records.read_records(f))}
     provenance.write(staging, prov)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -584,7 +586,8 @@ def _child(fn, job: Job, queue) -> None:
 
 def run_all(work: list[Job], fn, jobs: int, on_start, on_done) -> None:
     """Run ``fn(job)`` for every job, up to ``jobs`` at once in forked workers (in this process
-    when ``jobs`` is 1); a job waits for the jobs of its run that :data:`AFTER` names. After a
+    when ``jobs`` is 1); a job waits for the jobs of its run that :data:`AFTER` names, and a job
+    others wait for starts before the rest. After a
     failure no new job starts; the running ones finish, then :class:`RunError` lists every failure."""
     pending, errors = list(work), []
     if jobs == 1:
@@ -601,6 +604,8 @@ def run_all(work: list[Job], fn, jobs: int, on_start, on_done) -> None:
                      & (waiting - {j.id})]
             if not ready:
                 break
+            blocking = {f"{j.variant}/{d}" if j.variant else d for j in pending for d in AFTER.get(j.name, ())}
+            ready.sort(key=lambda j: j.id not in blocking)  # what others wait for starts first
             pending.remove(job := ready[0])
             on_start(job)
             proc = ctx.Process(target=_child, args=(fn, job, queue))
@@ -651,6 +656,7 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool)
         print(f"{_tag(jobs.index(job) + 1, len(jobs), job.id)} done in {prov['wall_minutes']:.1f} min "
               f"({prov['cpu_minutes']:.1f} CPU min) -> {_rel(records_dir(store, job))}", flush=True)
 
+    write_zoo_profile(store)
     run_all(work, functools.partial(compute, store=store, set_name=set_name), n, start, done)
 
 
@@ -714,13 +720,50 @@ def toc_for(store: str, params_file: Path) -> Path:
     return path
 
 
+#: The zoos whose training records the Verdicts page profiles: testbed -> folder under the cache.
+ZOOS = {"lite0": "zoo", "minilm": "zoo-minilm"}
+
+
+def zoo_profile() -> dict[str, dict]:
+    """Per built zoo, the number of models and the summed wall minutes of their training (each
+    model's own JSON record: ``kind``, ``seconds``), by kind; {} when no zoo is built."""
+    from pactlib.paths import cache_dir
+
+    out: dict[str, dict] = {}
+    for testbed, folder in ZOOS.items():
+        kinds: dict[str, dict] = {}
+        for f in sorted(cache_dir(folder).rglob("*.json")):
+            if "run_memo" in f.parts:  # merges' records, not models
+                continue
+            rec = records.read_json_object(f)
+            if rec and isinstance(rec.get("seconds"), (int, float)) and isinstance(rec.get("kind"), str):
+                k = kinds.setdefault(rec["kind"], {"models": 0, "minutes": 0.0})
+                k["models"] += 1
+                k["minutes"] = round(k["minutes"] + rec["seconds"] / 60, 2)
+        if kinds:
+            out[testbed] = {"kinds": kinds}
+    return out
+
+
+def write_zoo_profile(store: str) -> None:
+    """``book/records/<store>/zoo.json``: :func:`zoo_profile` of the zoos built here, merged over
+    what an earlier reproduction recorded for zoos not built here."""
+    path = RECORDS / store / "zoo.json"
+    now = zoo_profile()
+    if now:
+        _atomic_write(path, json.dumps({**(records.read_json_object(path) or {}), **now}, indent=1, sort_keys=True)
+                      + "\n")
+
+
 def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
     """``book/_executed/<store>/verdicts.md`` from the present runs' verdicts and the records' states."""
     titles = {r: spec["title"] for r, spec in pparams.variant_definitions(params_file).items()}
     files = [(j.name, j.run, EXECUTED / store / j.run / f"{j.name}.verdicts.jsonl") for j in jobs]
     states = {(j.name, j.run): {"state": provenance.state(j.reasons), "reasons": j.reasons,
                                 "provenance": provenance.read(records_dir(store, j))} for j in jobs}
-    text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states)
+    merges = {k: st["provenance"]["merges"] for k, st in states.items() if (st["provenance"] or {}).get("merges")}
+    text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states, merges,
+                              records.read_json_object(RECORDS / store / "zoo.json"))
     path = EXECUTED / store / f"{VERDICTS_PAGE}.md"
     _atomic_write(path, text)
     _atomic_write(EXECUTED / store / "states.json",  # read by scripts/readme_verdicts.py

@@ -283,19 +283,29 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     assert "| precondition | 2 | reproduced (missing) | partly reproduced |" in page
     assert "| aside | 2 | reproduced (missing) | not run |" in page
     assert "| 06_static_vs_dynamic | Text | missing | – | missing: no records in " in page
-    # where the time goes: each chapter's CPU minutes per run, from the records' provenance
+    # where the time goes: each chapter's wall and CPU minutes per run and its merges, from the
+    # records' provenance; the zoos' training minutes from book/records/<set>/zoo.json
     assert "Where the time goes" not in page  # nothing computed yet
     from pactlib.book import provenance
 
+    merges = {"computed": 3, "reused": 2, "merge_minutes": 1.0, "eval_minutes": 2.5}
     for job, cpu in zip(jobs, (None, 1.5, 10.0, 0.5)):
         if cpu is not None:
-            provenance.write(rn.records_dir("demo", job), {"cpu_minutes": cpu, "wall_minutes": cpu / 2,
-                                                           "made": "2026-12-03T10:00:00Z"})
+            provenance.write(rn.records_dir("demo", job), {"cpu_minutes": cpu, "wall_minutes": cpu * 2,
+                                                           "made": "2026-12-03T10:00:00Z",
+                                                           **({"merges": merges} if cpu == 10.0 else {})})
+    (tmp_path / "records" / "demo" / "zoo.json").write_text(json.dumps(
+        {"lite0": {"kinds": {"full": {"models": 4, "minutes": 6.0}, "lora": {"models": 2, "minutes": 1.5}}}}))
     rn.assess(jobs, "demo")
     page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
-    assert "| Chapter | Images | Text |" in page
-    assert "| 06_static_vs_dynamic | 1.5 | 0.5 |" in page and "| 10_theory | 10.0 | – |" in page
-    assert "| **total CPU** | **11.5** | **0.5** |" in page and "| total wall | 5.8 | 0.2 |" in page
+    assert "| Chapter | Testbed | Wall min | CPU min | Merges computed / reused |" in page
+    assert "| 06_static_vs_dynamic | Images | 3.0 | 1.5 | – | – | – | 3.0 |" in page
+    assert "| 10_theory | Images | 20.0 | 10.0 | 3 / 2 | 1.0 | 2.5 | 16.5 |" in page
+    assert "| 06_static_vs_dynamic | Text | 1.0 | 0.5 | – | – | – | 1.0 |" in page
+    prof = page[page.index("Where the time goes"):]
+    assert prof.index("| 10_theory | Images") < prof.index("| 06_static_vs_dynamic | Text")  # main's rows first
+    assert "| **all chapters** | | **24.0** | **12.0** | 3 / 2 | 1.0 | 2.5 | 20.5 |" in page
+    assert "| lite0 | full | 4 | 6.0 |" in page and "| **all zoos** | | | **7.5** |" in page
     assert "02_testbed | Images | missing" in page and "| 10_theory | Images | stale | 2026-12-03 | parameters differ" in page
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
-           "time_section", "readme_table", "replace_block", "html_problems"]
+           "time_section", "merge_profile", "readme_table", "replace_block", "html_problems"]
 
 MAIN = "main"
 VERDICTS_PAGE = "verdicts"
@@ -69,13 +69,15 @@ def _mark(status: str, state: str | None) -> str:
 
 
 def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[tuple[str, str, dict]],
-                  states: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+                  states: Mapping[tuple[str, str], Mapping[str, Any]],
+                  merges: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+                  zoo: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The Verdicts page (MyST markdown): a row per claim, a column per run (``titles``: run ->
     title, main first), the chapter that tests it; a status whose chapter's records are stale or
     missing says so; then :func:`records_section` and :func:`time_section`.
 
     ``states``: ``{(chapter, run): {"state": "current"|"stale"|"missing", "reasons": [...],
-    "provenance": {...} or None}}``.
+    "provenance": {...} or None}}``; ``merges`` and ``zoo``: see :func:`time_section`.
     """
     rows: dict[str, dict[str, str]] = {}
     chapter_of: dict[str, str] = {}
@@ -96,7 +98,7 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
                      + " |")
     if not rows:
         lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
-    return "\n".join(lines + records_section(titles, states) + time_section(titles, states)) + "\n"
+    return "\n".join(lines + records_section(titles, states) + time_section(titles, states, merges, zoo)) + "\n"
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
@@ -117,29 +119,86 @@ def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], 
     return lines
 
 
-def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
-    """Markdown lines "Where the time goes": CPU minutes of each chapter's compute run per run
-    (provenance ``cpu_minutes``; wall minutes in the total row), [] when no provenance has them."""
-    cpu: dict[str, dict[str, float]] = {}
-    wall: dict[str, float] = {}
+def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """What a chapter's merges cost, from the records :func:`pactlib.testbeds.run` returns (those
+    with ``seconds`` and ``merge_seconds``): ``computed`` and ``reused`` (read back from the run
+    memo, ``memo_hit``) merges, minutes spent merging (the PACT filter included) and minutes
+    spent choosing α on validation and testing (``seconds − merge_seconds``) by computed merges."""
+    out = {"computed": 0, "reused": 0, "merge_minutes": 0.0, "eval_minutes": 0.0}
+    for rec in records:
+        sec, merge = rec.get("seconds"), rec.get("merge_seconds")
+        if not isinstance(sec, (int, float)) or not isinstance(merge, (int, float)):
+            continue
+        if rec.get("memo_hit"):
+            out["reused"] += 1
+            continue
+        out["computed"] += 1
+        out["merge_minutes"] += merge / 60
+        out["eval_minutes"] += max(sec - merge, 0.0) / 60
+    return out
+
+
+def _min(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]],
+                 merges: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+                 zoo: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """Markdown lines "Where the time goes": the profile of the last reproduction.
+
+    A row per chapter and run: wall and CPU minutes of its compute run (provenance), and of those
+    the merges (``merges``: :func:`merge_profile` per ``(chapter, run)``): how many were computed
+    and how many reused from another chapter's run, minutes merging (filter included), minutes
+    choosing α and testing, and the rest (the chapter's own experiments, loading). ``zoo``: per
+    testbed, ``{"kinds": {kind: {"models": n, "minutes": m}}}`` (the zoo's training records).
+    [] when nothing has been timed."""
+    merges = merges or {}
+    rows = []
     for (chapter, run), st in states.items():
         prov = st.get("provenance") or {}
         if isinstance(prov.get("cpu_minutes"), (int, float)):
-            cpu.setdefault(chapter, {})[run] = float(prov["cpu_minutes"])
-            wall[run] = wall.get(run, 0.0) + float(prov.get("wall_minutes") or 0.0)
-    cols = [r for r in titles if any(r in v for v in cpu.values())]
-    if not cols:
+            rows.append((chapter, run, float(prov.get("wall_minutes") or 0.0), float(prov["cpu_minutes"]),
+                         merges.get((chapter, run))))
+    if not rows and not zoo:
         return []
+    order = list(titles)
+    rows.sort(key=lambda r: (order.index(r[1]) if r[1] in order else 99, r[0]))
     lines = ["", "## Where the time goes", "",
-             "CPU minutes of each chapter's last compute run (`make reproduce`), from its records' provenance; "
-             "the last row gives the wall minutes. Rendering the book from the records takes none of this.", "",
-             "| Chapter | " + " | ".join(titles[r] for r in cols) + " |", "|---|" + "---:|" * len(cols)]
-    for chapter in sorted(cpu):
-        lines.append(f"| {chapter} | " + " | ".join(f"{cpu[chapter][r]:.1f}" if r in cpu[chapter] else "–"
-                                                     for r in cols) + " |")
-    lines.append("| **total CPU** | " + " | ".join(f"**{sum(v.get(r, 0.0) for v in cpu.values()):.1f}**"
-                                                   for r in cols) + " |")
-    lines.append("| total wall | " + " | ".join(f"{wall[r]:.1f}" for r in cols) + " |")
+             "The profile of the last reproduction (`make reproduce`), from the records' provenance: each "
+             "chapter's compute run in wall and CPU minutes, and the part of it spent merging (the PACT filter "
+             "included), choosing α on validation and testing. *Reused* merges were read back from the run memo "
+             "(`pactlib.testbeds.run`): another chapter computed them. Rendering the book from the records takes "
+             "none of this.", "",
+             "| Chapter | Testbed | Wall min | CPU min | Merges computed / reused | Merging min | α search + test min "
+             "| Rest min |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    tot = {"wall": 0.0, "cpu": 0.0, "c": 0, "r": 0, "m": 0.0, "e": 0.0}
+    for chapter, run, wall, cpu, mp in rows:
+        tot["wall"] += wall
+        tot["cpu"] += cpu
+        if mp and (mp["computed"] or mp["reused"]):
+            rest = max(wall - mp["merge_minutes"] - mp["eval_minutes"], 0.0)
+            cells = [f"{mp['computed']} / {mp['reused']}", _min(mp["merge_minutes"]), _min(mp["eval_minutes"]), _min(rest)]
+            tot["c"] += mp["computed"]
+            tot["r"] += mp["reused"]
+            tot["m"] += mp["merge_minutes"]
+            tot["e"] += mp["eval_minutes"]
+        else:
+            cells = ["–", "–", "–", _min(wall)]
+        lines.append(f"| {chapter} | {titles.get(run, run)} | {wall:.1f} | {cpu:.1f} | " + " | ".join(cells) + " |")
+    if rows:
+        lines.append(f"| **all chapters** | | **{tot['wall']:.1f}** | **{tot['cpu']:.1f}** | {tot['c']} / {tot['r']} "
+                     f"| {tot['m']:.1f} | {tot['e']:.1f} | {max(tot['wall'] - tot['m'] - tot['e'], 0.0):.1f} |")
+    if zoo:
+        lines += ["", "Training the model zoos (`make zoo`), from each fine-tune's own record (wall minutes "
+                  "of the training and its evaluation):", "",
+                  "| Testbed | Kind | Models | Minutes |", "|---|---|---:|---:|"]
+        total = 0.0
+        for testbed, z in sorted(zoo.items()):
+            for kind, k in sorted((z.get("kinds") or {}).items()):
+                total += float(k.get("minutes") or 0.0)
+                lines.append(f"| {testbed} | {kind} | {k.get('models', 0)} | {_min(k.get('minutes'))} |")
+        lines.append(f"| **all zoos** | | | **{total:.1f}** |")
     return lines
 
 
