@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import pickle
@@ -480,19 +481,24 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()  # --threads is the command's: restored for a caller in the same process
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
+        signum = None
         try:
             with _terminate_unwinds():
-                return args.func(args)
+                try:
+                    return args.func(args)
+                except (KeyboardInterrupt, Terminated) as e:
+                    signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+                # what garbage collection cleans up (spill folders' finalizers) goes now, while a
+                # second signal is still ignored, not at interpreter exit where it would interrupt it
+                gc.collect()
         except (CheckpointError, OSError, ValueError, TypeError, KeyError) as e:
             print(f"pact: error: {e}", file=sys.stderr)
             return 2
-        except (KeyboardInterrupt, Terminated) as e:
-            signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-            how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
-            print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
-            return 128 + int(signum)
         finally:
             torch.set_num_threads(threads)
+    how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
+    return 128 + int(signum)
 
 
 if __name__ == "__main__":
