@@ -112,7 +112,8 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
              f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict. A verdict "
              "marked *(stale)* comes from records made with other parameters, notebook code or engine "
              "than today's (see below).", ""]
-    table = ["| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |", "|---|---|" + "---|" * len(used)]
+    table = ["| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
+             "|---|---|" + "---|" * len(used)]
     for claim in _claim_order(rows):
         table.append(f"| {claim} | {chapter_of[claim]} | " + " | ".join(rows[claim].get(r, "not run") for r in used)
                      + " |")
@@ -135,7 +136,8 @@ def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], 
     for (chapter, run), st in sorted(bad.items(), key=lambda kv: (kv[0][0], list(titles).index(kv[0][1])
                                                                     if kv[0][1] in titles else 99)):
         made = ((st.get("provenance") or {}).get("made") or "–")[:10]
-        why = "; ".join(short_reason(r) for r in st.get("reasons") or []).replace("|", "/").replace("_", "\\_").replace("/", "/<wbr>")
+        why = "; ".join(short_reason(r) for r in st.get("reasons") or [])
+        why = why.replace("|", "/").replace("_", "\\_").replace("/", "/<wbr>")
         table.append(f"| {_stem(chapter)} | {_run(titles, run)} | {st['state']} | {made} | {why} |")
     return lines + _table(table)
 
@@ -176,7 +178,8 @@ def provenance_box(prov: Mapping[str, Any], command: str, folder: str) -> str:
     git = str(prov.get("git") or "?")
     git = git[:7] + ("-dirty" if git.endswith("-dirty") else "")
     machine = prov.get("machine") or {}
-    where = ", ".join(x for x in (str(machine.get("cpu") or ""), f"{machine['cores']} cores" if machine.get("cores") else "",
+    where = ", ".join(x for x in (str(machine.get("cpu") or ""),
+                                  f"{machine['cores']} cores" if machine.get("cores") else "",
                                   f"torch {machine['torch']}" if machine.get("torch") else "") if x)
     return (f":::{{admonition}} Computed by {command} on {str(prov.get('made') or '?')[:10]}, "
             f"{_num(prov.get('cpu_minutes'))} CPU min\n:class: dropdown {PROVENANCE_CLASS}\n\n"
@@ -214,10 +217,11 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
                  zoo: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Markdown lines "Where the time goes": the profile of the last reproduction.
 
-    A row per chapter and run (the chapter, its testbed below it): wall and CPU minutes of its compute run (provenance), and of those
-    the merges (``merges``: :func:`merge_profile` per ``(chapter, run)``): how many were computed
-    and how many reused from another chapter's run, minutes merging (filter included), minutes
-    choosing α and testing, and the rest (the chapter's own experiments, loading). ``zoo``: per
+    A row per chapter and run (the chapter, its testbed below it): wall and CPU minutes of its
+    compute run (provenance), and of those the merges (``merges``: :func:`merge_profile` per
+    ``(chapter, run)``): how many were computed and how many reused from another chapter's run,
+    minutes merging (filter included), minutes choosing α and testing, and the rest (the
+    chapter's own experiments, loading). ``zoo``: per
     testbed, ``{"kinds": {kind: {"models": n, "minutes": m}}}`` (the zoo's training records).
     [] when nothing has been timed."""
     merges = merges or {}
@@ -253,7 +257,8 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
             tot["e"] += mp["eval_minutes"]
         else:
             cells = ["–", "–", "–", _min(wall)]
-        lines.append(f"| {_stem(chapter)}<br>*{_run(titles, run)}* | {wall:.1f} | {cpu:.1f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_stem(chapter)}<br>*{_run(titles, run)}* | {wall:.1f} | {cpu:.1f} | "
+                     + " | ".join(cells) + " |")
     if rows:
         lines.append(f"| **all chapters** | **{tot['wall']:.1f}** | **{tot['cpu']:.1f}** | {tot['c']} / {tot['r']} "
                      f"| {tot['m']:.1f} | {tot['e']:.1f} | {max(tot['wall'] - tot['m'] - tot['e'], 0.0):.1f} |")

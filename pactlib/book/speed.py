@@ -225,7 +225,8 @@ def floor_findings(now: pd.DataFrame, memory: pd.DataFrame | None = None,
         if m not in FLOOR_GOALS:
             continue
         goal = FLOOR_GOALS[m]
-        out.append(f"**{METHODS.get(m, m)}** (goal ≤ {goal:g}× the floor) takes {_range(g['wall_ratio'])}× the floor "
+        out.append(f"**{METHODS.get(m, m)}** (goal ≤ {goal:g}× the floor) takes {_range(g['wall_ratio'])}× "
+                   "the floor "
                    f"in wall time at T = {_ts(g['T'])}: {_against(g, 'wall_ratio', goal)}. In CPU time it is "
                    f"{_range(g['cpu_ratio'])}× ({_against(g, 'cpu_ratio', goal)}), and the merge's own CPU time, "
                    f"the import taken off, {_range(g['merge_cpu_ratio'])}× "
