@@ -21,7 +21,8 @@
 #   make publish                   push _build/html to the gh-pages branch (ghp-import)
 #   make readme                    regenerate README.md's verdict table from book/records/default
 #   make book-check [ARGS=...]     validate every notebook's parameters; builds and runs nothing
-#   make book-screenshot           headless-Chromium PNGs of the front page, chapter 5 and the Verdicts page;
+#   make book-screenshot           headless-Chromium PNGs of the front page, chapter 5 and the Verdicts page
+#                                  (also 420 px wide);
 #                                  fails when a page makes a network request
 #
 # Parameters are validated first (book-check / chapter-check / reproduce-check, with the venv only):

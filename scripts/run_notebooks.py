@@ -26,8 +26,10 @@
 4. ``--mode present`` (also after a compute run, unless ``--no-render``) executes every chapter
    with its ``compute``-tagged cells turned into raw cells (shown unexecuted, code folded), reading
    a copy of the records under ``book/_executed/<store>/[<variant>/]records/<chapter>/``: nothing
-   is written into ``book/records/``. A stale chapter gets a banner with the reasons; a missing one
-   a banner and nothing executed past its parameters. A present notebook is re-executed only when
+   is written into ``book/records/``. A chapter with records shows their provenance in a folded
+   box under its title; a stale one also a banner with the reasons; a missing one a banner and
+   nothing executed past its parameters but the cells tagged ``bench-data`` (they read only the
+   committed benchmark data in ``book/data/``). A present notebook is re-executed only when
    its source, parameters, records, state or ``pactlib`` code changed. Then the Verdicts page
    (claims x runs, stale/missing marked, "Where the time goes" from the provenance), the set's
    table of contents (variants as sections), ``jupyter-book build`` and the offline check.
@@ -83,6 +85,9 @@ KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--InteractiveShell.system_ra
 #: Chapters that reuse another chapter's memoised merges: computed after it within a run.
 AFTER = {"06_static_vs_dynamic": ("05_main_results",), "11_sensitivity": ("05_main_results",)}
 COMPUTE_TAG = "compute"
+#: Present cells that read only committed benchmark data (``book/data/``): they run even when the
+#: chapter has no records yet.
+BENCH_TAG = "bench-data"
 VERDICTS_PAGE = site.VERDICTS_PAGE
 #: The last cell of a compute run: the pactlib modules the kernel imported and its CPU seconds.
 END_CELL = """\
@@ -456,17 +461,19 @@ def _command(job: Job, store: str) -> str:
 def _banner(job: Job, store: str, prov: dict | None) -> str:
     again = _command(job, store)
     if prov is None:
+        bench = job.nb is not None and any(BENCH_TAG in c.metadata.get("tags", []) for c in job.nb.cells
+                                           if c.cell_type == "code")
+        ran = ("only the cells that read the committed benchmark data (`book/data/`) were executed" if bench
+               else "nothing past the parameters was executed")
         return (f"```{{warning}}\nNo records yet for this chapter (parameter set `{store}`, run `{job.run}`): its "
-                f"code is shown, nothing past the parameters was executed. Run {again} to compute them.\n```")
-    why = "\n".join(f"- {r}" for r in job.reasons)
+                f"code is shown, {ran}. Run {again} to compute them.\n```")
+    why = "\n".join(f"- {r}".replace("_", "\\_") for r in job.reasons)  # pactlib/__init__.py is no emphasis
     return (f"```{{warning}}\nThese results are **stale**: the records were made on {prov.get('made', '?')[:10]} "
             f"with other inputs than today's:\n\n{why}\n\nRun {again} to recompute them.\n```")
 
 
-def _note(job: Job, store: str, prov: dict) -> str:
-    return (f"*Computed by {_command(job, store)} on {prov.get('made', '?')[:10]} "
-            f"({prov.get('cpu_minutes', '?')} CPU min); records in "
-            f"`{_rel(records_dir(store, job))}/`.*")
+def _provenance_box(job: Job, store: str, prov: dict) -> str:
+    return site.provenance_box(prov, _command(job, store), f"{_rel(records_dir(store, job))}/")
 
 
 def _under_title(nb: Any, text: str) -> None:
@@ -518,7 +525,7 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
             continue
         if "params.check(" in cell.source and "remove-input" not in tags:
             tags.append("remove-input")  # plumbing: the values are in the parameters cell
-        if is_compute(cell) or (missing and seen_params):
+        if is_compute(cell) or (missing and seen_params and BENCH_TAG not in tags):
             cell.cell_type = "raw"
             cell.metadata["pact_skipped"] = True
             cell.pop("outputs", None)
@@ -532,12 +539,7 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
             + ".*", metadata={"tags": ["pact-parameters"]}))
     top = [_banner(job, store, prov)] if job.reasons else []
     if prov is not None:
-        first = next((i for i, c in enumerate(nb.cells) if c.metadata.get("pact_skipped")), None)
-        if first is not None:
-            nb.cells.insert(first, nbformat.v4.new_markdown_cell(_note(job, store, prov),
-                                                                 metadata={"tags": ["pact-provenance"]}))
-        else:
-            top.append(_note(job, store, prov))
+        top.append(_provenance_box(job, store, prov))
     _under_title(nb, "\n\n".join(top))
     t0 = time.perf_counter()
     result = _papermill(job, nb, out, {"PACT_PARAMS": set_name, "PACT_RECORDS_DIR": str(work),

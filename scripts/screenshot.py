@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Look at the rendered book as a reader would: headless-Chromium screenshots of the front page,
-chapter 5 and the Verdicts page, and a check that none of them makes a network request.
+chapter 5 and the Verdicts page (also 420 px wide, as on a phone), and a check that none of them
+makes a network request.
 
     .venv/bin/python scripts/screenshot.py [--html _build/html] [--set default] [--out _build/screenshots]
 
@@ -26,13 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "_build" / "screenshots")
     args = ap.parse_args(argv)
     chapters = args.html / "book" / "_executed" / args.set
-    pages = {"index": args.html / "book" / "intro.html",  # index.html only redirects here
-             "05_main_results": chapters / "05_main_results.html",
-             "verdicts": chapters / f"{site.VERDICTS_PAGE}.html"}
+    # name: (page, window width in px); the narrow one is a phone's, where wide tables get cut off
+    pages = {"index": (args.html / "book" / "intro.html", 1280),  # index.html only redirects here
+             "05_main_results": (chapters / "05_main_results.html", 1280),
+             "verdicts": (chapters / f"{site.VERDICTS_PAGE}.html", 1280),
+             "verdicts-narrow": (chapters / f"{site.VERDICTS_PAGE}.html", 420)}
     bad = 0
-    for name, page in pages.items():
+    for name, (page, width) in pages.items():
         try:
-            requests = site.look_at(page, args.out / f"{name}.png")
+            requests = site.look_at(page, args.out / f"{name}.png", width=width)
         except (FileNotFoundError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

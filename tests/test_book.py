@@ -201,6 +201,146 @@ def test_verdict_text():
         plotting.verdict_text("C5", "reproduced", "")
 
 
+# --- chapter 8: the merge speed from the committed bench records (pactlib.book.speed) --------
+
+def _bench_book(tmp_path, monkeypatch, **files) -> Path:
+    """A book folder with ``data/<name>`` files of JSON lines, as ``$PACT_BOOK_DIR``."""
+    for name, rows in files.items():
+        path = tmp_path / "book" / "data" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("PACT_BOOK_DIR", str(tmp_path / "book"))
+    return tmp_path / "book"
+
+
+def _merge(label, method, T, wall, cpu, kernel, merge_cpu=None):
+    return {"kind": "merge", "label": label, "method": method, "T": T, "floor_s": 1.0, "wall_s": wall, "cpu_s": cpu,
+            "wall_ratio": wall, "cpu_ratio": cpu, "merge_cpu_ratio": cpu / 2 if merge_cpu is None else merge_cpu,
+            "kernel_share": kernel, "minor_faults": 100_000, "peak_rss_mb": 900.0, "load1_before": 4.0}
+
+
+IO_ROWS = [
+    {"kind": "startup", "label": "old", "commit": "aaaaaaa", "user_s": 2.0, "sys_s": 0.5, "peak_rss_mb": 800.0},
+    _merge("old", "task_arithmetic", 2, 9.0, 6.0, 0.40),
+    {"kind": "startup", "label": "new", "commit": "bbbbbbb", "user_s": 2.5, "sys_s": 0.5, "peak_rss_mb": 830.0},
+    _merge("new", "ties_global", 8, 9.0, 5.0, 0.10),
+    _merge("new", "task_arithmetic", 8, 3.0, 1.9, 0.12),
+    _merge("new", "task_arithmetic", 2, 1.5, 1.0, 0.20),
+    _merge("trial", "task_arithmetic", 2, 0.5, 0.4, 0.01),  # a label not asked for: left out
+    _merge("new", "iso_c", 2, 40.0, 30.0, 0.20),
+    _merge("new", "task_arithmetic", 2, 1.8, 1.2, 0.14),  # a later run of the same label, method and T wins
+    {"kind": "memory", "label": "new", "method": "task_arithmetic", "T_min": 2, "T_max": 8, "peak_ratio": 1.02},
+    {"kind": "memory", "label": "new", "method": "ties_global", "T_min": 2, "T_max": 8, "peak_ratio": 1.4},
+]
+
+
+def test_floor_frame_takes_the_last_run_of_the_labels_asked_for_with_goal_and_commit(tmp_path, monkeypatch):
+    from pactlib.book import speed
+
+    _bench_book(tmp_path, monkeypatch, **{"io_floor.jsonl": IO_ROWS})
+    rows = speed.read_data(speed.IO_FLOOR)
+    now = speed.floor_frame(rows, ("new",))
+    assert list(zip(now["method"], now["T"])) == [("task_arithmetic", 2), ("task_arithmetic", 8), ("ties_global", 8),
+                                                  ("iso_c", 2)]
+    assert now["wall_ratio"].tolist() == [1.8, 3.0, 9.0, 40.0] and set(now["commit"]) == {"bbbbbbb"}
+    assert now["goal"].tolist()[:3] == [2.0, 2.0, 4.0] and now["goal"].isna().tolist() == [False] * 3 + [True]
+    old = speed.floor_frame(rows, ("old",))
+    table = speed.floor_table(now, old)
+    assert table.loc[("Task Arithmetic", 2)].to_dict() == {
+        "floor s": "1.00", "wall / floor": "1.8", "CPU / floor": "1.2", "merge CPU / floor": "0.6", "goal": "≤ 2",
+        "kernel %": "14", "kernel % before": "40", "faults M": "0.10", "peak MB": "900"}
+    assert table.loc[("Iso-C", 2), "goal"] == "–" and table.loc[("Iso-C", 2), "kernel % before"] == "–"
+    assert speed.read_data("data/none.jsonl") == []
+    (tmp_path / "book" / "data" / "bad.jsonl").write_text('{"kind": "floor"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: not a JSON object"):
+        speed.read_data("data/bad.jsonl")
+
+
+def test_floor_findings_say_which_goals_are_met_from_the_records(tmp_path, monkeypatch):
+    from pactlib.book import speed
+
+    now = speed.floor_frame(IO_ROWS, ("new",))
+    found = speed.floor_findings(now, speed.memory_frame(IO_ROWS, ("new",)), speed.startup(IO_ROWS, "new"))
+    ta, ties, kernel, memory, start, load = found
+    assert ta.startswith("**Task Arithmetic** (goal ≤ 2× the floor) takes 1.8–3.0× the floor in wall time at "
+                         "T = 2, 8: met at T = 2, not at T = 8.")
+    assert "In CPU time it is 1.2–1.9× (met)" in ta
+    assert "**TIES (global)** (goal ≤ 4× the floor) takes 9.0× the floor" in ties and ": not met." in ties
+    assert kernel == ("**Kernel time ≤ 15 % of the CPU time**: met by Task Arithmetic 12–14 % (T = 2, 8); "
+                      "TIES (global) 10 % (T = 8); not met by Iso-C 20 % (T = 2).")
+    assert "Task Arithmetic 1.02 (T = 8 over 2); TIES (global) 1.40 (T = 8 over 2): not met." in memory
+    assert start == ("Importing the CLI (torch) alone takes 3.0 CPU-s and 830 MB, 3.0× the floor at T = 2, "
+                     "in every `pact merge` process.")
+    assert "4.0" in load
+    every = speed.floor_findings(now[now["kernel_share"] <= 0.15])
+    assert any(s.startswith("**Kernel time** is at most 15 % of the CPU time for every method") for s in every)
+
+
+def test_plot_floor_draws_each_goal_once_and_the_kernel_goal(tmp_path):
+    from pactlib.book import plotting, speed
+
+    now, old = speed.floor_frame(IO_ROWS, ("new",)), speed.floor_frame(IO_ROWS, ("old",))
+    with plotting.figure("floor", chapter=8, number=9, ncols=2, caption="c", directory=tmp_path) as (fig, axes):
+        speed.plot_floor(now, old, axes=axes)
+        left, right = axes
+        flat = sorted({ln.get_ydata()[0] for ln in left.get_lines() if len(set(ln.get_ydata())) == 1
+                       and ln.get_linestyle() == "--"})
+        assert flat == [2.0, 4.0] and left.get_yscale() == "log"
+        labels = [t.get_text() for t in left.texts]
+        assert labels == ["Task Arithmetic goal ≤ 2×", "TIES (global) goal ≤ 4×"]
+        assert [t.get_text() for t in right.texts] == ["goal ≤ 15 %"]
+        assert sorted(ln.get_ydata()[0] for ln in right.get_lines() if ln.get_linestyle() == "--"
+                      and len(ln.get_xdata()) == 2 and ln.get_xdata()[0] == 0) == [15.0]
+        # the methods without a floor goal are on the right only
+        assert "Iso-C" not in [t.get_text() for t in left.get_legend().get_texts()]
+        assert "Iso-C" in [t.get_text() for t in right.get_legend().get_texts()]
+    assert (tmp_path / "fig08.9-floor.png").stat().st_size > 0
+
+
+def test_inmemory_findings_and_the_side_by_side_with_mergekit(tmp_path, monkeypatch):
+    from pactlib.book import speed
+
+    rec = {"bench": "inmemory", "method": "task_arithmetic", "tasks": 8, "matrices": 12, "shape": [1024, 2816],
+           "seconds": {"merge": 1.5, "merged_update": 0.5, "plain_merge": 1.25, "plain_update": 0.25},
+           "ratio_merge": 1.2, "ratio_merged_update": 2.0, "identical_merge": True, "identical_update": True}
+    slow = {**rec, "method": "ties", "ratio_merge": 2.5, "identical_update": False}
+    _bench_book(tmp_path, monkeypatch, **{"inmemory_speed.jsonl": [rec, slow]})
+    table = speed.inmemory_table(speed.read_data(speed.INMEMORY))
+    assert table.loc[("Task Arithmetic", 8), "matrices"] == "12 × 1024 × 2816"
+    assert table["identical"].tolist() == ["yes", "no"]
+    assert speed.inmemory_findings(table) == [
+        "**Task Arithmetic** (T = 8): `pactlib.merge` takes 1.20× the plain-torch time and `merged_update` 2.00× "
+        "(goal ≤ 2×: met); the results are bit-identical.",
+        "**TIES** (T = 8): `pactlib.merge` takes 2.50× the plain-torch time and `merged_update` 2.00× "
+        "(goal ≤ 2×: not met); the results are not identical."]
+    files, frame = speed.side_by_side()
+    assert files == [] and frame.empty
+    _bench_book(tmp_path, monkeypatch, **{"mergekit_side_by_side.jsonl": [{"tool": "mergekit", "wall_s": 3.0},
+                                                                          {"tool": "pact", "wall_s": 2.0}]})
+    files, frame = speed.side_by_side()
+    assert files == ["data/mergekit_side_by_side.jsonl"] and frame["tool"].tolist() == ["mergekit", "pact"]
+    assert set(frame["file"]) == {"mergekit_side_by_side.jsonl"}
+
+
+def test_chapter_8_reads_the_committed_io_floor_records():
+    """The labels chapter 8 names exist in book/data/io_floor.jsonl, with every streamed method
+    of the issue and a floor in each run."""
+    from pactlib.book import speed
+
+    rows = [json.loads(line) for line in (ROOT / "book" / "data" / "io_floor.jsonl").read_text().splitlines() if line]
+    now = speed.floor_frame(rows, ("after", "after-perkey"))
+    assert {"task_arithmetic", "ties_global", "ties_per_key", "iso_c"} <= set(now["method"])
+    assert sorted(now.loc[now["method"] == "task_arithmetic", "T"]) == [2, 8, 20]
+    assert now["floor_s"].gt(0).all() and now["commit"].notna().all()
+    source = (ROOT / "notebooks" / "08_efficiency.py").read_text()
+    assert 'io_labels, io_before = ("after", "after-perkey"), ("before",)' in source
+    assert source.count('# %% tags=["bench-data"]') == 3
+    from pactlib.book import provenance
+
+    # speed only reads and draws: editing it stales no chapter's records
+    assert provenance.engine_modules(["pactlib.book.speed", "pactlib.book.site"], ROOT) == {}
+
+
 # --- runner: records store, present keys ------------------------------------------------------
 
 def test_present_key_tracks_source_params_records_and_state(tmp_path, monkeypatch):
@@ -282,7 +422,7 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     assert page.index("| C8 ") < page.index("| C11 ")
     assert "| precondition | 2 | reproduced (missing) | partly reproduced |" in page
     assert "| aside | 2 | reproduced (missing) | not run |" in page
-    assert "| 06_static_vs_dynamic | Text | missing | – | missing: no records in " in page
+    assert "| 06_<wbr>static_<wbr>vs_<wbr>dynamic | Text | missing | – | no records yet |" in page
     # where the time goes: each chapter's wall and CPU minutes per run and its merges, from the
     # records' provenance; the zoos' training minutes from book/records/<set>/zoo.json
     assert "Where the time goes" not in page  # nothing computed yet
@@ -298,15 +438,16 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
         {"lite0": {"kinds": {"full": {"models": 4, "minutes": 6.0}, "lora": {"models": 2, "minutes": 1.5}}}}))
     rn.assess(jobs, "demo")
     page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
-    assert "| Chapter | Testbed | Wall min | CPU min | Merges computed / reused |" in page
-    assert "| 06_static_vs_dynamic | Images | 3.0 | 1.5 | – | – | – | 3.0 |" in page
-    assert "| 10_theory | Images | 20.0 | 10.0 | 3 / 2 | 1.0 | 2.5 | 16.5 |" in page
-    assert "| 06_static_vs_dynamic | Text | 1.0 | 0.5 | – | – | – | 1.0 |" in page
+    assert "| Chapter, testbed | Wall min | CPU min | Merges computed / reused |" in page
+    assert "| 06_<wbr>static_<wbr>vs_<wbr>dynamic<br>*Images* | 3.0 | 1.5 | – | – | – | 3.0 |" in page
+    assert "| 10_<wbr>theory<br>*Images* | 20.0 | 10.0 | 3 / 2 | 1.0 | 2.5 | 16.5 |" in page
+    assert "| 06_<wbr>static_<wbr>vs_<wbr>dynamic<br>*Text* | 1.0 | 0.5 | – | – | – | 1.0 |" in page
     prof = page[page.index("Where the time goes"):]
-    assert prof.index("| 10_theory | Images") < prof.index("| 06_static_vs_dynamic | Text")  # main's rows first
-    assert "| **all chapters** | | **24.0** | **12.0** | 3 / 2 | 1.0 | 2.5 | 20.5 |" in page
+    assert prof.index("| 10_<wbr>theory<br>*Images*") < prof.index("dynamic<br>*Text*")  # main's rows first
+    assert "| **all chapters** | **24.0** | **12.0** | 3 / 2 | 1.0 | 2.5 | 20.5 |" in page
     assert "| lite0 | full | 4 | 6.0 |" in page and "| **all zoos** | | | **7.5** |" in page
-    assert "02_testbed | Images | missing" in page and "| 10_theory | Images | stale | 2026-12-03 | parameters differ" in page
+    assert "02_<wbr>testbed | Images | missing" in page
+    assert "| 10_<wbr>theory | Images | stale | 2026-12-03 | parameters differ" in page
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------
@@ -371,6 +512,9 @@ records.write_records(records.records_path("98_tiny"), [records.make_record("m",
 frame = records.records_frame(records.records_path("98_tiny"))
 print("acc", frame["metrics.acc"].iloc[0])
 plotting.record_verdict("C1", "reproduced", "acc")
+
+# %% tags=["bench-data"]
+print("bench", len("book/data"))
 """
 
 
@@ -389,11 +533,15 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     job = rn.prepare([src], set_path, {})[0]
     rn.assess([job], "t")
     assert provenance.state(job.reasons) == "missing"
-    # missing: the code is shown, nothing past the parameters runs, a banner says so
+    # missing: the code is shown, nothing past the parameters runs but the cells that read only
+    # committed bench data (tagged bench-data); a banner says so
     rn.present(job, "t", "t", "k0")
     nb = json.loads((tmp_path / "executed" / "t" / "98_tiny.ipynb").read_text())
     assert "No records yet for this chapter" in "".join(nb["cells"][0]["source"])
-    assert not [c for c in nb["cells"] if c["cell_type"] == "code" and c.get("outputs")]
+    assert "only the cells that read the committed benchmark data" in "".join(nb["cells"][0]["source"])
+    assert "{admonition}" not in json.dumps(nb)  # no provenance without records
+    ran = [c for c in nb["cells"] if c["cell_type"] == "code" and c.get("outputs")]
+    assert [_outputs(c) for c in ran] == ["bench 9\n"]
     # compute: the records, the provenance (params, engine, minutes), nothing left in staging
     prov = rn.compute(job, "t", "t")
     folder = tmp_path / "records" / "t" / "main" / "98_tiny"
@@ -413,7 +561,10 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     assert compute["cell_type"] == "code" and compute["outputs"] == [] and "hide-input" in compute["metadata"]["tags"]
     assert "acc 0.4" in _outputs(next(c for k, c in cells.items() if k.startswith("frame =")))
     assert "computing" not in "".join(_outputs(c) for c in nb["cells"])
-    assert any(k.startswith("*Computed by `make reproduce NB=98_tiny`") for k in cells)
+    title = next(k for k in cells if k.startswith("# Tiny chapter"))  # the provenance, folded, under the title
+    assert ":::{admonition} Computed by `make reproduce NB=98_tiny` on " in title
+    assert ":class: dropdown pact-provenance" in title and "Records: `" in title
+    assert title.index(":::{admonition}") < title.index("Some prose.")
     assert "remove-input" in next(c for k, c in cells.items() if "params.check(" in k)["metadata"]["tags"]
     assert "*This run (parameter set `t`) sets `size = 4`.*" in cells  # papermill's own cell is removed
     injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
@@ -431,6 +582,7 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     nb = json.loads((tmp_path / "executed" / "t" / "98_tiny.ipynb").read_text())
     top = "".join(nb["cells"][0]["source"])
     assert top.startswith("# Tiny chapter") and "**stale**" in top and "parameters differ: size 4 -> 5" in top
+    assert top.index("**stale**") < top.index(":::{admonition} Computed by") < top.index("Some prose.")
     assert "acc 0.4" in "".join(_outputs(c) for c in nb["cells"])
 
 

@@ -154,3 +154,80 @@ def test_merge_profile_counts_computed_and_reused_merges_and_splits_their_minute
             {"method": "fine-tuned", "metrics": {"acc": 0.9}}]  # a reference row: no merge
     assert site.merge_profile(recs) == {"computed": 2, "reused": 1, "merge_minutes": 1.5, "eval_minutes": 1.5}
     assert site.merge_profile([]) == {"computed": 0, "reused": 0, "merge_minutes": 0.0, "eval_minutes": 0.0}
+
+
+# --- what a reader sees: the provenance box and tables that fit a narrow screen -----------------
+
+def _myst(text: str):
+    """``text`` parsed as the book parses it (MyST with colon fences): a docutils tree."""
+    from docutils.core import publish_doctree
+    from myst_parser.parsers.docutils_ import Parser
+
+    return publish_doctree(text, parser=Parser(), settings_overrides={
+        "myst_enable_extensions": ["colon_fence"], "report_level": 4, "halt_level": 5})
+
+
+def test_provenance_box_is_one_folded_admonition_whose_title_says_command_date_and_minutes():
+    from docutils import nodes
+
+    prov = {"made": "2026-12-03T10:00:00Z", "cpu_minutes": 12.34, "wall_minutes": 7.0, "threads": 1,
+            "git": "0123456789abcdef0123456789abcdef01234567-dirty", "engine": {"fingerprint": "ab" * 32},
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1"}}
+    box = site.provenance_box(prov, "`make reproduce NB=08_efficiency`", "book/records/default/main/08_efficiency/")
+    doc = _myst(f"# Chapter\n\n{box}\n\nThe chapter's first paragraph.\n")
+    boxes = list(doc.findall(nodes.admonition))
+    assert len(boxes) == 1 and boxes[0]["classes"] == ["dropdown", site.PROVENANCE_CLASS]
+    title = boxes[0][0]
+    assert isinstance(title, nodes.title)
+    assert title.astext() == "Computed by make reproduce NB=08_efficiency on 2026-12-03, 12.3 CPU min"
+    body = boxes[0][1].astext()
+    assert "Engine abababababab, git 0123456-dirty; 7.0 wall min on AMD EPYC, 2 cores, torch 2.14.1" in body
+    assert "book/records/default/main/08_efficiency/" in body
+    # the box closes: the chapter's prose stays outside it
+    assert [p.astext() for p in doc.findall(nodes.paragraph) if p.parent is doc] == ["The chapter's first paragraph."]
+    bare = site.provenance_box({}, "`x`", "f/")
+    assert "on ?, ? CPU min" in bare and "Engine `?`, git `?`" in bare
+
+
+def _shown(node) -> str:
+    """The text of a docutils node as a browser shows it (raw HTML such as ``<wbr>`` left out)."""
+    from docutils import nodes
+
+    return "".join(t.astext() for t in node.findall(nodes.Text) if not isinstance(t.parent, nodes.raw))
+
+
+def test_verdicts_tables_wrap_and_say_why_in_short():
+    from docutils import nodes
+
+    titles = {"main": "EfficientNet-Lite0, image tasks", "minilm": "MiniLM-L6, text tasks"}
+    engine = ("engine changed: pactlib/__init__.py, pactlib/checks.py, pactlib/testbeds/base.py, "
+              "pactlib/merges/iso.py, pactlib/linalg.py")
+    states = {("01_method", "main"): {"state": "stale", "reasons": [engine, "parameters differ: seed 0 -> 1"],
+                                      "provenance": {"made": "2026-12-03T10:00:00Z", "cpu_minutes": 1.0,
+                                                     "wall_minutes": 2.0}},
+              ("04_subspace_perspective", "minilm"): {"state": "missing", "reasons": [
+                  "missing: no records in book/records/default/minilm/04_subspace_perspective"], "provenance": None}}
+    page = site.verdicts_page("default", titles, [("01_method", "main", {"claim": "C1", "status": "reproduced"})],
+                              states)
+    assert site.short_reason(engine) == "engine changed: pactlib, checks, testbeds/base, merges/iso, … (1 more)"
+    assert site.short_reason("missing: no records in x") == "no records yet"
+    assert site.short_reason("parameters differ: seed 0 -> 1") == "parameters differ: seed 0 -> 1"
+    # every table of the page carries the wrapping class, and the stylesheet that wraps it is registered
+    doc = _myst(page)
+    tables = list(doc.findall(nodes.table))
+    assert len(tables) == 3 and all(site.TABLE_CLASS in t["classes"] for t in tables)
+    rows = [[_shown(c) for c in row.findall(nodes.entry)] for row in tables[1].findall(nodes.row)]
+    assert rows[1] == ["01_method", "EfficientNet-Lite0", "stale", "2026-12-03",
+                       "engine changed: pactlib, checks, testbeds/base, merges/iso, … (1 more); "
+                       "parameters differ: seed 0 -> 1"]  # __init__ is no emphasis
+    assert rows[2] == ["04_subspace_perspective", "MiniLM-L6", "missing", "–", "no records yet"]
+    assert "| 04_<wbr>subspace_<wbr>perspective |" in page  # a line may break after an underscore
+    assert "engine changed: pactlib, checks, testbeds/<wbr>base" in page
+    prof = [[_shown(c) for c in row.findall(nodes.entry)] for row in tables[2].findall(nodes.row)]
+    assert prof[0][:3] == ["Chapter, testbed", "Wall min", "CPU min"] and len(prof[0]) == 7
+    assert prof[1][:3] == ["01_methodEfficientNet-Lite0", "2.0", "1.0"]
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
+    assert "book/_static" in config["html_static_path"] and config["html_css_files"] == ["pact.css"]
+    css = (ROOT / "book" / "_static" / "pact.css").read_text()
+    assert f"table.{site.TABLE_CLASS} td" in css and "white-space: normal" in css
+    assert f"div.admonition.{site.PROVENANCE_CLASS}" in css

@@ -37,7 +37,7 @@ __all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "modul
            "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state"]
 
 #: Modules that only read records and draw them: not part of a chapter's engine fingerprint.
-PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params",
+PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params", "speed",
                                                            "paths", "provenance", "site"))
 #: The provenance file of a chapter's records folder.
 FILE = "provenance.json"

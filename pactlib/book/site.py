@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
-           "time_section", "merge_profile", "readme_table", "replace_block", "html_problems"]
+           "time_section", "merge_profile", "readme_table", "replace_block", "html_problems",
+           "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason"]
 
 MAIN = "main"
 VERDICTS_PAGE = "verdicts"
@@ -64,6 +65,26 @@ def toc(base: Mapping[str, Any], prefix_from: str, prefix_to: str, variants: Map
     return out
 
 
+#: The CSS class of the generated pages' tables: their cells wrap, so a narrow screen shows every
+#: column (``book/_static/pact.css``).
+TABLE_CLASS = "pact-wrap"
+
+
+def _table(lines: Sequence[str]) -> list[str]:
+    """A Markdown table's ``lines`` inside MyST's ``{table}`` directive with :data:`TABLE_CLASS`."""
+    return ["```{table}", f":class: {TABLE_CLASS}", *lines, "```"]
+
+
+def _stem(chapter: str) -> str:
+    """A chapter stem for a table cell: a line may break after each underscore (``<wbr>``)."""
+    return chapter.replace("_", "_<wbr>")
+
+
+def _run(titles: Mapping[str, str], run: str) -> str:
+    """A run's title for a dense table: up to its first comma ("MiniLM-L6, text tasks" -> "MiniLM-L6")."""
+    return titles.get(run, run).split(",")[0]
+
+
 def _mark(status: str, state: str | None) -> str:
     return status if state in (None, "current") else f"{status} ({state})"
 
@@ -90,15 +111,16 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
              "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
              f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict. A verdict "
              "marked *(stale)* comes from records made with other parameters, notebook code or engine "
-             "than today's (see below).", "",
-             "| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
+             "than today's (see below).", ""]
+    table = ["| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
              "|---|---|" + "---|" * len(used)]
     for claim in _claim_order(rows):
-        lines.append(f"| {claim} | {chapter_of[claim]} | " + " | ".join(rows[claim].get(r, "not run") for r in used)
+        table.append(f"| {claim} | {chapter_of[claim]} | " + " | ".join(rows[claim].get(r, "not run") for r in used)
                      + " |")
     if not rows:
-        lines.append("| (no verdicts recorded yet) | | " + " | " * len(used))
-    return "\n".join(lines + records_section(titles, states) + time_section(titles, states, merges, zoo)) + "\n"
+        table.append("| (no verdicts recorded yet) | | " + " | " * len(used))
+    return "\n".join(lines + _table(table) + records_section(titles, states)
+                     + time_section(titles, states, merges, zoo)) + "\n"
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
@@ -109,14 +131,62 @@ def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], 
         return []
     lines = ["", "## Records that are not current", "",
              "These chapters render records made with other parameters, code or engine than today's, or have "
-             "none yet; `make reproduce NB=<chapter>` recomputes one.", "",
-             "| Chapter | Run | State | Made | Why |", "|---|---|---|---|---|"]
+             "none yet; `make reproduce NB=<chapter>` recomputes one.", ""]
+    table = ["| Chapter | Run | State | Made | Why |", "|---|---|---|---|---|"]
     for (chapter, run), st in sorted(bad.items(), key=lambda kv: (kv[0][0], list(titles).index(kv[0][1])
                                                                     if kv[0][1] in titles else 99)):
         made = ((st.get("provenance") or {}).get("made") or "–")[:10]
-        why = "; ".join(st.get("reasons") or []).replace("|", "/")
-        lines.append(f"| {chapter} | {titles.get(run, run)} | {st['state']} | {made} | {why} |")
-    return lines
+        why = "; ".join(short_reason(r) for r in st.get("reasons") or [])
+        why = why.replace("|", "/").replace("_", "\\_").replace("/", "/<wbr>")
+        table.append(f"| {_stem(chapter)} | {_run(titles, run)} | {st['state']} | {made} | {why} |")
+    return lines + _table(table)
+
+
+def short_reason(reason: str, most: int = 4) -> str:
+    """A reason of :func:`pactlib.book.provenance.staleness` as the Verdicts page's table cell: a
+    missing chapter's folder left out (the row names it), engine modules without ``pactlib/``
+    and ``.py``, and at most ``most`` of them (``"… (n more)"``)."""
+    if reason.startswith("missing:"):
+        return "no records yet"
+    head, sep, rest = reason.partition(": ")
+    if head != "engine changed" or not sep:
+        return reason
+    names = [n.replace("/__init__.py", "").removeprefix("pactlib/").removesuffix(".py") for n in rest.split(", ")]
+    more = f", … ({len(names) - most} more)" if len(names) > most else ""
+    return f"{head}: {', '.join(names[:most])}{more}"
+
+
+#: The CSS class of a chapter's provenance box (``book/_static/pact.css`` styles it).
+PROVENANCE_CLASS = "pact-provenance"
+
+
+def _num(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
+def provenance_box(prov: Mapping[str, Any], command: str, folder: str) -> str:
+    """A chapter's provenance as a folded MyST admonition (a dropdown; a colon fence, since its
+    title holds backticks), put under its title.
+
+    Its title, the one line a reader sees: the ``command`` that computes the records (Markdown,
+    e.g. ``"`make reproduce NB=08_efficiency`"``), the date they were made and their CPU minutes;
+    opened, it gives the engine fingerprint (12 hex digits), the git commit (7 hex digits, ``-dirty`` kept),
+    the wall minutes, the machine, the torch threads and the records ``folder``. ``prov``: a
+    ``provenance.json`` (:mod:`pactlib.book.provenance`); a missing field reads ``?``.
+    """
+    engine = str((prov.get("engine") or {}).get("fingerprint") or "?")[:12]
+    git = str(prov.get("git") or "?")
+    git = git[:7] + ("-dirty" if git.endswith("-dirty") else "")
+    machine = prov.get("machine") or {}
+    where = ", ".join(x for x in (str(machine.get("cpu") or ""),
+                                  f"{machine['cores']} cores" if machine.get("cores") else "",
+                                  f"torch {machine['torch']}" if machine.get("torch") else "") if x)
+    return (f":::{{admonition}} Computed by {command} on {str(prov.get('made') or '?')[:10]}, "
+            f"{_num(prov.get('cpu_minutes'))} CPU min\n:class: dropdown {PROVENANCE_CLASS}\n\n"
+            f"Engine `{engine}`, git `{git}`; {_num(prov.get('wall_minutes'))} wall min"
+            f"{f' on {where}' if where else ''}, {prov.get('threads', '?')} torch thread(s). Records: `{folder}`. "
+            "The folded code cells ran then; here their records are read back, and every figure, table and "
+            "verdict of this page is drawn from them.\n:::")
 
 
 def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -147,10 +217,11 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
                  zoo: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Markdown lines "Where the time goes": the profile of the last reproduction.
 
-    A row per chapter and run: wall and CPU minutes of its compute run (provenance), and of those
-    the merges (``merges``: :func:`merge_profile` per ``(chapter, run)``): how many were computed
-    and how many reused from another chapter's run, minutes merging (filter included), minutes
-    choosing α and testing, and the rest (the chapter's own experiments, loading). ``zoo``: per
+    A row per chapter and run (the chapter, its testbed below it): wall and CPU minutes of its
+    compute run (provenance), and of those the merges (``merges``: :func:`merge_profile` per
+    ``(chapter, run)``): how many were computed and how many reused from another chapter's run,
+    minutes merging (filter included), minutes choosing α and testing, and the rest (the
+    chapter's own experiments, loading). ``zoo``: per
     testbed, ``{"kinds": {kind: {"models": n, "minutes": m}}}`` (the zoo's training records).
     [] when nothing has been timed."""
     merges = merges or {}
@@ -170,8 +241,9 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
              "included), choosing α on validation and testing. *Reused* merges were read back from the run memo "
              "(`pactlib.testbeds.run`): another chapter computed them. Rendering the book from the records takes "
              "none of this.", "",
-             "| Chapter | Testbed | Wall min | CPU min | Merges computed / reused | Merging min | α search + test min "
-             "| Rest min |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| Chapter, testbed | Wall min | CPU min | Merges computed / reused | Merging min | α search + test min "
+             "| Rest min |", "|---|---:|---:|---:|---:|---:|---:|"]
+    at = len(lines) - 2
     tot = {"wall": 0.0, "cpu": 0.0, "c": 0, "r": 0, "m": 0.0, "e": 0.0}
     for chapter, run, wall, cpu, mp in rows:
         tot["wall"] += wall
@@ -185,20 +257,25 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
             tot["e"] += mp["eval_minutes"]
         else:
             cells = ["–", "–", "–", _min(wall)]
-        lines.append(f"| {chapter} | {titles.get(run, run)} | {wall:.1f} | {cpu:.1f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_stem(chapter)}<br>*{_run(titles, run)}* | {wall:.1f} | {cpu:.1f} | "
+                     + " | ".join(cells) + " |")
     if rows:
-        lines.append(f"| **all chapters** | | **{tot['wall']:.1f}** | **{tot['cpu']:.1f}** | {tot['c']} / {tot['r']} "
+        lines.append(f"| **all chapters** | **{tot['wall']:.1f}** | **{tot['cpu']:.1f}** | {tot['c']} / {tot['r']} "
                      f"| {tot['m']:.1f} | {tot['e']:.1f} | {max(tot['wall'] - tot['m'] - tot['e'], 0.0):.1f} |")
+        lines[at:] = _table(lines[at:])
+    else:
+        del lines[at:]
     if zoo:
         lines += ["", "Training the model zoos (`make zoo`), from each fine-tune's own record (wall minutes "
-                  "of the training and its evaluation):", "",
-                  "| Testbed | Kind | Models | Minutes |", "|---|---|---:|---:|"]
+                  "of the training and its evaluation):", ""]
+        table = ["| Testbed | Kind | Models | Minutes |", "|---|---|---:|---:|"]
         total = 0.0
         for testbed, z in sorted(zoo.items()):
             for kind, k in sorted((z.get("kinds") or {}).items()):
                 total += float(k.get("minutes") or 0.0)
-                lines.append(f"| {testbed} | {kind} | {k.get('models', 0)} | {_min(k.get('minutes'))} |")
-        lines.append(f"| **all zoos** | | | **{total:.1f}** |")
+                table.append(f"| {testbed} | {kind} | {k.get('models', 0)} | {_min(k.get('minutes'))} |")
+        table.append(f"| **all zoos** | | | **{total:.1f}** |")
+        lines += _table(table)
     return lines
 
 
