@@ -151,7 +151,8 @@ def test_look_at_screenshots_a_page_and_names_each_request_the_page_makes(tmp_pa
 def test_merge_profile_counts_computed_and_reused_merges_and_splits_their_minutes():
     recs = [{"seconds": 120.0, "merge_seconds": 30.0}, {"seconds": 60.0, "merge_seconds": 60.0},
             {"seconds": 600.0, "merge_seconds": 300.0, "memo_hit": True},  # another chapter paid for it
-            {"method": "fine-tuned", "metrics": {"acc": 0.9}}]  # a reference row: no merge
+            {"method": "fine-tuned", "metrics": {"acc": 0.9}},  # a reference row: no merge
+            {"seconds": 120.0, "merge_seconds": 30.0, "params": {"rank": 8}}]  # the first, listed again
     assert site.merge_profile(recs) == {"computed": 2, "reused": 1, "merge_minutes": 1.5, "eval_minutes": 1.5}
     assert site.merge_profile([]) == {"computed": 0, "reused": 0, "merge_minutes": 0.0, "eval_minutes": 0.0}
 

@@ -193,12 +193,15 @@ def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """What a chapter's merges cost, from the records :func:`pactlib.testbeds.run` returns (those
     with ``seconds`` and ``merge_seconds``): ``computed`` and ``reused`` (read back from the run
     memo, ``memo_hit``) merges, minutes spent merging (the PACT filter included) and minutes
-    spent choosing α on validation and testing (``seconds − merge_seconds``) by computed merges."""
+    spent choosing α on validation and testing (``seconds − merge_seconds``) by computed merges.
+    A record repeated (the same ``seconds`` and ``merge_seconds``) counts once."""
     out = {"computed": 0, "reused": 0, "merge_minutes": 0.0, "eval_minutes": 0.0}
+    seen = set()
     for rec in records:
         sec, merge = rec.get("seconds"), rec.get("merge_seconds")
-        if not isinstance(sec, (int, float)) or not isinstance(merge, (int, float)):
-            continue
+        if not isinstance(sec, (int, float)) or not isinstance(merge, (int, float)) or (sec, merge) in seen:
+            continue  # not a merge's record, or a copy of one already counted (a chapter may list it twice)
+        seen.add((sec, merge))
         if rec.get("memo_hit"):
             out["reused"] += 1
             continue
