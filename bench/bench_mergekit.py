@@ -245,8 +245,8 @@ def main(argv=None) -> list[dict]:
         base, *tuned = folders(work, ["base"] + [f"task{t:02d}" for t in range(tmax)], config)
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "pactlib", ":!pactlib/book"],
-                                    capture_output=True, text=True).stdout.strip())
+        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "pactlib",
+                                     ":!pactlib/book"], capture_output=True, text=True).stdout.strip())
         emit({"kind": "setup", **shape, "file_mb": round((base / "model.safetensors").stat().st_size / 1e6, 1),
               "tasks": sorted(args.tasks), "methods": args.methods, "alpha": args.alpha, "k": args.k,
               "repeat": args.repeat, "threads": args.threads, "pact_out": args.pact_out, "seed": args.seed,
