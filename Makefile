@@ -58,6 +58,10 @@ test: setup
 
 # bench_reference compares with the public reference code: clone each repository and name it, e.g.
 # make bench REF_TIES=~/ties-merging REF_TSV=~/task_singular_vectors REF_ISO=~/iso-merging REF_TASK_VECTORS=~/task_vectors
+# bench_mergekit times `pact merge` beside mergekit on the same files when MERGEKIT names a mergekit-yaml.
+# mergekit is never a dependency of pactlib: give it a venv of its own, outside this repository, e.g.
+#   python3 -m venv ~/mergekit-venv && ~/mergekit-venv/bin/pip install mergekit
+#   make bench MERGEKIT=~/mergekit-venv/bin/mergekit-yaml
 bench: setup
 	$(PY) bench/bench_filter.py
 	$(PY) bench/bench_pact_floor.py
@@ -66,6 +70,7 @@ bench: setup
 	$(PY) bench/bench_merge_scale.py --append --full --model vit_l14 --blocks 1 --tasks 2 20 --methods task_arithmetic iso_c --modes none pact-rsvd --old-path-max-tasks 0
 	$(PY) bench/bench_reference.py $(if $(REF_TASK_VECTORS),--task-vectors-repo $(REF_TASK_VECTORS)) \
 		$(if $(REF_TIES),--ties-repo $(REF_TIES)) $(if $(REF_TSV),--tsv-repo $(REF_TSV)) $(if $(REF_ISO),--iso-repo $(REF_ISO))
+	$(if $(MERGEKIT),$(PY) bench/bench_mergekit.py --mergekit $(MERGEKIT),@echo "bench_mergekit skipped: set MERGEKIT=<venv>/bin/mergekit-yaml")
 
 clean:
 	rm -rf _build book/_executed .pytest_cache

@@ -434,15 +434,26 @@ else:
 # %% [markdown]
 # ### Beside mergekit
 #
-# Issue 29 also asks for `pact merge` and mergekit timed side by side on the same files. The
-# cell below shows every `book/data/mergekit*.jsonl` file, the records of such a run.
+# Issue 29 also asks for `pact merge` and mergekit timed side by side on the same files.
+# `bench/bench_mergekit.py` writes a Llama-shaped float32 model folder and T fine-tunes, then runs
+# `pact merge` and mergekit's `mergekit-yaml` as whole processes on the CPU, in alternating order,
+# for Task Arithmetic and TIES with the same α and the same trim (mergekit trims each tensor, so
+# pact's TIES runs with `scope=per_key`). mergekit lives in a virtual environment of its own; it
+# is never a dependency of pactlib. Each row below is the median of the repeats. The ratios are
+# pact over mergekit, so a value below 1 means pact is faster or smaller. Both outputs are also
+# checked against the same merge computed in float64 from the same files.
 
 # %% tags=["bench-data"]
 mk_files, mk_frame = speed.side_by_side()
-if len(mk_frame):
-    plotting.table(mk_frame, chapter=8, number=9, floatfmt="{:.3g}",
+mk_table = speed.side_by_side_table(mk_frame)
+if len(mk_table):
+    plotting.table(mk_table, chapter=8, number=9,
                    caption="`pact merge` beside mergekit on the same files (" + ", ".join(f"`book/{f}`" for f in mk_files)
-                           + ").")
+                           + "): medians of each tool's wall time (s); pact / mergekit of wall time, CPU time, CPU "
+                           "time less each tool's import, and peak memory; each tool's peak memory (MB) and "
+                           "kernel share of its CPU time (%); the largest differences between the outputs and to "
+                           "the float64 reference; the 1-minute load average of the shared machine during the runs.")
+    display(Markdown("\n".join(f"- {s}" for s in speed.side_by_side_findings(mk_frame))))
 else:
     display(Markdown("No side-by-side record with mergekit is committed (no `book/data/mergekit*.jsonl`): "
                      "`make bench` has no mergekit run yet, so this book cannot say how the two compare."))

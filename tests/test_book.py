@@ -322,6 +322,46 @@ def test_inmemory_findings_and_the_side_by_side_with_mergekit(tmp_path, monkeypa
     assert set(frame["file"]) == {"mergekit_side_by_side.jsonl"}
 
 
+def _compare(method, T, wall, layers=4, **extra):
+    return {"kind": "compare", "layers": layers, "method": method, "T": T, "repeats": 3, "pact_wall_s": wall,
+            "mergekit_wall_s": 2 * wall, "ratio_wall": 0.5, "ratio_cpu": 0.4, "ratio_peak_rss_mb": 0.25,
+            "pact_peak_rss_mb": 500.0, "mergekit_peak_rss_mb": 2000.0, "pact_kernel_share": 0.2,
+            "mergekit_kernel_share": 0.1, "max_abs_pact_mergekit": 0.0, "max_abs_pact_reference": 3e-9,
+            "max_abs_mergekit_reference": 3e-9, "load1_min": 2.0, "load1_max": 4.5, **extra}
+
+
+def test_side_by_side_table_and_findings_from_the_compare_records(tmp_path, monkeypatch):
+    """The last compare record per shape, method and T, in METHODS order; ratios, memory, kernel
+    shares and differences as written; the import-free CPU ratio only where every T has it."""
+    import pandas as pd
+
+    from pactlib.book import speed
+
+    assert speed.side_by_side_table(pd.DataFrame()).empty and speed.side_by_side_findings(pd.DataFrame()) == []
+    rows = [{"kind": "setup", "layers": 4, "file_mb": 271.1}, {"kind": "run", "tool": "pact", "wall_s": 1.0},
+            _compare("ties", 8, 9.0, max_abs_mergekit_reference=4e-4, max_abs_pact_mergekit=4e-4),
+            _compare("task_arithmetic", 2, 99.0), _compare("task_arithmetic", 2, 3.0, ratio_merge_cpu=0.3),
+            _compare("task_arithmetic", 8, 6.0, ratio_wall=0.8, ratio_merge_cpu=0.2)]
+    _bench_book(tmp_path, monkeypatch, **{"mergekit_side_by_side.jsonl": rows})
+    _, frame = speed.side_by_side()
+    table = speed.side_by_side_table(frame)
+    model = "4 layers, 271 MB"
+    assert table.index.tolist() == [(model, "Task Arithmetic", 2), (model, "Task Arithmetic", 8), (model, "TIES", 8)]
+    first = table.iloc[0]
+    assert first[["pact wall s", "mergekit wall s", "wall ×", "merge CPU ×"]].tolist() == ["3.0", "6.0", "0.50", "0.30"]
+    assert first[["memory ×", "pact MB", "pact kernel %", "mergekit kernel %"]].tolist() == ["0.25", "500", "20", "10"]
+    assert (first["load"], first["pact vs float64"]) == ("2.0–4.5", "3.0e-09")
+    assert table.iloc[2]["merge CPU ×"] == "–" and table.iloc[2]["mergekit vs float64"] == "4.0e-04"
+    assert speed.side_by_side_findings(frame) == [
+        "**Task Arithmetic** (4 layers, T = 2, 8): `pact merge` takes 0.50–0.80× mergekit's wall time, 0.40× its CPU "
+        "time (0.20–0.30× with each tool's import taken off) and 0.25× its peak memory (medians of 3 alternated "
+        "runs). Largest difference from the float64 reference: pact 3e-09, mergekit 3e-09; the two outputs are "
+        "identical.",
+        "**TIES** (4 layers, T = 8): `pact merge` takes 0.50× mergekit's wall time, 0.40× its CPU time and 0.25× its "
+        "peak memory (medians of 3 alternated runs). Largest difference from the float64 reference: pact 3e-09, "
+        "mergekit 4e-04; the two outputs differ by at most 4e-04."]
+
+
 def test_chapter_8_reads_the_committed_io_floor_records():
     """The labels chapter 8 names exist in book/data/io_floor.jsonl, with every streamed method
     of the issue and a floor in each run."""

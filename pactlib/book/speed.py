@@ -26,7 +26,8 @@ from pactlib.book.paths import book_path
 
 __all__ = ["IO_FLOOR", "INMEMORY", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "MEMORY_GOAL", "INMEMORY_GOAL",
            "METHODS", "read_data", "floor_frame", "startup", "memory_frame", "floor_table", "plot_floor",
-           "floor_findings", "inmemory_table", "inmemory_findings", "side_by_side"]
+           "floor_findings", "inmemory_table", "inmemory_findings", "side_by_side", "side_by_side_table",
+           "side_by_side_findings"]
 
 #: The benchmark records, relative to the book folder (``$PACT_BOOK_DIR``, else ``./book``).
 IO_FLOOR = "data/io_floor.jsonl"
@@ -299,3 +300,79 @@ def side_by_side() -> tuple[list[str], pd.DataFrame]:
     files = sorted(folder.glob(MERGEKIT)) if folder.is_dir() else []
     recs = [{"file": f.name, **r} for f in files for r in read_data(f"data/{f.name}")]
     return [f"data/{f.name}" for f in files], (pd.json_normalize(recs, max_level=1) if recs else pd.DataFrame())
+
+
+def _known(value: Any) -> bool:
+    """A number that is not NaN (a record's field that was written)."""
+    return isinstance(value, (int, float)) and value == value
+
+
+def side_by_side_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per model shape, method and T, the last ``compare`` record of :func:`side_by_side`'s frame
+    (``bench/bench_mergekit.py``) for a reader, as text (``–`` where there is no value): the
+    file size (MB), each tool's median wall time (s), the ratios pact / mergekit of wall time, CPU
+    time, CPU time less each tool's import (``startup``) and peak memory, each tool's peak memory
+    (MB) and kernel share (%), max |pact − mergekit| and each tool's max |output − float64
+    reference|, and the 1-minute load average during the runs. An empty frame when there is no
+    ``compare`` record."""
+    if frame.empty or "kind" not in frame:
+        return pd.DataFrame()
+    last: dict[tuple, Any] = {}
+    for r in frame[frame["kind"] == "compare"].to_dict("records"):
+        last[(int(r["layers"]), _order(r["method"]), int(r["T"]))] = r
+    sizes = {int(r["layers"]): r.get("file_mb") for r in frame[frame["kind"] == "setup"].to_dict("records")}
+    rows = []
+    for (layers, _, T), r in sorted(last.items()):
+        rows.append({"model": f"{layers} layers, {_fmt(sizes.get(layers), '{:.0f}')} MB", "method": METHODS.get(
+            r["method"], r["method"]), "T": T,
+            "pact wall s": _fmt(r.get("pact_wall_s"), "{:.1f}"),
+            "mergekit wall s": _fmt(r.get("mergekit_wall_s"), "{:.1f}"),
+            "wall ×": _fmt(r.get("ratio_wall"), "{:.2f}"), "CPU ×": _fmt(r.get("ratio_cpu"), "{:.2f}"),
+            "merge CPU ×": _fmt(r.get("ratio_merge_cpu"), "{:.2f}"),
+            "memory ×": _fmt(r.get("ratio_peak_rss_mb"), "{:.2f}"),
+            "pact MB": _fmt(r.get("pact_peak_rss_mb"), "{:.0f}"),
+            "mergekit MB": _fmt(r.get("mergekit_peak_rss_mb"), "{:.0f}"),
+            "pact kernel %": _fmt(100 * r["pact_kernel_share"] if r.get("pact_kernel_share") is not None else None,
+                                  "{:.0f}"),
+            "mergekit kernel %": _fmt(100 * r["mergekit_kernel_share"]
+                                      if r.get("mergekit_kernel_share") is not None else None, "{:.0f}"),
+            "max |pact − mergekit|": _fmt(r.get("max_abs_pact_mergekit"), "{:.1e}"),
+            "pact vs float64": _fmt(r.get("max_abs_pact_reference"), "{:.1e}"),
+            "mergekit vs float64": _fmt(r.get("max_abs_mergekit_reference"), "{:.1e}"),
+            "load": _range([r["load1_min"], r["load1_max"]]) if _known(r.get("load1_min")) else "–"})
+    return pd.DataFrame(rows).set_index(["model", "method", "T"])
+
+
+def side_by_side_findings(frame: pd.DataFrame) -> list[str]:
+    """Sentences (Markdown), one per model shape and method, from the ``compare`` records of
+    :func:`side_by_side`'s frame: the range over T of pact's wall time, CPU time and peak memory
+    as a multiple of mergekit's (and the CPU time less each tool's import, where recorded), and how
+    far each tool's output lies from the float64 reference."""
+    if frame.empty or "kind" not in frame:
+        return []
+    last: dict[tuple, Any] = {}
+    for r in frame[frame["kind"] == "compare"].to_dict("records"):
+        last[(int(r["layers"]), _order(r["method"]), r["method"], int(r["T"]))] = r
+    groups: dict[tuple, list] = {}
+    for key, r in sorted(last.items()):
+        groups.setdefault(key[:3], []).append(r)
+    out = []
+    for (layers, _, method), rs in groups.items():
+        ts = [r["T"] for r in rs]
+
+        def worst(field: str) -> str:
+            vals = [r.get(field) for r in rs if r.get(field) is not None]
+            return "0" if vals and max(vals) == 0 else _fmt(max(vals) if vals else None, "{:.0e}")
+
+        out.append(f"**{METHODS.get(method, method)}** ({layers} layers, T = {_ts(ts)}): `pact merge` takes "
+                   f"{_range([r['ratio_wall'] for r in rs], '{:.2f}')}× mergekit's wall time, "
+                   f"{_range([r['ratio_cpu'] for r in rs], '{:.2f}')}× its CPU time"
+                   + (f" ({_range([r['ratio_merge_cpu'] for r in rs], '{:.2f}')}× with each tool's import taken off)"
+                      if all(_known(r.get("ratio_merge_cpu")) for r in rs) else "")
+                   + f" and {_range([r['ratio_peak_rss_mb'] for r in rs], '{:.2f}')}× its peak memory (medians of "
+                   f"{_fmt(rs[0].get('repeats'), '{:.0f}')} alternated runs). Largest difference from the float64 "
+                   f"reference: pact {worst('max_abs_pact_reference')}, mergekit "
+                   f"{worst('max_abs_mergekit_reference')}; "
+                   + ("the two outputs are identical." if worst("max_abs_pact_mergekit") == "0"
+                      else f"the two outputs differ by at most {worst('max_abs_pact_mergekit')}."))
+    return out
