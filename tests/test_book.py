@@ -359,8 +359,12 @@ TWO_PARTS = """\
 size = 3  # rows
 
 # %%
-from pactlib.book import params, records, plotting
-P = params.check(globals(), size=params.at_least(1))
+from pydantic import Field
+from pactlib.book import chapters, records, plotting
+class Tiny(chapters.Chapter):
+    notebook = "98_tiny"
+    size: int = Field(3, ge=1)
+P = Tiny.check(globals())
 
 # %% tags=["compute"]
 print("computing")
@@ -414,7 +418,7 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     assert "acc 0.4" in _outputs(next(c for k, c in cells.items() if k.startswith("frame =")))
     assert "computing" not in "".join(_outputs(c) for c in nb["cells"])
     assert any(k.startswith("*Computed by `make reproduce NB=98_tiny`") for k in cells)
-    assert "remove-input" in next(c for k, c in cells.items() if "params.check(" in k)["metadata"]["tags"]
+    assert "remove-input" in next(c for k, c in cells.items() if ".check(globals())" in k)["metadata"]["tags"]
     assert "*This run (parameter set `t`) sets `size = 4`.*" in cells  # papermill's own cell is removed
     injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert len(injected) == 1 and "remove-cell" in injected[0]["metadata"]["tags"]
@@ -655,12 +659,12 @@ def test_overrides_go_to_a_scratch_store(tmp_path, monkeypatch, capsys):
 
 
 def test_pages_name_the_command_that_computes_their_records():
-    """A variant's page names `--run <variant>` (its chapter stem alone would compute the main
+    """A variant's page names `NB=<variant>/<chapter>` (its chapter stem alone would compute the main
     run), and a page of the scratch store of overridden parameters names `make chapter ... -p`."""
     rn = _runner()
     main = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={})
     var = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={}, variant="minilm")
     assert rn._command(main, "default") == "`make reproduce NB=05_main_results`"
-    assert rn._command(var, "default") == '`make reproduce NB=05_main_results ARGS="--run minilm"`'
+    assert rn._command(var, "default") == "`make reproduce NB=minilm/05_main_results`"
     assert rn._command(main, "_scratch/default") == '`make chapter NB=05_main_results ARGS="-p ..."`'
-    assert "Run `make reproduce NB=05_main_results ARGS=\"--run minilm\"`" in rn._banner(var, "default", None)
+    assert "Run `make reproduce NB=minilm/05_main_results`" in rn._banner(var, "default", None)

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from pactlib.book import params as pparams
+from pactlib.book.chapters import parse_defaults
 
 __all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "book_needs", "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
@@ -76,7 +77,7 @@ def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: 
         for path in paths:
             if chapters is not None and path.stem not in chapters:
                 continue
-            defaults = pparams.parse_defaults(parameters_cell(jupytext.read(path), _rel(path)).source, where=_rel(path))
+            defaults = parse_defaults(parameters_cell(jupytext.read(path), _rel(path)).source, where=_rel(path))
             values = {**defaults, **pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None),
                       **{k: v for k, v in cli.items() if k in defaults}}
             if _names_zoo_testbed(values):
