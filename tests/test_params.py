@@ -276,9 +276,9 @@ def test_testbeds_is_a_reserved_section(tmp_path):
     with pytest.raises(ParameterError, match=r"no section for notebook 'testbeds'.*\['05_main'\]"):
         params.load_params(path, "testbeds")  # never a notebook's section
     assert params.testbed_definitions(_yaml(tmp_path, {"05_main": {}})) == {}
-    with pytest.raises(ParameterError, match="testbeds: 'clip-x' must be a mapping"):
+    with pytest.raises(ParameterError, match="testbeds: clip-x: Input should be a valid dictionary"):
         params.testbed_definitions(_yaml(tmp_path, {"testbeds": {"clip-x": "ViT-B-32"}}))
-    with pytest.raises(ParameterError, match="section 'testbeds' must be a mapping"):
+    with pytest.raises(ParameterError, match="set.yaml: testbeds: Input should be a valid dictionary"):
         params.testbed_definitions(_yaml(tmp_path, {"testbeds": ["clip-x"]}))
 
 
@@ -299,15 +299,16 @@ def test_variants_section_runs_chapters_again_with_values_on_top(tmp_path):
 
 
 @pytest.mark.parametrize("variants, fragment", [
-    (["text"], "section .variants. must be a mapping"),
-    ({"Text!": {"title": "T", "chapters": {"05_main": {}}}}, "a variant name is lower-case"),
-    ({"text": "T"}, "must be a mapping with 'title' and 'chapters'"),
-    ({"text": {"title": "T", "chapters": {"05_main": {}}, "seeds": [0]}}, r"unknown key\(s\) \['seeds'\]"),
-    ({"text": {"chapters": {"05_main": {}}}}, "needs a non-empty string 'title'"),
-    ({"text": {"title": "T"}}, "'chapters' must map notebook names"),
-    ({"main": {"title": "M", "chapters": {"05_main": {}}}}, "the main run takes a title only"),
-    ({"text": {"title": "T", "chapters": {"07_nope": {}}}}, r"chapter '07_nope' is not a notebook section.*\['05_main'\]"),
-    ({"text": {"title": "T", "chapters": {"05_main": [1]}}}, "the values of '05_main' must be a mapping"),
+    (["text"], "variants: Input should be a valid dictionary"),
+    ({"Text!": {"title": "T", "chapters": {"05_main": {}}}}, "variants: Text!: a variant name is lower-case"),
+    ({"text": "T"}, "variants: text: Input should be a valid dictionary or instance of Variant"),
+    ({"text": {"title": "T", "chapters": {"05_main": {}}, "seeds": [0]}}, "variants: text: seeds: Extra inputs"),
+    ({"text": {"chapters": {"05_main": {}}}}, "variants: text: title: Field required"),
+    ({"text": {"title": " ", "chapters": {"05_main": {}}}}, "variants: text: title: String should have at least 1"),
+    ({"text": {"title": "T"}}, "variants: text: 'chapters' must map notebook names"),
+    ({"main": {"title": "M", "chapters": {"05_main": {}}}}, "variants: main: the main run takes a title only"),
+    ({"text": {"title": "T", "chapters": {"07_nope": {}}}}, r"variants: text: chapters: '07_nope' is not a notebook section.*\['05_main'\]"),
+    ({"text": {"title": "T", "chapters": {"05_main": [1]}}}, "variants: text: chapters: 05_main: Input should be a valid dictionary"),
 ])
 def test_variants_section_errors_name_the_variant_and_key(tmp_path, variants, fragment):
     path = _yaml(tmp_path, {"05_main": {}, "variants": variants})

@@ -19,11 +19,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
-__all__ = ["REQUIRED", "ParameterError", "load_params", "sections", "testbed_definitions", "variant_definitions",
+__all__ = ["REQUIRED", "ParameterError", "ParameterSet", "Variant", "load_params", "sections", "testbed_definitions", "variant_definitions",
            "RESERVED", "COMMON", "TESTBEDS", "VARIANTS", "MAIN"]
 
 #: The marker of a required parameter in a ``parameters`` cell (``name = ...``).
@@ -47,12 +48,56 @@ class ParameterError(ValueError):
 # Loading a parameter set
 
 
+def _variant_name(name: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+        raise ValueError("a variant name is lower-case letters, digits, '-' and '_' (it names a folder)")
+    return name
+
+
+_Name = Annotated[str, AfterValidator(_variant_name)]
+_Mapping = Optional[dict[str, Any]]
+
+
+class Variant(BaseModel):
+    """One run of a set's ``variants:`` section (:func:`variant_definitions`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    title: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+    chapters: Optional[dict[str, _Mapping]] = None
+
+
+class ParameterSet(BaseModel):
+    """The shape of a parameter set: reserved sections typed, every other key a notebook's mapping."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    common: _Mapping = None
+    testbeds: Optional[dict[str, dict[str, Any]]] = None
+    variants: Optional[dict[_Name, Variant]] = None
+
+    @model_validator(mode="after")
+    def _sections_and_variants(self) -> ParameterSet:
+        problems, notebooks = [], sorted(self.model_extra or {})
+        for name, body in (self.model_extra or {}).items():
+            if body is not None and not isinstance(body, dict):
+                problems.append(f"section {name!r} must be a mapping, got {type(body).__name__}")
+        for name, spec in (self.variants or {}).items():
+            if name == MAIN and spec.chapters:
+                problems.append(f"variants: {name}: the main run takes a title only (its values are the sections)")
+            elif name != MAIN and not spec.chapters:
+                problems.append(f"variants: {name}: 'chapters' must map notebook names to their values")
+            problems += [f"variants: {name}: chapters: {nb!r} is not a notebook section of the set; sections: "
+                         f"{notebooks}" for nb in spec.chapters or {} if nb not in notebooks]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
 def _read_set(path: str | Path) -> dict[str, Any]:
-    """A parameter set's top-level mapping, its sections checked to be mappings.
+    """A parameter set's top-level mapping, checked by :class:`ParameterSet`.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist. ParameterError: not YAML, not a mapping of
-            mappings, or a ``testbeds`` entry that is not a mapping.
+        FileNotFoundError: ``path`` does not exist. ParameterError: not YAML, or not of the shape
+            :class:`ParameterSet` says (every problem, each named by its place in the file).
     """
     path = Path(path)
     if not path.is_file():
@@ -64,14 +109,12 @@ def _read_set(path: str | Path) -> dict[str, Any]:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ParameterError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
-    for section, body in data.items():
-        if body is not None and not isinstance(body, dict):
-            raise ParameterError(
-                f"{path}: section {section!r} must be a mapping, got {type(body).__name__}")
-    for name, spec in (data.get(TESTBEDS) or {}).items():
-        if not isinstance(spec, dict):
-            raise ParameterError(f"{path}: testbeds: {name!r} must be a mapping with a 'family' and its "
-                                 f"options, got {type(spec).__name__}")
+    try:
+        ParameterSet.model_validate(data)
+    except ValidationError as exc:
+        raise ParameterError("; ".join(
+            f"{path}: " + ": ".join([*(str(k) for k in e["loc"] if k != "[key]"), e["msg"].removeprefix("Value error, ")])
+            for e in exc.errors())) from None
     return data
 
 
@@ -131,8 +174,7 @@ def load_params(path: str | Path, notebook: str, *,
 
 def sections(path: str | Path) -> list[str]:
     """The notebook sections of a parameter set (every top-level key but :data:`RESERVED`)."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    return [k for k in data if k not in RESERVED]
+    return [k for k in _read_set(path) if k not in RESERVED]
 
 
 def testbed_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -144,9 +186,6 @@ def testbed_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
         FileNotFoundError, ParameterError: as :func:`load_params`.
     """
     return {name: dict(spec) for name, spec in (_read_set(path).get(TESTBEDS) or {}).items()}
-
-
-_VARIANT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def variant_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -170,41 +209,11 @@ def variant_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
 
     Raises:
         FileNotFoundError: as :func:`load_params`. ParameterError: the section or a variant is not
-            a mapping, a variant name is not ``[a-z][a-z0-9_-]*``, a key other than ``title`` /
-            ``chapters``, a missing or empty title, ``main`` with chapters, a chapter that is not
-            a section of the set, or values that are not a mapping.
+            a mapping, a variant name is not ``[a-z][a-z0-9_-]*`` (it names a folder), a key other
+            than ``title`` / ``chapters``, a missing or empty title, ``main`` with chapters, a
+            chapter that is not a section of the set, or values that are not a mapping.
     """
-    path = Path(path)
-    data = _read_set(path)
-    raw = data.get(VARIANTS) or {}
-    if not isinstance(raw, dict):
-        raise ParameterError(f"{path}: variants must be a mapping of variant names, got {type(raw).__name__}")
     out = {MAIN: {"title": "main", "chapters": {}}}
-    for name, spec in raw.items():
-        where = f"{path}: variants: {name!r}"
-        if not isinstance(name, str) or not _VARIANT_NAME.match(name):
-            raise ParameterError(f"{where}: a variant name is lower-case letters, digits, '-' and '_' "
-                                 f"(it names a folder)")
-        if not isinstance(spec, dict):
-            raise ParameterError(f"{where} must be a mapping with 'title' and 'chapters'")
-        bad = sorted(set(spec) - {"title", "chapters"})
-        if bad:
-            raise ParameterError(f"{where}: unknown key(s) {bad}; a variant has 'title' and 'chapters'")
-        title = spec.get("title")
-        if not isinstance(title, str) or not title.strip():
-            raise ParameterError(f"{where}: needs a non-empty string 'title'")
-        chapters = spec.get("chapters") or {}
-        if name == MAIN:
-            if chapters:
-                raise ParameterError(f"{where}: the main run takes a title only (its values are the sections)")
-        elif not isinstance(chapters, dict) or not chapters:
-            raise ParameterError(f"{where}: 'chapters' must map notebook names to their values")
-        for nb, values in chapters.items():
-            if nb not in data or nb in RESERVED:
-                known = sorted(k for k in data if k not in RESERVED)
-                raise ParameterError(f"{where}: chapter {nb!r} is not a notebook section of the set; "
-                                     f"sections: {known}")
-            if values is not None and not isinstance(values, dict):
-                raise ParameterError(f"{where}: the values of {nb!r} must be a mapping, got {type(values).__name__}")
-        out[name] = {"title": title.strip(), "chapters": {k: dict(v or {}) for k, v in chapters.items()}}
+    for name, spec in (_read_set(path).get(VARIANTS) or {}).items():
+        out[name] = {"title": spec["title"].strip(), "chapters": {k: dict(v or {}) for k, v in (spec.get("chapters") or {}).items()}}
     return out
