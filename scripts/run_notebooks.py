@@ -68,8 +68,8 @@ from pactlib.book import chapters as nbchapters  # noqa: E402
 from pactlib.book import params as pparams  # noqa: E402
 from pactlib.book import provenance, records, site  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
-from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, check_threads,  # noqa: E402,F401
-                                  decorate_variant, define_testbeds, named_testbeds, parameters_cell,
+from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, chapter_values,  # noqa: E402,F401
+                                  check_threads, decorate_variant, define_testbeds, named_testbeds, parameters_cell,
                                   parse_cli, set_thread_problems, threads_option)
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -239,40 +239,22 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             where = f"{_rel(path)} with {_rel(params_file)}" + (f" (variant {variant!r})" if variant else "")
             try:
                 nb = jupytext.read(path)
-                cell = nbchapters.parse_defaults(parameters_cell(nb, _rel(path)).source, where=_rel(path))
-                if THREADS in cell:
-                    raise pparams.ParameterError(
-                        f"{_rel(path)}: declares a parameter {THREADS!r}, the runner's name for each kernel's torch "
-                        f"thread count (--threads, a set's `threads:`); use torch.get_num_threads() in the "
-                        f"notebook, or rename the parameter")
-                model = nbchapters.model_for(path.stem, cell)
-                defaults = nbchapters.defaults(model)
-                if _json(list(defaults.items())) != _json(list(cell.items())):
-                    raise pparams.ParameterError(
-                        f"{_rel(path)}: its parameters cell and pactlib.book.chapters.{model.__name__} differ: "
-                        f"{cell} != {defaults}")
-                declared_any |= set(defaults)
-                values, origins = pparams.load_params(params_file, path.stem, declared=[*defaults, THREADS],
-                                                      variant=variant or None, with_origins=True)
-                threads = values.pop(THREADS, None)  # the runner's, not the notebook's
-                if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
-                    threads = None  # unset, or bad: set_thread_problems reports it
-                given = {k: v for k, v in cli.items() if k in defaults}
-                values.update(given)
-                origins.update(dict.fromkeys(given, "-p"))
-                final = nbchapters.validate(model, values, where=where, origins=origins)
+                values = chapter_values(nb, path, params_file, variant or None, cli)
+                declared_any |= set(values.defaults)
+                final = nbchapters.validate(values.model, values.given, where=where, origins=values.origins)
             except (pparams.ParameterError, FileNotFoundError) as exc:
                 for problem in getattr(exc, "problems", None) or [str(exc)]:
                     if (path.stem, problem) not in said:
                         said.add((path.stem, problem))
                         problems.append(f"{where}: {problem}" if hasattr(exc, "problems") else problem)
                 continue
-            named = named_testbeds(list(final.values()))
+            threads = values.threads if isinstance(values.threads, int) and not isinstance(values.threads, bool) \
+                and values.threads >= 1 else None  # unset, or bad: set_thread_problems reports it
             if variant:
                 decorate_variant(nb, variant, title, params_file.stem, chapters[path.stem])
-            jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values}, variant=variant, title=title,
-                            threads=threads, testbeds={n: testbeds.definitions()[n] for n in sorted(named)},
-                            params=final, defaults=defaults))
+            jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values.given}, variant=variant, title=title,
+                            threads=threads, params=final, defaults=values.defaults,
+                            testbeds={n: testbeds.definitions()[n] for n in sorted(named_testbeds(list(final.values())))}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
         missing = testbeds.missing_paths(name)

@@ -376,6 +376,7 @@ def test_runner_rejects_bad_values_before_running_anything(override, fragments, 
     err = capsys.readouterr().err
     assert "notebooks/05_main_results.py with params/default.yaml: parameter" in err
     assert "variant" not in err  # minilm/05 inherits the value: its problem is the main run's, said once
+    assert "no selected notebook" not in err  # the parameter exists; its value is the problem
     for fragment in fragments:
         assert fragment in err, (fragment, err)
 
