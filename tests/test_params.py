@@ -439,6 +439,31 @@ def test_runner_value_rules_use_the_registries_and_other_parameters(capsys):
     assert "06_static_vs_dynamic.py with params/default.yaml: parameter 'alpha_points'" in err
 
 
+def test_runner_refuses_a_parameters_cell_that_differs_from_its_model(tmp_path):
+    rn = _runner()
+    path = tmp_path / "05_main_results.py"
+    text = (ROOT / "notebooks" / "05_main_results.py").read_text(encoding="utf-8")
+    path.write_text(text.replace("alpha_points = 5 ", "alpha_points = 7 ", 1), encoding="utf-8")
+    with pytest.raises(ParameterError) as err:
+        rn.prepare([path], ROOT / "params" / "default.yaml", {})
+    assert "05_main_results.py: its parameters cell and pactlib.book.chapters.MainResults differ" in str(err.value)
+
+
+def test_runner_checks_a_notebook_without_a_model_by_its_cells_types(tmp_path):
+    """A notebook that has no model (a test's) gets one from its parameters cell: types only,
+    `...` required."""
+    rn = _runner()
+    path = tmp_path / "97_tiny.py"
+    path.write_text('# %% tags=["parameters"]\nsize = 3\nscale = 0.5\nckpt = ...\n\n# %%\nprint(size)\n')
+    set_path = _yaml(tmp_path, {"97_tiny": {"scale": 1}})
+    with pytest.raises(ParameterError, match=r"97_tiny.py with .*set.yaml: required parameter 'ckpt' has no value"):
+        rn.prepare([path], set_path, {})
+    (job,) = rn.prepare([path], set_path, {"ckpt": "x", "size": 4})
+    assert job.params == {"size": 4, "scale": 1.0, "ckpt": "x"} and job.overrides == {"scale": 1.0, "ckpt": "x", "size": 4}
+    with pytest.raises(ParameterError, match=r"parameter 'size' \(from -p\): input should be a valid integer, got True"):
+        rn.prepare([path], set_path, {"ckpt": "x", "size": True})
+
+
 def test_committed_records_were_made_with_the_parameters_the_models_give():
     """The provenance of the committed default records holds the parameters (compared as JSON to
     decide whether they are current): the models must give exactly those."""
