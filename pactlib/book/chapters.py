@@ -125,7 +125,8 @@ Limit = _int(8)
 
 
 class Chapter(BaseModel):
-    """A chapter's parameters: fields in the order of its ``parameters`` cell, defaults equal to it."""
+    """A chapter's parameters: fields in the order of its ``parameters`` cell, defaults equal to it
+    (each parameter's meaning is its comment there)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", validate_default=True)
     #: The notebook's file stem, e.g. ``"05_main_results"``.
@@ -154,6 +155,8 @@ class Chapter(BaseModel):
 
 
 class Method(Chapter):
+    """Chapter 1: ``notebooks/01_method.py``."""
+
     notebook: ClassVar[str] = "01_method"
     seed: _int(0) = 0
     task_angles: _list(_float(ge=-180, le=180)) = [0.0, 40.0]
@@ -165,6 +168,8 @@ class Method(Chapter):
 
 
 class Testbed(Chapter):
+    """Chapter 2: ``notebooks/02_testbed.py``."""
+
     notebook: ClassVar[str] = "02_testbed"
     testbed: TestbedName = "lite0-20"
     zoo_profile: Annotated[str, AfterValidator(_zoo_profile)] = "default"
@@ -175,6 +180,8 @@ class Testbed(Chapter):
 
 
 class ScalarPerspective(Chapter):
+    """Chapter 3: ``notebooks/03_scalar_perspective.py``."""
+
     notebook: ClassVar[str] = "03_scalar_perspective"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -191,6 +198,8 @@ class ScalarPerspective(Chapter):
 
 
 class SubspacePerspective(Chapter):
+    """Chapter 4: ``notebooks/04_subspace_perspective.py``."""
+
     notebook: ClassVar[str] = "04_subspace_perspective"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -202,6 +211,8 @@ class SubspacePerspective(Chapter):
 
 
 class MainResults(Chapter):
+    """Chapter 5: ``notebooks/05_main_results.py``."""
+
     notebook: ClassVar[str] = "05_main_results"
     testbeds: TestbedNames = ["lite0-8", "lite0-14", "lite0-20"]
     seeds: Seeds = [0, 1, 2]
@@ -213,6 +224,8 @@ class MainResults(Chapter):
 
 
 class StaticVsDynamic(Chapter):
+    """Chapter 6: ``notebooks/06_static_vs_dynamic.py``."""
+
     notebook: ClassVar[str] = "06_static_vs_dynamic"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -223,6 +236,8 @@ class StaticVsDynamic(Chapter):
 
 
 class LayerDepth(Chapter):
+    """Chapter 7: ``notebooks/07_layer_depth.py``."""
+
     notebook: ClassVar[str] = "07_layer_depth"
     testbeds: TestbedNames = ["lite0-8", "lite0-20"]
     seeds: Seeds = [0, 1, 2]
@@ -235,6 +250,8 @@ class LayerDepth(Chapter):
 
 
 class Efficiency(Chapter):
+    """Chapter 8: ``notebooks/08_efficiency.py``."""
+
     notebook: ClassVar[str] = "08_efficiency"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -262,6 +279,8 @@ class Efficiency(Chapter):
 
 
 class Lora(Chapter):
+    """Chapter 9: ``notebooks/09_lora.py``."""
+
     notebook: ClassVar[str] = "09_lora"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -273,6 +292,8 @@ class Lora(Chapter):
 
 
 class Theory(Chapter):
+    """Chapter 10: ``notebooks/10_theory.py``."""
+
     notebook: ClassVar[str] = "10_theory"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0, 1, 2]
@@ -291,6 +312,8 @@ class Theory(Chapter):
 
 
 class Sensitivity(Chapter):
+    """Chapter 11: ``notebooks/11_sensitivity.py``."""
+
     notebook: ClassVar[str] = "11_sensitivity"
     testbed: TestbedName = "lite0-8"
     seeds: Seeds = [0]
@@ -306,6 +329,8 @@ class Sensitivity(Chapter):
 
 
 class PaperScale(Chapter):
+    """Chapter 12: ``notebooks/12_paper_scale.py``."""
+
     notebook: ClassVar[str] = "12_paper_scale"
     seed: _int(0) = 0
     testbed: Annotated[Optional[str], AfterValidator(_clip_or_none)] = None  # None: the tiny worked example

@@ -24,7 +24,8 @@ from typing import Annotated, Any, Optional
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
-__all__ = ["REQUIRED", "ParameterError", "ParameterSet", "Variant", "load_params", "sections", "testbed_definitions", "variant_definitions",
+__all__ = ["REQUIRED", "ParameterError", "ParameterSet", "Variant", "load_params", "sections", "testbed_definitions",
+           "variant_definitions",
            "RESERVED", "COMMON", "TESTBEDS", "VARIANTS", "MAIN"]
 
 #: The marker of a required parameter in a ``parameters`` cell (``name = ...``).
@@ -112,9 +113,9 @@ def _read_set(path: str | Path) -> dict[str, Any]:
     try:
         ParameterSet.model_validate(data)
     except ValidationError as exc:
-        raise ParameterError("; ".join(
-            f"{path}: " + ": ".join([*(str(k) for k in e["loc"] if k != "[key]"), e["msg"].removeprefix("Value error, ")])
-            for e in exc.errors())) from None
+        raise ParameterError("; ".join(f"{path}: " + ": ".join([*(str(k) for k in e["loc"] if k != "[key]"),
+                                                                e["msg"].removeprefix("Value error, ")])
+                                       for e in exc.errors())) from None
     return data
 
 
@@ -215,5 +216,6 @@ def variant_definitions(path: str | Path) -> dict[str, dict[str, Any]]:
     """
     out = {MAIN: {"title": "main", "chapters": {}}}
     for name, spec in (_read_set(path).get(VARIANTS) or {}).items():
-        out[name] = {"title": spec["title"].strip(), "chapters": {k: dict(v or {}) for k, v in (spec.get("chapters") or {}).items()}}
+        chapters = spec.get("chapters") or {}
+        out[name] = {"title": spec["title"].strip(), "chapters": {k: dict(v or {}) for k, v in chapters.items()}}
     return out

@@ -16,7 +16,8 @@ import yaml
 from pactlib.book import params as pparams
 from pactlib.book import chapters as nbchapters
 
-__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs", "check_threads", "threads_option",
+__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
+           "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant"]
 
