@@ -542,7 +542,8 @@ def _make(tmp_path, *args):
 def test_make_chapter_checks_parameters_before_building_anything(tmp_path):
     bad = _make(tmp_path, "-j4", "chapter", "NB=05_main_results", "ARGS=-p alpha_points=-1 --force")
     assert bad.returncode != 0
-    assert "05_main_results.py: parameter 'alpha_points' must be a finite number >= 2, got -1" in bad.stderr
+    assert ("05_main_results.py with params/default.yaml: parameter 'alpha_points' (from -p): "
+            "input should be greater than or equal to 2, got -1 (int)") in bad.stderr
     assert "STEP" not in bad.stdout  # no setup, data, zoo or run
     # data and zoo (BOOK_DEPS) only where the chapter's testbeds read them: Lite0 / MiniLM in the
     # default set, the seconds-sized synthetic testbed (nothing to build) in the smoke set
