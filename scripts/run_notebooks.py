@@ -4,14 +4,16 @@
     .venv/bin/python scripts/run_notebooks.py                       # present: render from records
     .venv/bin/python scripts/run_notebooks.py --mode compute        # recompute stale/missing chapters
     .venv/bin/python scripts/run_notebooks.py --mode compute --only 05 -p alpha_points=5
+    .venv/bin/python scripts/run_notebooks.py --mode compute --only minilm/05   # one variant's run
     .venv/bin/python scripts/run_notebooks.py --params smoke --check-only
     .venv/bin/python scripts/run_notebooks.py --params default --needs   # what `make reproduce` builds first
 
-1. **Parameters.** Every notebook of the book (main run and the set's ``variants:``) is read, its
-   one ``parameters`` cell parsed, ``common`` + its section of ``params/<set>.yaml`` + ``-p``
-   overrides loaded and validated (names, types, the values the notebook's ``params.check``
-   call allows, the paths of named testbeds, ``threads``) before anything runs; errors name the
-   parameter and the set (exit 2). ``--check-only`` stops here.
+1. **Parameters.** Every notebook of the book (main run and the set's ``variants:``) is read,
+   ``common`` + its section of ``params/<set>.yaml`` (+ the variant's values) + ``-p`` overrides
+   validated by the chapter's model (:mod:`pactlib.book.chapters`, which its notebook checks
+   with too; its defaults must equal the ``parameters`` cell), with the paths of named testbeds
+   and ``threads``, before anything runs; each problem names the notebook, the set, the
+   parameter and where its value was given (exit 2). ``--check-only`` stops here.
 2. **Records.** A chapter's records live in ``book/records/<store>/<run>/<chapter>/`` with a
    ``provenance.json`` (:mod:`pactlib.book.provenance`). ``<store>`` is the set's name, or
    ``_scratch/<set>`` when ``-p`` overrides are given, so records of other parameters never
@@ -64,11 +66,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pactlib.book import chapters as nbchapters  # noqa: E402
 from pactlib.book import params as pparams  # noqa: E402
 from pactlib.book import provenance, records, site  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
-from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, check_threads,  # noqa: E402,F401
-                                  decorate_variant, define_testbeds, named_testbeds, parameters_cell,
+from pactlib.book.runplan import (MAX_THREADS, NEEDS, THREADS, ZOO_FAMILIES, book_needs, chapter_values,  # noqa: E402,F401
+                                  check_threads, decorate_variant, define_testbeds, named_testbeds, parameters_cell,
                                   parse_cli, set_thread_problems, threads_option)
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -115,6 +118,7 @@ class Job:
     title: str = ""    # the run's title (the variant's, or the main run's)
     threads: int | None = None  # the kernel's torch threads; None: cores / jobs (see resolve_threads)
     params: dict[str, Any] = field(default_factory=dict)  # defaults + overrides: what the chapter runs with
+    defaults: dict[str, Any] = field(default_factory=dict)  # its model's defaults (= its parameters cell)
     reasons: list[str] = field(default_factory=list)  # why its records are not current ([]: current)
 
     @property
@@ -141,14 +145,15 @@ def _rel(path: Path) -> str:
 
 
 def notebook_paths(only: list[str] | None) -> list[Path]:
-    """The chapter notebooks, in order; ``only`` = stems or unique stem prefixes ("05")."""
+    """The chapter notebooks, in order; ``only`` = stems or unique stem prefixes ("05"), each
+    optionally after its run (``minilm/05``: :func:`only_runs`)."""
     paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
     if not paths:
         raise RunError(f"no notebooks found under {NOTEBOOKS}")
     if not only:
         return paths
     chosen = []
-    for want in only:
+    for want in (w.rpartition("/")[2] for w in only):
         hits = [p for p in paths if p.stem == want] or [p for p in paths if p.stem.startswith(want)]
         if len(hits) != 1:
             raise pparams.ParameterError(
@@ -156,6 +161,11 @@ def notebook_paths(only: list[str] | None) -> list[Path]:
                 f"notebooks: {[p.stem for p in paths]}")
         chosen.append(hits[0])
     return sorted(set(chosen))
+
+
+def only_runs(only: list[str] | None) -> list[tuple[str | None, str]]:
+    """``--only`` as ``(run or None, chapter stem)`` pairs: ``minilm/05`` -> ``("minilm", "05_main_results")``."""
+    return [(w.rpartition("/")[0] or None, notebook_paths([w])[0].stem) for w in only or []]
 
 
 def toc_chapters(toc_path: Path = TOC) -> list[str]:
@@ -226,43 +236,35 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
         variants = {}
     main_spec = variants.pop(pparams.MAIN, {})
     runs = [("", main_spec.get("title", ""), None)] + [(v, spec["title"], spec["chapters"]) for v, spec in variants.items()]
+    said: set[tuple[str, str]] = set()  # (notebook, problem): a variant inherits the main run's values and problems
     for variant, title, chapters in runs:  # the main run, then each variant's chapters
         for path in paths:
             if chapters is not None and path.stem not in chapters:
                 continue
-            where = _rel(path) + (f" (variant {variant!r})" if variant else "")
+            where = f"{_rel(path)} with {_rel(params_file)}" + (f" (variant {variant!r})" if variant else "")
             try:
                 nb = jupytext.read(path)
-                defaults = pparams.parse_defaults(parameters_cell(nb, where).source, where=where)
-                if THREADS in defaults:
-                    raise pparams.ParameterError(
-                        f"{where}: declares a parameter {THREADS!r}, the runner's name for each kernel's torch "
-                        f"thread count (--threads, a set's `threads:`); use torch.get_num_threads() in the "
-                        f"notebook, or rename the parameter")
-                declared_any |= set(defaults)
-                overrides = pparams.load_params(params_file, path.stem, declared=[*defaults, THREADS],
-                                                variant=variant or None)
-                threads = overrides.pop(THREADS, None)  # the runner's, not the notebook's
-                if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
-                    threads = None  # unset, or bad: set_thread_problems reports it
-                overrides.update({k: v for k, v in cli.items() if k in defaults})
-                overrides = pparams.validate(defaults, overrides, notebook=where)
-                pparams.check_notebook([c.source for c in nb.cells if c.cell_type == "code"],
-                                       {**defaults, **overrides}, notebook=where)
+                values = chapter_values(nb, path, params_file, variant or None, cli)
+                declared_any |= set(values.defaults)
+                final = nbchapters.validate(values.model, values.given, where=where, origins=values.origins)
             except (pparams.ParameterError, FileNotFoundError) as exc:
-                problems.append(str(exc))
+                for problem in getattr(exc, "problems", None) or [str(exc)]:
+                    if (path.stem, problem) not in said:
+                        said.add((path.stem, problem))
+                        problems.append(f"{where}: {problem}" if hasattr(exc, "problems") else problem)
                 continue
-            named = named_testbeds(list({**defaults, **overrides}.values()))
+            threads = values.threads if isinstance(values.threads, int) and not isinstance(values.threads, bool) \
+                and values.threads >= 1 else None  # unset, or bad: set_thread_problems reports it
             if variant:
                 decorate_variant(nb, variant, title, params_file.stem, chapters[path.stem])
-            jobs.append(Job(path.stem, path, nb, overrides, variant=variant, title=title, threads=threads,
-                            testbeds={n: testbeds.definitions()[n] for n in sorted(named)},
-                            params={**defaults, **overrides}))
+            jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values.given}, variant=variant, title=title,
+                            threads=threads, params=final, defaults=values.defaults,
+                            testbeds={n: testbeds.definitions()[n] for n in sorted(named_testbeds(list(final.values())))}))
     for name in sorted(set().union(*(j.testbeds for j in jobs)) if jobs else ()):
         users = [j.name[:2] for j in jobs if name in j.testbeds]
         missing = testbeds.missing_paths(name)
         if missing:
-            problems.append(f"{params_file.name}: testbeds: {name!r} (used by chapters {', '.join(users)}) names "
+            problems.append(f"{_rel(params_file)}: testbeds: {name!r} (used by chapters {', '.join(users)}) names "
                             f"paths that do not exist; edit them: "
                             + "; ".join(f"option {option!r}: {path}" for option, path in missing))
     if len(paths) == len(notebook_paths(None)):  # every notebook: `common` must be used somewhere
@@ -272,7 +274,7 @@ def _prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[
             common = {}  # load_params above already reported it
         unused = sorted(set(common) - declared_any - {THREADS})
         if unused:
-            problems.append(f"{params_file.name}: common {unused} is declared by no notebook; "
+            problems.append(f"{_rel(params_file)}: common {unused} is declared by no notebook; "
                             f"known: {sorted(declared_any)}")
     if THREADS in cli:
         problems.append(f"-p {THREADS}={cli[THREADS]!r}: the kernels' thread count is not a notebook parameter; "
@@ -452,10 +454,10 @@ def compute(job: Job, store: str, set_name: str, progress: bool = False) -> dict
 
 def _command(job: Job, store: str) -> str:
     """The command that computes ``job``'s records in ``store``: ``make chapter ... -p`` for the
-    scratch store of overridden parameters, else ``make reproduce`` (``--run`` for a variant)."""
+    scratch store of overridden parameters, else ``make reproduce`` (``NB=<variant>/<chapter>`` for a variant)."""
     if store.startswith(f"{SCRATCH}/"):
         return f"`make chapter NB={job.name} ARGS=\"-p ...\"`"
-    return f"`make reproduce NB={job.name}" + (f' ARGS="--run {job.run}"' if job.variant else "") + "`"
+    return f"`make reproduce NB={job.id}`"
 
 
 def _banner(job: Job, store: str, prov: dict | None) -> str:
@@ -523,7 +525,7 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
             continue
         if cell.cell_type != "code":
             continue
-        if "params.check(" in cell.source and "remove-input" not in tags:
+        if ".check(globals())" in cell.source and "remove-input" not in tags:
             tags.append("remove-input")  # plumbing: the values are in the parameters cell
         if is_compute(cell) or (missing and seen_params and BENCH_TAG not in tags):
             cell.cell_type = "raw"
@@ -531,8 +533,7 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
             cell.pop("outputs", None)
             cell.pop("execution_count", None)
     at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    defaults = pparams.parse_defaults(nb.cells[at].source)
-    changed = {k: v for k, v in job.overrides.items() if defaults.get(k) != v}
+    changed = {k: v for k, v in job.overrides.items() if job.defaults.get(k) != v}
     if changed:  # papermill's cell with the values in effect is removed: say them under the defaults
         nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(
             f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
@@ -811,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="present: render from the records (default); compute: recompute stale/missing chapters")
     ap.add_argument("--params", default=DEFAULT_SET,
                     help="parameter set: a name under params/ (default: default) or a YAML path")
-    ap.add_argument("--only", nargs="+", metavar="NB", help="notebook stems or prefixes (e.g. 05)")
+    ap.add_argument("--only", nargs="+", metavar="NB",
+                    help="notebook stems or prefixes (e.g. 05), or one run of one: <variant>/<stem> (minilm/05)")
     ap.add_argument("-p", dest="set", action="append", default=[], metavar="NAME=VALUE",
                     help="override a parameter (YAML value) in the selected notebooks that have it; the records "
                          "then go to book/records/_scratch/<set>/")
@@ -837,7 +839,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.needs:
         try:
             with contextlib.chdir(ROOT):
-                needs = book_needs(notebook_paths(args.only), params_file.resolve(), parse_cli(args.set), args.run)
+                specs = only_runs(args.only)
+                runs = args.run or ([r for r, _ in specs] if specs and all(r for r, _ in specs) else None)
+                needs = book_needs(notebook_paths(args.only), params_file.resolve(), parse_cli(args.set), runs)
         except (pparams.ParameterError, FileNotFoundError, RunError) as exc:
             print(f"run_notebooks: --needs: {exc}; answering {' '.join(NEEDS)!r}", file=sys.stderr)
             print(" ".join(NEEDS))
@@ -865,7 +869,16 @@ def main(argv: list[str] | None = None) -> int:
             unknown = sorted(set(args.run) - set(runs))
             if unknown:
                 raise pparams.ParameterError(f"--run {unknown}: {params_file.name} has the runs {list(runs)}")
-        chosen = [j for j in jobs if j.name in selected and (not args.run or j.run in args.run)]
+        specs = only_runs(args.only)
+        for run, stem in specs:
+            if run and run not in runs:
+                raise pparams.ParameterError(f"--only {run}/{stem}: {params_file.name} has no run {run!r}; its runs: "
+                                             f"{list(runs)}")
+            if run and not any(j.run == run and j.name == stem for j in jobs):
+                raise pparams.ParameterError(f"--only {run}/{stem}: variant {run!r} of {params_file.name} does not run "
+                                             f"{stem}; it runs {[j.name for j in jobs if j.run == run]}")
+        chosen = [j for j in jobs if any(j.name == stem and run in (None, j.run) for run, stem in specs or
+                                         [(None, n) for n in selected]) and (not args.run or j.run in args.run)]
         for job in jobs:
             job.threads = resolve_threads(cli_threads, job, args.jobs)
         if args.check_only:

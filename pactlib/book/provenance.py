@@ -36,9 +36,10 @@ from pactlib.io import write_atomic
 __all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
            "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state"]
 
-#: Modules that only read records and draw them: not part of a chapter's engine fingerprint.
-PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params", "speed",
-                                                           "paths", "provenance", "site"))
+#: Modules that only read records and draw them, or check parameters (whose values the provenance
+#: holds itself): not part of a chapter's engine fingerprint.
+PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params",
+                                                           "chapters", "speed", "paths", "provenance", "site"))
 #: The provenance file of a chapter's records folder.
 FILE = "provenance.json"
 #: The lock file whose hash is part of the engine.

@@ -6,14 +6,18 @@ Used by ``scripts/run_notebooks.py`` before anything executes; errors are
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pactlib.book import params as pparams
+from pactlib.book import chapters as nbchapters
 
-__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "book_needs", "check_threads", "threads_option",
+__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
+           "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant"]
 
@@ -56,6 +60,42 @@ def _names_zoo_testbed(values: dict[str, Any]) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class ChapterValues:
+    """What a parameter set gives one run of one chapter, before its model checks it."""
+    model: type  # the chapter's model (pactlib.book.chapters.model_for)
+    defaults: dict[str, Any]  # the model's defaults, equal to the notebook's parameters cell
+    given: dict[str, Any]  # common + the chapter's section + the variant's values + -p, for its parameters
+    origins: dict[str, str]  # where each given value comes from: common, <chapter>, variants: <v>: <chapter>, -p
+    threads: Any  # the set's `threads:` for this run (None: unset; set_thread_problems checks it)
+
+
+def chapter_values(nb: Any, path: Path, params_file: Path, variant: str | None, cli: dict[str, Any]) -> ChapterValues:
+    """The values ``params_file`` (its ``variant``'s when given) and the ``-p`` values ``cli`` give
+    the chapter ``path`` (read as ``nb``); ``cli`` names that it does not declare are left out.
+
+    Raises:
+        FileNotFoundError: no such set. ParameterError: a malformed set or parameters cell, a
+            parameter named ``threads``, or a parameters cell that differs from the chapter's model.
+    """
+    cell = nbchapters.parse_defaults(parameters_cell(nb, _rel(path)).source, where=_rel(path))
+    if THREADS in cell:
+        raise pparams.ParameterError(
+            f"{_rel(path)}: declares a parameter {THREADS!r}, the runner's name for each kernel's torch thread count "
+            f"(--threads, a set's `threads:`); use torch.get_num_threads() in the notebook, or rename the parameter")
+    model = nbchapters.model_for(path.stem, cell)
+    defaults = nbchapters.defaults(model)
+    if json.dumps(list(defaults.items()), default=str) != json.dumps(list(cell.items()), default=str):
+        raise pparams.ParameterError(f"{_rel(path)}: its parameters cell and pactlib.book.chapters.{model.__name__} "
+                                     f"differ: {cell} != {defaults}")
+    given, origins = pparams.load_params(params_file, path.stem, declared=[*defaults, THREADS], variant=variant,
+                                         with_origins=True)
+    threads = given.pop(THREADS, None)
+    origins.pop(THREADS, None)
+    flags = {k: v for k, v in cli.items() if k in defaults}
+    return ChapterValues(model, defaults, {**given, **flags}, {**origins, **dict.fromkeys(flags, "-p")}, threads)
+
+
 def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: list[str] | None = None) -> list[str]:
     """The make targets (:data:`NEEDS`) that produce the inputs of ``paths`` run with
     ``params_file`` and the ``-p`` values ``cli``: all of them when any run (the main one and the
@@ -76,10 +116,8 @@ def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: 
         for path in paths:
             if chapters is not None and path.stem not in chapters:
                 continue
-            defaults = pparams.parse_defaults(parameters_cell(jupytext.read(path), _rel(path)).source, where=_rel(path))
-            values = {**defaults, **pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None),
-                      **{k: v for k, v in cli.items() if k in defaults}}
-            if _names_zoo_testbed(values):
+            values = chapter_values(jupytext.read(path), path, params_file, variant or None, cli)
+            if _names_zoo_testbed({**values.defaults, **values.given}):
                 return list(NEEDS)
     return []
 
