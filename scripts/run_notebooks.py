@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
 from pactlib.book import provenance, records, runplan, site  # noqa: E402
-from pactlib.book.runplan import (NEEDS, THREADS, Job, RunError, book_needs, parameters_cell,  # noqa: E402,F401
+from pactlib.book.runplan import (NEEDS, Job, RunError, book_needs, parameters_cell,  # noqa: E402,F401
                                   parse_cli, threads_option)
 from pactlib.io import write_atomic  # noqa: E402
 from pactlib.paths import cache_dir  # noqa: E402
@@ -144,72 +144,11 @@ def resolve_threads(cli: int | None, job: Job, jobs: int) -> int:
 
 
 def prepare(paths: list[Path], params_file: Path, cli: dict[str, Any]) -> list[Job]:
-    """Read and check every run of the ``paths`` (nothing runs), in the repository root (the
-    kernels' working directory: relative paths mean the same here and there).
-
-    Raises:
-        ParameterError: every problem, each said once, naming notebook, set and parameter.
-    """
-    import jupytext
-
-    from pactlib import testbeds
-    from pactlib.book import chapters
-
-    params_file = params_file.resolve()
+    """:func:`runplan.plan_jobs`: every run of the ``paths`` read and checked (nothing runs), in the
+    repository root (the kernels' working directory: relative paths mean the same here and there)."""
+    every = len(paths) == len(notebook_paths(None))
     with contextlib.chdir(ROOT):
-        problems, variants = runplan.set_thread_problems(params_file), {}
-        for step in (runplan.define_testbeds, pparams.variant_definitions):
-            try:
-                variants = step(params_file)
-            except (pparams.ParameterError, FileNotFoundError) as exc:
-                problems.append(str(exc))
-                variants = {}
-        main = variants.pop(pparams.MAIN, {})
-        jobs, declared, said = [], set(), set()  # said: (chapter, problem); a variant meets the main run's
-        for variant, spec in [("", {**main, "chapters": None}), *variants.items()]:
-            for path in paths:
-                if spec["chapters"] is not None and path.stem not in spec["chapters"]:
-                    continue
-                where = f"{_rel(path)} with {_rel(params_file)}" + (f" (variant {variant!r})" if variant else "")
-                try:
-                    nb = jupytext.read(path)
-                    values = runplan.chapter_values(nb, path, params_file, variant or None, cli)
-                    declared |= set(values.defaults)
-                    final = chapters.validate(values.model, values.given, where=where, origins=values.origins)
-                except (pparams.ParameterError, FileNotFoundError) as exc:
-                    for problem in getattr(exc, "problems", None) or [str(exc)]:
-                        if (path.stem, problem) not in said:
-                            said.add((path.stem, problem))
-                            problems.append(f"{where}: {problem}" if hasattr(exc, "problems") else problem)
-                    continue
-                threads = values.threads if type(values.threads) is int and values.threads >= 1 else None
-                if variant:
-                    runplan.decorate_variant(nb, variant, spec["title"], params_file.stem, spec["chapters"][path.stem])
-                used = sorted(runplan.named_testbeds(list(final.values())))
-                jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values.given}, variant=variant,
-                                title=spec.get("title", ""), threads=threads, params=final, defaults=values.defaults,
-                                testbeds={n: testbeds.definitions()[n] for n in used}))
-        for name in sorted({n for j in jobs for n in j.testbeds}):
-            if missing := testbeds.missing_paths(name):
-                users = ", ".join(j.name[:2] for j in jobs if name in j.testbeds)
-                problems.append(f"{_rel(params_file)}: testbeds: {name!r} (used by chapters {users}) names paths that "
-                                "do not exist; edit them: " + "; ".join(f"option {o!r}: {p}" for o, p in missing))
-        if len(paths) == len(notebook_paths(None)):  # every notebook: `common` must be used somewhere
-            try:
-                common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
-            except (OSError, yaml.YAMLError, AttributeError):
-                common = {}  # already reported
-            if unused := sorted(set(common) - declared - {THREADS}):
-                problems.append(f"{_rel(params_file)}: common {unused} is declared by no notebook; "
-                                f"known: {sorted(declared)}")
-    if THREADS in cli:
-        problems.append(f"-p {THREADS}={cli[THREADS]!r}: the kernels' thread count is not a notebook parameter; "
-                        f"use --threads N (make book/chapter THREADS=N)")
-    if stray := sorted(set(cli) - declared - {THREADS}):
-        problems.append(f"-p {stray}: no selected notebook has such a parameter; known: {sorted(declared)}")
-    if problems:  # a problem of the set itself is met once per notebook and run: each said once
-        raise pparams.ParameterError("\n  ".join(["bad parameters:", *dict.fromkeys(problems)]))
-    return jobs
+        return runplan.plan_jobs(paths, params_file.resolve(), cli, every=every)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,7 +425,8 @@ def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> 
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = ap.add_argument
     add("--mode", choices=("present", "compute"), default="present",
         help="present: render from the records (default); compute: recompute stale/missing chapters")
@@ -504,12 +444,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--threads", default=None, metavar="N",
         help="torch threads of each kernel, 1-4096 (else the set's `threads:`, else cores / --jobs); not part of any "
              "key: merges are bit-identical for any count")
-    add("--no-render", action="store_true", help="no jupyter-book: present mode presents only, compute mode computes only")
+    add("--no-render", action="store_true",
+        help="no jupyter-book: present mode presents only, compute mode computes only")
     add("--render-only", action="store_true", help="render what is presented, execute nothing")
     add("--path-output", type=Path, default=None, help="jupyter-book output folder (HTML in <it>/_build/html)")
     add("--check-only", action="store_true", help="validate notebooks and parameters, execute nothing")
     add("--status", action="store_true", help="print each chapter's records state, execute nothing")
-    add("--needs", action="store_true", help="print the make targets producing the selected notebooks' inputs, run nothing")
+    add("--needs", action="store_true",
+        help="print the make targets producing the selected notebooks' inputs, run nothing")
     return ap.parse_args(argv)
 
 
@@ -522,7 +464,8 @@ def select(jobs: list[Job], only: list[str] | None, run: list[str] | None, param
     specs = only_runs(only) or [(None, p.stem) for p in notebook_paths(None)]
     for r, stem in specs:
         if r and r not in runs:
-            raise pparams.ParameterError(f"--only {r}/{stem}: {params_file.name} has no run {r!r}; its runs: {list(runs)}")
+            raise pparams.ParameterError(f"--only {r}/{stem}: {params_file.name} has no run {r!r}; "
+                                         f"its runs: {list(runs)}")
         if r and not any(j.run == r and j.name == stem for j in jobs):
             raise pparams.ParameterError(f"--only {r}/{stem}: variant {r!r} of {params_file.name} does not run "
                                          f"{stem}; it runs {[j.name for j in jobs if j.run == r]}")
@@ -532,7 +475,8 @@ def select(jobs: list[Job], only: list[str] | None, run: list[str] | None, param
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) else ROOT / "params" / f"{args.params}.yaml"
+    params_file = Path(args.params) if args.params.endswith((".yaml", ".yml")) \
+        else ROOT / "params" / f"{args.params}.yaml"
     t_all = time.perf_counter()
     try:
         if args.needs:

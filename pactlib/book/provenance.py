@@ -36,8 +36,8 @@ from typing import Any
 from pactlib.book.records import read_json_object
 from pactlib.io import write_atomic
 
-__all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
-           "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
+__all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules",
+           "fingerprint", "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
            "zoo_profile", "swap_in", "ZOOS"]
 
 #: Modules that only read records and draw them, or check parameters (whose values the provenance

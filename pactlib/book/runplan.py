@@ -26,7 +26,7 @@ __all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
            "testbed_hashes", "kernel_env", "failure_message", "under_title", "present_copy", "restore_skipped",
-           "run_parallel"]
+           "run_parallel", "plan_jobs"]
 
 #: The runner's own key of a parameter set and its option ``--threads``: each kernel's torch
 #: thread count. No notebook may declare a parameter of that name.
@@ -431,6 +431,73 @@ def restore_skipped(nb: Any) -> None:
             cell.metadata["tags"] = [*_tags(cell), "hide-input"]
         elif "injected-parameters" in _tags(cell):
             cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
+
+
+def plan_jobs(paths: list[Path], params_file: Path, cli: dict[str, Any], *, every: bool) -> list[Job]:
+    """Every run (the main one, then each of the set's variants) of the notebooks ``paths`` with the
+    set ``params_file`` and the ``-p`` values ``cli``, checked by each chapter's model; nothing
+    runs. ``every``: ``paths`` are all the book's notebooks (then ``common`` must be used).
+
+    Raises:
+        ParameterError: every problem (each said once), naming notebook, set and parameter.
+    """
+    import jupytext
+
+    from pactlib import testbeds
+
+    problems, variants = set_thread_problems(params_file), {}
+    for step in (define_testbeds, pparams.variant_definitions):
+        try:
+            variants = step(params_file)
+        except (pparams.ParameterError, FileNotFoundError) as exc:
+            problems.append(str(exc))
+            variants = {}
+    main = variants.pop(pparams.MAIN, {})
+    jobs, declared, said = [], set(), set()  # said: (chapter, problem); a variant meets the main run's
+    for variant, spec in [("", {**main, "chapters": None}), *variants.items()]:
+        for path in paths:
+            if spec["chapters"] is not None and path.stem not in spec["chapters"]:
+                continue
+            where = f"{_rel(path)} with {_rel(params_file)}" + (f" (variant {variant!r})" if variant else "")
+            try:
+                nb = jupytext.read(path)
+                values = chapter_values(nb, path, params_file, variant or None, cli)
+                declared |= set(values.defaults)
+                final = nbchapters.validate(values.model, values.given, where=where, origins=values.origins)
+            except (pparams.ParameterError, FileNotFoundError) as exc:
+                for problem in getattr(exc, "problems", None) or [str(exc)]:
+                    if (path.stem, problem) not in said:
+                        said.add((path.stem, problem))
+                        problems.append(f"{where}: {problem}" if hasattr(exc, "problems") else problem)
+                continue
+            threads = values.threads if type(values.threads) is int and values.threads >= 1 else None
+            if variant:
+                decorate_variant(nb, variant, spec["title"], params_file.stem, spec["chapters"][path.stem])
+            used = sorted(named_testbeds(list(final.values())))
+            jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values.given}, variant=variant,
+                            title=spec.get("title", ""), threads=threads, params=final, defaults=values.defaults,
+                            testbeds={n: testbeds.definitions()[n] for n in used}))
+    for name in sorted({n for j in jobs for n in j.testbeds}):
+        if missing := testbeds.missing_paths(name):
+            users = ", ".join(j.name[:2] for j in jobs if name in j.testbeds)
+            problems.append(f"{_rel(params_file)}: testbeds: {name!r} (used by chapters {users}) names paths that "
+                            "do not exist; edit them: " + "; ".join(f"option {o!r}: {p}" for o, p in missing))
+    if every:  # every notebook: `common` must be used somewhere
+        try:
+            common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            common = {}  # already reported
+        if unused := sorted(set(common) - declared - {THREADS}):
+            problems.append(f"{_rel(params_file)}: common {unused} is declared by no notebook; "
+                            f"known: {sorted(declared)}")
+    if THREADS in cli:
+        problems.append(f"-p {THREADS}={cli[THREADS]!r}: the kernels' thread count is not a notebook parameter; "
+                        f"use --threads N (make book/chapter THREADS=N)")
+    if stray := sorted(set(cli) - declared - {THREADS}):
+        problems.append(f"-p {stray}: no selected notebook has such a parameter; known: {sorted(declared)}")
+    if problems:  # a problem of the set itself is met once per notebook and run: each said once
+        raise pparams.ParameterError("\n  ".join(["bad parameters:", *dict.fromkeys(problems)]))
+    return jobs
 
 
 # ---------------------------------------------------------------------------------------------
