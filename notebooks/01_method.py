@@ -113,14 +113,10 @@ rsvd_shape = [512, 256]       # planted-rank matrix of the P7 check: large enoug
 
 # %%
 from pactlib import merges
-from pactlib.book import params, plotting, records, report, verdicts
+from pactlib.book import chapters, plotting, records, report, verdicts
 from pactlib.book.experiments import geometry
 
-P = params.check(
-    globals(), seed=params.at_least(0), task_angles=params.each(params.between(-180, 180)),
-    tilt_deg=params.between(0, 90), noise=params.at_least(0), spectra_dim=params.at_least(4),
-    spectra_tasks=params.at_least(2), rsvd_shape=params.each(params.at_least(32)),
-)
+P = chapters.Method.check(globals())
 path = records.records_path("01_method")  # the compute cells write here; the other cells read it
 
 # %% [markdown]

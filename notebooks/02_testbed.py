@@ -57,7 +57,7 @@ import numpy as np
 import seaborn as sns
 
 from pactlib import testbeds
-from pactlib.book import params, plotting, records, reference, verdicts
+from pactlib.book import chapters, plotting, records, reference, verdicts
 from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.data import SUITES
 from pactlib.book.experiments import testbed as chapter2
@@ -66,11 +66,7 @@ from pactlib.data.text import text_suite_tasks
 from pactlib.data.text.tasks import DEFAULT_CAPS, MAX_WORDS
 from pactlib.testbeds.minilm import testbed as minilm
 
-P = params.check(
-    globals(), testbed=params.testbed(), zoo_profile=params.zoo_profile(), seeds=params.each(params.at_least(0), unique=True), samples_per_task=params.at_least(1),
-    minilm_testbed=params.testbed(family="minilm") if minilm_testbed else None,
-    minilm_seeds=params.each(params.at_least(0), unique=True),
-)
+P = chapters.Testbed.check(globals())
 if testbeds.check_name(testbed) != lite0.FAMILY:
     raise ValueError(f"chapter 2 describes the Lite0 testbed; testbed={testbed!r} is not a lite0-... name")
 suite, n_tasks = lite0.parse_name(testbed)

@@ -45,16 +45,10 @@ test_limit = 128                # test images per task for every accuracy and lo
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params, plotting, records
+from pactlib.book import chapters, plotting, records
 from pactlib.book.experiments import scalar
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True), fisher_samples=params.at_least(1),
-    empirical_fisher=None, fisher_chunk=params.at_least(1), quantile=params.between(0.001, 0.5), touched_only=None,
-    perturb_scales=params.each(params.at_least(0)), draws=params.at_least(1), alpha_points=params.at_least(1),
-    val_limit=params.at_least(8), test_limit=params.at_least(8),
-)
+P = chapters.ScalarPerspective.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 path = records.records_path("03_scalar_perspective")  # the compute cell writes here; the other cells read it
 P

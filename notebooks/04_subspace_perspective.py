@@ -37,14 +37,10 @@ test_limit = 200         # test images per task behind every accuracy here (1 im
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params, plotting, records
+from pactlib.book import chapters, plotting, records
 from pactlib.book.experiments import subspace
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True), draws=params.at_least(1),
-    strengths=params.each(params.between(0.01, 1)), margin=params.between(0, 1), val_limit=params.at_least(1), test_limit=params.at_least(8),
-)
+P = chapters.SubspacePerspective.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 path = records.records_path("04_subspace_perspective")  # the compute cells write here; the other cells read it
 

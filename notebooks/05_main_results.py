@@ -39,14 +39,10 @@ test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
 from pactlib import merges
-from pactlib.book import params, plotting, records, report, study
+from pactlib.book import chapters, plotting, records, report, study
 from pactlib.testbeds import suite_of
 
-P = params.check(
-    globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
-    seeds_large=params.each(params.at_least(0), unique=True), methods=params.each(params.merge_method(), unique=True),
-    alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
-)
+P = chapters.MainResults.check(globals())
 suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]

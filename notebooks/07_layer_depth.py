@@ -39,16 +39,11 @@ val_limit = 48           # validation images per task for the α search (10 merg
 test_limit = 150         # test images per task
 
 # %%
-from pactlib.book import params, records, study
+from pactlib.book import chapters, records, study
 from pactlib.book.experiments import depth
 from pactlib.testbeds import suite_of
 
-P = params.check(
-    globals(), testbeds=params.each(params.testbed(), unique=True), seeds=params.each(params.at_least(0), unique=True),
-    method=params.merge_method(), alpha_points=params.at_least(2),
-    alpha_min=params.between(1e-4, 1), most=params.fraction(), val_limit=params.at_least(8),
-    test_limit=params.at_least(8),
-)
+P = chapters.LayerDepth.check(globals())
 suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for lite0-8)
 
 # %% [markdown]

@@ -49,18 +49,10 @@ scale_jsonl = "book/data/merge_scale.jsonl"  # streamed `pact merge` times and m
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params, records
+from pactlib.book import chapters, records
 from pactlib.book.experiments import efficiency
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True),
-    method=params.merge_method(),
-    n_iters=params.each(params.at_least(0), unique=True), accuracy_n_iter=params.one_of(*n_iters), oversample=params.at_least(0),
-    timing_repeats=params.at_least(1), min_speedup=params.at_least(1), alpha_points=params.at_least(2),
-    val_limit=params.at_least(8), test_limit=params.at_least(8), bench_json=None, floor_json=None, floor_wall_json=None,
-    scale_jsonl=None,
-)
+P = chapters.Efficiency.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
 # %% [markdown]

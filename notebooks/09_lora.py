@@ -40,15 +40,9 @@ test_limit = 300               # test images per task (one image = 0.33 points)
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params, plotting, records, report, study
+from pactlib.book import chapters, plotting, records, report, study
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True),
-    methods=params.each(params.merge_method(), unique=True),
-    alpha_points=params.at_least(2), alpha_max=params.at_least(0.2), val_limit=params.at_least(8),
-    test_limit=params.at_least(8),
-)
+P = chapters.Lora.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 
 # %% tags=["compute"]

@@ -44,14 +44,10 @@ test_limit = 200                        # test images per task for the accuracy 
 
 # %%
 from pactlib import testbeds
-from pactlib.book import params, plotting, records
+from pactlib.book import chapters, plotting, records
 from pactlib.book.experiments import theory
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True), loss_examples=params.at_least(1),
-    fracs=params.each(params.fraction()), val_limit=params.at_least(max(8, loss_examples)), test_limit=params.at_least(8),
-)
+P = chapters.Theory.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 P
 

@@ -49,17 +49,9 @@ test_limit = 300                     # test images per task
 # %%
 from pactlib import PactOptions
 from pactlib import testbeds
-from pactlib.book import params, plotting, records, report, study
+from pactlib.book import chapters, plotting, records, report, study
 
-P = params.check(
-    globals(), testbed=params.testbed(),
-    seeds=params.each(params.at_least(0), unique=True),
-    method=params.merge_method(),
-    core_fracs=params.each(params.fraction()), active_fracs=params.each(params.fraction()),
-    lbw_tols=params.each(params.between(0, 1)), max_shield_fracs=params.each(params.fraction()),
-    shield_tols=params.each(params.between(0, 10)),
-    alpha_points=params.at_least(2), val_limit=params.at_least(8), test_limit=params.at_least(8),
-)
+P = chapters.Sensitivity.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 sweeps = {"core_frac": core_fracs, "active_frac": active_fracs, "lbw_tol": lbw_tols,
           "max_shield_frac": max_shield_fracs, "shield_tol": shield_tols}

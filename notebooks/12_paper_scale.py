@@ -45,13 +45,10 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice about notebook widgets
-from pactlib.book import params, plotting, records, reference
+from pactlib.book import chapters, plotting, records, reference
 from pactlib.book.experiments import paper_scale
 
-P = params.check(
-    globals(), seed=params.at_least(0), testbed=params.testbed(family="clip", none_ok=True),
-    reference_file=params.existing_path(none_ok=False),
-)
+P = chapters.PaperScale.check(globals())
 ref = reference.load_reference(reference_file)
 demo = testbed is None  # no checkpoints of the user's: the tiny worked example
 path = records.records_path("12_paper_scale")

@@ -540,8 +540,12 @@ TWO_PARTS = """\
 size = 3  # rows
 
 # %%
-from pactlib.book import params, records, plotting
-P = params.check(globals(), size=params.at_least(1))
+from pydantic import Field
+from pactlib.book import chapters, records, plotting
+class Tiny(chapters.Chapter):
+    notebook = "98_tiny"
+    size: int = Field(3, ge=1)
+P = Tiny.check(globals())
 
 # %% tags=["compute"]
 print("computing")
@@ -605,7 +609,7 @@ def test_compute_then_present_skips_compute_cells_and_marks_stale_and_missing(tm
     assert ":::{admonition} Computed by `make reproduce NB=98_tiny` on " in title
     assert ":class: dropdown pact-provenance" in title and "Records: `" in title
     assert title.index(":::{admonition}") < title.index("Some prose.")
-    assert "remove-input" in next(c for k, c in cells.items() if "params.check(" in k)["metadata"]["tags"]
+    assert "remove-input" in next(c for k, c in cells.items() if ".check(globals())" in k)["metadata"]["tags"]
     assert "*This run (parameter set `t`) sets `size = 4`.*" in cells  # papermill's own cell is removed
     injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert len(injected) == 1 and "remove-cell" in injected[0]["metadata"]["tags"]
@@ -730,7 +734,8 @@ def _make(tmp_path, *args):
 def test_make_chapter_checks_parameters_before_building_anything(tmp_path):
     bad = _make(tmp_path, "-j4", "chapter", "NB=05_main_results", "ARGS=-p alpha_points=-1 --force")
     assert bad.returncode != 0
-    assert "05_main_results.py: parameter 'alpha_points' must be a finite number >= 2, got -1" in bad.stderr
+    assert ("05_main_results.py with params/default.yaml: parameter 'alpha_points' (from -p): "
+            "input should be greater than or equal to 2, got -1 (int)") in bad.stderr
     assert "STEP" not in bad.stdout  # no setup, data, zoo or run
     # data and zoo (BOOK_DEPS) only where the chapter's testbeds read them: Lite0 / MiniLM in the
     # default set, the seconds-sized synthetic testbed (nothing to build) in the smoke set
@@ -847,12 +852,12 @@ def test_overrides_go_to_a_scratch_store(tmp_path, monkeypatch, capsys):
 
 
 def test_pages_name_the_command_that_computes_their_records():
-    """A variant's page names `--run <variant>` (its chapter stem alone would compute the main
+    """A variant's page names `NB=<variant>/<chapter>` (its chapter stem alone would compute the main
     run), and a page of the scratch store of overridden parameters names `make chapter ... -p`."""
     rn = _runner()
     main = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={})
     var = rn.Job(name="05_main_results", source=Path("x.py"), nb=None, overrides={}, variant="minilm")
     assert rn._command(main, "default") == "`make reproduce NB=05_main_results`"
-    assert rn._command(var, "default") == '`make reproduce NB=05_main_results ARGS="--run minilm"`'
+    assert rn._command(var, "default") == "`make reproduce NB=minilm/05_main_results`"
     assert rn._command(main, "_scratch/default") == '`make chapter NB=05_main_results ARGS="-p ..."`'
-    assert "Run `make reproduce NB=05_main_results ARGS=\"--run minilm\"`" in rn._banner(var, "default", None)
+    assert "Run `make reproduce NB=minilm/05_main_results`" in rn._banner(var, "default", None)

@@ -38,6 +38,9 @@ def needs(runner, capsys):
     (["--params", str(ROOT / "params" / "paper-vitl14-20.yaml")], ""),  # a path, not a name
     (["--params", "default", "--only", "01"], ""),              # chapter 1: synthetic only
     (["--params", "default", "--only", "03", "--run", "minilm"], "data zoo"),  # a variant's testbed
+    (["--params", "default", "--only", "minilm/03"], "data zoo"),  # the same run, as NB=minilm/03
+    (["--params", "default", "--only", "main/01"], ""),
+    (["--params", "smoke", "--only", "syn4/05"], ""),
     (["--params", "paper-vitb32-8", "--only", "03", "-p", "testbed=lite0-8"], "data zoo"),  # -p counts
     (["--params", "paper-vitb32-8", "--only", "02", "-p", "zoo_profile=default"], "data zoo"),
 ])

@@ -118,13 +118,13 @@ def test_threads_is_no_notebook_parameter(rn, tmp_path, capsys):
 def test_no_chapter_declares_threads_and_the_key_ignores_the_count(tmp_path):
     from conftest import load_runner
 
-    from pactlib.book import params
+    from pactlib.book import chapters
 
     rn = load_runner()
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
         import jupytext
 
-        assert "threads" not in params.parse_defaults(rn.parameters_cell(jupytext.read(path), path.stem).source)
+        assert "threads" not in chapters.parse_defaults(rn.parameters_cell(jupytext.read(path), path.stem).source)
     smoke = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
     keys = []
     for threads in (None, 1, 8):

@@ -115,3 +115,28 @@ def test_the_real_engine_hashes_what_a_kernel_imports():
     eng = pv.engine([n for n in sys.modules if n.startswith("pactlib")], root)
     assert "pactlib/merges/iso.py" in eng["modules"] and "pactlib/book/provenance.py" not in eng["modules"]
     assert json.loads(json.dumps(eng)) == eng
+
+
+def test_zoo_profile_sums_training_minutes_by_kind_and_skips_merge_memos(tmp_path):
+    lite = tmp_path / "zoo" / "seed0"
+    lite.mkdir(parents=True)
+    (lite / "a.json").write_text(json.dumps({"kind": "full", "seconds": 90}))
+    (lite / "b.json").write_text(json.dumps({"kind": "full", "seconds": 30}))
+    (lite / "c.json").write_text(json.dumps({"kind": "lora", "seconds": 6}))
+    (lite / "d.json").write_text(json.dumps({"kind": "full"}))  # no time: not a model record
+    (tmp_path / "zoo" / "run_memo").mkdir()
+    (tmp_path / "zoo" / "run_memo" / "m.json").write_text(json.dumps({"kind": "full", "seconds": 600}))
+    assert pv.zoo_profile(tmp_path) == {"lite0": {"kinds": {"full": {"models": 2, "minutes": 2.0},
+                                                            "lora": {"models": 1, "minutes": 0.1}}}}
+    assert pv.zoo_profile(tmp_path / "nothing") == {}
+
+
+def test_swap_in_replaces_the_folder_whole(tmp_path):
+    final, staging = tmp_path / "05", tmp_path / ".05.staging"
+    final.mkdir()
+    (final / "old.jsonl").write_text("old\n")
+    staging.mkdir()
+    (staging / "new.jsonl").write_text("new\n")
+    pv.swap_in(staging, final)
+    assert [p.name for p in final.iterdir()] == ["new.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["05"]  # no staging or old folder left

@@ -26,6 +26,9 @@ import ast
 import hashlib
 import json
 import os
+import platform
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,12 +36,14 @@ from typing import Any
 from pactlib.book.records import read_json_object
 from pactlib.io import write_atomic
 
-__all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules", "fingerprint",
-           "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state"]
+__all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules",
+           "fingerprint", "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
+           "zoo_profile", "swap_in", "ZOOS"]
 
-#: Modules that only read records and draw them: not part of a chapter's engine fingerprint.
-PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params", "speed",
-                                                           "paths", "provenance", "site"))
+#: Modules that only read records and draw them, or check parameters (whose values the provenance
+#: holds itself): not part of a chapter's engine fingerprint.
+PRESENTATION = frozenset(f"pactlib/book/{m}.py" for m in ("plotting", "report", "verdicts", "records", "params",
+                                                           "chapters", "speed", "paths", "provenance", "site"))
 #: The provenance file of a chapter's records folder.
 FILE = "provenance.json"
 #: The lock file whose hash is part of the engine.
@@ -224,3 +229,62 @@ def state(reasons: Sequence[str]) -> str:
     if not reasons:
         return "current"
     return "missing" if reasons[0].startswith("missing:") else "stale"
+
+
+def git_state(root: str | os.PathLike) -> str:
+    """The commit of ``HEAD`` in ``root``, with ``-dirty`` when a tracked file differs; ``unknown``
+    without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    try:
+        return (git("rev-parse", "HEAD") or "unknown") + ("-dirty" if git("status", "--porcelain",
+                                                                            "--untracked-files=no") else "")
+    except OSError:
+        return "unknown"
+
+
+def machine(cores: int) -> dict[str, Any]:
+    """The provenance's ``machine``: CPU model, the ``cores`` the run could use, torch and Python."""
+    import torch
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+               platform.processor())
+    return {"cpu": cpu, "cores": cores, "torch": torch.__version__, "python": platform.python_version()}
+
+
+#: The zoos whose training records the Verdicts page profiles: testbed -> folder under the cache.
+ZOOS = {"lite0": "zoo", "minilm": "zoo-minilm"}
+
+
+def zoo_profile(cache: str | os.PathLike) -> dict[str, dict]:
+    """Per zoo built under ``cache`` (:data:`ZOOS`), the number of models and the summed wall
+    minutes of their training (each model's JSON record: ``kind``, ``seconds``), by kind:
+    ``{"lite0": {"kinds": {"full": {"models": 4, "minutes": 6.0}}}}``; {} when none is built."""
+    out: dict[str, dict] = {}
+    for testbed, folder in ZOOS.items():
+        kinds: dict[str, dict] = {}
+        for f in sorted((Path(cache) / folder).rglob("*.json")):
+            rec = None if "run_memo" in f.parts else read_json_object(f)  # run_memo: merges, not models
+            if rec and isinstance(rec.get("seconds"), (int, float)) and isinstance(rec.get("kind"), str):
+                k = kinds.setdefault(rec["kind"], {"models": 0, "minutes": 0.0})
+                k["models"] += 1
+                k["minutes"] = round(k["minutes"] + rec["seconds"] / 60, 2)
+        if kinds:
+            out[testbed] = {"kinds": kinds}
+    return out
+
+
+def swap_in(staging: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Replace the folder ``final`` by ``staging`` (two renames: the old folder is moved aside,
+    then removed); ``final`` holds either the old or the new records at every moment a reader
+    can see, never a mix."""
+    final = Path(final)
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -70,7 +70,7 @@ def make_record(method: str, *, params: Mapping[str, Any], seed: int | None,
     Args:
         method: the method's registry name (e.g. ``"pact_iso_c"``) or what was measured.
         params: the parameters that produced the metrics (e.g. the dict from
-            :func:`pactlib.book.params.check`, plus method settings).
+            :meth:`pactlib.book.chapters.Chapter.check`, plus method settings).
         seed: the seed of the run, or None for a deterministic computation.
         metrics: ``{name: number}`` (numpy / 0-d torch scalars accepted; NaN/inf stored as None).
         **extra: other fields (``task=...``, ``split=...``); must not shadow the four above.

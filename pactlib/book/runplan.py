@@ -1,21 +1,32 @@
 """The book runner's plan: parameters from the command line, thread counts from a set, the
-testbeds a set defines and names, the make targets a run needs, a variant's copy of a notebook.
+testbeds a set defines and names, the make targets a run needs, a variant's copy of a notebook,
+the present copy of a notebook, and the pool that runs chapters side by side.
 
 Used by ``scripts/run_notebooks.py`` before anything executes; errors are
 :class:`pactlib.book.params.ParameterError` naming the parameter and where it was given.
 """
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pactlib.book import params as pparams
+from pactlib.book import chapters as nbchapters
 
-__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "book_needs", "check_threads", "threads_option",
+__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
+           "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
-           "decorate_variant"]
+           "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
+           "testbed_hashes", "kernel_env", "failure_message", "under_title", "present_copy", "restore_skipped",
+           "run_parallel", "plan_jobs"]
 
 #: The runner's own key of a parameter set and its option ``--threads``: each kernel's torch
 #: thread count. No notebook may declare a parameter of that name.
@@ -56,6 +67,42 @@ def _names_zoo_testbed(values: dict[str, Any]) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class ChapterValues:
+    """What a parameter set gives one run of one chapter, before its model checks it."""
+    model: type  # the chapter's model (pactlib.book.chapters.model_for)
+    defaults: dict[str, Any]  # the model's defaults, equal to the notebook's parameters cell
+    given: dict[str, Any]  # common + the chapter's section + the variant's values + -p, for its parameters
+    origins: dict[str, str]  # where each given value comes from: common, <chapter>, variants: <v>: <chapter>, -p
+    threads: Any  # the set's `threads:` for this run (None: unset; set_thread_problems checks it)
+
+
+def chapter_values(nb: Any, path: Path, params_file: Path, variant: str | None, cli: dict[str, Any]) -> ChapterValues:
+    """The values ``params_file`` (its ``variant``'s when given) and the ``-p`` values ``cli`` give
+    the chapter ``path`` (read as ``nb``); ``cli`` names that it does not declare are left out.
+
+    Raises:
+        FileNotFoundError: no such set. ParameterError: a malformed set or parameters cell, a
+            parameter named ``threads``, or a parameters cell that differs from the chapter's model.
+    """
+    cell = nbchapters.parse_defaults(parameters_cell(nb, _rel(path)).source, where=_rel(path))
+    if THREADS in cell:
+        raise pparams.ParameterError(
+            f"{_rel(path)}: declares a parameter {THREADS!r}, the runner's name for each kernel's torch thread count "
+            f"(--threads, a set's `threads:`); use torch.get_num_threads() in the notebook, or rename the parameter")
+    model = nbchapters.model_for(path.stem, cell)
+    defaults = nbchapters.defaults(model)
+    if json.dumps(list(defaults.items()), default=str) != json.dumps(list(cell.items()), default=str):
+        raise pparams.ParameterError(f"{_rel(path)}: its parameters cell and pactlib.book.chapters.{model.__name__} "
+                                     f"differ: {cell} != {defaults}")
+    given, origins = pparams.load_params(params_file, path.stem, declared=[*defaults, THREADS], variant=variant,
+                                         with_origins=True)
+    threads = given.pop(THREADS, None)
+    origins.pop(THREADS, None)
+    flags = {k: v for k, v in cli.items() if k in defaults}
+    return ChapterValues(model, defaults, {**given, **flags}, {**origins, **dict.fromkeys(flags, "-p")}, threads)
+
+
 def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: list[str] | None = None) -> list[str]:
     """The make targets (:data:`NEEDS`) that produce the inputs of ``paths`` run with
     ``params_file`` and the ``-p`` values ``cli``: all of them when any run (the main one and the
@@ -76,10 +123,8 @@ def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: 
         for path in paths:
             if chapters is not None and path.stem not in chapters:
                 continue
-            defaults = pparams.parse_defaults(parameters_cell(jupytext.read(path), _rel(path)).source, where=_rel(path))
-            values = {**defaults, **pparams.load_params(params_file, path.stem, declared=defaults, variant=variant or None),
-                      **{k: v for k, v in cli.items() if k in defaults}}
-            if _names_zoo_testbed(values):
+            values = chapter_values(jupytext.read(path), path, params_file, variant or None, cli)
+            if _names_zoo_testbed({**values.defaults, **values.given}):
                 return list(NEEDS)
     return []
 
@@ -233,3 +278,292 @@ def decorate_variant(nb: Any, variant: str, title: str, set_name: str, values: d
         f"to: where it says what a result shows, check it against the output here.\n```")
     note.metadata["tags"] = ["variant-note"]
     nb.cells.insert(at, note)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run of one chapter, and what the runner does to its notebook
+
+
+class RunError(RuntimeError):
+    """A notebook failed, or the rendered book failed a check."""
+
+
+#: A code cell that runs only in compute mode; in present mode it is shown, folded, unexecuted.
+COMPUTE_TAG = "compute"
+#: Present cells that read only committed benchmark data (``book/data/``): they run even when the
+#: chapter has no records yet.
+BENCH_TAG = "bench-data"
+
+
+def _tags(cell: Any) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+@dataclass
+class Job:
+    """One run of one chapter: the notebook, its parameters and the state of its records."""
+    name: str
+    source: Path
+    nb: Any  # nbformat.NotebookNode
+    overrides: dict[str, Any]
+    testbeds: dict[str, dict] = field(default_factory=dict)  # definitions of the testbeds it names
+    variant: str = ""  # "" for the main run, else a variant of the set's `variants:` section
+    title: str = ""    # the run's title (the variant's, or the main run's)
+    threads: int | None = None  # the kernel's torch threads; None: the runner's default
+    params: dict[str, Any] = field(default_factory=dict)  # defaults + overrides: what the chapter runs with
+    defaults: dict[str, Any] = field(default_factory=dict)  # its model's defaults (= its parameters cell)
+    reasons: list[str] = field(default_factory=list)  # why its records are not current ([]: current)
+
+    @property
+    def id(self) -> str:
+        """``05_main_results`` for the main run, ``minilm/05_main_results`` for a variant's."""
+        return self.sibling(self.name)
+
+    @property
+    def run(self) -> str:
+        return self.variant or pparams.MAIN
+
+    def sibling(self, chapter: str) -> str:
+        """The id of ``chapter`` in this job's run."""
+        return f"{self.variant}/{chapter}" if self.variant else chapter
+
+    def out_dir(self, base: Path) -> Path:
+        """Where the executed notebook and its figures go: ``base`` or ``base/<variant>``."""
+        return base / self.variant if self.variant else base
+
+
+def is_compute(cell: Any) -> bool:
+    return cell.cell_type == "code" and COMPUTE_TAG in _tags(cell)
+
+
+def notebook_hash(nb: Any) -> str:
+    """:func:`pactlib.book.provenance.notebook_hash` of the compute cells of ``nb`` (every code
+    cell but the parameters when none is tagged ``compute``)."""
+    from pactlib.book import provenance
+
+    cells = [c for c in nb.cells if is_compute(c)] or \
+        [c for c in nb.cells if c.cell_type == "code" and "parameters" not in _tags(c)]
+    return provenance.notebook_hash([c.source for c in cells])
+
+
+def testbed_hashes(definitions: dict[str, dict]) -> dict[str, str]:
+    """``{testbed: sha256 of its definition}`` for the provenance."""
+    from pactlib.book import provenance
+
+    return {name: provenance.sha(json.dumps(spec, sort_keys=True, default=str).encode())
+            for name, spec in definitions.items()}
+
+
+def kernel_env(threads: int) -> dict[str, str]:
+    """The environment that gives a kernel ``threads`` torch threads (with
+    ``scripts/kernel_threads.py``); BLAS libraries reading ``OMP_NUM_THREADS`` follow it too."""
+    return {"PACT_THREADS": str(int(threads)), "OMP_NUM_THREADS": str(int(threads)),
+            "MKL_NUM_THREADS": str(int(threads))}
+
+
+def failure_message(source: Path, exc: BaseException, partial: str) -> str:
+    """What the runner says when papermill failed on the notebook ``source``: the cell (its line
+    in ``source``), its first lines, the exception and the ``partial`` notebook kept."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if not isinstance(exc, PapermillExecutionError):
+        return f"notebook {_rel(source)} failed: {type(exc).__name__}: {exc}\n    partial notebook (if any): {partial}"
+    text = Path(source).read_text(encoding="utf-8")
+    at = text.find(exc.source) if exc.source.strip() else -1
+    where = f"the cell at line {text.count(chr(10), 0, at) + 1}" if at >= 0 else "a cell"
+    code = "\n".join("      | " + line for line in exc.source.splitlines()[:12])
+    return (f"notebook {_rel(source)} failed in {where} (code cell [{exc.exec_count}] of the executed notebook):\n"
+            f"{code}\n    {exc.ename}: {exc.evalue}\n    partial notebook with the traceback: {partial}")
+
+
+def under_title(nb: Any, text: str) -> None:
+    """Put markdown ``text`` right under the notebook's title (its first ``# `` line), in place."""
+    import nbformat
+
+    if not text:
+        return
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            title, _, rest = cell.source.lstrip().partition("\n")
+            cell.source = f"{title}\n\n{text}\n\n{rest.lstrip()}".rstrip() + "\n"
+            return
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(text))
+
+
+def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str, top: str) -> Any:
+    """A copy of ``nb`` for present mode: compute cells (with ``missing`` records: every code cell
+    after the parameters but the :data:`BENCH_TAG` ones) become raw cells, unexecuted; the
+    parameters' ``.check(globals())`` plumbing hides its input; the ``changed`` values follow the
+    parameters cell as a sentence; ``top`` (markdown) goes under the title."""
+    import copy
+
+    import nbformat
+
+    nb = copy.deepcopy(nb)
+    seen_params = False
+    for cell in nb.cells:
+        tags = cell.metadata.setdefault("tags", [])
+        seen_params |= "parameters" in tags
+        if cell.cell_type != "code" or "parameters" in tags:
+            continue
+        if ".check(globals())" in cell.source and "remove-input" not in tags:
+            tags.append("remove-input")  # plumbing: the values are in the parameters cell
+        if is_compute(cell) or (missing and seen_params and BENCH_TAG not in tags):
+            cell.cell_type = "raw"
+            cell.metadata["pact_skipped"] = True
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+    if changed:  # papermill's cell with the values in effect is removed: say them under the defaults
+        at = next(i for i, c in enumerate(nb.cells) if "parameters" in _tags(c))
+        nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(
+            f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
+            + ".*", metadata={"tags": ["pact-parameters"]}))
+    under_title(nb, top)
+    return nb
+
+
+def restore_skipped(nb: Any) -> None:
+    """After execution (in place): the skipped cells are code again, without output and folded;
+    papermill's injected-parameters cell is removed from the page."""
+    for cell in nb.cells:
+        if cell.metadata.pop("pact_skipped", False):
+            cell.cell_type, cell.outputs, cell.execution_count = "code", [], None
+            cell.metadata["tags"] = [*_tags(cell), "hide-input"]
+        elif "injected-parameters" in _tags(cell):
+            cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
+
+
+def plan_jobs(paths: list[Path], params_file: Path, cli: dict[str, Any], *, every: bool) -> list[Job]:
+    """Every run (the main one, then each of the set's variants) of the notebooks ``paths`` with the
+    set ``params_file`` and the ``-p`` values ``cli``, checked by each chapter's model; nothing
+    runs. ``every``: ``paths`` are all the book's notebooks (then ``common`` must be used).
+
+    Raises:
+        ParameterError: every problem (each said once), naming notebook, set and parameter.
+    """
+    import jupytext
+
+    from pactlib import testbeds
+
+    problems, variants = set_thread_problems(params_file), {}
+    for step in (define_testbeds, pparams.variant_definitions):
+        try:
+            variants = step(params_file)
+        except (pparams.ParameterError, FileNotFoundError) as exc:
+            problems.append(str(exc))
+            variants = {}
+    main = variants.pop(pparams.MAIN, {})
+    jobs, declared, said = [], set(), set()  # said: (chapter, problem); a variant meets the main run's
+    for variant, spec in [("", {**main, "chapters": None}), *variants.items()]:
+        for path in paths:
+            if spec["chapters"] is not None and path.stem not in spec["chapters"]:
+                continue
+            where = f"{_rel(path)} with {_rel(params_file)}" + (f" (variant {variant!r})" if variant else "")
+            try:
+                nb = jupytext.read(path)
+                values = chapter_values(nb, path, params_file, variant or None, cli)
+                declared |= set(values.defaults)
+                final = nbchapters.validate(values.model, values.given, where=where, origins=values.origins)
+            except (pparams.ParameterError, FileNotFoundError) as exc:
+                for problem in getattr(exc, "problems", None) or [str(exc)]:
+                    if (path.stem, problem) not in said:
+                        said.add((path.stem, problem))
+                        problems.append(f"{where}: {problem}" if hasattr(exc, "problems") else problem)
+                continue
+            threads = values.threads if type(values.threads) is int and values.threads >= 1 else None
+            if variant:
+                decorate_variant(nb, variant, spec["title"], params_file.stem, spec["chapters"][path.stem])
+            used = sorted(named_testbeds(list(final.values())))
+            jobs.append(Job(path.stem, path, nb, {k: final[k] for k in values.given}, variant=variant,
+                            title=spec.get("title", ""), threads=threads, params=final, defaults=values.defaults,
+                            testbeds={n: testbeds.definitions()[n] for n in used}))
+    for name in sorted({n for j in jobs for n in j.testbeds}):
+        if missing := testbeds.missing_paths(name):
+            users = ", ".join(j.name[:2] for j in jobs if name in j.testbeds)
+            problems.append(f"{_rel(params_file)}: testbeds: {name!r} (used by chapters {users}) names paths that "
+                            "do not exist; edit them: " + "; ".join(f"option {o!r}: {p}" for o, p in missing))
+    if every:  # every notebook: `common` must be used somewhere
+        try:
+            common = (yaml.safe_load(params_file.read_text()) or {}).get(pparams.COMMON) or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            common = {}  # already reported
+        if unused := sorted(set(common) - declared - {THREADS}):
+            problems.append(f"{_rel(params_file)}: common {unused} is declared by no notebook; "
+                            f"known: {sorted(declared)}")
+    if THREADS in cli:
+        problems.append(f"-p {THREADS}={cli[THREADS]!r}: the kernels' thread count is not a notebook parameter; "
+                        f"use --threads N (make book/chapter THREADS=N)")
+    if stray := sorted(set(cli) - declared - {THREADS}):
+        problems.append(f"-p {stray}: no selected notebook has such a parameter; known: {sorted(declared)}")
+    if problems:  # a problem of the set itself is met once per notebook and run: each said once
+        raise pparams.ParameterError("\n  ".join(["bad parameters:", *dict.fromkeys(problems)]))
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# running jobs side by side
+
+#: What the forked workers run: token -> (function, items). A worker is a fork of the runner, so it
+#: sees this table as it was at the pool's start and only an index crosses the process boundary.
+_TASKS: dict[int, tuple[Callable, Sequence]] = {}
+
+
+def _call(token: int, i: int) -> tuple[Any, str | None]:
+    fn, items = _TASKS[token]
+    try:
+        return fn(items[i]), None
+    except RunError as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - the parent reports it and fails the run
+        return None, f"notebook {getattr(items[i], 'id', i)}: {type(exc).__name__}: {exc}"
+
+
+def run_parallel(fn: Callable[[Any], Any], items: Sequence[Job], jobs: int, *, after: dict[str, Sequence[str]],
+                 on_start: Callable[[Any], None], on_done: Callable[[Any, Any], None]) -> None:
+    """Run ``fn(item)`` for every item, up to ``jobs`` at once in forked workers
+    (``concurrent.futures.ProcessPoolExecutor``; in this process when ``jobs`` is 1). An item
+    waits for the items of its run that ``after`` names for its chapter, and an item others wait
+    for starts before the rest. After a failure no new item starts; the running ones finish.
+
+    Raises:
+        RunError: every failure, one per line.
+    """
+    if jobs == 1:
+        for item in items:
+            on_start(item)
+            on_done(item, fn(item))
+        return
+    waits = [{item.sibling(d) for d in after.get(item.name, ())} for item in items]
+    token, errors = id(items), []
+    _TASKS[token] = (fn, items)
+    pending, running = list(range(len(items))), {}
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+            while pending or running:
+                while pending and len(running) < jobs and not errors:
+                    busy = {items[i].id for i in [*pending, *running.values()]}
+                    ready = [i for i in pending if not waits[i] & (busy - {items[i].id})]
+                    if not ready:
+                        break
+                    blocking = set().union(*(waits[i] for i in pending))
+                    pending.remove(i := min(ready, key=lambda i: items[i].id not in blocking))
+                    on_start(items[i])
+                    running[pool.submit(_call, token, i)] = i
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    i = running.pop(future)
+                    try:
+                        value, err = future.result()
+                    except BrokenProcessPool as exc:
+                        value, err = None, f"notebook {items[i].id}: its worker died ({exc})"
+                    if err:
+                        errors.append(err)
+                        print(f"   {items[i].id} FAILED", flush=True)
+                    else:
+                        on_done(items[i], value)
+    finally:
+        _TASKS.pop(token, None)
+    if errors:
+        raise RunError("\n".join(errors))

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
            "time_section", "merge_profile", "readme_table", "replace_block", "html_problems",
-           "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason"]
+           "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason", "banner"]
 
 MAIN = "main"
 VERDICTS_PAGE = "verdicts"
@@ -187,6 +187,20 @@ def provenance_box(prov: Mapping[str, Any], command: str, folder: str) -> str:
             f"{f' on {where}' if where else ''}, {prov.get('threads', '?')} torch thread(s). Records: `{folder}`. "
             "The folded code cells ran then; here their records are read back, and every figure, table and "
             "verdict of this page is drawn from them.\n:::")
+
+
+def banner(command: str, *, store: str, run: str, reasons: Sequence[str], made: str | None, bench: bool) -> str:
+    """The warning at the top of a chapter whose records are missing (``made`` is None: then
+    ``bench`` says whether the cells reading ``book/data/`` ran) or stale (``reasons``, from
+    :func:`pactlib.book.provenance.staleness`); ``command`` computes them (Markdown)."""
+    if made is None:
+        ran = ("only the cells that read the committed benchmark data (`book/data/`) were executed" if bench
+               else "nothing past the parameters was executed")
+        return (f"```{{warning}}\nNo records yet for this chapter (parameter set `{store}`, run `{run}`): its "
+                f"code is shown, {ran}. Run {command} to compute them.\n```")
+    why = "\n".join(f"- {r}".replace("_", "\\_") for r in reasons)  # pactlib/__init__.py is no emphasis
+    return (f"```{{warning}}\nThese results are **stale**: the records were made on {made[:10]} "
+            f"with other inputs than today's:\n\n{why}\n\nRun {command} to recompute them.\n```")
 
 
 def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
