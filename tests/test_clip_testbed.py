@@ -219,7 +219,7 @@ def test_run_record_memo_and_cached_accuracies(tb, files, monkeypatch):
     again = testbeds.load("clip-tiny", 0)
     assert (again.ft_val, again.ft_test, again.zs_test) == (tb.ft_val, tb.ft_test, tb.zs_test)
     assert again.fingerprint() == tb.fingerprint()
-    assert testbeds.run(again, "iso_c", pact="pact", alphas=(0.5, 1.0)) == rec
+    assert testbeds.run(again, "iso_c", pact="pact", alphas=(0.5, 1.0)) == dict(rec, memo_hit=True)
     rows = testbeds.reference_records(tb)
     assert [r["method"] for r in rows] == ["zero-shot", "fine-tuned"] and rows[1]["metrics"]["norm_acc"] == 1.0
 
