@@ -113,14 +113,20 @@ def floor(files: list[Path], out_bytes: int, folder: Path) -> dict:
     return best
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_shape_args(ap: argparse.ArgumentParser, methods) -> None:
+    """The Llama shape, the task counts and the methods: the options this benchmark shares with
+    bench_mergekit.py."""
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--mlp", type=int, default=2816)
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--tasks", type=int, nargs="+", default=[2, 8])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=list(methods), choices=methods)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(ap, METHODS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, default=ROOT / "book" / "data" / "io_floor.jsonl")

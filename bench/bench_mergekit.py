@@ -66,7 +66,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_io_floor import WRITER, run_child  # noqa: E402  (the same checkpoints, the same child rusage)
+from bench_io_floor import WRITER, add_shape_args, run_child  # noqa: E402  (the same checkpoints, the same child rusage)
 
 METHODS = ("task_arithmetic", "ties")
 
@@ -193,12 +193,7 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mergekit", default=os.environ.get("MERGEKIT"),
                     help="mergekit-yaml of mergekit's own virtual environment (default: $MERGEKIT)")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--mlp", type=int, default=2816)
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--tasks", type=int, nargs="+", default=[2, 8])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    add_shape_args(ap, METHODS)
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--k", type=float, default=20.0, help="TIES: percent kept per tensor (mergekit density = k/100)")
     ap.add_argument("--repeat", type=int, default=3)

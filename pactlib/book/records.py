@@ -27,14 +27,14 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pactlib.io import write_atomic
 
-__all__ = ["read_json_object", "REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records",
+__all__ = ["read_json_object", "REQUIRED_FIELDS", "RecordError", "make_record", "write_records", "read_records", "read_json_lines",
            "records_frame", "records_path"]
 
 REQUIRED_FIELDS = ("method", "params", "seed", "metrics")
@@ -145,13 +145,20 @@ def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *,
         if old and not old.endswith("\n"):
             raise RecordError(f"{path}: the last line is incomplete; refusing to append")
         if old:
-            _parse(old, path)  # never append to a file that no longer parses
+            read_json_lines(old, path, REQUIRED_FIELDS)  # never append to a file that no longer parses
         new = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in clean)
         write_atomic(path, old + new, sync=True)
     return path
 
 
-def _parse(text: str, path: Path) -> list[dict[str, Any]]:
+def read_json_lines(text: str, path: str | Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The JSON objects of ``text``, one per non-blank line (``path`` names the file in errors),
+    each with every field of ``required``.
+
+    Raises:
+        RecordError: a line is not JSON, not a JSON object, or lacks a ``required`` field
+            (naming file and line).
+    """
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -160,8 +167,10 @@ def _parse(text: str, path: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RecordError(f"{path}, line {lineno}: not JSON ({exc.msg})") from exc
-        if not isinstance(rec, dict) or any(f not in rec for f in REQUIRED_FIELDS):
-            raise RecordError(f"{path}, line {lineno}: not a record (needs {list(REQUIRED_FIELDS)})")
+        if required and (not isinstance(rec, dict) or any(f not in rec for f in required)):
+            raise RecordError(f"{path}, line {lineno}: not a record (needs {list(required)})")
+        if not isinstance(rec, dict):
+            raise RecordError(f"{path}, line {lineno}: not a JSON object")
         out.append(rec)
     return out
 
@@ -176,7 +185,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"records file not found: {path}")
-    return _parse(path.read_text(encoding="utf-8"), path)
+    return read_json_lines(path.read_text(encoding="utf-8"), path, REQUIRED_FIELDS)
 
 
 def records_frame(records: Iterable[Mapping[str, Any]] | str | Path):

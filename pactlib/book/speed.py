@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from pactlib.book.paths import book_path
+from pactlib.book.records import read_json_lines
 
 __all__ = ["IO_FLOOR", "INMEMORY", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "MEMORY_GOAL", "INMEMORY_GOAL",
            "METHODS", "read_data", "floor_frame", "startup", "memory_frame", "floor_table", "plot_floor",
@@ -55,20 +56,7 @@ def read_data(relative: str) -> list[dict[str, Any]]:
         ValueError: a line is not a JSON object (the message names the file and the line).
     """
     path = book_path(relative, must_exist=False)
-    if not path.is_file():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}, line {n}: not JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}, line {n}: not a JSON object")
-        out.append(rec)
-    return out
+    return read_json_lines(path.read_text(encoding="utf-8"), path) if path.is_file() else []
 
 
 def _order(method: str) -> int:
