@@ -15,7 +15,7 @@ export PACT_CACHE ?= $(CURDIR)/.cache
 # 20-task suite (the 14-task suite is its prefix); MiniLM (pactlib.testbeds.minilm.testbed.BOOK_ZOO):
 # 3 seeds of full and LoRA fine-tunes on the 8 text tasks, one seed of full fine-tunes on the 14.
 # Finished runs are kept; an interrupted build resumes.
-.PHONY: help setup sources test data zoo bench clean
+.PHONY: help setup sources test data zoo data-lite0 data-minilm zoo-lite0 zoo-minilm bench clean
 
 help:
 	@echo "make book       - set up (venv, book assets), render every chapter from its committed records into _build/html"
@@ -41,12 +41,21 @@ setup: $(STAMP) sources book-assets
 sources: $(STAMP)
 	@bash scripts/setup_sources.sh
 
-data: setup
+# One testbed family's inputs: data-lite0 zoo-lite0 (images), data-minilm zoo-minilm (texts);
+# `make reproduce NB=...` builds only the family its chapter names (scripts/run_notebooks.py --needs).
+data: data-lite0 data-minilm
+zoo: zoo-lite0 zoo-minilm
+
+data-lite0: setup
 	$(VENV)/bin/pact data prepare --suite 20
+
+data-minilm: setup
 	$(VENV)/bin/pact text prepare --suite 14
 
-zoo: data
+zoo-lite0: data-lite0
 	$(PY) -m pactlib.testbeds.lite0.testbed default
+
+zoo-minilm: data-minilm
 	$(PY) -m pactlib.testbeds.minilm.testbed default
 
 include mk/book.mk

@@ -27,9 +27,9 @@
 #
 # Parameters are validated first (book-check / chapter-check / reproduce-check, with the venv only):
 # a wrong value fails in seconds, before any data or zoo is built.
-# BOOK_DEPS: the targets that produce the computed chapters' inputs: `data zoo` when a run names a
-# built-in testbed that reads them (Lite0 with its default zoo, MiniLM; scripts/run_notebooks.py
-# --needs), else nothing. Without the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
+# BOOK_DEPS: the targets that produce the computed chapters' inputs: `data-<family> zoo-<family>` for
+# each built-in family a run names a testbed of (Lite0 with its default zoo, MiniLM; `data zoo` when
+# both; scripts/run_notebooks.py --needs), else nothing. Without the venv (e.g. `make -n` on a fresh clone) the answer is `data zoo`.
 BOOK_DEPS   ?= $(if $(wildcard $(PY)),$(shell $(PY) scripts/run_notebooks.py --params $(PARAMS) --needs $(BOOK_ONLY) $(ARGS)),data zoo)
 # BOOK_JOBS: notebooks executed at once (each kernel gets cores/BOOK_JOBS threads). On two cores
 # two 1-thread kernels get more done than one 2-thread kernel (book/data/implementation_choices.jsonl).

@@ -37,12 +37,14 @@ def needs(runner, capsys):
     (["--params", "paper-vitb32-8"], ""),                       # the user's CLIP files
     (["--params", str(ROOT / "params" / "paper-vitl14-20.yaml")], ""),  # a path, not a name
     (["--params", "default", "--only", "01"], ""),              # chapter 1: synthetic only
-    (["--params", "default", "--only", "03", "--run", "minilm"], "data zoo"),  # a variant's testbed
-    (["--params", "default", "--only", "minilm/03"], "data zoo"),  # the same run, as NB=minilm/03
+    (["--params", "default", "--only", "03", "--run", "minilm"], "data-minilm zoo-minilm"),  # a variant's testbed
+    (["--params", "default", "--only", "minilm/03"], "data-minilm zoo-minilm"),  # the same run, as NB=minilm/03
+    (["--params", "default", "--only", "main/03"], "data-lite0 zoo-lite0"),  # the main run: Lite0 only
+    (["--params", "default", "--only", "03"], "data zoo"),      # both runs of chapter 3: both families
     (["--params", "default", "--only", "main/01"], ""),
     (["--params", "smoke", "--only", "syn4/05"], ""),
-    (["--params", "paper-vitb32-8", "--only", "03", "-p", "testbed=lite0-8"], "data zoo"),  # -p counts
-    (["--params", "paper-vitb32-8", "--only", "02", "-p", "zoo_profile=default"], "data zoo"),
+    (["--params", "paper-vitb32-8", "--only", "03", "-p", "testbed=lite0-8"], "data-lite0 zoo-lite0"),  # -p counts
+    (["--params", "paper-vitb32-8", "--only", "02", "-p", "zoo_profile=default"], "data-lite0 zoo-lite0"),
 ])
 def test_needs_follow_the_testbeds_the_chapters_name(needs, args, want):
     assert needs(*args) == (want, 0)
@@ -70,6 +72,9 @@ def test_make_reproduce_builds_data_and_zoo_only_for_sets_that_need_them():
         out = _make_n("reproduce", f"PARAMS={params}")
         assert not any(z in out for z in zoo), params
         assert "run_notebooks.py --params " + params in out
+    lite0 = _make_n("reproduce", "NB=main/10_theory")  # one Lite0 run: the Lite0 data and zoo, not MiniLM's
+    assert "pact data prepare" in lite0 and "pactlib.testbeds.lite0.testbed default" in lite0
+    assert "pact text prepare" not in lite0 and "pactlib.testbeds.minilm.testbed" not in lite0
     chapter = _make_n("chapter", "NB=12_paper_scale")  # one chapter of the default set: its own needs (none)
     assert not any(z in chapter for z in zoo) and "--only 12_paper_scale" in chapter
     assert not any(z in _make_n("reproduce", "BOOK_DEPS=") for z in zoo)  # empty: skip, as before

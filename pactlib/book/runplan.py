@@ -21,7 +21,7 @@ import yaml
 from pactlib.book import params as pparams
 from pactlib.book import chapters as nbchapters
 
-__all__ = ["ZOO_FAMILIES", "NEEDS", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
+__all__ = ["ZOO_FAMILIES", "NEEDS", "family_needs", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
            "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
@@ -42,16 +42,23 @@ def _rel(path: Path) -> str:
 #: Testbed families whose testbeds read what `make data zoo` builds (the prepared datasets and the
 #: book's model zoos); a Lite0 testbed with ``zoo_profile: smoke`` builds its seconds-sized zoo itself.
 ZOO_FAMILIES = ("lite0", "minilm")
-#: What ``--needs`` prints when a run needs them: mk/book.mk's targets.
+#: What ``--needs`` prints when every family is needed (and when the set cannot be read): mk/book.mk's
+#: targets. One family's runs need only its own targets, ``data-<family> zoo-<family>``.
 NEEDS = ("data", "zoo")
 
 
-def _names_zoo_testbed(values: dict[str, Any]) -> bool:
-    """Whether a notebook's final parameter values name a testbed of :data:`ZOO_FAMILIES` (in a
+def family_needs(family: str) -> list[str]:
+    """The make targets that produce one :data:`ZOO_FAMILIES` family's inputs: its data and its zoo."""
+    return [f"data-{family}", f"zoo-{family}"]
+
+
+def _zoo_families(values: dict[str, Any]) -> set[str]:
+    """The :data:`ZOO_FAMILIES` a notebook's final parameter values name a testbed of (in a
     parameter whose name holds ``testbed``: ``testbed``, ``testbeds``, ``minilm_testbed``)."""
     from pactlib import testbeds
 
     smoke = values.get("zoo_profile") == "smoke"
+    found = set()
     for name, value in values.items():
         if "testbed" not in name:
             continue
@@ -63,8 +70,8 @@ def _names_zoo_testbed(values: dict[str, Any]) -> bool:
             except (KeyError, ValueError, TypeError):  # not a testbed name, or one that needs a definition
                 continue
             if family in ZOO_FAMILIES and not (family == "lite0" and smoke):
-                return True
-    return False
+                found.add(family)
+    return found
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,10 @@ def chapter_values(nb: Any, path: Path, params_file: Path, variant: str | None, 
 
 
 def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: list[str] | None = None) -> list[str]:
-    """The make targets (:data:`NEEDS`) that produce the inputs of ``paths`` run with
-    ``params_file`` and the ``-p`` values ``cli``: all of them when any run (the main one and the
-    set's variants, or only ``runs``) names a testbed of :data:`ZOO_FAMILIES`, else ``[]``. Reads
+    """The make targets that produce the inputs of ``paths`` run with ``params_file`` and the
+    ``-p`` values ``cli``: for each family of :data:`ZOO_FAMILIES` that a run (the main one and
+    the set's variants, or only ``runs``) names a testbed of, its :func:`family_needs`
+    (:data:`NEEDS` when every family is named), else ``[]``. Reads
     the parameter cells and the set; validates nothing else and loads no testbed.
 
     Raises:
@@ -119,14 +127,16 @@ def book_needs(paths: list[Path], params_file: Path, cli: dict[str, Any], runs: 
     plan = [("", None)] + [(v, spec["chapters"]) for v, spec in variants.items()]
     if runs:
         plan = [(v, chapters) for v, chapters in plan if (v or pparams.MAIN) in runs]
+    families: set[str] = set()
     for variant, chapters in plan:
         for path in paths:
             if chapters is not None and path.stem not in chapters:
                 continue
             values = chapter_values(jupytext.read(path), path, params_file, variant or None, cli)
-            if _names_zoo_testbed({**values.defaults, **values.given}):
-                return list(NEEDS)
-    return []
+            families |= _zoo_families({**values.defaults, **values.given})
+    if families == set(ZOO_FAMILIES):
+        return list(NEEDS)
+    return [target for family in ZOO_FAMILIES if family in families for target in family_needs(family)]
 
 
 #: the largest kernel thread count accepted (torch.set_num_threads refuses more than 2^31 - 1)
