@@ -385,6 +385,37 @@ def toc_for(store: str, params_file: Path) -> Path:
                   f"{params_file.name}\n" + yaml.safe_dump(toc, sort_keys=False, allow_unicode=True))
 
 
+def _chapter_records(folder: Path) -> list[dict]:
+    return [r for f in sorted(folder.glob("*.jsonl")) if not f.name.endswith(".verdicts.jsonl")
+            for r in records.read_records(f)]
+
+
+def evaluation_work(store: str, jobs: list[Job], states: dict) -> dict:
+    """:func:`site.evaluation_work` of every chapter with records; split sizes from chapter 2's
+    tables of every run of ``store`` (None for a chapter whose examples cannot be counted)."""
+    sizes: dict = {}
+    for folder in sorted((RECORDS / store).glob("*/02_testbed")):
+        sizes.update(site.split_sizes(_chapter_records(folder)))
+    out = {}
+    for job in jobs:
+        prov = states[(job.name, job.run)]["provenance"]
+        folder = records_dir(store, job)
+        if prov is None or not folder.is_dir():
+            continue
+        try:
+            out[(job.name, job.run)] = site.evaluation_work(
+                _chapter_records(folder), test_limit=(prov.get("params") or {}).get("test_limit"), sizes=sizes) or None
+        except ValueError:
+            out[(job.name, job.run)] = None
+    return out
+
+
+def eval_speed() -> dict:
+    """:func:`site.eval_speed` of ``book/data/eval_speed.jsonl`` ({} without the file)."""
+    path = ROOT / "book" / "data" / "eval_speed.jsonl"
+    return site.eval_speed(records.read_records(path)) if path.is_file() else {}
+
+
 def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
     """``book/_executed/<store>/verdicts.md`` from the present runs' verdicts and the records' states
     (and ``states.json``, read by ``scripts/readme_verdicts.py``)."""
@@ -394,7 +425,8 @@ def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
                                 "provenance": provenance.read(records_dir(store, j))} for j in jobs}
     merges = {k: st["provenance"]["merges"] for k, st in states.items() if (st["provenance"] or {}).get("merges")}
     text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states, merges,
-                              records.read_json_object(RECORDS / store / "zoo.json"))
+                              records.read_json_object(RECORDS / store / "zoo.json"),
+                              evaluation_work(store, jobs, states), eval_speed())
     _write(EXECUTED / store / "states.json",
            json.dumps({f"{r}/{c}": st["state"] for (c, r), st in sorted(states.items())}, indent=1) + "\n")
     return _write(EXECUTED / store / f"{site.VERDICTS_PAGE}.md", text)

@@ -488,6 +488,23 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     assert "| lite0 | full | 4 | 6.0 |" in page and "| **all zoos** | | | **7.5** |" in page
     assert "02_<wbr>testbed | Images | missing" in page
     assert "| 10_<wbr>theory | Images | stale | 2026-12-03 | parameters differ" in page
+    # the evaluation floor: the examples the α searches evaluated, counted from the chapter's
+    # records, the split sizes from chapter 2's task table, the test cap from its parameters
+    ten, two = (next(j for j in jobs if j.name == n and j.run == "main") for n in ("10_theory", "02_testbed"))
+    acc = {"mnist": 0.5, "lfw_faces": 0.5}
+    records.write_records(rn.records_dir("demo", ten) / "10_theory.jsonl", [records.make_record(
+        "iso_c", params={}, seed=0, metrics={}, testbed="lite0-8", val_limit=100, seconds=30.0, merge_seconds=2.0,
+        curve=[{"alpha": a} for a in (0.5, 1.0, 2.0)], per_task={"val": {"acc": acc}, "test": {"acc": acc}})])
+    records.write_records(rn.records_dir("demo", two) / "02_testbed.jsonl", [records.make_record(
+        "table", params={}, seed=None, metrics={}, table="tasks", index=["task"], columns=["val", "test"],
+        rows=[["mnist", 500, 1000], ["lfw_faces", 16, 40]])])
+    provenance.write(rn.records_dir("demo", ten), {"cpu_minutes": 10.0, "wall_minutes": 20.0, "merges": merges,
+                                                   "made": "2026-12-03T10:00:00Z", "params": {"test_limit": 300}})
+    rn.assess(jobs, "demo")
+    page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
+    floor = page[page.index("### The evaluation floor"):]
+    # 3 α × (100 + 16) validation + (300 + 40) test examples; 4 models; 2.5 min measured
+    assert "| 10_<wbr>theory<br>*Images* | 4 | 688 | 2.5 |" in floor
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------

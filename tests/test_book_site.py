@@ -157,6 +157,103 @@ def test_merge_profile_counts_computed_and_reused_merges_and_splits_their_minute
     assert site.merge_profile([]) == {"computed": 0, "reused": 0, "merge_minutes": 0.0, "eval_minutes": 0.0}
 
 
+# --- the evaluation floor: examples counted from the records, minutes from the measured speed ----
+
+#: Chapter 2's task tables as records (index "task", then the columns), sizes as in the book.
+SIZE_TABLES = [
+    {"method": "table", "table": "tasks", "index": ["task"], "columns": ["suite", "classes", "val", "test"],
+     "rows": [["mnist", "8", 10, 500, 1000], ["lfw_faces", "14", 5, 16, 40]], "params": {}, "seed": None,
+     "metrics": {}},
+    {"method": "table", "table": "text-tasks", "index": ["task"], "columns": ["suite", "val", "test"],
+     "rows": [["spam", "8", 300, 500]], "params": {}, "seed": None, "metrics": {}},
+    {"method": "table", "table": "recipe", "index": ["what"], "columns": ["val", "test"], "rows": [["x", 1, 2]]}]
+
+
+def _alpha_record(testbed, tasks, n_alpha, val_limit, **extra):
+    """A select_alpha record as the records hold it: one curve point per α, per-task accuracies."""
+    acc = {t: 0.5 for t in tasks}
+    return {"method": "task_arithmetic", "testbed": testbed, "seed": 0, "val_limit": val_limit,
+            "curve": [{"alpha": 0.1 * (i + 1), "mean_acc": 0.5, "mean_normalized": 0.6} for i in range(n_alpha)],
+            "per_task": {"val": {"acc": acc, "normalized": acc}, "test": {"acc": acc, "normalized": acc}},
+            "seconds": 10.0 + n_alpha, "merge_seconds": 1.0, **extra}
+
+
+def test_split_sizes_reads_chapter_2s_task_tables_only():
+    assert site.split_sizes(SIZE_TABLES) == {"mnist": (500, 1000), "lfw_faces": (16, 40), "spam": (300, 500)}
+    assert site.split_sizes([]) == {}
+
+
+def test_evaluation_work_counts_each_alpha_on_validation_and_one_test_per_computed_merge():
+    sizes = site.split_sizes(SIZE_TABLES)
+    lite = _alpha_record("lite0-8", ["mnist", "lfw_faces"], 5, 100)
+    recs = [lite, dict(lite),  # the same merge listed twice counts once
+            _alpha_record("lite0-8", ["mnist"], 9, 100, memo_hit=True),  # paid by another chapter
+            {"method": "zero-shot", "testbed": "lite0-8", "metrics": {"acc": 0.4}},  # a reference row
+            _alpha_record("minilm-8:2", ["spam", "new_task"], 3, 64)]  # new_task: no size, its caps count
+    work = site.evaluation_work(recs, test_limit=300, sizes=sizes)
+    # lite0: 5 α × (min(100, 500) + min(100, 16)) on validation, min(300, 1000) + min(300, 40) on test
+    assert work == {"lite0": {"merges": 1, "evaluations": 6, "val": 5 * 116, "test": 340},
+                    "minilm": {"merges": 1, "evaluations": 4, "val": 3 * 128, "test": 600}}
+    # no test cap: the whole split
+    assert site.evaluation_work([lite], test_limit=None, sizes=sizes)["lite0"]["test"] == 1040
+    assert site.evaluation_work([], test_limit=300) == {}  # a run with no records yet
+    with pytest.raises(ValueError, match="new_task"):
+        site.evaluation_work(recs, test_limit=None, sizes=sizes)
+
+
+def _speed_rows():
+    common = {"params": {}, "seed": None, "load_avg": 3.0}
+    return [{**common, "method": "eval_throughput", "run": "2026-01-01T00:00:00Z", "params": {"testbed": "lite0"},
+             "metrics": {"examples_per_cpu_s": 1.0, "flops_per_example": 1.0}},
+            {**common, "method": "eval_throughput", "run": "2026-02-01T00:00:00Z", "params": {"testbed": "lite0"},
+             "metrics": {"examples_per_cpu_s": 460.0, "flops_per_example": 1e6}},
+            {**common, "method": "gemm", "run": "2026-02-01T00:00:00Z", "metrics": {"flops_per_cpu_s": 1e9}},
+            {**common, "method": "gemm", "run": "2026-02-01T00:00:00Z", "metrics": {"flops_per_cpu_s": 5e8}},
+            {**common, "method": "gemm", "run": "2026-01-01T00:00:00Z", "metrics": {"flops_per_cpu_s": 9e9}},
+            {**common, "method": "eval_option", "run": "2026-03-01T00:00:00Z", "metrics": {}}]
+
+
+def test_eval_speed_takes_the_last_runs_rates_and_its_best_gemm():
+    speed = site.eval_speed(_speed_rows())
+    assert speed == {"lite0": {"examples_per_s": 460.0, "flops_per_example": 1e6, "load_avg": 3.0},
+                     "gemm": {"flops_per_s": 1e9}}
+    assert site.eval_speed([]) == {}
+
+
+def test_evaluation_floor_is_examples_over_rate_and_flops_over_gemm_rate():
+    speed = site.eval_speed(_speed_rows())
+    work = {"lite0": {"merges": 1, "evaluations": 6, "val": 580, "test": 340}}
+    floor = site.evaluation_floor(work, speed)
+    assert floor["examples"] == 920
+    assert floor["minutes"] == pytest.approx(920 / 460 / 60)  # 2 s
+    assert floor["compute_minutes"] == pytest.approx(920 * 1e6 / 1e9 / 60)  # 0.92 s
+    # a family without a measured rate: no floor
+    both = {**work, "minilm": {"merges": 1, "evaluations": 4, "val": 384, "test": 600}}
+    assert site.evaluation_floor(both, speed) == {"examples": 1904, "minutes": None, "compute_minutes": None}
+
+
+def test_floor_lines_tabulate_the_floor_beside_the_measured_minutes_and_weigh_the_goal():
+    speed = site.eval_speed(_speed_rows())
+    titles = {"main": "EfficientNet-Lite0, image tasks"}
+    work = {("05_main_results", "main"): {"lite0": {"merges": 50, "evaluations": 300, "val": 220_800,
+                                                    "test": 55_200}},
+            ("02_testbed", "main"): None}  # nothing countable: no row
+    lines = site.floor_lines(titles, work, speed, {("05_main_results", "main"): 30.0}, zoo_minutes=200.0,
+                             other_minutes=50.0)
+    text = "\n".join(lines)
+    # 276,000 examples at 460/s = 10 core-min; at 1e6 FLOP each and 1e9 FLOP/s: 4.6 core-min
+    assert "| 05_<wbr>main_<wbr>results<br>*EfficientNet-Lite0* | 300 | 276,000 | 30.0 | 10.0 | 4.6 |" in text
+    assert "| **all chapters** | **300** | **276,000** | **30.0** | **10.0** | **4.6** |" in text
+    assert "02_<wbr>testbed" not in text
+    assert "80% of them on validation" in text
+    assert "5.0 minutes on the machine's 2 cores" in text and "6.0× its floor" in text
+    assert "runs at 46% of the matrix-multiply rate: a perfect one would need 2.3 minutes" in text
+    # zoos 200/2 + other 50 + floor 10/2 = 155 min > 120
+    assert "takes about 155 minutes, against the goal of 120: the goal needs" in text
+    assert site.floor_lines(titles, {}, speed) == []
+    assert site.floor_lines(titles, {("05_main_results", "main"): None}, speed) == []
+
+
 # --- what a reader sees: the provenance box and tables that fit a narrow screen -----------------
 
 def _myst(text: str):

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
-           "time_section", "merge_profile", "readme_table", "replace_block", "html_problems",
+           "time_section", "merge_profile", "family", "split_sizes", "evaluation_work", "eval_speed",
+           "evaluation_floor", "floor_lines", "readme_table", "replace_block", "html_problems",
            "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason", "banner"]
 
 MAIN = "main"
@@ -92,13 +93,15 @@ def _mark(status: str, state: str | None) -> str:
 def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[tuple[str, str, dict]],
                   states: Mapping[tuple[str, str], Mapping[str, Any]],
                   merges: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-                  zoo: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+                  zoo: Mapping[str, Mapping[str, Any]] | None = None,
+                  work: Mapping[tuple[str, str], Mapping[str, Mapping[str, int]] | None] | None = None,
+                  speed: Mapping[str, Mapping[str, float]] | None = None) -> str:
     """The Verdicts page (MyST markdown): a row per claim, a column per run (``titles``: run ->
     title, main first), the chapter that tests it; a status whose chapter's records are stale or
     missing says so; then :func:`records_section` and :func:`time_section`.
 
     ``states``: ``{(chapter, run): {"state": "current"|"stale"|"missing", "reasons": [...],
-    "provenance": {...} or None}}``; ``merges`` and ``zoo``: see :func:`time_section`.
+    "provenance": {...} or None}}``; ``merges``, ``zoo``, ``work`` and ``speed``: see :func:`time_section`.
     """
     rows: dict[str, dict[str, str]] = {}
     chapter_of: dict[str, str] = {}
@@ -120,7 +123,7 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
     if not rows:
         table.append("| (no verdicts recorded yet) | | " + " | " * len(used))
     return "\n".join(lines + _table(table) + records_section(titles, states)
-                     + time_section(titles, states, merges, zoo)) + "\n"
+                     + time_section(titles, states, merges, zoo, work, speed)) + "\n"
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
@@ -225,13 +228,216 @@ def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
+def family(testbed: Any) -> str | None:
+    """The testbed family of a testbed name: ``"lite0-8"`` -> ``"lite0"``, ``"minilm-14:4"`` ->
+    ``"minilm"``; None for a record without a testbed name."""
+    if not isinstance(testbed, str):
+        return None
+    return testbed.split("-")[0].split(":")[0] or None
+
+
+def split_sizes(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """``{task: (validation examples, test examples)}`` from chapter 2's task tables: the table
+    records (:func:`pactlib.book.records.table_record`) named ``tasks`` (image tasks) and
+    ``text-tasks``, whose columns include ``val`` and ``test``; other records are ignored."""
+    out: dict[str, tuple[int, int]] = {}
+    for rec in records:
+        if rec.get("method") != "table" or rec.get("table") not in ("tasks", "text-tasks"):
+            continue
+        cols, skip = list(rec["columns"]), len(rec.get("index") or [])
+        for row in rec["rows"]:
+            cell = dict(zip(cols, row[skip:]))
+            out[str(row[0])] = (int(cell["val"]), int(cell["test"]))
+    return out
+
+
+def _examples(tasks: Iterable[str], limit: int | None, sizes: Mapping[str, tuple[int, int]], split: int,
+              where: str) -> int:
+    n = 0
+    for t in tasks:
+        size = sizes.get(t, (None, None))[split]
+        if size is None and limit is None:
+            raise ValueError(f"{where}: task {t!r} has no split size and no cap: cannot count its examples")
+        n += min(x for x in (size, limit) if x is not None)
+    return n
+
+
+def evaluation_work(records: Iterable[Mapping[str, Any]], *, test_limit: int | None,
+                    sizes: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, int]]:
+    """What choosing α and testing cost a chapter, counted in examples, by testbed family
+    (book/method.md, protocol; :func:`pactlib.eval.select_alpha`).
+
+    A record of :func:`pactlib.eval.select_alpha` (one with ``curve`` and ``per_task``) evaluated
+    the merged model once on validation per α of its ``curve`` and once on test:
+    ``len(curve) × Σ_t min(val_limit, n_val(t))`` validation and ``Σ_t min(test_limit, n_test(t))``
+    test examples over its tasks ``t`` (the keys of ``per_task["val"]["acc"]``), where n(t) is
+    the split's size (``sizes``, :func:`split_sizes`; the cap alone where a task has none, the
+    split alone where the cap is None). ``val_limit`` is the record's own; ``test_limit`` is the
+    chapter's parameter (the testbed caps its test split when loaded). Records read back from
+    the run memo (``memo_hit``) and repeats of one record are left out, as in
+    :func:`merge_profile`: their evaluation was paid by another chapter.
+
+    Returns:
+        ``{family: {"merges": n, "evaluations": models evaluated, "val": examples, "test":
+        examples}}`` (:func:`family` of the record's ``testbed``; ``"?"`` without one); {} for no
+        record of that kind.
+
+    Raises:
+        ValueError: a task has neither a split size nor a cap.
+    """
+    sizes = sizes or {}
+    out: dict[str, dict[str, int]] = {}
+    seen = set()
+    for i, rec in enumerate(records):
+        curve, per_task = rec.get("curve"), rec.get("per_task")
+        if not isinstance(curve, list) or not isinstance(per_task, Mapping) or rec.get("memo_hit"):
+            continue
+        key = (rec.get("seconds"), rec.get("merge_seconds"), rec.get("method"), rec.get("seed"), rec.get("testbed"))
+        if key in seen:
+            continue
+        seen.add(key)
+        tasks = list((per_task.get("val") or {}).get("acc") or {})
+        where = f"record {i} ({rec.get('method')}, {rec.get('testbed')})"
+        w = out.setdefault(family(rec.get("testbed")) or "?", {"merges": 0, "evaluations": 0, "val": 0, "test": 0})
+        w["merges"] += 1
+        w["evaluations"] += len(curve) + 1
+        w["val"] += len(curve) * _examples(tasks, rec.get("val_limit"), sizes, 0, where)
+        w["test"] += _examples(tasks, test_limit, sizes, 1, where)
+    return out
+
+
+def eval_speed(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """The evaluator's speed from ``book/data/eval_speed.jsonl`` rows (``bench/bench_eval.py``):
+    the last run's ``eval_throughput`` records, ``{family: {"examples_per_s", "flops_per_example",
+    "load_avg"}}`` (rates per CPU second of one thread), and ``"gemm": {"flops_per_s"}``, the best
+    single-thread ``torch.mm`` rate of that run. {} without throughput records."""
+    rows = [r for r in rows if r.get("method") in ("eval_throughput", "gemm") and r.get("run")]
+    if not any(r["method"] == "eval_throughput" for r in rows):
+        return {}
+    last = max(r["run"] for r in rows if r["method"] == "eval_throughput")
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["run"] != last:
+            continue
+        m = r["metrics"]
+        if r["method"] == "gemm":
+            g = out.setdefault("gemm", {"flops_per_s": 0.0})
+            g["flops_per_s"] = max(g["flops_per_s"], float(m["flops_per_cpu_s"]))
+        else:
+            out[str(r["params"]["testbed"])] = {"examples_per_s": float(m["examples_per_cpu_s"]),
+                                                "flops_per_example": float(m["flops_per_example"]),
+                                                "load_avg": float(r.get("load_avg") or 0.0)}
+    return out
+
+
+def evaluation_floor(work: Mapping[str, Mapping[str, int]], speed: Mapping[str, Mapping[str, float]]
+                     ) -> dict[str, float | None]:
+    """One chapter's evaluation floor in minutes of one core: ``examples`` (validation + test),
+    ``minutes`` at the evaluator's measured rate (``speed``: :func:`eval_speed`) and
+    ``compute_minutes``, its FLOPs at the machine's GEMM rate. A minutes value is None when a
+    family in ``work`` has no measured rate."""
+    examples = sum(w["val"] + w["test"] for w in work.values())
+    minutes: float | None = 0.0
+    compute: float | None = 0.0
+    gemm = (speed.get("gemm") or {}).get("flops_per_s")
+    for fam, w in work.items():
+        n, s = w["val"] + w["test"], speed.get(fam)
+        if not n:
+            continue
+        if not s:
+            minutes = compute = None
+            break
+        minutes += n / s["examples_per_s"] / 60
+        compute = None if compute is None or not gemm else compute + n * s["flops_per_example"] / gemm / 60
+    return {"examples": examples, "minutes": minutes, "compute_minutes": compute}
+
+
 def _min(x: float | None) -> str:
     return "–" if x is None else f"{x:.1f}"
 
 
+#: The wall-clock goal of a whole default reproduction (issue 27), in minutes, and the machine's cores.
+GOAL_MINUTES, GOAL_CORES = 120.0, 2
+#: How the book names a testbed family's examples.
+_UNITS = {"lite0": ("Lite0", "images"), "minilm": ("MiniLM", "texts")}
+
+
+def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mapping[str, Mapping[str, int]] | None],
+                speed: Mapping[str, Mapping[str, float]],
+                measured: Mapping[tuple[str, str], float] | None = None, zoo_minutes: float | None = None,
+                other_minutes: float | None = None) -> list[str]:
+    """Markdown lines "The evaluation floor": per chapter and run, the models and examples its α
+    searches and tests evaluated (``work``: :func:`evaluation_work` per ``(chapter, run)``; None:
+    not countable), the minutes ``measured`` for them (provenance: merges' ``eval_minutes``), and
+    the floor (:func:`evaluation_floor` with ``speed``, :func:`eval_speed`); then sentences on
+    how far the measured reproduction is from the floor on the machine's cores, and what the
+    2-hour goal would need, given ``zoo_minutes`` (training the zoos) and ``other_minutes`` (the
+    chapters' time besides evaluation). [] when nothing was counted."""
+    measured = measured or {}
+    order = list(titles)
+    rows = sorted(((c, r, w) for (c, r), w in work.items() if w), key=lambda x: (
+        order.index(x[1]) if x[1] in order else 99, x[0]))
+    if not rows:
+        return []
+    table = ["| Chapter, testbed | Models evaluated | Examples | Measured min | Floor min | Compute floor min |",
+             "|---|---:|---:|---:|---:|---:|"]
+    tot = {"n": 0, "ex": 0, "val": 0, "meas": 0.0, "floor": 0.0, "compute": 0.0}
+    floor_ok = compute_ok = True
+    for chapter, run, w in rows:
+        f = evaluation_floor(w, speed)
+        m = measured.get((chapter, run))
+        n = sum(x["evaluations"] for x in w.values())
+        tot["n"] += n
+        tot["ex"] += f["examples"]
+        tot["val"] += sum(x["val"] for x in w.values())
+        tot["meas"] += m or 0.0
+        floor_ok = floor_ok and f["minutes"] is not None
+        compute_ok = compute_ok and f["compute_minutes"] is not None
+        tot["floor"] += f["minutes"] or 0.0
+        tot["compute"] += f["compute_minutes"] or 0.0
+        table.append(f"| {_stem(chapter)}<br>*{_run(titles, run)}* | {n:,} | {f['examples']:,} | {_min(m)} "
+                     f"| {_min(f['minutes'])} | {_min(f['compute_minutes'])} |")
+    table.append(f"| **all chapters** | **{tot['n']:,}** | **{tot['ex']:,}** | **{tot['meas']:.1f}** | "
+                 f"**{_min(tot['floor'] if floor_ok else None)}** | **{_min(tot['compute'] if compute_ok else None)}** |")
+    rates = ", ".join(f"{_UNITS.get(k, (k, 'examples'))[0]} {v['examples_per_s']:.0f} {_UNITS.get(k, (k, 'examples'))[1]}"
+                      f"/s at {v['flops_per_example'] / 1e6:.0f} MFLOP each"
+                      for k, v in sorted(speed.items()) if k != "gemm")
+    gemm = (speed.get("gemm") or {}).get("flops_per_s")
+    lines = ["", "### The evaluation floor", "",
+             "The work the protocol asks of the α searches and tests: each merge is evaluated on validation "
+             "once per α of its grid and on test once, on every task of its suite, at the chapter's caps "
+             "(counted from the records; merges reused from another chapter are counted there). *Floor* is "
+             "that work at the evaluator's own rate on one core with nothing else running"
+             + (f" ({rates}; `bench/bench_eval.py`, `book/data/eval_speed.jsonl`)" if rates else "")
+             + "; *compute floor* is its floating-point work at the machine's single-thread matrix-multiply rate"
+             + (f" ({gemm / 1e9:.0f} GFLOP/s)" if gemm else "") + ". Both are minutes of one core.", ""]
+    lines += _table(table)
+    if floor_ok and tot["meas"] > 0:
+        cores = GOAL_CORES
+        text = (f"The chapters evaluated {tot['ex']:,} examples, {tot['val'] / max(tot['ex'], 1):.0%} of them on "
+                f"validation. Measured, that took {tot['meas']:.1f} minutes; at the floor it is {tot['floor']:.1f} "
+                f"core-minutes, {tot['floor'] / cores:.1f} minutes on the machine's {cores} cores, so the measured "
+                f"evaluation is {tot['meas'] / max(tot['floor'] / cores, 1e-9):.1f}× its floor.")
+        if compute_ok and tot["compute"] > 0:
+            text += (f" The evaluator itself runs at {tot['compute'] / max(tot['floor'], 1e-9):.0%} of the "
+                     f"matrix-multiply rate: a perfect one would need {tot['compute'] / cores:.1f} minutes.")
+        if zoo_minutes is not None:
+            need = zoo_minutes / cores + (other_minutes or 0.0) + tot["floor"] / cores
+            text += (f" With the zoos' {zoo_minutes:.0f} minutes of training spread over {cores} cores "
+                     f"({zoo_minutes / cores:.0f} min) and the chapters' other work as measured "
+                     f"({other_minutes or 0.0:.0f} min), a reproduction at today's protocol with evaluation at its "
+                     f"floor takes about {need:.0f} minutes, against the goal of {GOAL_MINUTES:.0f}"
+                     + (": the goal needs the zoos or the chapters' own experiments to get cheaper too, "
+                        "not only evaluation." if need > GOAL_MINUTES else "."))
+        lines += ["", text]
+    return lines
+
+
 def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]],
                  merges: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-                 zoo: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+                 zoo: Mapping[str, Mapping[str, Any]] | None = None,
+                 work: Mapping[tuple[str, str], Mapping[str, Mapping[str, int]] | None] | None = None,
+                 speed: Mapping[str, Mapping[str, float]] | None = None) -> list[str]:
     """Markdown lines "Where the time goes": the profile of the last reproduction.
 
     A row per chapter and run (the chapter, its testbed below it): wall and CPU minutes of its
@@ -240,7 +446,8 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
     minutes merging (filter included), minutes choosing α and testing, and the rest (the
     chapter's own experiments, loading). ``zoo``: per
     testbed, ``{"kinds": {kind: {"models": n, "minutes": m}}}`` (the zoo's training records).
-    [] when nothing has been timed."""
+    ``work`` (:func:`evaluation_work` per ``(chapter, run)``) and ``speed`` (:func:`eval_speed`):
+    the evaluation floor (:func:`floor_lines`) after them. [] when nothing has been timed."""
     merges = merges or {}
     rows = []
     for (chapter, run), st in states.items():
@@ -293,6 +500,12 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
                 table.append(f"| {testbed} | {kind} | {k.get('models', 0)} | {_min(k.get('minutes'))} |")
         table.append(f"| **all zoos** | | | **{total:.1f}** |")
         lines += _table(table)
+    if work:
+        zoo_minutes = sum(float(k.get("minutes") or 0.0) for z in (zoo or {}).values()
+                          for k in (z.get("kinds") or {}).values()) if zoo else None
+        measured = {k: float(v["eval_minutes"]) for k, v in merges.items() if "eval_minutes" in v}
+        lines += floor_lines(titles, work, speed or {}, measured, zoo_minutes,
+                             max(tot["wall"] - tot["e"], 0.0) if rows else None)
     return lines
 
 
