@@ -252,6 +252,8 @@ def part_options(args, ctx) -> list[dict]:
                ("bfloat16 autocast, channels_last (not exact)", lambda: BF16(build(True)), xcl, 256)]
     if not args.no_compile:
         options.append(("torch.compile (inductor), channels_last", compiled, xcl, 256))
+    if args.options:  # the baseline always runs first: every ratio is against it, in this run
+        options = options[:1] + [o for o in options[1:] if any(k in o[0] for k in args.options)]
     ref = None
     out = []
     for name, make, inp, bs in options:
@@ -299,6 +301,8 @@ def main(argv=None) -> int:
     p.add_argument("--lite0-suite", default="8")
     p.add_argument("--minilm-suite", default="8")
     p.add_argument("--no-compile", action="store_true", help="options: skip torch.compile")
+    p.add_argument("--options", nargs="+", default=None,
+                   help="options: only those whose name contains one of these words (and the baseline)")
     p.add_argument("--out", default=OUT)
     p.add_argument("--dry", action="store_true", help="print, write nothing")
     args = p.parse_args(argv)
