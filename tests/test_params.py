@@ -413,7 +413,7 @@ def test_runner_selects_one_run_of_a_chapter(capsys):
     assert rn.main(["--only", "minilm/01", "--status"]) == 2
     assert "variant 'minilm' of default.yaml does not run 01_method" in capsys.readouterr().err
     assert rn.main(["--only", "minilm/05", "--needs"]) == 0
-    assert capsys.readouterr().out.split() == ["data", "zoo"]
+    assert capsys.readouterr().out.split() == ["data-minilm", "zoo-minilm"]
 
 
 def test_runner_value_rules_use_the_registries_and_other_parameters(capsys):
