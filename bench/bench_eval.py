@@ -88,6 +88,18 @@ def _flops(fn) -> int:
     return int(fc.get_total_flops())
 
 
+def _throughput(args, testbed: str, params: dict, n: int, timing: tuple[float, float, float], flops: int,
+                **extra) -> dict:
+    """The ``eval_throughput`` record of ``n`` examples evaluated in ``timing`` (:func:`_time`) at
+    ``flops`` in all; ``extra`` metrics go after the example rates."""
+    dt, cpu, ratio = timing
+    return records.make_record("eval_throughput", params=dict(testbed=testbed, **params), seed=None, part=testbed,
+                               metrics=dict(examples=n, seconds=dt, cpu_seconds=cpu, examples_per_s=n / dt,
+                                            examples_per_cpu_s=n / cpu, **extra, flops_per_example=flops / n,
+                                            flops_per_s=flops / dt, flops_per_cpu_s=flops / cpu,
+                                            cpu_over_wall=ratio), **_common(args))
+
+
 # ------------------------------------------------------------------------------------ Lite0
 def _lite0_setup(args):
     from pactlib.data.store import load_task
@@ -113,13 +125,8 @@ def part_lite0(args, ctx) -> list[dict]:
     ctx["lite0_flops"] = flops / n
     print(f"lite0 evaluate: {n} examples in {dt:.2f}s = {n / dt:.0f} ex/s, {flops / n / 1e6:.1f} MFLOP/ex, "
           f"{flops / dt / 1e9:.2f} GFLOP/s (cpu/wall {ratio:.2f})")
-    return [records.make_record("eval_throughput", params=dict(testbed="lite0", resolution=32, batch=256,
-                                                               suite=args.lite0_suite, per_task=args.per_task),
-                                seed=None, part="lite0",
-                                metrics=dict(examples=n, seconds=dt, cpu_seconds=cpu, examples_per_s=n / dt,
-                                             examples_per_cpu_s=n / cpu, flops_per_example=flops / n,
-                                             flops_per_s=flops / dt, flops_per_cpu_s=flops / cpu,
-                                             cpu_over_wall=ratio), **_common(args))]
+    return [_throughput(args, "lite0", dict(resolution=32, batch=256, suite=args.lite0_suite, per_task=args.per_task),
+                        n, (dt, cpu, ratio), flops)]
 
 
 # ------------------------------------------------------------------------------------ MiniLM
@@ -145,13 +152,8 @@ def part_minilm(args, ctx) -> list[dict]:
         flops = _flops(lambda: encode(model, x, 128))
     print(f"minilm evaluate: {n} texts (mean {mean_tokens:.1f} tokens) in {dt:.2f}s = {n / dt:.0f} ex/s, "
           f"{flops / n / 1e6:.1f} MFLOP/ex, {flops / dt / 1e9:.2f} GFLOP/s (cpu/wall {ratio:.2f})")
-    return [records.make_record("eval_throughput", params=dict(testbed="minilm", max_tokens=32, batch=128,
-                                                               suite=args.minilm_suite, per_task=args.per_task),
-                                seed=None, part="minilm",
-                                metrics=dict(examples=n, seconds=dt, cpu_seconds=cpu, examples_per_s=n / dt,
-                                             examples_per_cpu_s=n / cpu, mean_tokens=mean_tokens,
-                                             flops_per_example=flops / n, flops_per_s=flops / dt,
-                                             flops_per_cpu_s=flops / cpu, cpu_over_wall=ratio), **_common(args))]
+    return [_throughput(args, "minilm", dict(max_tokens=32, batch=128, suite=args.minilm_suite, per_task=args.per_task),
+                        n, (dt, cpu, ratio), flops, mean_tokens=mean_tokens)]
 
 
 # ------------------------------------------------------------------------------------ GEMM
