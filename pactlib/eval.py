@@ -10,7 +10,8 @@
   vision towers (paper scale): one merged tower, one zero-shot head per task.
 
 Speed: the backbone module is built once per resolution and reused (weights are loaded into it
-with ``load_state_dict``), and preprocessed images are cached per task split (keyed by the
+with ``load_state_dict``), every BatchNorm is folded into its convolution before the forward
+passes (:func:`fold_batchnorm`), and preprocessed images are cached per task split (keyed by the
 identity of the ``TaskData.images`` tensor, so a reloaded split is preprocessed again).
 
 Book: chapter "Evaluation protocol"; every results chapter calls :func:`select_alpha`.
@@ -71,17 +72,59 @@ def features(backbone_state_dict: Mapping[str, Tensor], x: Tensor, *, resolution
     Raises:
         RuntimeError: the state dict misses or adds keys, or a shape differs.
     """
-    model = _load(backbone_state_dict, resolution)
+    model = _load(backbone_state_dict, resolution, fold=False)
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
 
 
-def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int):
-    # channels_last: the depthwise/pointwise convolutions of Lite0 run faster on CPU in this
-    # layout (chosen by timing evaluation both ways; no record is kept, so re-time before relying
-    # on it elsewhere); the values loaded are the same, only their memory layout differs.
-    model = backbone_for(resolution).to(memory_format=torch.channels_last)
-    model.load_state_dict(dict(backbone_state_dict), strict=True)
+#: (convolution, BatchNorm) attribute pairs of the Lite0 backbone (efficientnet_lite_pytorch): the
+#: stem and the head on the model, up to three per MBConv block. Every BatchNorm follows its
+#: convolution directly, so each pair folds into one convolution with a bias.
+_TOP_PAIRS = (("_conv_stem", "_bn0"), ("_conv_head", "_bn1"))
+_BLOCK_PAIRS = (("_expand_conv", "_bn0"), ("_depthwise_conv", "_bn1"), ("_project_conv", "_bn2"))
+
+
+def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of an eval-mode Lite0 backbone with every BatchNorm folded into the convolution
+    before it (``torch.nn.utils.fusion.fuse_conv_bn_eval``; the BatchNorm becomes ``Identity``).
+
+    The copy computes the same function in exact arithmetic (eval-mode BatchNorm is affine); in
+    float32 its features differ from the model's by rounding only. ``model`` is not changed.
+
+    Raises:
+        ValueError: ``model`` is in training mode, or a convolution has no BatchNorm to fold.
+    """
+    import copy
+
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    if model.training:
+        raise ValueError("fold_batchnorm: the model must be in eval mode (BatchNorm uses running statistics)")
+    model = copy.deepcopy(model)
+    owners = [(model, _TOP_PAIRS)] + [(block, _BLOCK_PAIRS) for block in model._blocks]
+    for owner, pairs in owners:
+        for conv, bn in pairs:
+            if hasattr(owner, conv):
+                setattr(owner, conv, fuse_conv_bn_eval(getattr(owner, conv), getattr(owner, bn)))
+                setattr(owner, bn, torch.nn.Identity())
+    left = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if left:
+        raise ValueError(f"fold_batchnorm: BatchNorm layers without a convolution to fold into: {left}")
     return model
+
+
+def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int, *, fold: bool = True):
+    # The weights go into the shared module (strict: keys and shapes are checked there). With
+    # ``fold``, every BatchNorm is then folded into its convolution (fold_batchnorm): the same
+    # function up to float32 rounding, fewer passes over the activations. channels_last: the
+    # depthwise/pointwise convolutions of Lite0 run faster on CPU in this layout. Both were
+    # chosen by timing side by side (bench/bench_eval.py, records in book/data/eval_speed.jsonl).
+    # :func:`features` (head fitting in the zoo) keeps the unfolded forward, so the zoo's heads
+    # depend on the training code only, not on how evaluation is sped up.
+    model = backbone_for(resolution)
+    model.load_state_dict(dict(backbone_state_dict), strict=True)
+    if not fold:
+        return model.to(memory_format=torch.channels_last)
+    return fold_batchnorm(model).to(memory_format=torch.channels_last)
 
 
 def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, resolution: int = 32,

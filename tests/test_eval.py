@@ -45,6 +45,41 @@ def _perfect_head(feats, C=3, seed=0):
     return head, head.logits(feats).argmax(1)
 
 
+# ----------------------------------------------------------------------------- BatchNorm folding
+def test_fold_batchnorm_is_the_same_function_and_leaves_the_model_alone(pre, images):
+    from pactlib.models.efficientnet import load_backbone
+
+    g = torch.Generator().manual_seed(1)
+    sd = dict(pre)
+    for k in [k for k in sd if k.endswith("running_mean") or k.endswith("running_var")]:
+        # running statistics far from (0, 1), so the folded scale and shift really matter
+        sd[k] = (torch.rand(sd[k].shape, generator=g) * 2 + 0.5) if k.endswith("var") else torch.randn(sd[k].shape, generator=g)
+    model = load_backbone(32, sd)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folded = E.fold_batchnorm(model)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == 49  # the original keeps its 49
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    x = preprocess(images, 32)
+    with torch.no_grad():
+        a, b = model(x), folded(x)
+    assert a.shape == b.shape == (8, 1280)
+    assert float((a - b).abs().max()) <= 1e-3 * float(a.abs().max())  # float32 rounding, through 17 blocks
+    model.train()
+    with pytest.raises(ValueError, match="eval mode"):
+        E.fold_batchnorm(model)
+
+
+def test_evaluation_folds_and_features_do_not(pre, images, feats):
+    x = preprocess(images, 32)
+    folded = E._load(pre, 32)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    with torch.no_grad():
+        f = folded(x)
+    assert float((f - feats).abs().max()) <= 1e-4 * float(feats.abs().max())
+    assert torch.equal(E.features(pre, x), feats)  # head fitting: the unfolded forward, bit for bit
+
+
 # ----------------------------------------------------------------------------- accuracy
 def test_accuracy_of_known_tiny_cases_is_exact(pre, images, feats):
     head, pred = _perfect_head(feats)
