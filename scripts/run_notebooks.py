@@ -340,7 +340,7 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool)
         path = RECORDS / store / "zoo.json"
         _write(path, json.dumps({**(records.read_json_object(path) or {}), **zoos}, indent=1, sort_keys=True) + "\n")
     runplan.run_parallel(functools.partial(compute, store=store, set_name=set_name), work, n, after=AFTER,
-                         on_start=start, on_done=done)
+                         on_start=start, on_done=done, cost=lambda job: last[job.id] or 0.0)
 
 
 def present_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool) -> None:

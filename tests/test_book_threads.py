@@ -173,3 +173,43 @@ def test_a_problem_of_the_set_itself_is_said_once(rn, tmp_path, capsys):
     (tmp_path / "top.yaml").write_text("threads: 4\n")
     assert rn.main(["--params", str(tmp_path / "top.yaml"), "--check-only"]) == 2
     assert capsys.readouterr().err.count("section 'threads' must be a mapping") == 1
+
+
+def _sleepy(item):
+    import time
+
+    time.sleep(item.seconds)
+    return item.name
+
+
+def test_run_parallel_starts_what_others_wait_for_then_the_longest(tmp_path):
+    from dataclasses import dataclass
+
+    from pactlib.book import runplan
+
+    @dataclass(frozen=True)
+    class Item:
+        name: str
+        seconds: float
+        variant: str | None = None
+
+        @property
+        def id(self):
+            return self.name
+
+        def sibling(self, chapter):
+            return chapter
+
+    items = [Item("a", 0.05), Item("b", 0.3), Item("c", 0.1), Item("d", 0.2), Item("e", 0.05)]
+    events = []
+    runplan.run_parallel(_sleepy, items, 2, after={"d": ("c",)}, on_start=lambda i: events.append(("start", i.name)),
+                         on_done=lambda i, v: events.append(("done", v)), cost=lambda i: i.seconds)
+    started = [n for e, n in events if e == "start"]
+    # c first (d waits for it), then b (longest); d only once c is done, then a and e in list order
+    assert started == ["c", "b", "d", "a", "e"]
+    assert events.index(("start", "d")) > events.index(("done", "c"))
+    assert sorted(n for e, n in events if e == "done") == list("abcde")
+    order = []
+    runplan.run_parallel(_sleepy, items[:3], 2, after={}, on_start=lambda i: order.append(i.name),
+                         on_done=lambda i, v: None)
+    assert order == ["a", "b", "c"]  # no cost: list order

@@ -529,11 +529,14 @@ def _call(token: int, i: int) -> tuple[Any, str | None]:
 
 
 def run_parallel(fn: Callable[[Any], Any], items: Sequence[Job], jobs: int, *, after: dict[str, Sequence[str]],
-                 on_start: Callable[[Any], None], on_done: Callable[[Any, Any], None]) -> None:
+                 on_start: Callable[[Any], None], on_done: Callable[[Any, Any], None],
+                 cost: Callable[[Any], float] | None = None) -> None:
     """Run ``fn(item)`` for every item, up to ``jobs`` at once in forked workers
     (``concurrent.futures.ProcessPoolExecutor``; in this process when ``jobs`` is 1). An item
-    waits for the items of its run that ``after`` names for its chapter, and an item others wait
-    for starts before the rest. After a failure no new item starts; the running ones finish.
+    waits for the items of its run that ``after`` names for its chapter; of the items ready to
+    start, one that others wait for goes first, then the one with the largest ``cost`` (e.g. its
+    last recorded minutes: longest first keeps the workers busy to the end), then list order.
+    After a failure no new item starts; the running ones finish.
 
     Raises:
         RunError: every failure, one per line.
@@ -556,7 +559,8 @@ def run_parallel(fn: Callable[[Any], Any], items: Sequence[Job], jobs: int, *, a
                     if not ready:
                         break
                     blocking = set().union(*(waits[i] for i in pending))
-                    pending.remove(i := min(ready, key=lambda i: items[i].id not in blocking))
+                    pending.remove(i := min(ready, key=lambda i: (items[i].id not in blocking,
+                                                                  -(cost(items[i]) if cost else 0.0), i)))
                     on_start(items[i])
                     running[pool.submit(_call, token, i)] = i
                 if not running:
