@@ -68,7 +68,7 @@ from .checks import CheckpointError, check_alpha, check_compatible, check_device
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
                    open_checkpoint, output_lock, remove_stale_outputs)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
-from .merges.ties import GlobalThreshold, ties_kernel, trim_count
+from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
 from .threads import single_threaded
@@ -388,14 +388,15 @@ def return_freed_memory(threshold: int = 1 << 20, trim: int | None = None) -> bo
 def allocator_settings(method: str, pact: str | None, params: dict,
                        chunk_bytes: int = CHUNK_BYTES) -> tuple[int, int | None]:
     """``(threshold, trim)`` for :func:`return_freed_memory` in a streamed merge of ``method`` with
-    ``params``. When every buffer of the merge is at most one chunk's (T, rows, …) stack (an
-    entry-wise method or TIES with ``scope="global"``, without PACT: the same buffers, chunk after
-    chunk): a map threshold of twice ``chunk_bytes`` and a trim threshold of one chunk (the heap
-    keeps that much freed memory for the next chunk's buffers), so they are reused from the heap.
-    Else (layer-sized buffers of every size): 1 MB and glibc's own trim, each buffer its own map,
+    ``params``. When the merge's buffers recur chunk after chunk (an entry-wise method, or TIES of
+    either scope, without PACT: one chunk's (T, rows, …) stack and its temporaries; TIES per key
+    also keeps a few one-task buffers of the largest key, allocated once, :func:`ties_key`): a
+    map threshold of twice ``chunk_bytes`` and a trim threshold of one chunk (the heap keeps that
+    much freed memory for the next chunk's buffers), so they are reused from the heap. Else
+    (layer-sized buffers of every size): 1 MB and glibc's own trim, each buffer its own map,
     unmapped when freed."""
     m = merges.get(method)
-    chunked = m.elementwise or (m.name == "ties" and not m.is_per_key({**m.params, **params}))
+    chunked = m.elementwise or m.name == "ties"
     return (2 * chunk_bytes, chunk_bytes) if chunked and pact is None else (1 << 20, None)
 
 
@@ -455,8 +456,9 @@ def check_method_values(m: merges.MergeMethod, rule: MatrixRule, params: dict, d
     m([TaskVector._wrap({"probe": torch.ones(1, dtype=dtype)}, "probe")], rule=rule, **params)
 
 
-def observe_stack(gt: GlobalThreshold, stack: Tensor) -> None:
-    """Count one (T, …) stack of chunks (row t: a chunk of Δt, on any device) in ``gt``'s pass.
+def observe_stack(gt: GlobalThreshold, stack: Tensor, *, work: dict | None = None) -> None:
+    """Count one (T, …) stack of chunks (row t: a chunk of Δt, on any device) in ``gt``'s pass
+    (``work``: the counting's buffers, kept by the caller: :meth:`GlobalThreshold.observe`).
 
     Raises:
         ValueError: the first dimension of ``stack`` is not ``gt.tasks``.
@@ -465,16 +467,18 @@ def observe_stack(gt: GlobalThreshold, stack: Tensor) -> None:
         raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
     stack = stack.cpu()
     for t in range(gt.tasks):
-        gt.observe(t, stack[t])
+        gt.observe(t, stack[t], work=work)
 
 
-def find_thresholds(gt: GlobalThreshold, passes: Callable[[bool], Iterable[Tensor]]) -> GlobalThreshold:
+def find_thresholds(gt: GlobalThreshold, passes: Callable[[bool], Iterable[Tensor]], *,
+                    work: dict | None = None) -> GlobalThreshold:
     """Finish ``gt``: every task's TIES trim threshold (M2, ``scope="global"``) and tie count.
 
     ``passes(first)`` yields (T, …) stacks (row t: a chunk of Δt) that together cover every entry
     of every task vector not counted yet, once, in any order; it is called once per remaining pass
     (2 for float32, 4 for float64), ``first`` True on the first call (e.g. to check the values, or
-    skip layers already counted with :func:`observe_stack`, only then). Memory: one stack at a time.
+    skip layers already counted with :func:`observe_stack`, only then). Memory: one stack at a time
+    (and ``work``'s buffers: :func:`observe_stack`).
 
     Returns:
         ``gt``, with ``gt.done``.
@@ -485,18 +489,19 @@ def find_thresholds(gt: GlobalThreshold, passes: Callable[[bool], Iterable[Tenso
     first = True
     while not gt.done:
         for stack in passes(first):
-            observe_stack(gt, stack)
+            observe_stack(gt, stack, work=work)
         gt.end_pass()
         first = False
     return gt
 
 
-def trim_stack(gt: GlobalThreshold, stack: Tensor, *, out: Tensor | None = None) -> Tensor:
+def trim_stack(gt: GlobalThreshold, stack: Tensor, *, out: Tensor | None = None, work: dict | None = None) -> Tensor:
     """The trimmed (T, …) stack Δt · mask_t of the next chunk of every task: chunks must come in
     the in-memory position order (keys in order, rows in order), as
     :meth:`~pactlib.merges.ties.GlobalThreshold.mask`; what the in-memory TIES computes as
     ``flat * mask`` (M2). A CPU tensor of ``stack``'s shape and dtype: ``out`` when given (which
-    may be ``stack`` itself: trimmed in place), else a new one.
+    may be ``stack`` itself: trimmed in place), else a new one. ``work``: the masks' buffers,
+    kept by the caller from chunk to chunk (:meth:`~pactlib.merges.ties.GlobalThreshold.mask`).
 
     Raises:
         RuntimeError: the passes are not finished. ValueError: the first dimension is not T.
@@ -505,7 +510,7 @@ def trim_stack(gt: GlobalThreshold, stack: Tensor, *, out: Tensor | None = None)
         raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
     out = torch.empty_like(stack) if out is None else out
     for t in range(gt.tasks):
-        torch.mul(stack[t], gt.mask(t, stack[t]), out=out[t])
+        torch.mul(stack[t], gt.mask(t, stack[t], work=work), out=out[t])
     return out
 
 
@@ -655,10 +660,23 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
     # a reducer holds no (T, rows, …) stack but about eight one-task buffers of the rows (θ0's rows,
     # the read buffer, Δt, the running sum, the update, …): its rows take an eighth of the budget each
     budget = max(1, chunk_bytes * T // 8) if reduced else chunk_bytes
+    ties = m.name == "ties"  # per key here: trimmed and elected in chunks (ties_key)
+    local = threading.local()  # each worker's buffers, reused from key to key
 
     def job(key: str):
         if key not in inputs.floats:
             return [inputs.pre.read(key)], None
+        if ties:
+            work = local.__dict__.setdefault("work", {})
+            k = float(mparams.get("k", m.params["k"]))
+            if key not in selected:
+                return ties_key(inputs, key, k=k, alpha=alpha, chunk_bytes=chunk_bytes, checks=checks, work=work), None
+            p, stack = inputs.deltas(key)
+            checks.update(stack)  # on the unfiltered deltas, as the in-memory path
+            stack, res = filter_stack(key, p, stack if dev is None else stack.to(dev), mode=pact, options=options,
+                                      rule=rule, dev=dev)
+            return (ties_key(inputs, key, k=k, alpha=alpha, chunk_bytes=chunk_bytes, checks=None, work=work,
+                             stack=stack.cpu(), pre=p), res[0] if res is not None else None)
         outs, lr = [], None
         for rows in inputs.rows(key, m.elementwise and key not in selected, budget):
             if reduced:  # tasks read one at a time into the method's reducer: no (T, m, n) stack
@@ -690,6 +708,92 @@ def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, sel
             writer.write(key, o)
 
     consume_in_order(job, inputs.pre.keys(), workers, consume)
+
+
+def ties_key(inputs: DeltaReader, key: str, *, k: float, alpha: float, chunk_bytes: int, checks: _TaskChecks | None,
+             work: dict, stack: Tensor | None = None, pre: Tensor | None = None) -> list[Tensor]:
+    """θ0 + α·D for one key of TIES with ``scope="per_key"`` (M2), in consecutive chunks of rows
+    (what :func:`pactlib.merges.ties.ties` computes on that key, bit for bit).
+
+    Each task's trim threshold (the ``keep``-th largest |Δt| of the key, ``keep`` =
+    :func:`~pactlib.merges.ties.trim_count`, and how many entries tied with it are kept, the first
+    by position) is found by radix selection (:class:`~pactlib.merges.ties.GlobalThreshold`) on
+    that task's Δt of the key, read whole, one task at a time; then the key is read again in
+    chunks of rows whose (T, rows, …) stack is about ``chunk_bytes / 4``, each trimmed, elected
+    and averaged (:func:`trim_stack`, :func:`~pactlib.merges.ties.ties_kernel`). A key whose
+    whole stack fits in one chunk is read once. So every input is read at most twice, with
+    ``pread`` into buffers kept in ``work`` (a dict the caller keeps from key to key), and memory
+    is a few copies of the key and one chunk's stack, whatever T.
+
+    Args:
+        inputs: θ0 and the θt. key: a floating key of θ0.
+        k: TIES' trim percentage. alpha: α.
+        checks: fed the deltas as read (all-zero and identical task vectors); None: not fed.
+        stack: the key's (T, …) stack of deltas already in memory (e.g. PACT-filtered; trimmed in
+            place), with ``pre``, θ0's entry: nothing is read.
+
+    Returns:
+        θ0 + α·D of the key in θ0's dtype, as its consecutive chunks of rows.
+
+    Raises:
+        CheckpointError: NaN / Inf in a checkpoint (file and key). MergeOverflowError: as
+            :func:`apply_update`.
+    """
+    T, shape, dtype = inputs.T, inputs.pre.shape(key), inputs.dtype
+    n = math.prod(shape)
+    keep = trim_count(n, k) if n else 0
+
+    def thresholds(delta: Callable[[int], Tensor]) -> GlobalThreshold:
+        parts = []
+        for t in range(T):
+            x = delta(t)
+            g = GlobalThreshold(1, keep, dtype)
+            while not g.done:
+                g.observe(0, x, work=work)
+                g.end_pass()
+            parts.append(g)
+        return GlobalThreshold.join(parts)
+
+    def merged(p: Tensor, st: Tensor, gt: GlobalThreshold) -> Tensor:
+        trimmed = trim_stack(gt, st, out=st, work=work)  # = Δt * trim_mask(Δt) in memory
+        return apply_update(key, p, ties_kernel(trimmed, work=work), alpha)
+
+    def stack_buffer(rows) -> Tensor:
+        out = inputs.stack_buffer(key, rows, work.get("stack"))
+        if work.get("stack") is None or out.numel() > work["stack"].numel():
+            work["stack"] = out.view(-1)
+        return out
+
+    if stack is not None:
+        return [merged(pre, stack, thresholds(lambda t: stack[t]))]
+    chunks = inputs.rows(key, True, max(1, chunk_bytes // 4))  # ties_kernel's work space: a few stacks
+    if chunks == [None]:  # the whole (T, …) stack fits in a chunk: read once
+        p, st = inputs.deltas(key, out=stack_buffer(None))
+        if checks is not None:
+            checks.update(st)
+        return [merged(p, st, thresholds(lambda t: st[t]))]
+    # each task's Δt of the key, whole, one at a time: its threshold
+    e = inputs.pre.entry(key)
+    p = inputs.pre.read(key, out=scratch(work, "pre", n, e.dtype).view(shape))
+    check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
+    pre_c = p.to(dtype)
+    probe = checks.probe() if checks is not None else None
+
+    def delta(t: int) -> Tensor:
+        d = inputs.delta(key, t, pre=pre_c, out=scratch(work, "delta", n, dtype).view(shape))
+        if probe is not None:
+            probe.add(t, d)
+        return d
+
+    gt = thresholds(delta)
+    if probe is not None:
+        probe.commit()
+    del p, pre_c
+    outs = []
+    for rows in chunks:  # then the key again in chunks of rows: trim, elect, mean
+        p, st = inputs.deltas(key, rows, check=False, out=stack_buffer(rows))
+        outs.append(merged(p, st, gt))
+    return outs
 
 
 def _spill_prefix(out: Path) -> str:
@@ -776,9 +880,9 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 for rows in inputs.rows(key, True, chunk_bytes):
                     yield stack(key, rows, first)[1]
 
-        work: dict = {}  # ties_kernel's temporaries, reused chunk after chunk
+        work: dict = {}  # the counting's, the masks' and ties_kernel's temporaries, reused chunk after chunk
         with single_threaded():
-            find_thresholds(gt, passes)
+            find_thresholds(gt, passes, work=work)
             for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
                 if key not in inputs.floats:
                     writer.write(key, inputs.pre.read(key))
@@ -787,7 +891,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                     p, st = stack(key, rows, False)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    trimmed = trim_stack(gt, st, out=st)  # = flat * mask in memory
+                    trimmed = trim_stack(gt, st, out=st, work=work)  # = flat * mask in memory
                     writer.write(key, apply_update(key, p, ties_kernel(trimmed, work=work), alpha))
                     del trimmed, st, p
     finally:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from pactlib.checks import CheckpointError
 from pactlib.lazy import open_checkpoint
@@ -107,13 +107,13 @@ def test_ties_kernel_workspace_is_bit_identical(dtype):
 
 
 def test_allocator_settings():
-    """Chunked paths (Task Arithmetic; TIES global, no PACT) reuse chunk-sized buffers from the
-    heap; every other path keeps each large buffer its own map (1 MB)."""
+    """Chunked paths (Task Arithmetic; TIES of either scope, no PACT) reuse chunk-sized buffers
+    from the heap; every other path keeps each large buffer its own map (1 MB)."""
     chunked = (2 * CHUNK_BYTES, CHUNK_BYTES)
     assert allocator_settings("task_arithmetic", None, {}) == chunked
     assert allocator_settings("ties", None, {}) == chunked
     assert allocator_settings("ties", None, {"scope": "global", "k": 10}) == chunked
-    assert allocator_settings("ties", None, {"scope": "per_key"}) == (1 << 20, None)
+    assert allocator_settings("ties", None, {"scope": "per_key"}) == chunked
     assert allocator_settings("ties", "pact", {}) == (1 << 20, None)
     assert allocator_settings("task_arithmetic", "s-pact", {}) == (1 << 20, None)
     for m in ("tsv_m", "iso_c", "iso_cts"):
@@ -143,3 +143,104 @@ def test_many_shards_keep_few_descriptors(tmp_path, monkeypatch):
             assert len(ck._fds) <= 3
     ck.close()
     assert not ck._fds
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_threshold_counting_with_work_buffers_is_the_same(dtype):
+    """GlobalThreshold.observe / mask with reused buffers count and keep exactly what they do
+    without (chunks of changing size, many tied magnitudes, zeros, the largest magnitudes near
+    the top of the bit range); join of one-task thresholds masks as the T-task one."""
+    from pactlib.merges.ties import GlobalThreshold, trim_count, trim_mask
+
+    g = torch.Generator().manual_seed(8)
+    T, n = 3, 4000
+    x = (torch.randint(-30, 31, (T, n), generator=g) / 8).to(dtype)
+    x[0, :50] = torch.finfo(dtype).max  # the highest digit of |x| (no sign bit): 0x7f7f / 0x7fef
+    x[2, 7:900] = 0.0
+    cuts = [0, 1, 333, 334, 2500, n]
+    for k in (0.5, 20.0, 77.0):
+        plain, buffered, work = GlobalThreshold(T, trim_count(n, k), dtype), GlobalThreshold(T, trim_count(n, k), dtype), {}
+        parts = [GlobalThreshold(1, trim_count(n, k), dtype) for _ in range(T)]
+        while not plain.done:
+            for t in range(T):
+                for a, b in zip(cuts, cuts[1:]):
+                    plain.observe(t, x[t, a:b])
+                    buffered.observe(t, x[t, a:b], work=work)
+                parts[t].observe(0, x[t], work=work)
+                parts[t].end_pass()
+            assert torch.equal(plain.hist, buffered.hist)
+            plain.end_pass()
+            buffered.end_pass()
+        joined = GlobalThreshold.join(parts)
+        for t in range(T):
+            want = trim_mask(x[t], k)
+            for gt, w in ((plain, None), (buffered, work), (joined, {})):
+                got = torch.cat([gt.mask(t, x[t, a:b], work=w).clone() for a, b in zip(cuts, cuts[1:])])
+                assert torch.equal(got, want), (k, t)
+    with pytest.raises(ValueError, match="finished one-task"):
+        GlobalThreshold.join([GlobalThreshold(1, 3, torch.float32)])
+    with pytest.raises(ValueError, match="finished one-task"):
+        GlobalThreshold.join([])
+
+
+def _ties_files(tmp_path, dtype=torch.float32, T=4):
+    """θ0 and T fine-tuned files whose even tasks have quantized deltas (thousands of tied
+    magnitudes at the trim thresholds), with a large key, an empty one, a 0-d one and an int one."""
+    g = torch.Generator().manual_seed(9)
+    shapes = {"emb.weight": (300, 16), "q.weight": (16, 16), "norm.weight": (16,), "empty.weight": (0, 4),
+              "scale": (), "head.weight": (40, 16)}
+    pre = {k: (torch.randn(s, generator=g) * 0.02).to(dtype) for k, s in shapes.items()}
+    pre["ids"] = torch.arange(5)
+    fts = []
+    for t in range(T):
+        ft = dict(pre)
+        for k, s in shapes.items():
+            d = torch.randn(s, generator=g, dtype=torch.float64) * 1e-3
+            ft[k] = (pre[k].double() + (torch.round(d * 3000) / 3000 if t % 2 == 0 else d)).to(dtype)
+        fts.append(ft)
+    save_file(pre, tmp_path / "pre.safetensors")
+    for t, ft in enumerate(fts):
+        save_file(ft, tmp_path / f"ft{t}.safetensors")
+    return pre, fts, str(tmp_path / "pre.safetensors"), [str(tmp_path / f"ft{t}.safetensors") for t in range(T)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_per_key_ties_streams_each_key_in_chunks_read_at_most_twice(tmp_path, monkeypatch, dtype):
+    """TIES with scope="per_key": the in-memory merge bit for bit, for chunk budgets from a few
+    rows to the whole model and one or two workers; a key whose (T, …) stack exceeds a chunk is
+    never read as a whole stack, and no θt key is read more than twice."""
+    import pactlib
+    from pactlib.lazy import LazyCheckpoint
+
+    pre, fts, p0, ps = _ties_files(tmp_path, dtype)
+    reads: list = []
+    original = LazyCheckpoint.read
+
+    def counted(self, key, rows=None, **kw):
+        reads.append((self.name, key, rows))
+        return original(self, key, rows, **kw)
+
+    monkeypatch.setattr(LazyCheckpoint, "read", counted)
+    for k in (20.0, 35.0):
+        want = pactlib.merge("ties", pre, fts, alpha=0.4, k=k, scope="per_key")
+        for chunk, workers in ((256, 1), (256, 2), (4096, 1), (CHUNK_BYTES, 2)):
+            reads.clear()
+            out = tmp_path / f"m-{chunk}-{workers}.safetensors"
+            pactlib.merge_files("ties", p0, ps, out, alpha=0.4, k=k, scope="per_key", chunk_bytes=chunk,
+                                workers=workers)
+            got = load_file(str(out))
+            for key in want:
+                assert torch.equal(_bits(got[key]), _bits(want[key])), (k, chunk, workers, key)
+            rows_read: dict = {}  # (file, key) -> rows read in all (a whole key: all its rows)
+            for name, key, rows in reads:
+                n = (pre[key].shape[0] if pre[key].dim() else 1) if rows is None else rows[1] - rows[0]
+                rows_read[(name, key)] = rows_read.get((name, key), 0) + n
+            for (name, key), n in rows_read.items():
+                whole = pre[key].shape[0] if pre[key].dim() else 1
+                assert n <= 2 * whole, (name, key, n)  # the threshold read (whole) and the merge read (chunks)
+                if chunk == CHUNK_BYTES and name in ps:  # every key's stack fits in a chunk: read once
+                    assert n == whole, (name, key, n)
+            emb = [rows for name, key, rows in reads if key == "emb.weight" and name == ps[0]]
+            if chunk == 256:  # a (T, 300, 16) stack far over a chunk: whole once (one task), then rows
+                assert emb.count(None) == 1 and len(emb) > 10
+

@@ -4,7 +4,7 @@ Yadav et al., "TIES-Merging: Resolving Interference When Merging Models", NeurIP
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -93,17 +93,54 @@ class GlobalThreshold:
     def done(self) -> bool:
         return self.shift < 0
 
-    def _bits(self, values: Tensor) -> Tensor:
-        return values.detach().abs().reshape(-1).contiguous().view(self.int_dtype)
+    def _bits(self, values: Tensor, work: dict | None = None) -> Tensor:
+        """The bit patterns of |values|, flattened: a new tensor, or one of ``work``'s buffers."""
+        if work is None:
+            return values.detach().abs().reshape(-1).contiguous().view(self.int_dtype)
+        flat = values.detach().reshape(-1)
+        return torch.abs(flat, out=scratch(work, "abs", flat.numel(), flat.dtype)).view(self.int_dtype)
 
-    def observe(self, t: int, values: Tensor) -> None:
-        """Count one chunk of task t's entries in this pass's histogram."""
-        b = self._bits(values)
+    def observe(self, t: int, values: Tensor, *, work: dict | None = None) -> None:
+        """Count one chunk of task t's entries in this pass's histogram.
+
+        ``work``: a dict the caller keeps from call to call; the chunk-sized temporaries then
+        live in its buffers (the same counts)."""
+        b = self._bits(values, work)
         top = self.shift + self.DIGIT
-        if top < self.bits:
-            b = b[(b >> top) == self.prefix[t]]
-        digit = (b >> self.shift) & ((1 << self.DIGIT) - 1)
+        if top < self.bits:  # only the entries whose higher digits are v_t's so far
+            if work is None:
+                b = b[(b >> top) == self.prefix[t]]
+            else:  # prefix·2^top <= b < (prefix + 1)·2^top, without an integer temporary
+                n = b.numel()
+                same = torch.ge(b, self.prefix[t] << top, out=scratch(work, "same", n, torch.bool))
+                if (self.prefix[t] + 1) << top < 1 << (self.bits - 1):  # else every b is below it
+                    same &= torch.lt(b, (self.prefix[t] + 1) << top, out=scratch(work, "below", n, torch.bool))
+                b = b[same]
+            digit = (b >> self.shift) & ((1 << self.DIGIT) - 1)
+        elif work is None:  # the top digit (|x| has no sign bit): a shift alone
+            digit = b >> self.shift
+        else:
+            digit = torch.bitwise_right_shift(b, self.shift, out=b)  # b is work's buffer: shifted in place
         self.hist[t] += torch.bincount(digit, minlength=1 << self.DIGIT)
+
+    @classmethod
+    def join(cls, parts: Sequence["GlobalThreshold"]) -> "GlobalThreshold":
+        """One finished threshold of T tasks from T finished one-task thresholds (task t's from
+        ``parts[t]``): the per-key TIES of the streamed merge finds each task's threshold on its
+        own (:mod:`pactlib.streaming`), then masks the (T, …) chunks of the key with the joint one.
+
+        Raises:
+            ValueError: no parts, a part not finished or of more than one task, mixed dtypes.
+        """
+        if not parts or any(p.tasks != 1 or not p.done or p.bits != parts[0].bits for p in parts):
+            raise ValueError("GlobalThreshold.join: needs finished one-task thresholds of one dtype")
+        out = cls(len(parts), 0, torch.float32 if parts[0].bits == 32 else torch.float64)
+        out.hist = torch.zeros(0, dtype=torch.int64)
+        out.shift = parts[0].shift
+        out.prefix = [p.prefix[0] for p in parts]
+        out.rank = [p.rank[0] for p in parts]
+        out.above = [p.above[0] for p in parts]
+        return out
 
     def end_pass(self) -> None:
         """Fix one more digit of every task's threshold from this pass's histogram."""
@@ -125,20 +162,34 @@ class GlobalThreshold:
         return torch.tensor(self.prefix[t], dtype=self.int_dtype).view(
             torch.float32 if self.bits == 32 else torch.float64)
 
-    def mask(self, t: int, values: Tensor) -> Tensor:
-        """The trim mask of the next chunk of task t (chunks must come in position order)."""
+    def mask(self, t: int, values: Tensor, *, work: dict | None = None) -> Tensor:
+        """The trim mask of the next chunk of task t (chunks must come in position order).
+
+        ``work``: as :meth:`observe`; the mask then is a view of one of its buffers (valid until
+        the next call with it)."""
         if not self.done:
             raise RuntimeError("GlobalThreshold: passes not finished")
         if self._left is None:
             self._left = list(self.rank)  # entries equal to v_t still to keep
-        b = self._bits(values)
+        b = self._bits(values, work)
         v = self.prefix[t]
-        m = b > v
+        m = b > v if work is None else torch.gt(b, v, out=scratch(work, "mask", b.numel(), torch.bool))
         if self._left[t] > 0:
-            idx = torch.nonzero(b == v).reshape(-1)[: self._left[t]]
+            tied = b == v if work is None else torch.eq(b, v, out=scratch(work, "same", b.numel(), torch.bool))
+            idx = torch.nonzero(tied).reshape(-1)[: self._left[t]]
             m[idx] = True
             self._left[t] -= idx.numel()
         return m.reshape(values.shape)
+
+
+def scratch(work: dict, name: str, n: int, dtype: torch.dtype) -> Tensor:
+    """A 1-d tensor of ``n`` entries of ``dtype`` kept in ``work[name]`` from call to call (grown
+    when too small, on ``work["device"]`` if set, else the CPU): the temporaries of a loop over
+    chunks, allocated once."""
+    b = work.get(name)
+    if b is None or b.numel() < n or b.dtype != dtype:
+        b = work[name] = torch.empty(max(n, 1), dtype=dtype, device=work.get("device", "cpu"))
+    return b[:n]
 
 
 def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
