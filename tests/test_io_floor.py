@@ -244,3 +244,47 @@ def test_per_key_ties_streams_each_key_in_chunks_read_at_most_twice(tmp_path, mo
             if chunk == 256:  # a (T, 300, 16) stack far over a chunk: whole once (one task), then rows
                 assert emb.count(None) == 1 and len(emb) > 10
 
+
+def _bench():
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_io_floor", root / "bench" / "bench_io_floor.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_io_floor", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_floor_reads_every_input_and_records_the_readers_cpu(tmp_path):
+    """bench_io_floor's floor: cat's wall time plus the write's, and the pread reader's own user
+    and system time per phase (the floor's kernel time), nothing left behind."""
+    bench = _bench()
+    files = []
+    for i in range(3):
+        f = tmp_path / f"in{i}.bin"
+        f.write_bytes(bytes([i]) * (300_000 + i))
+        files.append(f)
+    fl = bench.floor(files, 200_000, tmp_path, block=65536)
+    assert fl["block_bytes"] == 65536 and fl["floor_s"] == pytest.approx(fl["read_s"] + fl["write_s"], abs=2e-3)
+    assert fl["floor_sys_s"] == pytest.approx(fl["read_sys_s"] + fl["write_sys_s"], abs=2e-3)
+    assert fl["floor_user_s"] == pytest.approx(fl["read_user_s"] + fl["write_user_s"], abs=2e-3)
+    assert min(fl[k] for k in ("read_s", "write_s", "pread_s", "floor_sys_s", "floor_user_s")) >= 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in0.bin", "in1.bin", "in2.bin"]
+
+
+def test_bench_merge_record_ratios_and_kernel_floor():
+    """A merge record's ratios from the process's rusage, the runner's phases and the floor: the
+    goal's ratio (whole process) and the merge phase's, and the floor's kernel time as a share of
+    the process's and of the merge phase's CPU time."""
+    bench = _bench()
+    r = {"wall_s": 8.0, "user_s": 5.0, "sys_s": 1.0, "peak_rss_mb": 900.0}
+    phases = {"import": [3.0, 3.5, 0.5, 70_000], "import_rss_mb": 800.0, "merge": [4.0, 1.5, 0.5, 1_000]}
+    fl = {"floor_s": 2.0, "floor_sys_s": 0.4}
+    rec = bench.merge_record(r, phases, fl)
+    assert (rec["cpu_s"], rec["wall_ratio"], rec["cpu_ratio"], rec["kernel_share"]) == (6.0, 4.0, 3.0, 0.167)
+    assert (rec["merge_wall_ratio"], rec["merge_cpu_s"], rec["merge_cpu_ratio"]) == (2.0, 2.0, 1.0)
+    assert (rec["merge_kernel_share"], rec["merge_rss_mb"], rec["import_cpu_s"]) == (0.25, 100.0, 4.0)
+    assert (rec["floor_kernel_share"], rec["merge_floor_kernel_share"], rec["kernel_excess_s"]) == (0.067, 0.2, 0.1)
+    assert "floor_kernel_share" not in bench.merge_record(r, phases, {"floor_s": 2.0})  # a floor without CPU
