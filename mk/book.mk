@@ -10,9 +10,11 @@
 #                                  verdicts from the records; compute cells shown, not run; stale or
 #                                  missing records say so at the chapter's top), render, check the HTML,
 #                                  and (PARAMS=default) the README's verdict table
-#   make reproduce [NB=05_main_results]   data + zoo as the chapters need them, then compute mode for
-#                                  every stale or missing chapter (or NB), resumable, with the time
-#                                  left; then present + render. ARGS="--force" recomputes current ones
+#   make reproduce [NB=05_main_results]   the data the chapters need, then compute mode for every stale
+#                                  or missing chapter (or NB), resumable, with the time left; the
+#                                  runner builds or completes the zoos they read as jobs of its pool
+#                                  (one family's zoo trains beside the other family's chapters);
+#                                  then present + render. ARGS="--force" recomputes current ones
 #   make chapter NB=05_main_results ARGS="-p alpha_points=5"   compute that chapter, then render.
 #                                  With -p the records go to book/records/_scratch/<set>/ and the book to
 #                                  _build/_scratch/<set>/: other parameters never overwrite a set's records
@@ -54,12 +56,12 @@ book: book-check
 
 reproduce: BOOK_ONLY = $(if $(NB),--only $(NB))
 reproduce: reproduce-check
-	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
+	@$(MAKE) --no-print-directory setup $(filter data%,$(BOOK_DEPS))
 	$(BOOK_RUN) --mode compute $(BOOK_ONLY) $(ARGS)
 
 chapter: BOOK_ONLY = --only $(NB)
 chapter: chapter-check
-	@$(MAKE) --no-print-directory setup $(BOOK_DEPS)
+	@$(MAKE) --no-print-directory setup $(filter data%,$(BOOK_DEPS))
 	$(BOOK_RUN) --mode compute --only $(NB) $(ARGS)
 
 publish:

@@ -312,17 +312,25 @@ def _tag(job: Job, jobs: list[Job]) -> str:
     return f"[{jobs.index(job) + 1:2d}/{len(jobs)}] {job.id:<{max(26, len(job.id))}}"
 
 
-def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool) -> None:
+def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool, zoos: bool = True) -> None:
     """Compute the chapters of ``jobs`` that are not current (all with ``force``), with a line per
-    chapter and the time left, estimated from each one's last recorded wall minutes."""
+    chapter and the time left, estimated from each one's last recorded wall minutes. With ``zoos``,
+    the model zoos those chapters read are built (or completed) first as jobs of the same pool
+    (:class:`pactlib.book.runplan.ZooJob`): a family's chapters wait for its zoo, the other family's
+    chapters run beside the build."""
     work = [j for j in jobs if force or j.reasons]
     for job in jobs:
         if job not in work:
             print(f"{_tag(job, jobs)} current", flush=True)
+    builds = runplan.zoo_jobs(work, default_threads(n)) if zoos else []
     last = {j.id: (provenance.read(records_dir(store, j)) or {}).get("wall_minutes") for j in work}
     left = {"min": sum(v for v in last.values() if v), "untimed": sum(1 for v in last.values() if not v)}
 
     def start(job: Job) -> None:
+        if isinstance(job, runplan.ZooJob):
+            print(f"[{job.id}] building or completing the zoo ({' '.join(job.command()[1:])}; {job.threads} thread(s); "
+                  f"finished runs are kept; log: {_rel(zoo_log(store, job))})", flush=True)
+            return
         est = f"{last[job.id]:.0f} min last time" if last[job.id] else "no estimate"
         togo = (f"~{left['min'] / n:.0f} min left" if left["min"] else "time left unknown") \
             + (f" + {left['untimed']} chapter(s) never timed" if left["untimed"] and left["min"] else "")
@@ -330,17 +338,38 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool)
               f"thread(s); {est}; {togo})", flush=True)
 
     def done(job: Job, prov: dict) -> None:
+        if isinstance(job, runplan.ZooJob):
+            print(f"[{job.id}] ready in {prov['wall_minutes']:.1f} min ({prov['cpu_minutes']:.1f} CPU min)", flush=True)
+            record_zoos(store)
+            return
         left["min"] -= last[job.id] or 0
         left["untimed"] -= 0 if last[job.id] else 1
         print(f"{_tag(job, jobs)} done in {prov['wall_minutes']:.1f} min ({prov['cpu_minutes']:.1f} CPU min) -> "
               f"{_rel(records_dir(store, job))}", flush=True)
 
-    zoos = provenance.zoo_profile(cache_dir())  # the zoos' training minutes, for the Verdicts page
+    def run(job):
+        return job.build(zoo_log(store, job)) if isinstance(job, runplan.ZooJob) else compute(job, store, set_name)
+
+    record_zoos(store)
+    ids = {b.family: b.id for b in builds}
+    runplan.run_parallel(run, [*builds, *work], n, after=AFTER, on_start=start, on_done=done,
+                         cost=lambda job: last.get(job.id) or 0.0,
+                         needs=lambda job: set() if isinstance(job, runplan.ZooJob)
+                         else {ids[f] for f in runplan.job_families(job) if f in ids})
+
+
+def zoo_log(store: str, job: "runplan.ZooJob") -> Path:
+    """Where a zoo build's output goes: ``book/_executed/<store>/zoo-<family>.log``."""
+    return EXECUTED / store / f"{job.id}.log"
+
+
+def record_zoos(store: str) -> None:
+    """Keep the zoos' training minutes (their runs' records in the cache) in
+    ``book/records/<store>/zoo.json``, for the Verdicts page."""
+    zoos = provenance.zoo_profile(cache_dir())
     if zoos:
         path = RECORDS / store / "zoo.json"
         _write(path, json.dumps({**(records.read_json_object(path) or {}), **zoos}, indent=1, sort_keys=True) + "\n")
-    runplan.run_parallel(functools.partial(compute, store=store, set_name=set_name), work, n, after=AFTER,
-                         on_start=start, on_done=done, cost=lambda job: last[job.id] or 0.0)
 
 
 def present_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool) -> None:

@@ -713,6 +713,50 @@ def test_parallel_execution_orders_dependents_and_reports_every_failure(tmp_path
 
 
 @pytest.mark.slow
+def test_chapters_wait_for_the_zoo_they_read_while_the_other_family_runs(tmp_path, store, monkeypatch):
+    """Compute mode builds the zoos as jobs of its pool: a Lite0 chapter starts after the Lite0 zoo
+    build, a MiniLM chapter after the MiniLM one and beside the Lite0 build; a failed build stops
+    its chapters and names its log."""
+    from pactlib.book import runplan
+
+    rn = store
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    body = ('# %% tags=["parameters"]\ntestbed = "{tb}"  # read by nothing\n\n# %%\nimport os, time\n'
+            'open(os.path.join({d!r}, "{n}.start"), "w").write(str(time.time()))\n')
+    srcs = []
+    for n, tb in (("lite", "lite0-8"), ("text", "minilm-8")):
+        srcs.append(tmp_path / f"{n}.py")
+        srcs[-1].write_text(body.format(d=str(stamps), n=n, tb=tb))
+    set_path = tmp_path / "set.yaml"
+    set_path.write_text(json.dumps({"common": {}, "lite": {}, "text": {}}))
+
+    def command(self):  # a stand-in build: Lite0's takes seconds, MiniLM's is already complete
+        wait = {"lite0": 6, "minilm": 0}[self.family]
+        return [sys.executable, "-c", f"import time, pathlib; print('building'); time.sleep({wait}); "
+                f"pathlib.Path({str(stamps)!r}, 'zoo-{self.family}.end').write_text(str(time.time()))"]
+
+    monkeypatch.setattr(runplan.ZooJob, "command", command)
+    jobs = rn.prepare(srcs, set_path, {})
+    assert [runplan.job_families(j) for j in jobs] == [{"lite0"}, {"minilm"}]
+    rn.assess(jobs, "t")
+    rn.compute_all(jobs, "t", "t", 2, False)
+    t = {p.name: float(p.read_text()) for p in stamps.iterdir()}
+    assert t["lite.start"] >= t["zoo-lite0.end"] and t["text.start"] >= t["zoo-minilm.end"]
+    assert t["text.start"] < t["zoo-lite0.end"]  # beside the Lite0 build, not after it
+    assert (tmp_path / "executed" / "t" / "zoo-lite0.log").read_text().strip() == "building"
+    assert runplan.zoo_jobs(jobs, 1) == [runplan.ZooJob("lite0", 1), runplan.ZooJob("minilm", 1)]
+    # a failed build: its family's chapters do not start, the error names the command and the log
+    monkeypatch.setattr(runplan.ZooJob, "command",
+                        lambda self: [sys.executable, "-c", "import sys; print('no data'); sys.exit(3)"])
+    for f in stamps.iterdir():
+        f.unlink()
+    with pytest.raises(rn.RunError, match=r"zoo-lite0: .* exited with 3; the end of .*zoo-lite0.log:\nno data"):
+        rn.compute_all(jobs[:1], "t", "t", 2, True)
+    assert not (stamps / "lite.start").exists()
+
+
+@pytest.mark.slow
 def test_failing_shell_command_fails_the_notebook(tmp_path, store):
     """`!cmd` exiting non-zero stops the notebook (IPython alone only sets `_exit_code`)."""
     rn = store
@@ -778,9 +822,9 @@ def test_make_chapter_checks_parameters_before_building_anything(tmp_path):
     assert ("05_main_results.py with params/default.yaml: parameter 'alpha_points' (from -p): "
             "input should be greater than or equal to 2, got -1 (int)") in bad.stderr
     assert "STEP" not in bad.stdout  # no setup, data, zoo or run
-    # data and zoo (BOOK_DEPS) only where the chapter's testbeds read them: Lite0 / MiniLM in the
-    # default set, the seconds-sized synthetic testbed (nothing to build) in the smoke set
-    for params, built in (("default", {"STEP setup", "STEP data", "STEP zoo"}), ("smoke", {"STEP setup"})):
+    # data (BOOK_DEPS) only where the chapter's testbeds read it: Lite0 / MiniLM in the default set,
+    # the seconds-sized synthetic testbed (nothing to build) in the smoke set; the runner builds zoos
+    for params, built in (("default", {"STEP setup", "STEP data"}), ("smoke", {"STEP setup"})):
         good = _make(tmp_path, "-j4", "chapter", "NB=05", f"PARAMS={params}", "ARGS=-p alpha_points=3")
         assert good.returncode == 0, good.stdout + good.stderr
         lines = good.stdout.splitlines()

@@ -63,18 +63,19 @@ def _make_n(*args) -> str:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
-def test_make_reproduce_builds_data_and_zoo_only_for_sets_that_need_them():
-    zoo = ("pact data prepare", "pactlib.testbeds.lite0.testbed default", "pactlib.testbeds.minilm.testbed default")
-    default = _make_n("reproduce")  # the default book's compute builds the data and both zoos first
-    assert all(z in default for z in zoo) and "setup data zoo" in default
-    assert not any(z in _make_n("book") for z in zoo)  # rendering from records needs neither
+def test_make_reproduce_prepares_data_only_for_sets_that_need_it_and_leaves_zoos_to_the_runner():
+    data = ("pact data prepare", "pact text prepare")
+    zoo = ("pactlib.testbeds.lite0.testbed default", "pactlib.testbeds.minilm.testbed default")
+    default = _make_n("reproduce")  # the default book: both families' data; the runner builds the zoos as jobs
+    assert all(d in default for d in data) and "setup data" in default
+    assert not any(z in default for z in zoo) and "run_notebooks.py --params default" in default
+    assert not any(z in _make_n("book") for z in (*data, *zoo))  # rendering from records needs neither
     for params in ("paper-vitb32-8", str(ROOT / "params" / "paper-vitb32-8.yaml")):
         out = _make_n("reproduce", f"PARAMS={params}")
-        assert not any(z in out for z in zoo), params
+        assert not any(z in out for z in (*data, *zoo)), params
         assert "run_notebooks.py --params " + params in out
-    lite0 = _make_n("reproduce", "NB=main/10_theory")  # one Lite0 run: the Lite0 data and zoo, not MiniLM's
-    assert "pact data prepare" in lite0 and "pactlib.testbeds.lite0.testbed default" in lite0
-    assert "pact text prepare" not in lite0 and "pactlib.testbeds.minilm.testbed" not in lite0
+    lite0 = _make_n("reproduce", "NB=main/10_theory")  # one Lite0 run: the Lite0 data, not MiniLM's
+    assert "pact data prepare" in lite0 and "pact text prepare" not in lite0
     chapter = _make_n("chapter", "NB=12_paper_scale")  # one chapter of the default set: its own needs (none)
-    assert not any(z in chapter for z in zoo) and "--only 12_paper_scale" in chapter
-    assert not any(z in _make_n("reproduce", "BOOK_DEPS=") for z in zoo)  # empty: skip, as before
+    assert not any(z in chapter for z in (*data, *zoo)) and "--only 12_paper_scale" in chapter
+    assert not any(d in _make_n("reproduce", "BOOK_DEPS=") for d in data)  # empty: skip, as before

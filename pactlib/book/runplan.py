@@ -8,8 +8,10 @@ Used by ``scripts/run_notebooks.py`` before anything executes; errors are
 from __future__ import annotations
 
 import json
+import os
+import sys
 import multiprocessing as mp
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ __all__ = ["ZOO_FAMILIES", "NEEDS", "family_needs", "MAX_THREADS", "THREADS", "C
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
            "testbed_hashes", "kernel_env", "failure_message", "under_title", "present_copy", "restore_skipped",
-           "run_parallel", "plan_jobs"]
+           "run_parallel", "plan_jobs", "ZooJob", "zoo_jobs", "job_families"]
 
 #: The runner's own key of a parameter set and its option ``--threads``: each kernel's torch
 #: thread count. No notebook may declare a parameter of that name.
@@ -342,6 +344,69 @@ class Job:
         return base / self.variant if self.variant else base
 
 
+@dataclass
+class ZooJob:
+    """Building (or completing) one family's model zoo, ``python -m pactlib.testbeds.<family>.testbed
+    default`` (what ``make zoo-<family>`` runs), as a job of the runner: chapters that read that
+    zoo wait for it (:func:`run_parallel`'s ``needs``), the other family's chapters run beside it.
+    Finished zoo runs are kept (the build resumes), so on a complete zoo it only checks the files.
+    """
+    family: str
+    threads: int = 1
+    variant: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"zoo-{self.family}"
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+    def sibling(self, chapter: str) -> str:
+        return chapter
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", f"pactlib.testbeds.{self.family}.testbed", "default"]
+
+    def build(self, log: Path) -> dict[str, Any]:
+        """Run the build with :attr:`threads` torch threads, its output to ``log``; return
+        ``{"wall_minutes": …, "cpu_minutes": …}``.
+
+        Raises:
+            RunError: the build failed (its exit status and the last lines of ``log``).
+        """
+        import resource
+        import subprocess
+        import time
+
+        log.parent.mkdir(parents=True, exist_ok=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        with log.open("w", encoding="utf-8") as fh:
+            rc = subprocess.run(self.command(), stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, **kernel_env(self.threads)}).returncode
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if rc:
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RunError(f"{self.id}: `{' '.join(self.command()[1:])}` exited with {rc}; the end of {_rel(log)}:\n"
+                           + "\n".join(tail))
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        return {"wall_minutes": round((time.perf_counter() - t0) / 60, 2), "cpu_minutes": round(cpu / 60, 2)}
+
+
+def zoo_jobs(jobs: Sequence[Job], threads: int) -> list[ZooJob]:
+    """One :class:`ZooJob` per :data:`ZOO_FAMILIES` family a job of ``jobs`` names a testbed of
+    (its final parameter values; a Lite0 testbed on the ``smoke`` zoo profile builds its own)."""
+    families = set().union(*(job_families(j) for j in jobs)) if jobs else set()
+    return [ZooJob(f, threads) for f in ZOO_FAMILIES if f in families]
+
+
+def job_families(job: Job) -> set[str]:
+    """The :data:`ZOO_FAMILIES` whose zoo ``job`` reads."""
+    return _zoo_families(job.params)
+
+
 def is_compute(cell: Any) -> bool:
     return cell.cell_type == "code" and COMPUTE_TAG in _tags(cell)
 
@@ -530,10 +595,12 @@ def _call(token: int, i: int) -> tuple[Any, str | None]:
 
 def run_parallel(fn: Callable[[Any], Any], items: Sequence[Job], jobs: int, *, after: dict[str, Sequence[str]],
                  on_start: Callable[[Any], None], on_done: Callable[[Any, Any], None],
-                 cost: Callable[[Any], float] | None = None) -> None:
+                 cost: Callable[[Any], float] | None = None,
+                 needs: Callable[[Any], Iterable[str]] | None = None) -> None:
     """Run ``fn(item)`` for every item, up to ``jobs`` at once in forked workers
-    (``concurrent.futures.ProcessPoolExecutor``; in this process when ``jobs`` is 1). An item
-    waits for the items of its run that ``after`` names for its chapter; of the items ready to
+    (``concurrent.futures.ProcessPoolExecutor``; in this process when ``jobs`` is 1, in list
+    order). An item waits for the items of its run that ``after`` names for its chapter, and for
+    the items whose ids ``needs(item)`` gives (e.g. the zoo its testbed reads); of the items ready to
     start, one that others wait for goes first, then the one with the largest ``cost`` (e.g. its
     last recorded minutes: longest first keeps the workers busy to the end), then list order.
     After a failure no new item starts; the running ones finish.
@@ -546,7 +613,7 @@ def run_parallel(fn: Callable[[Any], Any], items: Sequence[Job], jobs: int, *, a
             on_start(item)
             on_done(item, fn(item))
         return
-    waits = [{item.sibling(d) for d in after.get(item.name, ())} for item in items]
+    waits = [{item.sibling(d) for d in after.get(item.name, ())} | set(needs(item) if needs else ()) for item in items]
     token, errors = id(items), []
     _TASKS[token] = (fn, items)
     pending, running = list(range(len(items))), {}
