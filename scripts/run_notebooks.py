@@ -241,7 +241,8 @@ def compute(job: Job, store: str, set_name: str, progress: bool = False) -> dict
             "made": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "git": provenance.git_state(ROOT),
             "machine": provenance.machine(usable_cores()), "threads": job.threads or default_threads(1),
             "wall_minutes": round(wall / 60, 2), "cpu_minutes": round(kernel["cpu_seconds"] / 60, 2),
-            "merges": site.merge_profile(merges)}
+            "merges": site.merge_profile(merges),
+            "zoos": {f: provenance.zoo_fingerprint(cache_dir(), f) for f in sorted(runplan.job_families(job))}}
     provenance.write(staging, prov)
     provenance.swap_in(staging, final)
     return prov
@@ -337,7 +338,10 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool,
         print(f"{_tag(job, jobs)} computing ({('; '.join(job.reasons) or '--force')[:160]}; {job.threads} "
               f"thread(s); {est}; {togo})", flush=True)
 
+    ran: dict[str, dict] = {}
+
     def done(job: Job, prov: dict) -> None:
+        ran[job.id] = {"wall_minutes": prov["wall_minutes"], "cpu_minutes": prov["cpu_minutes"]}
         if isinstance(job, runplan.ZooJob):
             print(f"[{job.id}] ready in {prov['wall_minutes']:.1f} min ({prov['cpu_minutes']:.1f} CPU min)", flush=True)
             record_zoos(store)
@@ -352,10 +356,27 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool,
 
     record_zoos(store)
     ids = {b.family: b.id for b in builds}
-    runplan.run_parallel(run, [*builds, *work], n, after=AFTER, on_start=start, on_done=done,
-                         cost=lambda job: last.get(job.id) or 0.0,
-                         needs=lambda job: set() if isinstance(job, runplan.ZooJob)
-                         else {ids[f] for f in runplan.job_families(job) if f in ids})
+    began, t0 = datetime.now(timezone.utc), time.perf_counter()
+    try:
+        runplan.run_parallel(run, [*builds, *work], n, after=AFTER, on_start=start, on_done=done,
+                             cost=lambda job: last.get(job.id) or 0.0,
+                             needs=lambda job: set() if isinstance(job, runplan.ZooJob)
+                             else {ids[f] for f in runplan.job_families(job) if f in ids})
+    finally:
+        if work:  # the whole run, for the Verdicts page: what ran, for how long, on what
+            line = json.dumps({
+                "started": began.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_minutes": round((time.perf_counter() - t0) / 60, 2),
+                "jobs": n, "threads": sorted({j.threads or default_threads(n) for j in work}),
+                "complete": len(ran) == len(builds) + len(work), "ran": ran,
+                "git": provenance.git_state(ROOT), "machine": provenance.machine(usable_cores())}, sort_keys=True)
+            path = RECORDS / store / REPRODUCTIONS
+            _write(path, (path.read_text(encoding="utf-8") if path.is_file() else "") + line + "\n")
+
+
+#: Every compute run of the runner (``make reproduce``, ``make chapter``), a JSON line each, under
+#: ``book/records/<store>/``: when it started, its wall minutes, the pool size and threads, each
+#: job's wall and CPU minutes (chapters and zoo builds), and whether every job finished.
+REPRODUCTIONS = "reproductions.jsonl"
 
 
 def zoo_log(store: str, job: "runplan.ZooJob") -> Path:
@@ -439,6 +460,13 @@ def evaluation_work(store: str, jobs: list[Job], states: dict) -> dict:
     return out
 
 
+def _json_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, [] without it."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def eval_speed() -> dict:
     """:func:`site.eval_speed` of ``book/data/eval_speed.jsonl`` ({} without the file)."""
     path = ROOT / "book" / "data" / "eval_speed.jsonl"
@@ -455,7 +483,10 @@ def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
     merges = {k: st["provenance"]["merges"] for k, st in states.items() if (st["provenance"] or {}).get("merges")}
     text = site.verdicts_page(store, titles, site.read_verdicts(files, list(titles)), states, merges,
                               records.read_json_object(RECORDS / store / "zoo.json"),
-                              evaluation_work(store, jobs, states), eval_speed())
+                              evaluation_work(store, jobs, states), eval_speed(),
+                              reproductions=_json_lines(RECORDS / store / REPRODUCTIONS),
+                              agreement=_json_lines(ROOT / "book" / "data" / "recompute_agreement.jsonl")
+                              if store == "default" else ())
     _write(EXECUTED / store / "states.json",
            json.dumps({f"{r}/{c}": st["state"] for (c, r), st in sorted(states.items())}, indent=1) + "\n")
     return _write(EXECUTED / store / f"{site.VERDICTS_PAGE}.md", text)

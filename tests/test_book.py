@@ -746,6 +746,10 @@ def test_chapters_wait_for_the_zoo_they_read_while_the_other_family_runs(tmp_pat
     assert t["text.start"] < t["zoo-lite0.end"]  # beside the Lite0 build, not after it
     assert (tmp_path / "executed" / "t" / "zoo-lite0.log").read_text().strip() == "building"
     assert runplan.zoo_jobs(jobs, 1) == [runplan.ZooJob("lite0", 1), runplan.ZooJob("minilm", 1)]
+    log = tmp_path / "records" / "t" / rn.REPRODUCTIONS  # the run itself, for the Verdicts page
+    run = json.loads(log.read_text())
+    assert run["complete"] and set(run["ran"]) == {"zoo-lite0", "zoo-minilm", "lite", "text"} and run["jobs"] == 2
+    assert run["wall_minutes"] >= run["ran"]["zoo-lite0"]["wall_minutes"] >= 0.1 - 0.01  # the 6-second build
     # a failed build: its family's chapters do not start, the error names the command and the log
     monkeypatch.setattr(runplan.ZooJob, "command",
                         lambda self: [sys.executable, "-c", "import sys; print('no data'); sys.exit(3)"])
@@ -754,6 +758,8 @@ def test_chapters_wait_for_the_zoo_they_read_while_the_other_family_runs(tmp_pat
     with pytest.raises(rn.RunError, match=r"zoo-lite0: .* exited with 3; the end of .*zoo-lite0.log:\nno data"):
         rn.compute_all(jobs[:1], "t", "t", 2, True)
     assert not (stamps / "lite.start").exists()
+    failed = json.loads(log.read_text().splitlines()[1])
+    assert not failed["complete"] and failed["ran"] == {}
 
 
 @pytest.mark.slow
@@ -844,7 +850,7 @@ def test_make_book_checks_every_notebook_first(tmp_path):
     assert usage.returncode != 0 and "usage: make chapter NB=" in usage.stderr and "STEP" not in usage.stdout
 
 
-def test_make_book_renders_without_data_or_zoo_and_reproduce_builds_them_when_needed(tmp_path):
+def test_make_book_renders_without_data_or_zoo_and_reproduce_prepares_data_when_needed(tmp_path):
     book = _make(tmp_path, "book")
     assert book.returncode == 0, book.stdout + book.stderr
     steps = [line for line in book.stdout.splitlines() if line.startswith("STEP")]
@@ -852,7 +858,8 @@ def test_make_book_renders_without_data_or_zoo_and_reproduce_builds_them_when_ne
                      "STEP run scripts/readme_verdicts.py"]
     smoke = _make(tmp_path, "book", "PARAMS=smoke")
     assert [line for line in smoke.stdout.splitlines() if line.startswith("STEP")][-1].endswith("--mode present")
-    for nb, built in (("05", ["STEP setup", "STEP data", "STEP zoo"]), ("01", ["STEP setup"])):
+    # the data where a chapter reads it; the zoos are the runner's jobs (test_chapters_wait_for_the_zoo...)
+    for nb, built in (("05", ["STEP setup", "STEP data"]), ("01", ["STEP setup"])):
         rep = _make(tmp_path, "reproduce", f"NB={nb}")
         assert rep.returncode == 0, rep.stdout + rep.stderr
         steps = [line for line in rep.stdout.splitlines() if line.startswith("STEP")]

@@ -329,3 +329,27 @@ def test_verdicts_tables_wrap_and_say_why_in_short():
     css = (ROOT / "book" / "_static" / "pact.css").read_text()
     assert f"table.{site.TABLE_CLASS} td" in css and "white-space: normal" in css
     assert f"div.admonition.{site.PROVENANCE_CLASS}" in css
+
+
+def test_recompute_runs_newest_first_with_their_jobs_and_zoo_builds():
+    runs = [{"started": "2026-12-01T10:00:00Z", "wall_minutes": 50.0, "jobs": 2, "threads": [1], "complete": True,
+             "ran": {"05_main_results": {"wall_minutes": 30.0, "cpu_minutes": 29.5}}},
+            {"started": "2026-12-03T20:52:00Z", "wall_minutes": 130.25, "jobs": 2, "threads": [1], "complete": False,
+             "ran": {"zoo-lite0": {"wall_minutes": 36.04, "cpu_minutes": 35.0},
+                     "03_scalar_perspective": {"wall_minutes": 20.0, "cpu_minutes": 19.0}}}]
+    lines = site.runs_lines(runs)
+    rows = [line for line in lines if line.startswith("| 2026")]
+    assert rows == ["| 2026-12-03 20:52:00 | 130.2 | 2 × 1 thread(s) | 1 | lite0 36.0 | 54.0 | no |",
+                    "| 2026-12-01 10:00:00 | 50.0 | 2 × 1 thread(s) | 1 | – | 29.5 | yes |"]
+    assert site.runs_lines([]) == []
+
+
+def test_recompute_agreement_counts_and_names_changed_verdicts():
+    rows = [{"chapter": "main/05_main_results", "rev": "4722968", "records": 63, "numbers": 5525, "identical": 5400,
+             "max_abs": 0.0067, "max_rel": 0.0089, "verdicts": ["C6: not reproduced -> partly reproduced"]},
+            {"chapter": "main/01_method", "rev": "4722968", "records": 125, "numbers": 659, "identical": 659,
+             "max_abs": 0.0, "max_rel": 0.0, "verdicts": []}]
+    lines = site.agreement_lines(rows)
+    assert "| main/05_main_results | 63 | 5,400 of 5,525 (97.7%) | 0.0067 / 0.0089 | C6: not reproduced -> partly reproduced |" in lines
+    assert "| main/01_method | 125 | 659 of 659 (100.0%) | – | none |" in lines
+    assert any("`4722968`" in line for line in lines) and site.agreement_lines([]) == []

@@ -140,3 +140,21 @@ def test_swap_in_replaces_the_folder_whole(tmp_path):
     pv.swap_in(staging, final)
     assert [p.name for p in final.iterdir()] == ["new.jsonl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["05"]  # no staging or old folder left
+
+
+def test_zoo_fingerprint_follows_the_checkpoints_not_the_timings(tmp_path):
+    man = {"pretrained": {"file": "pretrained.safetensors", "sha256": "p0"},
+           "entries": {"full/mnist/seed0": {"sha256": "a", "head_sha256": "h", "seconds": 41.5},
+                       "full/optdigits/seed0": {"sha256": "b", "head_sha256": "h2", "seconds": 12.0}}}
+    folder = tmp_path / pv.ZOOS["lite0"]
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps(man))
+    first = pv.zoo_fingerprint(tmp_path, "lite0")
+    assert len(first) == 64 and pv.zoo_fingerprint(tmp_path, "minilm") is None  # no MiniLM zoo there
+    man["entries"]["full/mnist/seed0"]["seconds"] = 99.0  # timings: the same zoo
+    man["entries"] = dict(reversed(man["entries"].items()))  # order: the same zoo
+    (folder / "manifest.json").write_text(json.dumps(man))
+    assert pv.zoo_fingerprint(tmp_path, "lite0") == first
+    man["entries"]["full/mnist/seed0"]["sha256"] = "a2"  # another checkpoint: another zoo
+    (folder / "manifest.json").write_text(json.dumps(man))
+    assert pv.zoo_fingerprint(tmp_path, "lite0") != first

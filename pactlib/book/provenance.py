@@ -8,13 +8,18 @@ into ``book/records/<set>/<run>/<c>/`` with a ``provenance.json``::
      "engine": {"fingerprint": "<sha256>", "modules": {"pactlib/merges/iso.py": "<sha256>"},
                 "lock": "<sha256 of requirements.lock>"},
      "notebook": "<sha256>", "made": "2026-12-03T12:34:56Z", "git": "<commit>[-dirty]",
-     "machine": {...}, "threads": 1, "wall_minutes": 12.3, "cpu_minutes": 22.1}
+     "machine": {...}, "threads": 1, "wall_minutes": 12.3, "cpu_minutes": 22.1,
+     "zoos": {"lite0": "<sha256>"}}
 
 The *engine* is the set of ``pactlib`` modules the compute kernel had imported, minus the
 presentation modules (:data:`PRESENTATION`: they only read and draw records). Every module is
 hashed by its syntax tree without docstrings (:func:`ast_hash`), so editing a comment or a
 docstring stales nothing. The *notebook* hash covers the code of the chapter's compute cells
 (:func:`notebook_hash`).
+
+``zoos`` names the model zoos the chapter read (:func:`zoo_fingerprint`: their checkpoints'
+sha256): a zoo rebuilt on another machine may differ in float32 rounding, and this says which one
+made the records. It is recorded, not compared: a fresh clone has no zoo to compare with.
 
 Records are **current** when the parameters, the notebook hash, every engine module's hash, the
 lock hash and the testbed hashes equal today's; :func:`staleness` lists what differs in words.
@@ -38,7 +43,7 @@ from pactlib.io import write_atomic
 
 __all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules",
            "fingerprint", "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
-           "zoo_profile", "swap_in", "ZOOS"]
+           "zoo_profile", "zoo_fingerprint", "swap_in", "ZOOS"]
 
 #: Modules that only read records and draw them, or check parameters (whose values the provenance
 #: holds itself): not part of a chapter's engine fingerprint.
@@ -275,6 +280,19 @@ def zoo_profile(cache: str | os.PathLike) -> dict[str, dict]:
         if kinds:
             out[testbed] = {"kinds": kinds}
     return out
+
+
+def zoo_fingerprint(cache: str | os.PathLike, family: str) -> str | None:
+    """sha256 of what a family's zoo under ``cache`` (:data:`ZOOS`) holds: every run's key with its
+    checkpoint's and head's sha256 from the zoo's ``manifest.json`` (timings left out), so two
+    builds that wrote the same bytes have the same fingerprint; None without a manifest."""
+    folder = ZOOS.get(family)
+    man = read_json_object(Path(cache) / folder / "manifest.json") if folder else None
+    if not man or not isinstance(man.get("entries"), dict):
+        return None
+    runs = sorted((k, v.get("sha256"), v.get("head_sha256")) for k, v in man["entries"].items() if isinstance(v, dict))
+    pre = (man.get("pretrained") or {}).get("sha256") if isinstance(man.get("pretrained"), dict) else None
+    return sha(json.dumps([pre, runs]).encode())
 
 
 def swap_in(staging: str | os.PathLike, final: str | os.PathLike) -> None:

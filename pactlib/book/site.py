@@ -95,10 +95,13 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
                   merges: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                   zoo: Mapping[str, Mapping[str, Any]] | None = None,
                   work: Mapping[tuple[str, str], Mapping[str, Mapping[str, int]] | None] | None = None,
-                  speed: Mapping[str, Mapping[str, float]] | None = None) -> str:
+                  speed: Mapping[str, Mapping[str, float]] | None = None,
+                  reproductions: Sequence[Mapping[str, Any]] = (),
+                  agreement: Sequence[Mapping[str, Any]] = ()) -> str:
     """The Verdicts page (MyST markdown): a row per claim, a column per run (``titles``: run ->
     title, main first), the chapter that tests it; a status whose chapter's records are stale or
-    missing says so; then :func:`records_section` and :func:`time_section`.
+    missing says so; then :func:`records_section`, :func:`time_section`, :func:`runs_lines`
+    (``reproductions``) and :func:`agreement_lines` (``agreement``).
 
     ``states``: ``{(chapter, run): {"state": "current"|"stale"|"missing", "reasons": [...],
     "provenance": {...} or None}}``; ``merges``, ``zoo``, ``work`` and ``speed``: see :func:`time_section`.
@@ -123,7 +126,57 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
     if not rows:
         table.append("| (no verdicts recorded yet) | | " + " | " * len(used))
     return "\n".join(lines + _table(table) + records_section(titles, states)
-                     + time_section(titles, states, merges, zoo, work, speed)) + "\n"
+                     + time_section(titles, states, merges, zoo, work, speed)
+                     + runs_lines(reproductions) + agreement_lines(agreement)) + "\n"
+
+
+def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
+    """Markdown lines "Recompute runs": the last ``most`` compute runs of the runner
+    (``book/records/<set>/reproductions.jsonl``, a line per run: ``started``, ``wall_minutes``,
+    ``jobs``, ``threads``, ``complete``, ``ran``: ``{job id: {"wall_minutes", "cpu_minutes"}}``,
+    ``machine``), newest first: what each run computed (chapters, zoo builds) and how long it took
+    from start to end. [] without runs."""
+    if not runs:
+        return []
+    table = ["| Started (UTC) | Wall min | Pool | Chapters | Zoo builds (wall min) | CPU min | Finished |",
+             "|---|---:|---|---:|---|---:|---|"]
+    for r in sorted(runs, key=lambda r: r.get("started", ""), reverse=True)[:most]:
+        ran = r.get("ran") or {}
+        zoos = {k: v for k, v in ran.items() if k.startswith("zoo-")}
+        chapters = len(ran) - len(zoos)
+        cpu = sum(float(v.get("cpu_minutes") or 0.0) for v in ran.values())
+        threads = "/".join(str(t) for t in r.get("threads") or []) or "?"
+        table.append(f"| {str(r.get('started', '?')).replace('T', ' ').rstrip('Z')} | {_min(r.get('wall_minutes'))} "
+                     f"| {r.get('jobs', '?')} × {threads} thread(s) | {chapters} | "
+                     + (", ".join(f"{k[4:]} {_min(v.get('wall_minutes'))}" for k, v in sorted(zoos.items())) or "–")
+                     + f" | {cpu:.1f} | {'yes' if r.get('complete') else 'no'} |")
+    return ["", "### Recompute runs", "",
+            "Each `make reproduce` (or `make chapter`) run as the runner recorded it from start to end: its "
+            "pool (kernels at once × torch threads each), the chapters it computed, the zoos it built or "
+            "completed beside them, the CPU minutes of all of them and whether every job finished "
+            "(`book/records/<set>/reproductions.jsonl`).", ""] + _table(table)
+
+
+def agreement_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown lines "What the last recompute changed": per chapter and run, the records of the
+    recompute against those of the revision before it (``scripts/compare_records.py --json``, in
+    ``book/data/recompute_agreement.jsonl``: ``chapter``, ``rev``, ``records``, ``numbers``,
+    ``identical``, ``max_abs``, ``max_rel``, ``verdicts``). [] without rows."""
+    if not rows:
+        return []
+    table = ["| Chapter | Records | Numbers identical | Largest difference (abs / rel) | Verdicts changed |",
+             "|---|---:|---:|---|---|"]
+    for r in rows:
+        n, same = int(r.get("numbers") or 0), int(r.get("identical") or 0)
+        diff = "–" if n == same else f"{float(r.get('max_abs') or 0):.3g} / {float(r.get('max_rel') or 0):.3g}"
+        table.append(f"| {r.get('chapter')} | {r.get('records')} | {same:,} of {n:,} ({same / max(n, 1):.1%}) | {diff} | "
+                     + ("; ".join(r.get("verdicts") or []) or "none") + " |")
+    revs = sorted({str(r.get("rev")) for r in rows})
+    return ["", "### What the last recompute changed", "",
+            f"Every number of each recomputed chapter against the committed records of `{', '.join(revs)}` "
+            "(timings aside; `scripts/compare_records.py`). Engine changes that keep results the same up to "
+            "float32 rounding move a few accuracies by one test example; a verdict that changed is named.", ""] \
+        + _table(table)
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
