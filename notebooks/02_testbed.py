@@ -163,6 +163,13 @@ plotting.table(records.table_frame(path, "layers"), chapter=2, number=3, floatfm
 # weights, the task vectors of the running statistics are exactly zero, and a merged model
 # needs no re-estimation. The check below reads the fine-tuned checkpoints of the first seed
 # (see the docstring of `pactlib.models.efficientnet`).
+#
+# It also makes evaluation cheaper. In evaluation mode a BatchNorm is an affine map per
+# channel, so the evaluator folds each one into the convolution before it
+# (`pactlib.eval.fold_batchnorm`): the same function up to float32 rounding, with one pass over
+# the activations fewer per layer. `bench/bench_eval.py` measures the gain and checks that the
+# predictions do not change (records in `book/data/eval_speed.jsonl`, summed up on the Verdicts
+# page). Fine-tuning and the heads' fit keep the unfolded network.
 
 # %% tags=["compute"]
 zoo_full = zoo_mod.load_zoo(tasks, seed=seeds[0], kind="full", zoo_dir=zoo_dir)
