@@ -323,7 +323,8 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool,
     for job in jobs:
         if job not in work:
             print(f"{_tag(job, jobs)} current", flush=True)
-    builds = runplan.zoo_jobs(work, default_threads(n)) if zoos else []
+    # a zoo build gets the kernels' thread count (--threads, else cores / jobs), as a chapter would
+    builds = runplan.zoo_jobs(work, min(j.threads or default_threads(n) for j in work)) if zoos and work else []
     last = {j.id: (provenance.read(records_dir(store, j)) or {}).get("wall_minutes") for j in work}
     left = {"min": sum(v for v in last.values() if v), "untimed": sum(1 for v in last.values() if not v)}
 
