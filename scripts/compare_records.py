@@ -6,7 +6,8 @@
 For each chapter folder ``book/records/<set>/<run>/<chapter>/`` present in both the working tree
 and ``--rev``, the records of each ``.jsonl`` file are paired in order (a chapter writes its
 records in a fixed order) and every number in them is compared, timings aside (fields whose name
-holds ``seconds``, ``minutes`` or ``_time``). It prints, per chapter: records paired, numbers
+holds ``seconds``, ``minutes`` or ``_time``); a pair must agree on what the record is (method,
+seed, testbed, parameters other than a chosen α, …). It prints, per chapter: records paired, numbers
 identical, numbers that differ with the largest absolute and relative difference, and every
 verdict whose status changed. ``--json FILE`` appends one JSON line per chapter with the same
 counts, for the book's records. Reads only; exits 1 when records cannot be paired (another
@@ -25,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = Path("book/records")
 TIMING = ("seconds", "minutes", "_time")
-IDENTITY = ("method", "base", "kind", "seed", "params", "part", "pact", "testbed", "claim")
+IDENTITY = ("method", "base", "kind", "seed", "params", "part", "pact", "testbed", "task", "claim")
+#: Parameters that are results, not settings: the α a search chose.
+CHOSEN = ("alpha",)
 
 
 def git_files(rev: str, folder: Path) -> dict[str, str]:
@@ -49,6 +52,14 @@ def leaves(value, path: str = "") -> Iterator[tuple[str, float]]:
         yield path, float(value)
 
 
+def _identity(record: dict) -> dict:
+    """The fields that say which record this is (a chosen α in ``params`` left out)."""
+    out = {k: record.get(k) for k in IDENTITY}
+    if isinstance(out["params"], dict):
+        out["params"] = {k: v for k, v in out["params"].items() if k not in CHOSEN}
+    return out
+
+
 def compare_file(old_text: str, new_text: str, name: str) -> dict:
     old = [json.loads(line) for line in old_text.splitlines() if line.strip()]
     new = [json.loads(line) for line in new_text.splitlines() if line.strip()]
@@ -56,7 +67,7 @@ def compare_file(old_text: str, new_text: str, name: str) -> dict:
         raise ValueError(f"{name}: {len(old)} records at the revision, {len(new)} now")
     out = dict(records=len(new), numbers=0, identical=0, max_abs=0.0, max_rel=0.0, diffs=[], verdicts=[])
     for i, (a, b) in enumerate(zip(old, new)):
-        ida, idb = ({k: r.get(k) for k in IDENTITY} for r in (a, b))
+        ida, idb = (_identity(r) for r in (a, b))
         if ida != idb:
             raise ValueError(f"{name}: record {i} is another one now ({ida} vs {idb})")
         if "claim" in a and a.get("status") != b.get("status"):

@@ -35,5 +35,8 @@ def test_verdict_changes_are_named_and_unpairable_records_raise():
     assert r["verdicts"] == ["C5: reproduced -> partly reproduced"] and r["numbers"] == 0
     with pytest.raises(ValueError, match="1 records at the revision, 2 now"):
         cr.compare_file(_text(v), _text(v, v), "v.jsonl")
+    chosen = cr.compare_file(_text({"method": "ta", "seed": 0, "params": {"alpha": 0.3, "k": 1}}),
+                             _text({"method": "ta", "seed": 0, "params": {"alpha": 0.4, "k": 1}}), "a.jsonl")
+    assert (chosen["numbers"], chosen["identical"]) == (3, 2)  # another chosen α: the same record, one number moved
     with pytest.raises(ValueError, match="record 0 is another one now"):
         cr.compare_file(_text({"method": "ties", "seed": 0}), _text({"method": "ties", "seed": 1}), "m.jsonl")
