@@ -248,8 +248,11 @@ def test_floor_lines_tabulate_the_floor_beside_the_measured_minutes_and_weigh_th
     assert "80% of them on validation" in text
     assert "5.0 minutes on the machine's 2 cores" in text and "6.0× its floor" in text
     assert "runs at 46% of the matrix-multiply rate: a perfect one would need 2.3 minutes" in text
-    # zoos 200/2 + other 50 + floor 10/2 = 155 min > 120
-    assert "takes about 155 minutes, against the goal of 120: the goal needs" in text
+    # (zoos 200 + other 50 + floor 10) / 2 = 130 min > 120
+    assert "takes about 130 minutes, against the goal of 120: the goal needs" in text
+    met = "\n".join(site.floor_lines(titles, work, speed, {("05_main_results", "main"): 30.0}, zoo_minutes=100.0,
+                                      other_minutes=50.0))
+    assert "takes about 80 minutes, against the goal of 120; the measured whole reproductions" in met
     assert site.floor_lines(titles, {}, speed) == []
     assert site.floor_lines(titles, {("05_main_results", "main"): None}, speed) == []
 
@@ -341,7 +344,9 @@ def test_recompute_runs_newest_first_with_their_jobs_and_zoo_builds():
     rows = [line for line in lines if line.startswith("| 2026")]
     assert rows == ["| 2026-12-03 20:52:00 | 130.2 | 2 × 1 thread(s) | 1 | lite0 36.0 | 54.0 | no |",
                     "| 2026-12-01 10:00:00 | 50.0 | 2 × 1 thread(s) | 1 | – | 29.5 | yes |"]
-    assert site.runs_lines([]) == []
+    assert site.runs_lines([]) == [] and not any(line.startswith("*2026") for line in lines)
+    noted = site.runs_lines([{**runs[0], "note": "scheduled by hand"}])
+    assert noted[-1] == "*2026-12-01 10:00:00*: scheduled by hand."
 
 
 def test_recompute_agreement_counts_and_names_changed_verdicts():

@@ -150,11 +150,13 @@ def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
                      f"| {r.get('jobs', '?')} × {threads} thread(s) | {chapters} | "
                      + (", ".join(f"{k[4:]} {_min(v.get('wall_minutes'))}" for k, v in sorted(zoos.items())) or "–")
                      + f" | {cpu:.1f} | {'yes' if r.get('complete') else 'no'} |")
+    notes = [f"*{str(r.get('started', '?')).replace('T', ' ').rstrip('Z')}*: {r['note']}." for r in
+             sorted(runs, key=lambda r: r.get("started", ""), reverse=True)[:most] if r.get("note")]
     return ["", "### Recompute runs", "",
             "Each `make reproduce` (or `make chapter`) run as the runner recorded it from start to end: its "
             "pool (kernels at once × torch threads each), the chapters it computed, the zoos it built or "
             "completed beside them, the CPU minutes of all of them and whether every job finished "
-            "(`book/records/<set>/reproductions.jsonl`).", ""] + _table(table)
+            "(`book/records/<set>/reproductions.jsonl`).", ""] + _table(table) + ([""] + notes if notes else [])
 
 
 def agreement_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -475,13 +477,15 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
             text += (f" The evaluator itself runs at {tot['compute'] / max(tot['floor'], 1e-9):.0%} of the "
                      f"matrix-multiply rate: a perfect one would need {tot['compute'] / cores:.1f} minutes.")
         if zoo_minutes is not None:
-            need = zoo_minutes / cores + (other_minutes or 0.0) + tot["floor"] / cores
-            text += (f" With the zoos' {zoo_minutes:.0f} minutes of training spread over {cores} cores "
-                     f"({zoo_minutes / cores:.0f} min) and the chapters' other work as measured "
-                     f"({other_minutes or 0.0:.0f} min), a reproduction at today's protocol with evaluation at its "
-                     f"floor takes about {need:.0f} minutes, against the goal of {GOAL_MINUTES:.0f}"
+            other = other_minutes or 0.0
+            need = (zoo_minutes + other + tot["floor"]) / cores
+            text += (f" With the zoos' {zoo_minutes:.0f} minutes of training and the chapters' other work as "
+                     f"measured ({other:.0f} min), all spread over {cores} cores, a reproduction at today's "
+                     f"protocol with evaluation at its floor takes about {need:.0f} minutes, against the goal of "
+                     f"{GOAL_MINUTES:.0f}"
                      + (": the goal needs the zoos or the chapters' own experiments to get cheaper too, "
-                        "not only evaluation." if need > GOAL_MINUTES else "."))
+                        "not only evaluation." if need > GOAL_MINUTES else
+                        "; the measured whole reproductions are listed under *Recompute runs* below."))
         lines += ["", text]
     return lines
 
