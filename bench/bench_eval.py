@@ -178,30 +178,6 @@ def part_gemm(args, ctx) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ options
-#: (conv, bn) attribute pairs of efficientnet_lite_pytorch: the stem/head on the model, three per block.
-_TOP_PAIRS = (("_conv_stem", "_bn0"), ("_conv_head", "_bn1"))
-_BLOCK_PAIRS = (("_expand_conv", "_bn0"), ("_depthwise_conv", "_bn1"), ("_project_conv", "_bn2"))
-
-
-def fold_conv_bn(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of an eval-mode Lite0 backbone with every BatchNorm folded into the convolution before it."""
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
-
-    model = copy.deepcopy(model)
-
-    def fold(owner, conv_name, bn_name):
-        if hasattr(owner, conv_name) and hasattr(owner, bn_name):
-            setattr(owner, conv_name, fuse_conv_bn_eval(getattr(owner, conv_name), getattr(owner, bn_name)))
-            setattr(owner, bn_name, torch.nn.Identity())
-
-    for c, b in _TOP_PAIRS:
-        fold(model, c, b)
-    for block in model._blocks:
-        for c, b in _BLOCK_PAIRS:
-            fold(block, c, b)
-    return model.eval()
-
-
 def part_options(args, ctx) -> list[dict]:
     from pactlib import eval as ev
     from pactlib.models.efficientnet import backbone_for
@@ -220,7 +196,7 @@ def part_options(args, ctx) -> list[dict]:
         m.load_state_dict(sd, strict=True)
         m = copy.deepcopy(m)
         if fold:
-            m = fold_conv_bn(m)
+            m = ev.fold_batchnorm(m)
         return m.to(memory_format=torch.channels_last) if channels_last else m.to(memory_format=torch.contiguous_format)
 
     def jit(channels_last=True):
@@ -244,7 +220,7 @@ def part_options(args, ctx) -> list[dict]:
         run(c, xcl)  # compiles (every batch size once)
         return c
 
-    options = [("baseline (eval.py: channels_last)", lambda: build(True), xcl, 256),
+    options = [("baseline: unfolded, channels_last (eval.py before folding)", lambda: build(True), xcl, 256),
                ("contiguous (channels_last off)", lambda: build(False), x, 256),
                ("fold conv+BN, channels_last", lambda: build(True, True), xcl, 256),
                ("fold conv+BN, contiguous", lambda: build(False, True), x, 256),

@@ -462,10 +462,8 @@ def evaluation_work(store: str, jobs: list[Job], states: dict) -> dict:
 
 
 def _json_lines(path: Path) -> list[dict]:
-    """The JSON objects of a JSON-lines file, [] without it."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The JSON objects of a JSON-lines file (:func:`records.read_json_lines`), [] without it."""
+    return records.read_json_lines(path.read_text(encoding="utf-8"), path) if path.is_file() else []
 
 
 def eval_speed() -> dict:
