@@ -140,7 +140,8 @@ def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
         return []
     table = ["| Started (UTC) | Wall min | Pool | Chapters | Zoo builds (wall min) | CPU min | Finished |",
              "|---|---:|---|---:|---|---:|---|"]
-    for r in sorted(runs, key=lambda r: r.get("started", ""), reverse=True)[:most]:
+    shown = sorted(runs, key=lambda r: r.get("started", ""), reverse=True)[:most]
+    for r in shown:
         ran = r.get("ran") or {}
         zoos = {k: v for k, v in ran.items() if k.startswith("zoo-")}
         chapters = len(ran) - len(zoos)
@@ -150,8 +151,8 @@ def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
                      f"| {r.get('jobs', '?')} × {threads} thread(s) | {chapters} | "
                      + (", ".join(f"{k[4:]} {_min(v.get('wall_minutes'))}" for k, v in sorted(zoos.items())) or "–")
                      + f" | {cpu:.1f} | {'yes' if r.get('complete') else 'no'} |")
-    notes = [f"*{str(r.get('started', '?')).replace('T', ' ').rstrip('Z')}*: {r['note']}." for r in
-             sorted(runs, key=lambda r: r.get("started", ""), reverse=True)[:most] if r.get("note")]
+    notes = [f"*{str(r.get('started', '?')).replace('T', ' ').rstrip('Z')}*: {r['note']}." for r in shown
+             if r.get("note")]
     return ["", "### Recompute runs", "",
             "Each `make reproduce` (or `make chapter`) run as the runner recorded it from start to end: its "
             "pool (kernels at once × torch threads each), the chapters it computed, the zoos it built or "
