@@ -19,6 +19,7 @@ Book: chapter "Evaluation protocol"; every results chapter calls :func:`select_a
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -112,19 +113,62 @@ def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _pairs(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, str]]:
+    """(owner, convolution attribute, BatchNorm attribute) of every conv+BN pair of a Lite0 backbone."""
+    owners = [(model, _TOP_PAIRS)] + [(block, _BLOCK_PAIRS) for block in model._blocks]
+    return [(owner, c, b) for owner, pairs in owners for c, b in pairs if hasattr(owner, c)]
+
+
+def pad_in_convolution(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every symmetric "same" padding of its ``Conv2dStaticSamePadding`` layers done
+    by the convolution itself (``padding=(p, p)``) instead of a ``ZeroPad2d`` copy of the input
+    before it; asymmetric ones (stride 2 on an even side) stay. The same zeros enter the same
+    sums: the same function, up to the rounding of whichever convolution algorithm torch picks
+    (tests/test_eval.py). Changes ``model`` in place and returns it."""
+    for mod in model.modules():
+        pad = getattr(mod, "static_padding", None)
+        if isinstance(pad, torch.nn.ZeroPad2d) and isinstance(mod, torch.nn.Conv2d):
+            left, right, top, bottom = pad.padding
+            if left == right and top == bottom and mod.padding == (0, 0):
+                mod.padding = (top, left)
+                mod.static_padding = torch.nn.Identity()
+    return model
+
+
+@lru_cache(maxsize=4)
+def _folded_module(resolution: int) -> torch.nn.Module:
+    """One evaluation copy of the backbone per resolution: BatchNorm folded (:func:`fold_batchnorm`),
+    symmetric padding in the convolutions (:func:`pad_in_convolution`), channels_last; :func:`_load`
+    overwrites its weights (every parameter is a folded convolution's weight or bias)."""
+    with torch.inference_mode(False):
+        return pad_in_convolution(fold_batchnorm(backbone_for(resolution))).to(memory_format=torch.channels_last)
+
+
 def _load(backbone_state_dict: Mapping[str, Tensor], resolution: int, *, fold: bool = True):
     # The weights go into the shared module (strict: keys and shapes are checked there). With
-    # ``fold``, every BatchNorm is then folded into its convolution (fold_batchnorm): the same
-    # function up to float32 rounding, fewer passes over the activations. channels_last: the
-    # depthwise/pointwise convolutions of Lite0 run faster on CPU in this layout. Both were
-    # chosen by timing side by side (bench/bench_eval.py, records in book/data/eval_speed.jsonl).
-    # :func:`features` (head fitting in the zoo) keeps the unfolded forward, so the zoo's heads
-    # depend on the training code only, not on how evaluation is sped up.
+    # ``fold``, every BatchNorm is then folded into its convolution (fold_batchnorm's values,
+    # written into a folded module kept per resolution, so nothing is copied but the weights):
+    # the same function up to float32 rounding, fewer passes over the activations; and the
+    # symmetric paddings are the convolutions' own (pad_in_convolution: no padded copies).
+    # channels_last: the depthwise/pointwise convolutions of Lite0 run faster on CPU in this
+    # layout. Both were chosen by timing side by side (bench/bench_eval.py, records in
+    # book/data/eval_speed.jsonl). :func:`features` (head fitting in the zoo) keeps the unfolded
+    # forward, so the zoo's heads depend on the training code only, not on how evaluation is sped up.
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
+
     model = backbone_for(resolution)
     model.load_state_dict(dict(backbone_state_dict), strict=True)
     if not fold:
         return model.to(memory_format=torch.channels_last)
-    return fold_batchnorm(model).to(memory_format=torch.channels_last)
+    folded = _folded_module(resolution)
+    with torch.no_grad():
+        for (owner, c, b), (fowner, fc, _) in zip(_pairs(model), _pairs(folded)):
+            conv, bn, target = getattr(owner, c), getattr(owner, b), getattr(fowner, fc)
+            w, bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                           bn.weight, bn.bias)
+            target.weight.copy_(w)
+            target.bias.copy_(bias)
+    return folded
 
 
 def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, resolution: int = 32,

@@ -70,6 +70,30 @@ def test_fold_batchnorm_is_the_same_function_and_leaves_the_model_alone(pre, ima
         E.fold_batchnorm(model)
 
 
+def test_padding_in_the_convolution_changes_no_bit_and_evaluation_reuses_one_module(pre, images):
+    import copy
+
+    from pactlib.models.efficientnet import load_backbone
+
+    model = E.fold_batchnorm(load_backbone(32, pre))
+    padded = E.pad_in_convolution(copy.deepcopy(model))
+    pads = [m for m in padded.modules() if isinstance(getattr(m, "static_padding", None), torch.nn.ZeroPad2d)]
+    moved = [m for m in padded.modules() if isinstance(m, torch.nn.Conv2d) and m.padding != (0, 0)]
+    assert len(moved) == 12 and len(pads) == 5  # 3x3/5x5 stride 1 move; stride 2 on an even side pads 0 | 1
+    x = preprocess(images, 32)
+    with torch.no_grad():
+        a, b = model(x), padded(x)
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())  # the same zeros, maybe another algorithm
+    g = torch.Generator().manual_seed(3)
+    other = {k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() and "running" not in k else v
+             for k, v in pre.items()}
+    for sd in (pre, other, pre):  # the one evaluation module takes each state dict's folded weights, bit for bit
+        ref = E.pad_in_convolution(E.fold_batchnorm(load_backbone(32, sd))).to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            assert torch.equal(E._load(sd, 32)(x), ref(x))
+    assert E._load(other, 32) is E._load(pre, 32)
+
+
 def test_evaluation_folds_and_features_do_not(pre, images, feats):
     x = preprocess(images, 32)
     folded = E._load(pre, 32)
