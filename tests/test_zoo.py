@@ -225,6 +225,19 @@ def test_build_writes_checkpoints_records_and_manifest(built):
     assert not list(zoo_dir.rglob("*.tmp"))
 
 
+def test_a_rebuild_with_other_threads_writes_the_same_bytes(built, tmp_path):
+    zoo_dir, recs = built
+    n = torch.get_num_threads()
+    torch.set_num_threads(2 if n == 1 else 1)  # the caller's count: the build trains on one thread anyway
+    try:
+        again = Z.build_zoo(TASKS, [0], zoo_dir=tmp_path, recipe=RECIPE, loader=fake_loader, progress=False)
+    finally:
+        torch.set_num_threads(n)
+    assert torch.get_num_threads() == n  # restored
+    assert [(r["file"], r["sha256"], r["head_sha256"]) for r in again] == \
+        [(r["file"], r["sha256"], r["head_sha256"]) for r in recs]
+
+
 def test_load_zoo_full_and_lora(built):
     zoo_dir, recs = built
     full = Z.load_zoo(TASKS, kind="full", zoo_dir=zoo_dir)

@@ -29,10 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save as st_save
 from torch import Tensor
 
-from pactlib.io import write_atomic
 
 
 @dataclass(frozen=True)
@@ -233,12 +231,16 @@ def head_accuracy(head: Head, features: Tensor, labels: Tensor) -> float:
 def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict | None = None) -> str:
     """Save ``tensors`` as safetensors atomically; returns the file's sha256 (hex).
 
-    ``metadata`` values are JSON-encoded into the safetensors header (strings only there).
+    ``metadata`` values are JSON-encoded into the safetensors header (strings only there). The
+    bytes are a function of the tensors and the metadata (:func:`pactlib.safetensors_io.write_safetensors`:
+    ``safetensors.torch.save``'s layout with the metadata keys sorted, where that library writes
+    them in hash order), so a rebuilt zoo file has the same sha256 when its tensors are the same.
     """
+    from pactlib.safetensors_io import write_safetensors
+
     meta = {k: json.dumps(v) for k, v in (metadata or {}).items()}
-    data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
-    write_atomic(path, data)
-    return hashlib.sha256(data).hexdigest()
+    write_safetensors({k: v.detach() for k, v in tensors.items()}, path, metadata=meta)
+    return file_sha256(path)
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict]:

@@ -22,7 +22,12 @@ never used. Loading (:func:`load_zoo`) checks the same sha256s and raises on a m
 
 **Randomness.** The split is fixed by ``Recipe.data_seed`` (the data module's seed); the zoo
 seed s drives the batch order and the LoRA initialisation through one ``torch.Generator`` per
-run, seeded from (kind, task, s); the global RNG is not used.
+run, seeded from (kind, task, s); the global RNG is not used. :func:`build_zoo` trains on one
+torch thread whatever the machine's cores: two threads sum the gradients in another order and
+give fine-tunes that differ in float32 rounding (up to 3e-5 on a smoke-sized run), one thread
+gives the same tensors on every build on a given CPU; files are written with sorted headers
+(:func:`pactlib.testbeds.lite0.heads.save_safetensors`), so their sha256 repeat too. The book's
+runner builds a zoo beside other jobs anyway (``scripts/run_notebooks.py``).
 
 CLI: ``pact zoo build --suite 8 --seeds 0 1 2 [--kind full lora]`` (see :func:`add_cli`).
 Book: chapter "The testbed".
@@ -51,6 +56,7 @@ from pactlib.testbeds.zoo_files import (read_json, record_problem, run_seed, upd
                                        write_json)
 from pactlib.testbeds.zoo_files import train_loop as _train_loop
 from pactlib.paths import cache_dir
+from pactlib.threads import single_threaded
 from pactlib.models.efficientnet import backbone_state_dict, load_backbone, preprocess
 
 log = logging.getLogger(__name__)
@@ -378,6 +384,7 @@ def build_run(zoo_dir: Path, kind: str, data: _Data, seed: int, pretrained: Mapp
     return rec
 
 
+@single_threaded()  # one thread: a fine-tune is a function of its recipe and seed (module docstring)
 def build_zoo(suite: str | Sequence[str], seeds: Iterable[int] = (0,), *, kind: Sequence[str] = KINDS,
               zoo_dir: str | Path | None = None, recipe: Recipe = Recipe(), loader: Callable | None = None,
               data_dir: str | Path | None = None, progress: bool = True) -> list[dict]:

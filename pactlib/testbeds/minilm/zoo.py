@@ -22,7 +22,9 @@ only when its record matches the recipe, the head and the checkpoint's sha256
 
 **Randomness.** Splits are fixed by ``Recipe.data_seed``; the zoo seed drives the batch order
 and the LoRA initialisation through one ``torch.Generator`` per run, seeded from (kind, task,
-seed). Training runs in eval mode (no dropout), so a run is deterministic on one machine.
+seed). Training runs in eval mode (no dropout) and on one torch thread (:func:`build_zoo`; two
+threads sum in another order), so a run gives the same tensors, and with sorted safetensors
+headers the same file bytes, on every build on one machine.
 
 **LoRA (PEFT-style).** W_eff = W0 + (alpha / r) · B A with A (r, n) uniform in ±1/sqrt(n) and
 B = 0 at the start (PEFT's ``LoraConfig(r, lora_alpha, init_lora_weights=True)``: its
@@ -51,6 +53,7 @@ from torch import Tensor
 from pactlib import lora as lora_mod
 from pactlib.matrix import PRESETS
 from pactlib.paths import cache_dir
+from pactlib.threads import single_threaded
 from pactlib.testbeds.lite0.heads import Head, fit_head, fit_logit_scale, fit_prototype_head, load_head, save_head
 from pactlib.testbeds.zoo_files import (file_sha256, load_safetensors, read_json, record_problem, run_seed,
                                        save_safetensors, train_loop, update_manifest, write_json)
@@ -384,6 +387,7 @@ def _task_names(suite: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(suite)
 
 
+@single_threaded()  # one thread: a fine-tune is a function of its recipe and seed (module docstring)
 def build_zoo(suite: str | Sequence[str], seeds: Iterable[int] = (0,), *, kind: Sequence[str] = KINDS,
               zoo_dir: str | Path | None = None, recipe: Recipe = Recipe(), source: Source | None = None,
               loader: Callable | None = None, data_dir=None, progress: bool = True) -> list[dict]:
