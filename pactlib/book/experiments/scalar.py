@@ -295,7 +295,7 @@ def enrichment_records(delta: Mapping[str, Tensor], fisher_t: Mapping[str, Tenso
 def perturbation_records(tb, task: str, state: Mapping[str, Tensor], masks: Mapping[str, Tensor], *,
                          unit: float, scales: Sequence[float], draws: int, seed: int, xy: tuple[Tensor, Tensor],
                          controls: Mapping[str, Sequence[Mapping[str, Tensor]]], params: Mapping[str, Any],
-                         **extra) -> list[dict]:
+                         base: Mapping[str, float] | None = None, **extra) -> list[dict]:
     """C2: add ±s (random signs) to the LBW entries of θt, and to each control set, and score task t.
 
     Args:
@@ -305,6 +305,8 @@ def perturbation_records(tb, task: str, state: Mapping[str, Tensor], masks: Mapp
         scales: the multiples of ``unit`` to try.
         draws: sign draws of the LBW perturbation (the controls give one record per mask given).
         controls: {name: [mask, ...]} the control groups, each mask with as many entries as ``masks``.
+        base: θt's own ``{"acc", "loss"}`` on ``xy`` when the caller has them (:func:`state_scores`);
+            scored here otherwise.
 
     Returns:
         One record per (scale, condition, draw), method ``"perturb"``, fields ``scale``, ``condition``
@@ -315,7 +317,7 @@ def perturbation_records(tb, task: str, state: Mapping[str, Tensor], masks: Mapp
         ValueError: a control mask holds another number of entries than ``masks``.
     """
     model = tb.loss_model(dict(state), task)
-    base = state_scores(model, state, xy)
+    base = dict(base) if base is not None else state_scores(model, state, xy)
     n = _count(masks)
     groups = [("lbw", d, masks) for d in range(draws)]
     for name, ms in controls.items():
@@ -466,12 +468,13 @@ def task_records(tb, task: str, delta: Mapping[str, Tensor], *, fisher_samples: 
     xy = tb.inputs(task, "test", test_limit)
     theta_t = tb.finetuned[task]
     unit = typical_update(d, list(lbw), touched_only=touched_only)
+    ft = state_scores(tb.loss_model(dict(theta_t), task), theta_t, xy)  # θt scored once: C2's base, C3's target
     recs += perturbation_records(tb, task, theta_t, lbw, unit=unit, scales=scales, draws=draws, seed=seed, xy=xy,
-                                 controls=ctl, params=params, **extra)
+                                 controls=ctl, params=params, base=ft, **extra)
     if merged is not None:
         moved = displacement(theta_t, merged, d, lbw)
         recs += restore_records(tb, task, merged, theta_t, lbw, xy=xy, controls=ctl, seed=seed, params=params,
-                                moved=moved, **extra, **dict(merge_fields or {}))
+                                finetuned=ft, moved=moved, **extra, **dict(merge_fields or {}))
     return recs
 
 
