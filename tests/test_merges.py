@@ -9,7 +9,7 @@ import pactlib
 from pactlib import TaskVector, merges, task_vectors_from
 from pactlib.matrix import MatrixRule
 from pactlib.merges.iso import iso_c_kernel, iso_cts_kernel, iso_cts_split
-from pactlib.merges.ties import trim_mask, ties_kernel
+from pactlib.merges.ties import agree_count, count_dtype, trim_mask, ties_kernel
 from pactlib.merges.tsv_m import tsv_m_kernel
 from pactlib.linalg import polar, projector_distance, top_singular
 
@@ -94,6 +94,50 @@ def test_ties_exact_counts_with_tied_magnitudes():
     assert trim_mask(x, 40).tolist() == [False, True, True, False, False]
     with pytest.raises(ValueError, match="trim percentage"):
         trim_mask(x, 0)
+
+
+def _ties_as_written(stack):
+    """M2's election and disjoint mean as the paper writes them: sign(Σt Δt); Δt agrees when
+    sign(Δt) equals it and Δt ≠ 0; int64 counts."""
+    elected = torch.sign(stack.sum(0))
+    agree = (torch.sign(stack) == elected) & (stack != 0)
+    count = agree.sum(0)
+    total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("T", [1, 2, 7, 255, 256, 300])
+def test_ties_kernel_is_m2_as_written_bit_for_bit(T, dtype):
+    """The kernel's two-pass agreement (Δt · sign > 0) and byte counts give M2's values bit for
+    bit, with and without a workspace: signed zeros, subnormals, an elected sign of 0, full
+    agreement, and T past a byte's range (int32 counts)."""
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(T, 2000, generator=g, dtype=dtype)
+    x[torch.rand(T, 2000, generator=g) < 0.7] = 0
+    x[:, 0] = 0.0
+    x[:, 1] = -0.0
+    x[0, 2] = -0.0
+    x[:, 3] = torch.finfo(dtype).tiny / 4  # subnormal, all agree
+    x[:, 4] = torch.tensor([1.0, -1.0], dtype=dtype).repeat(T)[:T]  # sums to 0 for even T: elected 0
+    x[:, 5] = 1.5  # all agree, count T
+    want = _ties_as_written(x)
+    work: dict = {}
+    for got in (ties_kernel(x), ties_kernel(x, work=work), ties_kernel(x.reshape(T, 40, 50), work=work).reshape(-1)):
+        assert got.dtype == dtype and torch.equal(got.view(torch.int8), want.view(torch.int8))
+    assert float(want[5]) == 1.5 and (T % 2 or float(want[4]) == 0.0)
+
+
+@pytest.mark.parametrize("T", [1, 3, 255, 256, 700])
+def test_agree_count_is_exact(T):
+    g = torch.Generator().manual_seed(T)
+    agree = torch.rand(T, 513, generator=g) < 0.5
+    agree[:, 0] = True
+    got = agree_count(agree)
+    assert got.dtype == count_dtype(T) == (torch.uint8 if T <= 255 else torch.int32)
+    assert torch.equal(got.long(), agree.sum(0)) and int(got[0]) == T
+    out = torch.full((513,), 9, dtype=count_dtype(T))
+    assert agree_count(agree, out=out) is out and torch.equal(out.long(), agree.sum(0))
 
 
 def test_ties_elect_and_disjoint_mean():

@@ -103,25 +103,26 @@ class GlobalThreshold:
     def observe(self, t: int, values: Tensor, *, work: dict | None = None) -> None:
         """Count one chunk of task t's entries in this pass's histogram.
 
+        After the first pass only the entries whose higher digits are v_t's so far count: with
+        base = that prefix's smallest pattern, (b − base) >> shift is their digit, negative below
+        the prefix and ≥ 2^16 above it; clamped to [−1, 2^16] and shifted by one, every entry
+        lands in one of 2^16 + 2 bins, and the middle ones are the histogram (one bincount over the
+        chunk, no selection of the entries first).
+
         ``work``: a dict the caller keeps from call to call; the chunk-sized temporaries then
         live in its buffers (the same counts)."""
         b = self._bits(values, work)
         top = self.shift + self.DIGIT
-        if top < self.bits:  # only the entries whose higher digits are v_t's so far
-            if work is None:
-                b = b[(b >> top) == self.prefix[t]]
-            else:  # prefix·2^top <= b < (prefix + 1)·2^top, without an integer temporary
-                n = b.numel()
-                same = torch.ge(b, self.prefix[t] << top, out=scratch(work, "same", n, torch.bool))
-                if (self.prefix[t] + 1) << top < 1 << (self.bits - 1):  # else every b is below it
-                    same &= torch.lt(b, (self.prefix[t] + 1) << top, out=scratch(work, "below", n, torch.bool))
-                b = b[same]
-            digit = (b >> self.shift) & ((1 << self.DIGIT) - 1)
-        elif work is None:  # the top digit (|x| has no sign bit): a shift alone
-            digit = b >> self.shift
-        else:
-            digit = torch.bitwise_right_shift(b, self.shift, out=b)  # b is work's buffer: shifted in place
-        self.hist[t] += torch.bincount(digit, minlength=1 << self.DIGIT)
+        if top < self.bits:
+            b -= self.prefix[t] << top  # in place: b is a new tensor or work's buffer (:meth:`_bits`)
+            if self.shift:
+                b >>= self.shift
+            b.clamp_(-1, 1 << self.DIGIT)
+            b += 1
+            self.hist[t] += torch.bincount(b, minlength=(1 << self.DIGIT) + 2)[1:(1 << self.DIGIT) + 1]
+            return
+        b >>= self.shift  # the top digit (|x| has no sign bit): a shift alone
+        self.hist[t] += torch.bincount(b, minlength=1 << self.DIGIT)
 
     @classmethod
     def join(cls, parts: Sequence["GlobalThreshold"]) -> "GlobalThreshold":
@@ -192,11 +193,33 @@ def scratch(work: dict, name: str, n: int, dtype: torch.dtype) -> Tensor:
     return b[:n]
 
 
+def agree_count(agree: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """How many of the T rows agree, per entry: ``agree.sum(0)`` of a (T, …) bool tensor, in
+    uint8 when T ≤ 255 (a byte sum over rows is one vectorized pass; torch's bool-to-int64 sum
+    along dimension 0 is many times slower), else int32. The counts are exact either way, and a
+    division by them gives the same floats as by int64 counts (each count converts exactly).
+    ``out``: a tensor of the result's shape and dtype to write into."""
+    T = agree.shape[0]
+    if T <= 255:
+        return torch.sum(agree.view(torch.uint8), 0, dtype=torch.uint8, out=out)
+    out = torch.zeros(agree.shape[1:], dtype=torch.int32, device=agree.device) if out is None else out.zero_()
+    for t in range(T):
+        out += agree[t]
+    return out
+
+
+def count_dtype(tasks: int) -> torch.dtype:
+    """The dtype of :func:`agree_count` for ``tasks`` rows."""
+    return torch.uint8 if tasks <= 255 else torch.int32
+
+
 def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     """Elect + disjoint mean of already trimmed updates (T, …) -> (…).
 
     The elected sign is sign(Σt trimmed Δt); entries agreeing with it (and non-zero) are averaged;
-    where none agree (or the elected sign is 0) the result is 0.
+    where none agree (or the elected sign is 0) the result is 0. An entry agrees when
+    Δt · sign > 0: the same entries as sign(Δt) = sign and Δt ≠ 0 (a sign of 0 agrees with
+    none), in two passes instead of four.
 
     ``work``: a dict the caller keeps from call to call (chunk after chunk of a streamed merge);
     the temporaries then live in its buffers (the same operations, written with ``out=``: the same
@@ -204,8 +227,8 @@ def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     """
     if work is None:
         elected = torch.sign(stack.sum(0))
-        agree = (torch.sign(stack) == elected) & (stack != 0)
-        count = agree.sum(0)
+        agree = (stack * elected) > 0
+        count = agree_count(agree)
         total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
         return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
@@ -222,11 +245,10 @@ def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     zero = torch.zeros((), dtype=stack.dtype, device=stack.device)
     elected = torch.sum(stack, 0, out=buf("sum", inner, stack.dtype))
     torch.sign(elected, out=elected)
-    signs = torch.sign(stack, out=buf("signs", stack.shape, stack.dtype))
-    agree = torch.eq(signs, elected, out=buf("agree", stack.shape, torch.bool))
-    agree &= torch.ne(stack, 0, out=buf("nonzero", stack.shape, torch.bool))
-    count = torch.sum(agree, 0, out=buf("count", inner, torch.int64))
-    kept = torch.where(agree, stack, zero, out=signs)
+    prod = torch.mul(stack, elected, out=buf("signs", stack.shape, stack.dtype))
+    agree = torch.gt(prod, 0, out=buf("agree", stack.shape, torch.bool))
+    count = agree_count(agree, out=buf("count", inner, count_dtype(stack.shape[0])))
+    kept = torch.where(agree, stack, zero, out=prod)
     total = torch.sum(kept, 0, out=buf("total", inner, stack.dtype))
     some = torch.gt(count, 0, out=buf("some", inner, torch.bool))
     torch.div(total, count.clamp_(min=1), out=total)
