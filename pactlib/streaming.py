@@ -64,10 +64,11 @@ from torch import Tensor
 
 from . import merges
 from .api import resolve_kwargs
-from .checks import CheckpointError, check_alpha, check_compatible, check_device, check_finite, check_state_dict
+from .checks import CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite, check_state_dict
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
                    open_checkpoint, output_lock, remove_stale_outputs)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
+from .merges.driver import RunningSum
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
@@ -300,8 +301,16 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
     matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
     reducer = m.reducer(inputs.T, matrix, **params)
     add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
+    # a running sum of unfiltered deltas is checked once: a NaN or ±Inf in any θt makes Δt and then
+    # the sum non-finite (θ0 is checked finite), so a finite sum clears every θt of the key
+    once = read is None and pact is None and isinstance(reducer, RunningSum)
     lr = feed_tasks(inputs, key, rows, pre, add, pact=pact, options=options, rule=rule, read=read, checks=checks,
-                    dev=dev)
+                    dev=dev, check=not once)
+    if once and reducer.total is not None and not all_finite(reducer.total):
+        pre_c = pre.to(inputs.dtype)
+        for t in range(inputs.T):  # which θt: the first by task order raises, naming its file
+            inputs.delta(key, t, rows, pre=pre_c)
+        # every θt finite: Δt or the sum overflowed; the update's own check says so (apply_update)
     D = reducer.result()
     return (rule.unview(key, D, shape) if matrix else D), lr
 
@@ -309,12 +318,13 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
 def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor | None,
                emit: Callable[[int, Tensor], None], *, pact: str | None, options: PactOptions | None,
                rule: MatrixRule, read: Callable[[int, bool], Tensor] | None = None,
-               checks: _TaskChecks | None = None, dev: torch.device | None = None):
+               checks: _TaskChecks | None = None, dev: torch.device | None = None, check: bool = True):
     """``emit(t, Δt)`` for t = 0..T−1 in order, each Δt read on its own (PACT/S-PACT-filtered by
     :func:`pactlib.pact.filter_tasks` when ``pact`` is given; unfiltered when every Δt of the layer
     is zero): the one-task-at-a-time feed of :func:`reduced_update` and of global TIES' first pass.
     ``pre``: θ0's entry (or rows), θ0's dtype (may be None when ``read`` is given and ``pact`` is
-    None); ``read``, ``checks``, ``dev``: as :func:`reduced_update`.
+    None); ``read``, ``checks``, ``dev``: as :func:`reduced_update`. ``check``: the default
+    ``read`` checks each θt finite the first time it is read (False: the caller checks).
 
     Returns:
         The layer's :class:`pactlib.pact.LayerReport`, or None (no PACT, or nothing to filter).
@@ -324,7 +334,7 @@ def feed_tasks(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre:
         pre_c = pre.to(inputs.dtype)
 
         def read(t: int, first: bool) -> Tensor:
-            return inputs.delta(key, t, rows, pre=pre_c, check=first)
+            return inputs.delta(key, t, rows, pre=pre_c, check=first and check)
 
     seen: set[int] = set()
 

@@ -235,6 +235,28 @@ def test_writer_streams_chunks_and_checks_order(tmp_path):
         parse_size("lots")
 
 
+def test_streamed_task_arithmetic_names_the_first_non_finite_checkpoint(tmp_path):
+    """Task Arithmetic checks θt once per chunk, on the running sum: a NaN in task 1 and an Inf in
+    task 2 of one chunk of rows name task 1's file (task order, as a check per task did); finite
+    checkpoints whose update overflows float16 are the overflow error, as before."""
+    g = torch.Generator().manual_seed(0)
+    pre = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g)}
+    fts = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in pre.items()} for _ in range(3)]
+    fts[1]["w"][40, 3] = float("nan")
+    fts[2]["w"][41, 0] = float("inf")
+    p0, ps = _files(tmp_path, pre, fts)
+    out = tmp_path / "o.safetensors"
+    for chunk in (1 << 20, 1024):  # the key whole, and in chunks of rows
+        with pytest.raises(pactlib.CheckpointError, match=r"ft1\.safetensors: key 'w' holds 1 NaN and 0 Inf"):
+            pactlib.merge_files("task_arithmetic", p0, ps, out, alpha=1.0, chunk_bytes=chunk)
+        assert not out.exists()
+    half = {k: v.half() for k, v in pre.items()}
+    big = [{k: torch.full_like(v, 60000.0) for k, v in half.items()} for _ in range(2)]
+    p0, ps = _files(tmp_path / "half", half, big)
+    with pytest.raises(pactlib.MergeOverflowError, match="'b'|'w'"):
+        pactlib.merge_files("task_arithmetic", p0, ps, out, alpha=1.0)
+
+
 def test_streamed_errors_name_file_and_key_and_leave_no_output(tmp_path, ckpts, monkeypatch):
     pre, fts = ckpts
     p0, ps = _files(tmp_path, pre, fts)
