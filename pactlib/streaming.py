@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import contextlib
 import math
 import os
 import shutil
@@ -869,41 +870,73 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
             spill = open_checkpoint(spill_dir / "filtered.safetensors", name="filtered task vectors")
 
         buf: list[Tensor | None] = [None]  # one chunk's (T, rows…) stack, reused by every chunk of every pass
+        works: list[dict] = [{} for _ in range(T)]  # each task's counting and mask temporaries
+        kwork: dict = {}  # ties_kernel's temporaries
 
-        def stack(key: str, rows, first: bool) -> tuple[Tensor | None, Tensor]:
-            """(θ0's rows, or None for a filtered layer; the (T, rows…) stack of Δt, filtered or not),
-            the stack on the reused buffer (valid until the next call)."""
+        def run_tasks(pool, fn: Callable[[int], None]) -> None:
+            """``fn(t)`` for every task: on ``pool``'s threads, or in task order here (no pool)."""
+            if pool is None:
+                for t in range(T):
+                    fn(t)
+            else:
+                for _ in pool.map(fn, range(T)):  # the first error is raised
+                    pass
+
+        def chunk(key: str, rows, first: bool, pool,
+                  each: Callable[[int, Tensor], None]) -> tuple[Tensor | None, Tensor]:
+            """Fill the reused (T, rows…) stack with Δt (filtered or not) and call ``each(t, Δt)``
+            for every task, the tasks on ``pool``'s threads (each task's read, subtraction and
+            ``each`` on one thread): (θ0's rows, or None for a filtered layer; the stack)."""
             out = inputs.stack_buffer(key, rows, buf[0])
             if buf[0] is None or out.numel() > buf[0].numel():
                 buf[0] = out.view(-1)
             if spill is not None and key in spill:
-                return None, spill.read(key, rows, dim=1, out=out)
-            p, st = inputs.deltas(key, rows, check=first, out=out)
+                st = spill.read(key, rows, dim=1, out=out)
+                run_tasks(pool, lambda t: each(t, st[t]))
+                return None, st
+            p = inputs.pre.read(key, rows)
             if first:
-                checks.update(st)
-            return p, st
+                check_finite({key: p}, name=f"pre-trained ({inputs.pre.name})")
+            p_c = p.to(inputs.dtype)
 
-        def passes(first: bool):
-            for key in inputs.floats:
-                if first and key in selected:
-                    continue  # counted in the filtering pass
-                for rows in inputs.rows(key, True, chunk_bytes):
-                    yield stack(key, rows, first)[1]
+            def task(t: int) -> None:
+                each(t, inputs.delta(key, t, rows, pre=p_c, check=first, out=out[t]))
 
-        work: dict = {}  # the counting's, the masks' and ties_kernel's temporaries, reused chunk after chunk
-        with single_threaded():
-            find_thresholds(gt, passes, work=work)
+            run_tasks(pool, task)
+            if first:
+                checks.update(out)
+            return p, out
+
+        def count(t: int, d: Tensor) -> None:
+            gt.observe(t, d, work=works[t])
+
+        def trim(t: int, d: Tensor) -> None:  # = flat * mask in memory, in place
+            torch.mul(d, gt.mask(t, d, work=works[t]), out=d)
+
+        # tasks on ``workers`` threads (their torch kernels single-threaded): every task's counts and
+        # mask are its own, so the result does not depend on ``workers``
+        with single_threaded(), (ThreadPoolExecutor(max_workers=min(workers, T), initializer=torch.set_num_threads,
+                                                    initargs=(1,)) if workers > 1 and T > 1
+                                 else contextlib.nullcontext()) as pool:
+            first = True
+            while not gt.done:  # the passes of the radix selection (find_thresholds' loop)
+                for key in inputs.floats:
+                    if first and key in selected:
+                        continue  # counted in the filtering pass
+                    for rows in inputs.rows(key, True, chunk_bytes):
+                        chunk(key, rows, first, pool, count)
+                gt.end_pass()
+                first = False
             for key in inputs.pre.keys():  # the merge pass: trim in position order, elect, mean
                 if key not in inputs.floats:
                     writer.write(key, inputs.pre.read(key))
                     continue
                 for rows in inputs.rows(key, True, chunk_bytes):
-                    p, st = stack(key, rows, False)
+                    p, st = chunk(key, rows, False, pool, trim)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    trimmed = trim_stack(gt, st, out=st, work=work)  # = flat * mask in memory
-                    writer.write(key, apply_update(key, p, ties_kernel(trimmed, work=work), alpha))
-                    del trimmed, st, p
+                    writer.write(key, apply_update(key, p, ties_kernel(st, work=kwork), alpha))
+                    del st, p
     finally:
         if spill_dir is not None:
             shutil.rmtree(spill_dir, ignore_errors=True)

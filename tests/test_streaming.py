@@ -205,6 +205,25 @@ def test_streamed_ties_with_tied_magnitudes_is_exact(tmp_path):
         _assert_identical(load_file(str(res.path)), want)
 
 
+def test_streamed_global_ties_is_the_same_for_any_worker_count(tmp_path):
+    """Global TIES runs its tasks on ``workers`` threads (each task's counts and mask its own):
+    the same file, byte for byte, for 1, 2 and 5 workers, with entries tied at the thresholds,
+    chunks of a few rows, and with PACT (filtered layers read back from the spill)."""
+    pre, fts = make_checkpoints(T=5, seed=11)
+    fts = [{k: (pre[k] + torch.round((v - pre[k]) * 200) / 200) if v.is_floating_point() else v
+            for k, v in ft.items()} for ft in fts]
+    p0, ps = _files(tmp_path, pre, fts)
+    for pact in (None, "pact"):
+        outs = []
+        for workers in (1, 2, 5):
+            out = tmp_path / f"t{workers}-{pact}.safetensors"
+            pactlib.merge_files("ties", p0, ps, out, alpha=0.5, k=30.0, chunk_bytes=256, workers=workers, pact=pact)
+            outs.append(out.read_bytes())
+        assert outs[0] == outs[1] == outs[2]
+    want = pactlib.merge("ties", load_state_dict(p0), [load_state_dict(p) for p in ps], alpha=0.5, k=30.0)
+    _assert_identical(load_file(str(tmp_path / "t5-None.safetensors")), want)
+
+
 def test_writer_streams_chunks_and_checks_order(tmp_path):
     a, b = torch.arange(12.0).reshape(4, 3), torch.tensor(5, dtype=torch.int64)
     c = torch.randn(2, 2).to(torch.bfloat16)
@@ -749,9 +768,11 @@ def test_global_ties_with_pact_filters_one_task_at_a_time(tmp_path, ckpts, monke
     pre, fts = ckpts
     p0, ps = _files(tmp_path, pre, fts)
     want = pactlib.merge("ties", pre, fts, alpha=0.7, pact="pact", core_frac=0.3)
-    stacked = []
-    original = DeltaReader.deltas
+    stacked = []  # keys read into a (T, rows…) stack: all at once, or task by task into its rows
+    original, one = DeltaReader.deltas, DeltaReader.delta
     monkeypatch.setattr(DeltaReader, "deltas", lambda self, key, *a, **k: stacked.append(key) or original(self, key, *a, **k))
+    monkeypatch.setattr(DeltaReader, "delta", lambda self, key, *a, **k: (k.get("out") is not None and stacked.append(key))
+                        or one(self, key, *a, **k))
     res = pactlib.merge_files("ties", p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact="pact", core_frac=0.3)
     _assert_identical(load_file(str(res.path)), want)
     matrices = {lr.key for lr in res.report.layers}

@@ -64,7 +64,9 @@ class GlobalThreshold:
     ``not done``; then ``mask(t, values)`` over every chunk of every task in position order.
     On (T, …) stacks of chunks: :func:`pactlib.streaming.find_thresholds` does the passes,
     :func:`pactlib.streaming.trim_stack` the masking. Memory: the counters plus one chunk,
-    whatever the size of the task vectors. Chunks are CPU tensors.
+    whatever the size of the task vectors. Chunks are CPU tensors. Threads: ``observe`` and
+    ``mask`` of different tasks may run at once on different threads (each with its own ``work``);
+    ``end_pass`` runs when they are done.
 
     Args:
         tasks: T. ``keep``: entries kept per task (:func:`trim_count` of the task vector's size).
@@ -141,6 +143,7 @@ class GlobalThreshold:
         out.prefix = [p.prefix[0] for p in parts]
         out.rank = [p.rank[0] for p in parts]
         out.above = [p.above[0] for p in parts]
+        out._left = list(out.rank)
         return out
 
     def end_pass(self) -> None:
@@ -155,6 +158,8 @@ class GlobalThreshold:
             self.prefix[t] = (self.prefix[t] << self.DIGIT) | j
         self.shift -= self.DIGIT
         self.hist.zero_()
+        if self.done:  # the masking's tie counts, set before any (possibly concurrent) mask call
+            self._left = list(self.rank)
 
     def threshold(self, t: int) -> Tensor:
         """v_t, the ``keep``-th largest |Δt| (a 0-d tensor of the task vectors' dtype)."""
