@@ -9,8 +9,8 @@ final norm and an LM head; default 4 layers, hidden 1024, MLP 2816, vocab 8000: 
   process) plus one output-sized file written and flushed (``fsync``, as ``pact merge`` does);
 - **each merge** (``task_arithmetic``, ``ties`` with ``scope=global`` and ``scope=per_key``,
   ``tsv_m``, ``iso_c``, ``iso_cts``) as its own ``pact merge`` process (``--threads 1``,
-  ``--workers 1``, the output to a fresh name): wall time, user and system CPU seconds and peak
-  RSS of the child (``os.wait4``), and minor page faults.
+  ``--workers`` as given, default 1, the output to a fresh name): wall time, user and system
+  CPU seconds and peak RSS of the child (``os.wait4``), and minor page faults.
 
 Each merge process reports its own two phases (a small runner, :data:`RUNNER`, reads
 ``getrusage`` and the clock after ``import pactlib.cli``, which imports torch, and after the
@@ -245,6 +245,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--block", type=int, default=4 << 20, help="the floor reader's pread size (bytes)")
     ap.add_argument("--label", default="")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="pact merge --workers (threads, each with one-thread torch kernels; the floor stays one reader)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of the floor and every merge; the records keep the fastest of each (default 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "book" / "data" / "io_floor.jsonl")
@@ -300,7 +302,7 @@ def main(argv=None) -> None:
                     method, sets = SETS.get(name, (name, []))
                     out = work / f"merged-{name}-{T}.safetensors"
                     argv = ["merge", "--method", method, "--alpha", "0.3", "--pretrained", str(base), "--finetuned",
-                            *map(str, files[1:]), "--out", str(out), "--threads", "1", "--workers", "1"]
+                            *map(str, files[1:]), "--out", str(out), "--threads", "1", "--workers", str(args.workers)]
                     if sets:
                         argv += ["--set", *sets]
                     report = work / f"phases-{name}-{T}.json"
@@ -312,7 +314,8 @@ def main(argv=None) -> None:
                     loads = {"load1_before": round(load0, 2), "load1_after": round(os.getloadavg()[0], 2)}
                     merges[name].append((r, phases, loads))
                     if args.repeats > 1:
-                        emit({"kind": "merge-run", "label": args.label, **shape, "T": T, "method": name, "repeat": rep,
+                        emit({"kind": "merge-run", "label": args.label, **shape, "T": T, "method": name, "workers": args.workers,
+                              "repeat": rep,
                               **r, **merge_record(r, phases, fl), **loads})
             # the fastest of the rounds, floor and merge alike (noise only ever adds time)
             fl, load0 = min(floors, key=lambda f: f[0]["floor_s"])
@@ -320,7 +323,7 @@ def main(argv=None) -> None:
                   "input_mb": round(size * (T + 1) / 1e6, 1), **fl, "load1": round(load0, 2), "repeats": args.repeats})
             for name in args.methods:
                 r, phases, loads = min(merges[name], key=lambda m: m[0]["wall_s"])
-                emit({"kind": "merge", "label": args.label, **shape, "T": T, "method": name, **r,
+                emit({"kind": "merge", "label": args.label, **shape, "T": T, "method": name, "workers": args.workers, **r,
                       **merge_record(r, phases, fl), **loads, "repeats": args.repeats})
         runs = [r for r in records if r["kind"] == "merge"]
         for name in args.methods:
