@@ -409,11 +409,10 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                         "with a Hugging Face *.index.json, when it needs more than one (a folder output: default 50GB, as "
                         "save_pretrained)")
     m.add_argument("--workers", type=int, default=None,
-                   help="layers merged at once, each on one thread (default --threads, else 1; same result for any "
-                        "value, memory grows with it)")
+                   help="layers merged at once (global TIES: tasks), each on one thread (default --threads, else 1; "
+                        "same result for any value, memory grows with it)")
     m.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch's thread count (reading, converting pickles, TIES' global passes) and the default of "
-                        "--workers")
+                   help="torch's thread count (reading, converting pickles) and the default of --workers")
     m.add_argument("--device", default=None, metavar="DEV",
                    help="where each layer is filtered and merged: cpu (default), cuda, cuda:N or auto (cuda when "
                         "torch sees a GPU); files are read and written on the CPU")

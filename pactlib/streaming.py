@@ -41,7 +41,9 @@ each key is read (naming the file and the key); the output is written to tempora
 at the end (:class:`pactlib.lazy.CheckpointWriter`): a failed or interrupted run leaves no output.
 
 Threads: ``workers`` layers are merged at once (default 1), each kernel on one thread
-(:mod:`pactlib.threads`): the result does not depend on ``workers``, memory grows with it.
+(:mod:`pactlib.threads`); global TIES, which reads the whole model chunk by chunk, runs the tasks of
+each chunk on ``workers`` threads instead. The result does not depend on ``workers``; memory grows
+with it.
 """
 from __future__ import annotations
 
@@ -560,8 +562,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         loader: how pickles are read for their conversion (default
             :func:`pactlib.lazy.default_loader` of ``trust_pickle``).
         cache_dir: the conversion cache (default :func:`pactlib.lazy.conversion_cache_dir`).
-        workers: layers merged at once, each kernel single-threaded (same result for any
-            value; memory grows with it).
+        workers: layers merged at once (global TIES: the tasks of a chunk), each kernel
+            single-threaded (same result for any value; memory grows with it).
         chunk_bytes: budget of one chunk of the entry-wise paths.
         device: where each layer is filtered and merged (:func:`pactlib.checks.check_device`:
             ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"``; None: the CPU). The files are read and
