@@ -158,3 +158,32 @@ def test_zoo_fingerprint_follows_the_checkpoints_not_the_timings(tmp_path):
     man["entries"]["full/mnist/seed0"]["sha256"] = "a2"  # another checkpoint: another zoo
     (folder / "manifest.json").write_text(json.dumps(man))
     assert pv.zoo_fingerprint(tmp_path, "lite0") != first
+
+
+def test_git_state_is_dirty_only_when_code_differs(tmp_path):
+    """Records written by a run (tracked or new) leave the state clean; a changed or new file of
+    the engine, a chapter or the lock makes it ``-dirty``; no repository: ``unknown``."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    assert pv.git_state(tmp_path) == "unknown"
+    git("init", "-q")
+    for rel in ("pactlib/merge.py", "notebooks/05.py", "book/records/default/main/05/r.jsonl", "requirements.lock"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("a\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert pv.git_state(tmp_path) == head
+    (tmp_path / "book/records/default/main/05/r.jsonl").write_text("b\n")
+    (tmp_path / "book/records/default/main/06").mkdir()
+    (tmp_path / "book/records/default/main/06/r.jsonl").write_text("new\n")
+    assert pv.git_state(tmp_path) == head
+    for rel in ("pactlib/merge.py", "requirements.lock"):
+        (tmp_path / rel).write_text("changed\n")
+        assert pv.git_state(tmp_path) == head + "-dirty"
+        git("checkout", "--", rel)
+    (tmp_path / "pactlib/new_module.py").write_text("x = 1\n")
+    assert pv.git_state(tmp_path) == head + "-dirty"

@@ -43,7 +43,7 @@ from pactlib.io import write_atomic
 
 __all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules",
            "fingerprint", "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
-           "zoo_profile", "zoo_fingerprint", "swap_in", "ZOOS"]
+           "zoo_profile", "zoo_fingerprint", "swap_in", "ZOOS", "CODE_PATHS"]
 
 #: Modules that only read records and draw them, or check parameters (whose values the provenance
 #: holds itself): not part of a chapter's engine fingerprint.
@@ -236,15 +236,23 @@ def state(reasons: Sequence[str]) -> str:
     return "missing" if reasons[0].startswith("missing:") else "stale"
 
 
+#: What makes records (:func:`git_state`): the engine, the chapters, their parameters, the runner
+#: and the lock. Records, data and the built book are outputs, not code.
+CODE_PATHS = ("pactlib", "notebooks", "params", "scripts", "requirements.lock", "requirements.txt", "pyproject.toml")
+
+
 def git_state(root: str | os.PathLike) -> str:
-    """The commit of ``HEAD`` in ``root``, with ``-dirty`` when a tracked file differs; ``unknown``
-    without git."""
+    """The commit of ``HEAD`` in ``root``, with ``-dirty`` when the code that makes records
+    (:data:`CODE_PATHS`: a tracked file changed, or a new file there) differs from it; records
+    being written by the same run do not count. ``unknown`` without git."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
 
     try:
-        return (git("rev-parse", "HEAD") or "unknown") + ("-dirty" if git("status", "--porcelain",
-                                                                            "--untracked-files=no") else "")
+        head = git("rev-parse", "HEAD")
+        if not head:
+            return "unknown"
+        return head + ("-dirty" if git("status", "--porcelain", "--", *CODE_PATHS) else "")
     except OSError:
         return "unknown"
 
