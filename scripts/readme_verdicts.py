@@ -2,10 +2,9 @@
 """Regenerate the README's verdict table from the committed verdict records (`make readme`).
 
 Reads ``book/records/default/<run>/<chapter>/<chapter>.verdicts.jsonl`` (the verdicts of the
-default set's compute runs), the run titles from ``params/default.yaml`` (``variants:``) and,
-when ``make book`` has rendered the default book, the records' states from
-``book/_executed/default/states.json`` (a verdict of a stale or missing chapter says so), and
-rewrites what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -->`` in
+default set's compute runs), the run titles from ``params/default.yaml`` (``variants:``) and
+the records' states, judged from the committed provenance as ``run_notebooks.py --status`` judges
+them (a verdict of a stale or missing chapter says so; nothing rendered is read), and rewrites what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -->`` in
 ``README.md``: a row per claim, a column per testbed, each cell the status linked to the chapter.
 
     .venv/bin/python scripts/readme_verdicts.py [--check]   # --check: exit 1 when README.md is out of date
@@ -13,7 +12,7 @@ rewrites what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,21 +20,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
-from pactlib.book import site  # noqa: E402
+from pactlib.book import provenance, site  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
 
 #: Where a cell links: the chapter's notebook in the repository.
 LINK = "notebooks/{chapter}.py"
 
 
-def table(root: Path, set_name: str = "default") -> str:
-    """The generated block for ``root``'s README (see the module docstring)."""
+def record_states(set_name: str = "default") -> dict[str, str]:
+    """``{"<run>/<chapter>": "current"|"stale"|"missing"}`` of this repository's ``set_name`` records
+    (``scripts/run_notebooks.py``'s ``prepare`` and ``assess``: parameters, compute cells, engine
+    modules and lock compared with the provenance)."""
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    jobs = runner.prepare(runner.notebook_paths(None), ROOT / "params" / f"{set_name}.yaml", {})
+    runner.assess(jobs, set_name)
+    return {f"{j.run}/{j.name}": provenance.state(j.reasons) for j in jobs}
+
+
+def table(root: Path, set_name: str = "default", states: dict[str, str] | None = None) -> str:
+    """The generated block for ``root``'s README (see the module docstring); ``states`` as
+    :func:`record_states` gives them (None: no verdict is marked)."""
     titles = {r: spec["title"] for r, spec in pparams.variant_definitions(root / "params" / f"{set_name}.yaml").items()}
     store = root / "book" / "records" / set_name
     files = [(p.parent.name, p.parent.parent.name, p) for p in sorted(store.glob("*/*/*.verdicts.jsonl"))
              if p.name == f"{p.parent.name}.verdicts.jsonl"]
-    states_file = root / "book" / "_executed" / set_name / "states.json"
-    states = json.loads(states_file.read_text()) if states_file.is_file() else {}
+    states = states or {}
     verdicts = []
     for chapter, run, rec in site.read_verdicts(files, list(titles)):
         state = states.get(f"{run}/{chapter}", "current")
@@ -50,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = args.readme.read_text(encoding="utf-8")
     try:
-        new = site.replace_block(text, table(ROOT))
+        new = site.replace_block(text, table(ROOT, states=record_states()))
     except ValueError as exc:
         print(f"error: {args.readme}: {exc}", file=sys.stderr)
         return 2

@@ -473,8 +473,7 @@ def eval_speed() -> dict:
 
 
 def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
-    """``book/_executed/<store>/verdicts.md`` from the present runs' verdicts and the records' states
-    (and ``states.json``, read by ``scripts/readme_verdicts.py``)."""
+    """``book/_executed/<store>/verdicts.md`` from the present runs' verdicts and the records' states."""
     titles = {r: spec["title"] for r, spec in pparams.variant_definitions(params_file).items()}
     files = [(j.name, j.run, EXECUTED / store / j.run / f"{j.name}.verdicts.jsonl") for j in jobs]
     states = {(j.name, j.run): {"state": provenance.state(j.reasons), "reasons": j.reasons,
@@ -486,8 +485,6 @@ def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
                               reproductions=_json_lines(RECORDS / store / REPRODUCTIONS),
                               agreement=_json_lines(ROOT / "book" / "data" / "recompute_agreement.jsonl")
                               if store == "default" else ())
-    _write(EXECUTED / store / "states.json",
-           json.dumps({f"{r}/{c}": st["state"] for (c, r), st in sorted(states.items())}, indent=1) + "\n")
     return _write(EXECUTED / store / f"{site.VERDICTS_PAGE}.md", text)
 
 

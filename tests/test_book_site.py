@@ -73,10 +73,8 @@ def test_readme_script_reads_the_committed_store_and_marks_stale_chapters(tmp_pa
     _verdicts(store / "smoke-like" / "x", "y", {"claim": "C9", "status": "reproduced"})  # not <chapter>/<chapter>: ignored
     assert mod.table(tmp_path).splitlines()[2] == (
         "| C5 | [reproduced](notebooks/05_main_results.py) | [not reproduced](notebooks/05_main_results.py) |")
-    states = tmp_path / "book" / "_executed" / "default" / "states.json"
-    states.parent.mkdir(parents=True)
-    states.write_text(json.dumps({"main/05_main_results": "current", "minilm/05_main_results": "stale"}))
-    assert "[not reproduced (stale)](notebooks/05_main_results.py)" in mod.table(tmp_path)
+    states = {"main/05_main_results": "current", "minilm/05_main_results": "stale"}
+    assert "[not reproduced (stale)](notebooks/05_main_results.py)" in mod.table(tmp_path, states=states)
 
 
 def test_readme_has_one_generated_block_that_is_up_to_date():
