@@ -40,8 +40,8 @@ touched_only = True             # draw U_t, H_t among entries with Δt ≠ 0 (se
 perturb_scales = [1.0, 30.0]    # C2 sizes in units of the median |Δt|: the claim's size, then 30x
 draws = 1                       # sign / entry draws per condition in C2 and C3 (CPU time)
 alpha_points = 6                # α grid points for Task Arithmetic in C3 (0.05 … 1.0, widened at an edge)
-val_limit = 64                  # validation images per task: the Fisher examples and the α search
-test_limit = 128                # test images per task for every accuracy and loss below (CPU time)
+val_limit = 64                  # validation examples per task: the Fisher examples and the α search
+test_limit = 128                # test examples per task for every accuracy and loss below (CPU time)
 
 # %%
 from pactlib import testbeds
@@ -51,7 +51,12 @@ from pactlib.book.experiments import scalar
 P = chapters.ScalarPerspective.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
 path = records.records_path("03_scalar_perspective")  # the compute cell writes here; the other cells read it
-P
+# How the captions name the weight tensors of Figure 3.2, per testbed family: the matrix layers, the other
+# weight tensors with 2+ dimensions (scalar.layer_kind: "pointwise" and "conv").
+TENSOR_WORDS = {
+    "lite0": ("pointwise convolutions", "other convolutions (the stem and the depthwise ones)"),
+    "minilm": ("linear maps", "embedding tables"),
+}.get(testbeds.check_name(testbed), ("matrix layers", "other weight tensors"))
 
 # %% [markdown]
 # ## Sensitivity and enrichment (S1, S2)
@@ -61,9 +66,11 @@ P
 # $$F_t = \mathbb{E}_x\,\mathbb{E}_{y\sim p(y\mid x;\theta_t)}\big[(\partial_\theta \log p(y\mid x;\theta_t))^2\big].$$
 #
 # The labels y are sampled from the model, so this is the true Fisher, not the empirical one.
-# The examples are the first `fisher_samples` images of the validation split. The entries are
-# every trainable parameter of the backbone: convolution weights and BatchNorm scales and
-# shifts. The frozen running statistics and the task heads are not part of θ.
+# The examples are the first `fisher_samples` examples of the validation split (images on
+# Lite0, texts on MiniLM). The entries are every trainable parameter of the backbone. On Lite0
+# these are the convolution weights and the BatchNorm scales and shifts; its frozen running
+# statistics are not part of θ. On MiniLM they are the embedding tables, the weights and biases
+# of the linear maps, and the LayerNorm scales and shifts. The task heads are not part of θ.
 #
 # Then two sets of entries: U_t, the q-fraction with the smallest |Δt|, and H_t, the q-fraction
 # with the largest F_t, with q = `quantile` taken over all entries at once. The enrichment (S2)
@@ -74,11 +81,13 @@ P
 # E_t = 1 is chance; E_t > 1 means sensitive entries hide among the barely-updated ones. The
 # scalar LBW entries of task t are U_t ∩ H_t.
 #
-# **A tie at zero.** In our zoo a large share of the entries has Δt = 0 *exactly*: channels
-# that never carry a gradient at this input size (ReLU6 units that stay off), whose weights
-# AdamW without weight decay leaves untouched. If that share exceeds q, "the lowest q-quantile
-# of |Δt|" is a tie, and S2 as written picks U_t among untouched entries by their position in
-# memory. Those entries have zero gradient, hence zero Fisher, so E_t collapses to about 0 for a
+# **A tie at zero.** In the book's two zoos a large share of the entries has Δt = 0 *exactly*
+# (Table 3.1). These entries get no gradient during fine-tuning, and AdamW without weight decay
+# leaves them untouched. On Lite0 they are channels that carry no gradient at this input size
+# (ReLU6 units that stay off). On MiniLM they are mostly the rows of the token-embedding table
+# for tokens that task t's training texts never contain. If that share exceeds q, "the lowest
+# q-quantile of |Δt|" is a tie, and S2 as written picks U_t among untouched entries by their
+# position in memory. Those entries have zero gradient, hence zero Fisher, so E_t collapses to about 0 for a
 # reason that has nothing to do with the claim. We therefore compute E_t twice: as written, and
 # over the entries the fine-tuning moved at all (Δt ≠ 0, our default `touched_only = True`). The
 # LBW entries used in C2 and C3 come from the second.
@@ -130,13 +139,19 @@ with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
 
 # %% [markdown]
 # The same score inside each weight tensor (quantiles taken per tensor, touched entries), for
-# the convolution weights in network order. Red cells are tensors where sensitive and
+# the weight tensors with two or more dimensions, in network order: on Lite0 the convolutions,
+# on MiniLM the embedding tables and the linear maps. Red cells are tensors where sensitive and
 # barely-updated entries coincide more often than chance, blue cells less often.
 
 # %%
+tensors = frame[(frame["method"] == "enrichment") & (frame["scope"] == "layer")
+                & (frame["population"] == "touched")].drop_duplicates("key")
+n_matrix, n_other = int((tensors["kind"] == "pointwise").sum()), int((tensors["kind"] == "conv").sum())
 with plotting.figure("layer-enrichment", chapter=3, number=2, size="wide",
-                     caption="log2 of the per-tensor enrichment over touched entries (mean over seeds), "
-                             "tasks × convolution weights from input to output; 0 (white) is chance.") as (fig, ax):
+                     caption="log2 of the per-tensor enrichment over touched entries (mean over seeds), tasks × "
+                             f"the {n_matrix + n_other} weight tensors with two or more dimensions, from input to "
+                             f"output: {n_matrix} {TENSOR_WORDS[0]} (ticked) and {n_other} {TENSOR_WORDS[1]}; "
+                             "0 (white) is chance.") as (fig, ax):
     fig.colorbar(scalar.plot_layer_enrichment(frame, ax=ax, population="touched"), ax=ax, label=r"$\log_2 E$")
 
 # %%

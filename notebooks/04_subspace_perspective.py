@@ -32,8 +32,8 @@ seeds = [0, 1, 2]        # three fine-tuning seeds (about 40 s each): claims res
 draws = 2                # random subspaces per control and task: enough to see the controls' spread
 strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.25 = a dose below saturation
 margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points
-val_limit = 16           # validation images per task: loaded with the testbed, not used here
-test_limit = 200         # test images per task behind every accuracy here (1 image = 0.5 points)
+val_limit = 16           # validation examples per task: loaded with the testbed, not used here
+test_limit = 200         # test examples per task behind every accuracy here (at 200, one example = 0.5 points)
 
 # %%
 from pactlib import testbeds
@@ -69,8 +69,9 @@ opts = PactOptions()
 {k: getattr(opts, k) for k in ("core_frac", "active_frac", "lbw_tol", "svd")}
 
 # %% [markdown]
-# We compute the three subspaces for every matrix layer of the testbed's backbone (on
-# EfficientNet-Lite0 its 32 pointwise convolutions), every task and every seed.
+# We compute the three subspaces for every matrix layer of the testbed's backbone (on Lite0
+# its pointwise convolutions, on MiniLM the linear maps of its attention and MLP blocks), every
+# task and every seed. Figure 4.1 gives their number.
 
 # %% tags=["compute"]
 from tqdm.auto import tqdm
@@ -133,12 +134,13 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
 # condition gets `draws` draws; the overlap column below (mean squared cosine between the
 # removed subspace and the LBW) shows how far each control is from the LBW.
 #
-# **Strength.** BatchNorm layers keep the running statistics of θt, so a network whose weights
-# lose a whole subspace in every layer at once may simply collapse, whatever the subspace, and
-# every condition then sits at chance: a comparison without resolution. Besides the full
+# **Strength.** A network whose weights lose a whole subspace in every layer at once may simply
+# collapse, whatever the subspace, and every condition then sits at chance: a comparison without
+# resolution. On Lite0 nothing corrects for the change: its BatchNorm layers keep the running
+# statistics of θt. MiniLM's LayerNorms at least renormalise each token. Besides the full
 # removal of the claim (γ = 1) we therefore also shrink the component, W → W − γ W V Vᵀ with
-# γ = 0.25, which keeps the drops of the controls well below saturation in a first look at the
-# default zoo. Removing a fraction γ of the component takes away the share 1 − (1 − γ)² of
+# γ = 0.25, a dose meant to keep the drops of the controls below saturation (Table 4.2 shows
+# where they land). Removing a fraction γ of the component takes away the share 1 − (1 − γ)² of
 # its energy (0.44 for γ = 0.25).
 
 # %% tags=["compute"]

@@ -15,8 +15,8 @@
 # # LoRA merging (C11)
 #
 # With LoRA the pre-trained weights stay frozen during fine-tuning; each task learns rank-r
-# adapters $B_t A_t$ on the matrix layers (here the 32 pointwise convolutions), and its task
-# vector is
+# adapters $B_t A_t$ on the matrix layers (on Lite0 its pointwise convolutions, on MiniLM the
+# linear maps of its attention and MLP blocks), and its task vector is
 #
 # $$\Delta_t = \tfrac{\alpha_{\text{LoRA}}}{r}\, B_t A_t ,$$
 #
@@ -35,8 +35,8 @@ seeds = [0, 1, 2]              # claims rest on >= 3 seeds
 methods = ["task_arithmetic", "tsv_m", "iso_c"]  # the three methods of C5
 alpha_points = 5               # points on the 0.1..alpha_max grid
 alpha_max = 3.0                # upper end of the LoRA α grid (book/method.md, protocol)
-val_limit = 100                # validation images per task for the α search (CPU time)
-test_limit = 300               # test images per task (one image = 0.33 points)
+val_limit = 100                # validation examples per task for the α search (CPU time)
+test_limit = 300               # test examples per task (at 300, one example = 0.33 points of a task's accuracy)
 
 # %%
 from pactlib import testbeds
@@ -69,11 +69,26 @@ plotting.table(report.alpha_table(frame), chapter=9, number=2,
                caption="α chosen on validation per method and seed; * marks a choice on the grid's edge.")
 
 # %%
-with plotting.figure("lora-gain", chapter=9, number=3, size="wide", paper="Tab. 3",
+with plotting.figure("lora-gain", chapter=9, number=1, size="wide", paper="Tab. 3",
                      caption="Gain of PACT on LoRA task vectors, mean normalized test accuracy (points). "
                              "Ticks: seeds.") as (fig, ax):
     report.plot_gains(frame, methods, [suite], ax=ax)
 
+# %% [markdown]
+# How large is a gain of a fraction of a point? Each task is scored on at most `test_limit` test
+# examples, so one example more or less right moves that task's accuracy by at least
+# 100/`test_limit` points. The line below sets each method's gain in mean accuracy against that
+# step: a gain under one step is less than one test example per task.
+
+# %%
+step = 100 / test_limit  # points of one task's accuracy per test example (at least: some tasks may have fewer)
+gain = report.gains(frame, base_methods=methods, suites=[suite], metric="acc").groupby("base", sort=False)["gain"].mean()
+size = "; ".join(f"{report.pretty(m)} {gain[m]:+.2f} points = {gain[m] / step:+.2f} test examples per task"
+                 for m in methods if m in gain.index)
+print(f"One test example is {step:.2f} points of a task's accuracy. PACT's gain in mean test accuracy "
+      f"(mean over tasks and seeds): {size}.")
+
 # %%
 v = report.main_verdicts(frame, suites=[suite], c5_methods=methods)["C5"]
-plotting.verdict("C11", v["status"], v["evidence"].replace("PACT gain", "PACT gain on LoRA task vectors"))
+plotting.verdict("C11", v["status"], v["evidence"].replace("PACT gain", "PACT gain on LoRA task vectors")
+                 + f"; one test example is {step:.2f} points of a task's accuracy")

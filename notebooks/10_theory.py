@@ -37,10 +37,10 @@
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]                       # three fine-tuning seeds: claims rest on means over >= 3 (book/method.md, protocol)
-loss_examples = 64                      # validation images in the batch on which L_t and its gradient are taken
+loss_examples = 64                      # validation examples in the batch on which L_t and its gradient are taken
 fracs = [0.25, 0.5, 1.0]                # points s of the path θt − s·Δt P_t (s = 1: the full filter)
-val_limit = 64                          # validation images loaded per task (>= loss_examples)
-test_limit = 200                        # test images per task for the accuracy change
+val_limit = 64                          # validation examples loaded per task (>= loss_examples)
+test_limit = 200                        # test examples per task for the accuracy change
 
 # %%
 from pactlib import testbeds
@@ -49,20 +49,19 @@ from pactlib.book.experiments import theory
 
 P = chapters.Theory.check(globals())
 suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" for lite0-8)
-P
 
 # %% [markdown]
 # ## Filter, then measure both sides
 #
 # For each seed we run PACT with its default options (`PactOptions()`, chosen in the
 # sensitivity chapter), keeping every layer's shield S_t. For each task t we take a batch of
-# `loss_examples` validation images, the loss L_t(θt) and its gradient there, and compute, over
-# all filtered (pointwise) layers, the first-order prediction, the bound, and the measured
+# `loss_examples` validation examples, the loss L_t(θt) and its gradient there, and compute,
+# over all filtered (matrix) layers, the first-order prediction, the bound, and the measured
 # change L_t(θ0 + Δ̃t) − L_t(θt). Prediction and measurement use the same batch, so the
-# comparison between them carries no sampling noise; a batch of 64 images is enough for that
-# and keeps the chapter within its CPU budget. The accuracy of θ0 + Δ̃t on task t's test images
-# gives the self-degradation in the unit that matters. The verdict counts (task, seed) cases
-# over the `seeds` run (three by default).
+# comparison between them carries no sampling noise; a batch of a few dozen examples is enough
+# for that and keeps the chapter within its CPU budget. The accuracy of θ0 + Δ̃t on task t's
+# test examples gives the self-degradation in the unit that matters. The verdict counts
+# (task, seed) cases over the `seeds` run (three by default).
 
 # %% tags=["compute"]
 from tqdm.auto import tqdm
