@@ -32,9 +32,9 @@
 # PACT and the SVD-based merges act on linear maps. A key is a *matrix layer* when it stores a
 # map $W:\mathbb R^n\to\mathbb R^m$ as an (m, n) array: a linear weight, or a 1×1 convolution
 # (m, n, 1, 1) seen as (m, n). open_clip's `visual.proj` is stored the other way round, so its
-# view is the transpose. Biases, norms, embedding tables and k×k convolutions are not matrix
-# layers; integer buffers are copied from θ0. `pactlib.matrix.MatrixRule` holds this rule
-# (`kind`, `view`, `unview`). The right singular vectors of a view live in the **input**
+# view is the transpose. Biases, norms, embedding tables and convolutions with larger kernels
+# are not matrix layers; integer buffers are copied from θ0. `pactlib.matrix.MatrixRule` holds
+# this rule (`kind`, `view`, `unview`). The right singular vectors of a view live in the **input**
 # space $\mathbb R^n$, and so does every subspace below: an orthonormal basis $V$ of shape (n, r).
 #
 # ## Three subspaces of a layer
@@ -64,19 +64,20 @@
 # the union of their LBW subspaces, and the filter removes the shield component of its update:
 #
 # $$M_t = \big[\,V_{j,\mathrm{LBW}}\,\big]_{j \ne t}, \qquad S_t = \operatorname{orth}(M_t)
-#   \text{ with at most } \lfloor c\, n \rfloor \text{ columns} \tag{P4}$$
+#   \text{ with at most } \lfloor \gamma\, n \rfloor \text{ columns} \tag{P4}$$
 #
 # $$\tilde\Delta_t = \Delta_t - (\Delta_t S_t)\,S_t^\top \tag{P5}$$
 #
-# Here orth(·) is rank-revealing again and c is `max_shield_frac`. The cap keeps the shield
+# Here orth(·) is rank-revealing again and γ is `max_shield_frac`. The cap keeps the shield
 # from covering the whole input space (which would delete the update); the leading
 # directions, shared by several tasks, are kept. The filtered updates are then merged by any
 # base method. Two variants:
 #
 # $$S_t = V_{0,K} \ \text{ for every } t \qquad \text{(S-PACT, static)} \tag{P6}$$
 #
-# and every "top-r singular vectors" above may come from a randomized SVD with oversampling p
-# and q power iterations instead of the exact one (P7; Halko, Martinsson & Tropp 2011).
+# and every "top-r singular vectors" above may come from a randomized SVD (RSVD) with
+# oversampling p and q power iterations instead of the exact one (P7; Halko, Martinsson & Tropp
+# 2011).
 # Code: `pactlib.shield.build_shield` (P4), `pactlib.shield.filter_update` (P5, never forming
 # the n×n projector), `pactlib.pact.pact_filter(..., mode="pact" | "s-pact")` (P4–P6 over a
 # whole checkpoint, with `pactlib.PactOptions`), `pactlib.linalg.top_singular(method="rsvd")`
@@ -85,18 +86,25 @@
 #
 # ## The merges PACT wraps
 #
+# **Task Arithmetic (TA, M1**; Ilharco et al., ICLR 2023) adds the task vectors:
+#
 # $$D = \textstyle\sum_t \Delta_t \tag{M1}$$
 #
-# **TIES (M2)** keeps each task's top k % entries by magnitude, elects a sign per entry from the
-# sum, and averages the entries that agree with it. **TSV-M (M3)** keeps each task's top
-# ⌊min(m, n)/T⌋ singular triplets, stacks them, replaces the stacked U and V by their nearest
-# orthonormal (polar) factors and keeps the original singular values. **Iso-C (M4)** takes the
-# SVD of the sum and sets every singular value to their mean:
+# **TIES (M2**; TIES-Merging, *trim, elect sign and merge*; Yadav et al., NeurIPS 2023) keeps
+# each task's top ρ % entries by magnitude (the trim percentage ρ), elects a sign per entry from
+# the sum, and averages the entries that agree with it. **TSV-M (M3**; Task Singular Vectors:
+# Merge; Gargiulo et al., CVPR 2025) keeps each task's top ⌊min(m, n)/T⌋ singular triplets,
+# stacks them, replaces the stacked U and V by their nearest orthonormal (polar) factors and
+# keeps the original singular values. **Iso-C (M4**; isotropic merging in the common subspace;
+# Marczak et al., ICML 2025, "No task left behind: isotropic model merging with common and
+# task-specific subspaces") takes the SVD of the sum and sets every singular value to their
+# mean:
 #
 # $$\textstyle\sum_t \Delta_t = U\Sigma V^\top, \qquad D = \bar\sigma\, U V^\top \tag{M4}$$
 #
-# **Iso-CTS (M5)** keeps common directions of the sum, adds task-specific ones from each
-# update with the common subspace projected out, and flattens the spectrum the same way.
+# **Iso-CTS (M5**; isotropic merging in the common and task-specific subspaces, from the same
+# paper) keeps common directions of the sum, adds task-specific ones from each update with the
+# common subspace projected out, and flattens the spectrum the same way.
 # Non-matrix keys are summed (M1, M2 on all entries) or averaged (M3–M5).
 # Code: `pactlib.merges.get(name)` over the registry — `task_arithmetic` (M1), `ties` (M2),
 # `tsv_m` (M3), `iso_c` (M4), `iso_cts` (M5); the one entry point is `pactlib.merge` /
@@ -218,7 +226,9 @@ with plotting.figure("merge-spectra", chapter=1, number=3,
 # computes at a fraction of the cost of a full SVD. On a planted-rank matrix (rank 16 plus
 # 10⁻³ noise, of shape `rsvd_shape`), the distance between the exact and the randomized top-16
 # right singular subspaces is the sine of their largest principal angle
-# (`pactlib.linalg.projector_distance`). Chapter 8 measures what this means for accuracy.
+# (`pactlib.linalg.projector_distance`). The check uses the specification's p = 10 and q = 2
+# ({ref}`P7 <eq-P7>`); `PactOptions` has settings of its own for the core and for the task
+# updates, which chapter 8 measures, with what they mean for accuracy.
 
 # %% tags=["compute"]
 check = geometry.rsvd_check(m=rsvd_shape[0], n=rsvd_shape[1], seed=seed)
@@ -228,7 +238,9 @@ records.write_records(path, [records.make_record("rsvd-check", params=P, seed=se
 m_, n_ = rsvd_shape
 frame = records.records_frame(path)
 row = frame[frame["method"] == "rsvd-check"].iloc[-1]
-plotting.table(row[["metrics.distance", "metrics.exact_seconds", "metrics.rsvd_seconds"]].to_frame("value").rename(
-    index=lambda c: c.removeprefix("metrics.")), chapter=1, number=2, floatfmt="{:.2e}",
-    caption=f"Exact vs randomized top-16 right singular subspace of a {m_}×{n_} planted-rank matrix "
-            f"(oversampling 10, 2 power iterations): projector distance and seconds per call.")
+# a row of the mixed-type frame has dtype object, and plotting.table formats float columns only
+values = row[["metrics.distance", "metrics.exact_seconds", "metrics.rsvd_seconds"]].astype(float)
+plotting.table(values.to_frame("value").rename(index=lambda c: c.removeprefix("metrics.")), chapter=1, number=2,
+               floatfmt="{:.2e}",
+               caption=f"Exact vs randomized top-16 right singular subspace of a {m_}×{n_} planted-rank matrix "
+                       f"(oversampling 10, 2 power iterations): projector distance and seconds per call.")

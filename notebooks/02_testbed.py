@@ -145,7 +145,9 @@ records.write_records(path, [records.table_record(chapter2.backbone_summary(pret
                              records.table_record(chapter2.layer_table(pretrained), table="layers", params=P)]);
 
 # %%
-plotting.table(records.table_frame(path, "backbone"), chapter=2, number=2, floatfmt="{:.3f}",
+backbone = records.table_frame(path, "backbone")
+plotting.table(backbone.rename(index=lambda kind: kind.replace("BN affine", "BatchNorm scale and shift")),
+               chapter=2, number=2, floatfmt="{:.3f}",
                caption="Entries and values of the backbone θ0 by kind under the matrix rule.")
 plotting.table(records.table_frame(path, "layers"), chapter=2, number=3, floatfmt="{:.0f}",
                caption="The 32 matrix layers in network order, with the shape (m, n) of their matrix view: PACT "
@@ -350,7 +352,7 @@ print(f"off-diagonal cosines: mean {off.mean():.3f}, median |cos| {off.abs().med
 
 # %% [markdown]
 # Does the 5-value search hide anything? We ran the same merges with the paper's full grid (0.05
-# to 1.0 in steps of 0.05 for TA, 0.1 to 3.0 in steps of 0.1 for Iso-C;
+# to 1.0 in steps of 0.05 for Task Arithmetic (TA), 0.1 to 3.0 in steps of 0.1 for Iso-C;
 # `bench/bench_interference.py --alpha-points 0`, records in
 # `book/data/interference_fullgrid.jsonl`). The steps agree within about half a
 # point, and TA's α falls step by step with T:
@@ -525,7 +527,8 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 # step of the verdict below falls on every seed but stays inside it. The fixed order does not
 # inflate the book's first step: its 14-task suite lands a little above the random sets of 14
 # tasks (last line above). (At T = 17 two of the four draws happen to pick the same nine tasks, so
-# that set counts twice; `testbed.random_task_sets` does not yet reject repeats.)
+# that set counts twice: `testbed.random_task_sets` draws each set on its own and does not reject
+# a set drawn before.)
 
 # %% [markdown]
 # ### Verdict

@@ -34,9 +34,9 @@
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
 seeds = [0, 1, 2]                        # fine-tuning seeds: the claims rest on >= 3
 method = "iso_c"                         # base merge: Iso-C, PACT's headline pairing
-n_iters = [2, 8, 12]                     # power iterations q timed and compared (12 = PactOptions' default)
-accuracy_n_iter = 12                     # q of the RSVD whose merged accuracy is measured (PactOptions' default)
-oversample = 40                          # oversampling p of P7 (PactOptions' default)
+n_iters = [2, 8, 12]                     # power iterations q of the core's RSVD (P1), timed and compared (PactOptions' default: 8)
+accuracy_n_iter = 12                     # q of the core's RSVD in the merge whose accuracy is measured
+oversample = 40                          # oversampling p of the core's RSVD (PactOptions' default: 60); task updates keep p = 40, q = 1
 timing_repeats = 3                       # fastest of three runs per variant: a shared machine only slows runs down
 min_speedup = 2.0                        # "a fraction of the time": RSVD takes at most half the exact time
 alpha_points = 5                         # geometric α values over Iso-C's grid 0.1 … 3.0 (book/method.md, protocol)
@@ -71,12 +71,17 @@ suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" f
 # to the exact SVD. With many power iterations the engine takes a cheaper route to the same
 # subspace: it forms the Gram matrix of W's smaller side once (m·n·min(m, n)) and iterates with
 # it, one product of min(m, n)²·(r + p) per iteration instead of two through W
-# (`linalg.gram_is_cheaper` decides by counting flops). We use p = `oversample` and the seed of
-# `PactOptions` (0), and time the whole PACT filter (P1–P5 over the 32 matrix layers, the book's
-# default options) once with exact SVDs and once per q in `n_iters`, with the kernel's torch
-# thread count (the book runner's `threads`: one per kernel on the two-core build machine; the
-# filter spreads its layers over them, each layer's kernels on one thread, so the filtered task
-# vectors are the same for any count, the times are not).
+# (`linalg.gram_is_cheaper` decides by counting flops).
+#
+# Which p and q: on the testbed, the RSVD of the pre-trained core (P1) uses p = `oversample` and
+# each q of `n_iters`, while the task updates' active subspaces (P2) keep `PactOptions`' own
+# setting (`active_oversample`, `active_n_iter`); the seed is `PactOptions`' (0). The tables
+# below state the values. The benchmark at the end of the chapter uses `PactOptions`' defaults
+# for both. We time the whole PACT filter (P1–P5 over every matrix layer of the testbed, the
+# book's default options) once with exact SVDs and once per q of `n_iters`, with the kernel's
+# torch thread count (the book runner's `threads`: one per kernel on the two-core build machine;
+# the filter spreads its layers over them, each layer's kernels on one thread, so the filtered
+# task vectors are the same for any count, the times are not).
 
 # %% tags=["compute"]
 import torch
@@ -122,21 +127,27 @@ records.write_records(records.records_path("08_efficiency"), recs, replace=True)
 # compared by ‖Δ̃exact − Δ̃rsvd‖_F / ‖Δ̃exact‖_F over the matrix layers.
 
 # %%
+from pactlib import PactOptions
 from pactlib.book import plotting
 
 frame = records.records_frame(records.records_path("08_efficiency"))
 timed_threads = ", ".join(str(int(t)) for t in sorted(frame.loc[frame["method"] == "filter-time", "threads"].unique()))
+n_layers = frame.loc[frame["method"] == "core-gap", "key"].nunique()  # one core-gap record per matrix layer and seed
+defaults = PactOptions()
+updates_pq = f"p = {defaults.active_oversample}, q = {defaults.active_n_iter}"  # what the compute cell leaves as it is
 plotting.table(efficiency.summary_table(frame), chapter=8, number=1, floatfmt="{:.3g}",
-               caption=f"PACT filter on the backbone (8 tasks): time (s, fastest of the repeats, mean over seeds; "
-                       f"{timed_threads} torch thread(s)), "
+               caption=f"PACT filter on the backbone ({suite} tasks, {n_layers} matrix layers): time (s, fastest of "
+                       f"the repeats, mean over seeds; {timed_threads} torch thread(s)), "
                        "speed-up over the exact filter, share of the top-r SVDs that really run randomized, "
                        "distance of the LBW bases from the exact ones and relative change of the filtered task "
-                       "vectors (mean and largest over layers and tasks).")
+                       f"vectors (mean and largest over layers and tasks). RSVD rows: the core with p = {oversample} "
+                       f"and the row's q, the task updates with {updates_pq} (`PactOptions`' defaults).")
 
 # %%
 with plotting.figure("rsvd-time-error", chapter=8, number=1, size="wide", ncols=2, paper="Tab. 5",
-                     caption="Left: time of the PACT filter over the backbone's 32 matrix layers, exact SVD and RSVD "
-                             "with q power iterations (dots: seeds). Right: distance of the randomized LBW bases "
+                     caption=f"Left: time of the PACT filter over the backbone's {n_layers} matrix layers, exact SVD "
+                             f"and RSVD with q power iterations for the core (p = {oversample}; task updates: "
+                             f"{updates_pq}; dots: seeds). Right: distance of the randomized LBW bases "
                              "from the exact ones per layer, input to output (line: mean over tasks; band: "
                              "smallest to largest).") as (fig, axes):
     efficiency.plot_times(frame, ax=axes[0])
@@ -165,13 +176,16 @@ print(f"core gap σ_(K+p+1)/σ_K of W0: {gaps.min():.2f} … {gaps.max():.2f} ov
 #
 # ## Accuracy of the merge
 #
-# Plain Iso-C, PACT-Iso-C with exact SVDs and PACT-Iso-C with the RSVD (p = `oversample`,
-# q = `accuracy_n_iter`: `PactOptions`' defaults), each with α chosen on validation ({ref}`the protocol <method-protocol>`).
+# Plain Iso-C, PACT-Iso-C with exact SVDs and PACT-Iso-C with the RSVD, each with α chosen on
+# validation ({ref}`the protocol <method-protocol>`). The RSVD of this comparison is the one of
+# the timings above at q = `accuracy_n_iter`: the core with p = `oversample`, the task updates
+# with `PactOptions`' setting (the caption gives the values).
 
 # %%
 plotting.table(efficiency.accuracy_table(frame), chapter=8, number=2, floatfmt="{:.2f}",
                caption="Mean test accuracy and normalized accuracy (%, ± std over seeds), seed count, mean chosen "
-                       "α and merge time (s, the filter excluded) per method.")
+                       "α and merge time (s, the filter excluded) per method. The RSVD: the core with "
+                       f"p = {oversample}, q = {accuracy_n_iter}; the task updates with {updates_pq}.")
 
 # %%
 check = efficiency.accuracy_check(frame, exact=f"pact-{method}", other=f"pact-rsvd-{method}")
@@ -203,10 +217,24 @@ print(f"RSVD − exact: {100 * check['diff']:+.2f} points; tolerance {100 * chec
 # with the p = 10, q = 2 of {ref}`P7 <eq-P7>` for comparison.
 
 # %%
+import pandas as pd
+
 bench = efficiency.read_bench(bench_json)
 if bench:
-    plotting.table(efficiency.bench_table(bench), chapter=8, number=3, floatfmt="{}",
-                   caption=f"The PACT filter on ViT-B/32-shaped synthetic layers (`{bench_json}`), exact SVD vs RSVD.")
+    # the benchmark's p and q are the core's; its record has the task updates' too, shown right after them
+    bench_frame = efficiency.bench_table(bench).rename(index={"oversampling p": "core V0,K: oversampling p",
+                                                              "power iterations q": "core V0,K: power iterations q"})
+    bench_frame = bench_frame.rename(index=lambda q: q.replace("previous RSVD (p = 10, q = 2)", "RSVD with P7's p = 10, "
+                                                               "q = 2 for both").replace("previous RSVD", "the same"))
+    if bench.get("active_oversample") is not None and bench.get("active_n_iter") is not None:
+        at = bench_frame.index.get_indexer(["core V0,K: power iterations q"])[0] + 1 or len(bench_frame)
+        updates = pd.DataFrame({"value": [str(bench["active_oversample"]), str(bench["active_n_iter"])]},
+                               index=pd.Index(["task updates Vt,k: oversampling p",
+                                               "task updates Vt,k: power iterations q"], name=bench_frame.index.name))
+        bench_frame = pd.concat([bench_frame.iloc[:at], updates, bench_frame.iloc[at:]])
+    plotting.table(bench_frame, chapter=8, number=3, floatfmt="{}",
+                   caption=f"The PACT filter on ViT-B/32-shaped synthetic layers (`{bench_json}`), exact SVD vs RSVD "
+                           "with `PactOptions`' settings for the core and for the task updates.")
     if bench.get("sweep"):
         plotting.table(efficiency.bench_sweep_table(bench), chapter=8, number=4, floatfmt="{:.3g}",
                        caption=f"Randomized variants on the first {bench.get('sweep_blocks', 1)} block(s) of the "
@@ -215,7 +243,9 @@ if bench:
                                "the distance of the LBW bases, cores and active subspaces from the exact ones.")
     print(f"benchmark: {bench.get('threads')} thread(s), {bench.get('bench_seconds', float('nan')) / 60:.0f} min, "
           f"measured {bench.get('measured')}")
-    print(f"RSVD with p = {bench.get('oversample')}, q = {bench.get('n_iter')}: filter {bench['speedup_rsvd']:.1f}× faster than "
+    print(f"RSVD with p = {bench.get('oversample')}, q = {bench.get('n_iter')} for the cores and "
+          f"p = {bench.get('active_oversample')}, q = {bench.get('active_n_iter')} for the task updates: "
+          f"filter {bench['speedup_rsvd']:.1f}× faster than "
           f"with exact SVDs; its SVDs alone {bench.get('speedup_svd', float('nan')):.1f}× faster. The rest of the filter "
           f"(LBW bases, shields, projections) is {100 * bench.get('rest_share_exact', float('nan')):.0f} % of the exact "
           f"filter's time, so even free SVDs would make it only {bench.get('speedup_bound', float('nan')):.1f}× faster.")
@@ -223,9 +253,19 @@ if bench:
     if prev:
         print(f"LBW bases: projector distance / √r {bench['lbw_projector_distance_mean']:.2g} (mean), "
               f"{bench['lbw_projector_distance_max']:.2g} (max), spectral {bench.get('lbw_spectral_distance_max', float('nan')):.2g} "
-              f"(max); with p = {prev['oversample']}, q = {prev['n_iter']}: {prev['lbw_projector_distance_mean']:.2g}, "
+              f"(max); with p = {prev['oversample']}, q = {prev['n_iter']} for the cores and p = "
+              f"{prev.get('active_oversample', '?')}, q = {prev.get('active_n_iter', '?')} for the task updates: "
+              f"{prev['lbw_projector_distance_mean']:.2g}, "
               f"{prev['lbw_projector_distance_max']:.2g} and {prev['lbw_spectral_distance_max']:.2g}, "
               f"at {prev['speedup']:.1f}× speed-up")
+    own = [v for v in bench.get("sweep") or [] if (v.get("core_oversample"), v.get("core_n_iter"), v["oversample"],
+           v["n_iter"]) == (bench.get("oversample"), bench.get("n_iter"), bench.get("active_oversample"),
+                            bench.get("active_n_iter"))]
+    if own:  # PactOptions' setting among the sweep's rows
+        print(f"sweep row of this setting: LBW bases at projector distance / √r {own[0]['lbw_fro_mean']:.3f} (mean), "
+              f"{own[0]['lbw_fro_max']:.3f} (max), spectral {own[0]['lbw_spectral_mean']:.3f} (mean), "
+              f"{own[0]['lbw_spectral_max']:.3f} (max); cores of all layers, spectral "
+              f"{own[0].get('core_spectral_max_all', float('nan')):.3f} (max); SVDs {own[0]['speedup_svd']:.1f}× faster")
 else:
     print(f"{bench_json} not found: run `make bench` (or `.venv/bin/python bench/bench_filter.py --out {bench_json}`) "
           "and rebuild this chapter to show the paper-sized numbers.")
@@ -238,12 +278,13 @@ else:
 # LBW bases follows the core's, and the core's shrinks with both p and q (the convergence factor
 # σ_(K+p+1)/σ_K raised to the power 2q + 1). With many iterations the Gram route is the cheaper
 # one, and its one-off product dominates the cost, so more iterations cost little.
-# `PactOptions`' p and q are among the cheapest settings of the sweep that keep the LBW bases
-# within 0.05 of the exact ones in both distances, and every layer's core too (last column: the
-# spectral distance hinges on the closest pair of singular values at the cut, which varies from
-# layer to layer). The core and the task updates have settings of their own (`oversample`,
-# `n_iter` and `active_oversample`, `active_n_iter`): the LBW bases come from the core, which
-# needs the accuracy, while one power iteration is enough for the updates' active subspaces.
+# `PactOptions`' p and q (their sweep row is the last line printed above) are among the
+# cheapest settings of the sweep that keep the LBW bases on average within 0.05 of the exact
+# ones in both distances, and every layer's core too (last column: the spectral distance hinges
+# on the closest pair of singular values at the cut, which varies from layer to layer). The
+# core and the task updates have settings of their own (`oversample`, `n_iter` and
+# `active_oversample`, `active_n_iter`): the LBW bases come from the core, which needs the
+# accuracy, while one power iteration is enough for the updates' active subspaces.
 # The whole filter gains less than its SVDs: the shields (P4) and the projections (P5) cost the
 # same with either SVD, and the printed bound says how much of the exact filter's time they take.
 # Both are kept small. The shields take one eigendecomposition of the union of the LBW bases per
@@ -257,8 +298,8 @@ else:
 # %% [markdown]
 # ## PACT-Iso-C against Iso-C
 #
-# How much slower is a PACT merge than the plain one? Our engine's goal was at most 2× for
-# PACT-Iso-C with the RSVD. `bench/bench_merge_scale.py` times the whole streamed `pact merge`
+# How much slower is a PACT merge than the plain one? The goal: PACT-Iso-C with the RSVD at most
+# 2× the time of Iso-C. `bench/bench_merge_scale.py` times the whole streamed `pact merge`
 # on ViT-B/32-shaped checkpoints, and `bench/bench_pact_floor.py` times the least it could take.
 #
 # Two parts of the filter cannot be skipped. Each task needs its active subspace (P2: a top-k
@@ -324,10 +365,10 @@ else:
 # triplets), so a layer's memory does not grow with T. With PACT such a layer is filtered in two
 # passes over the tasks: one for the subspaces, one to filter each update. TIES reads chunks of
 # rows, and with PACT filters one task at a time too. Iso-CTS still holds a layer's T updates at
-# once: it needs their sum before each task's own part. The engine's goal was a peak at twenty tasks at most 1.5× the
-# peak at two. The table is the last run of `bench/bench_merge_scale.py` for each model shape,
-# method and mode (resident set size of the whole process, about 0.64 GB of it the Python and
-# torch start-up).
+# once: it needs their sum before each task's own part. The goal: a peak at twenty tasks at most
+# 1.5× the peak at two. The table is the last run of `bench/bench_merge_scale.py` for each model
+# shape, method and mode (resident set size of the whole process, about 0.64 GB of it the Python
+# and torch start-up).
 
 # %%
 mt = efficiency.memory_table(scale)
@@ -442,7 +483,7 @@ else:
 # %% [markdown]
 # ### Beside mergekit
 #
-# Issue 29 also asks for `pact merge` and mergekit timed side by side on the same files.
+# How does `pact merge` compare with mergekit, timed side by side on the same files?
 # `bench/bench_mergekit.py` writes a Llama-shaped float32 model folder and T fine-tunes, then runs
 # `pact merge` and mergekit's `mergekit-yaml` as whole processes on the CPU, in alternating order,
 # for Task Arithmetic and TIES with the same α and the same trim (mergekit trims each tensor, so
@@ -463,8 +504,8 @@ if len(mk_table):
                            "the float64 reference; the 1-minute load average of the shared machine during the runs.")
     display(Markdown("\n".join(f"- {s}" for s in speed.side_by_side_findings(mk_frame))))
 else:
-    display(Markdown("No side-by-side record with mergekit is committed (no `book/data/mergekit*.jsonl`): "
-                     "`make bench` has no mergekit run yet, so this book cannot say how the two compare."))
+    display(Markdown("No side-by-side record with mergekit is committed (no `book/data/mergekit*.jsonl`), so "
+                     "this book cannot say how the two compare; `bench/bench_mergekit.py` writes one."))
 
 # %% [markdown]
 # ## Verdict
@@ -477,4 +518,10 @@ else:
 timing = frame[(frame["method"] == "filter-time") & (frame["n_iter"] == accuracy_n_iter)]
 v = efficiency.c10_verdict(check, speedup=timing["metrics.speedup"].mean(), bench=bench, min_speedup=min_speedup,
                            rsvd_share=timing["metrics.rsvd_share"].mean())
-plotting.verdict("C10", v["status"], v["evidence"])
+evidence = (f"on the testbed the RSVD uses p = {oversample}, q = {accuracy_n_iter} for the cores and {updates_pq} for "
+            "the task updates: " + v["evidence"])
+if bench and bench.get("active_oversample") is not None:  # the benchmark's p, q in the evidence are the cores'
+    core_pq = f"with p = {bench.get('oversample')}, q = {bench.get('n_iter')}"
+    evidence = evidence.replace(core_pq, f"{core_pq} for the cores and p = {bench['active_oversample']}, "
+                                         f"q = {bench.get('active_n_iter')} for the task updates")
+plotting.verdict("C10", v["status"], evidence)

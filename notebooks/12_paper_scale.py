@@ -17,10 +17,16 @@
 # The paper merges CLIP ViT-B/32, ViT-B/16 and ViT-L/14 image encoders fine-tuned on 8, 14 and
 # 20 datasets (SUN397, Cars, RESISC45, EuroSAT, SVHN, GTSRB, MNIST, DTD, …). Those checkpoints
 # and datasets are in no package registry, so this book cannot download them. The default book
-# runs every earlier chapter on the built-in testbed of chapter 2. With your files, the
-# parameter sets `params/paper-vit{b32,b16,l14}-{8,14,20}.yaml` run chapters 3–11 on them
-# instead, through the `clip` testbed (`pactlib.testbeds.clip`): merged CLIP models are
-# evaluated there, with α chosen on the reference validation split and the test splits scored.
+# runs chapters 3–11 on the two built-in testbeds of chapter 2 (EfficientNet-Lite0 on image
+# tasks, MiniLM-L6 on text tasks). With your files, the parameter sets
+# `params/paper-vit{b32,b16,l14}-{8,14,20}.yaml` run chapters 3–8, 10 and 11 on them instead,
+# through the `clip` testbed (`pactlib.testbeds.clip`): merged CLIP models are evaluated there,
+# with α chosen on the reference validation split and the test splits scored. Chapter 9 (LoRA)
+# needs LoRA adapters, which the checkpoint releases do not have, so these sets run it on the
+# *synthetic testbed* (`synthetic-8`: a seconds-sized four-layer network built in memory, with
+# 8 synthetic classification tasks and full and LoRA fine-tunes; `pactlib.testbeds.synthetic`).
+# Chapter 1 runs its toy examples as in the default book; chapter 2 describes Lite0 on its
+# seconds-sized zoo.
 # This chapter does three things:
 #
 # 1. it shows the **published** paper-scale numbers, from a data file with a source for each
@@ -170,16 +176,19 @@ display(Markdown(
 # by name in its `testbeds:` section and names it in the chapters' sections.
 #
 # **Parameter sets.** `params/paper-vit{b32,b16,l14}-{8,14,20}.yaml` define one clip testbed each
-# (e.g. `clip-vitb32-8`) and run chapters 3–11 on it, chapter 12 (this one) on its files. Edit
-# the paths of the `testbeds:` section (the check refuses a path that does not exist, naming the
-# option), then run the whole set with one command:
+# (e.g. `clip-vitb32-8`) and run chapters 3–8, 10 and 11 on it and chapter 12 (this one) on its
+# files; chapter 9 runs on the synthetic testbed and chapter 2 on Lite0's seconds-sized zoo.
+# Edit the paths of the `testbeds:` section (the check refuses a path that does not exist,
+# naming the option), then compute the whole set and render it with one command:
 #
 # ```bash
-# .venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8
+# make reproduce PARAMS=paper-vitb32-8
 # ```
 #
-# (`make book PARAMS=paper-vitb32-8` does the same and does not build the Lite0 zoo.) Each file
-# says which chapters do not apply to CLIP checkpoints and why.
+# (the same as `.venv/bin/python scripts/run_notebooks.py --params paper-vitb32-8 --mode compute`;
+# neither builds the Lite0 or MiniLM zoo). `make book PARAMS=paper-vitb32-8` only renders the
+# records already computed. Each file says which chapters do not apply to CLIP checkpoints and
+# why.
 #
 # **One layout of the attention weights.** Hugging Face CLIP files hold q, k and v as three
 # (d, d) matrices per layer; open_clip and task_vectors / TSV files hold one fused (3d, d)
@@ -317,9 +326,10 @@ plotting.table(pd.DataFrame({"merge": diffs["merge"], "keys that differ": diffs[
 #
 # The task vectors are the differences of the vision towers (`pactlib.task_vectors_from`,
 # which checks keys, shapes and finiteness first). `pact_filter` with the default options
-# (`PactOptions()`: K and k a tenth of each layer's rank, τ = 0.5, shield capped at half the
-# input dimension) reports per layer and task the LBW and shield ranks, whether the cap bound
-# and the share of the update the filter removed. No data are needed for any of it.
+# (`PactOptions()`: K a tenth and k a twentieth of each layer's rank bound min(m, n), τ = 0.5,
+# shield capped at half the input dimension, exact SVDs) reports per layer and task the LBW and
+# shield ranks, whether the cap bound and the share of the update the filter removed. No data
+# are needed for any of it.
 
 # %% tags=["compute"]
 from pactlib import PactOptions, pact_filter
@@ -411,8 +421,11 @@ if len(check):
 # [chapter 5](05_main_results.ipynb), PACT against S-PACT in [chapter 6](06_static_vs_dynamic.ipynb),
 # PACT by depth in [chapter 7](07_layer_depth.ipynb), the cost of the filter on these layers in
 # [chapter 8](08_efficiency.ipynb) and the sensitivity to PACT's options in
-# [chapter 11](11_sensitivity.ipynb). Their records are in `book/_executed/<set>/records/`. The
-# default book has none of them: there those chapters run on the built-in testbed.
+# [chapter 11](11_sensitivity.ipynb); chapters 3, 4 and 10 test the LBW claims and the theory on
+# the same checkpoints. Their records are in `book/records/<set>/main/<chapter>/` (for example
+# `book/records/paper-vitb32-8/main/05_main_results/`), on your machine only: git ignores
+# `book/records/paper-*/`. The default book has none of them: there those chapters run on the
+# built-in testbeds.
 #
 # ## Verdict
 #
@@ -430,4 +443,5 @@ plotting.verdict(
     (f"checkpoints of {len(tasks)} tasks ({testbed}) were read and filtered here (PACT removed "
      f"{100 * layers['removed_energy'].mean():.1f} % of the update energy on average over "
      f"{len(layers['key'].unique())} layers, cap bound on {100 * layers['capped'].mean():.1f} % of shields); "
-     "the merged models are evaluated in chapters 5–11 of this parameter set, whose verdicts decide the claims"))
+     "the merged models are evaluated in the earlier chapters of this parameter set, and chapter 5's verdicts "
+     "decide C5–C7 on them"))
