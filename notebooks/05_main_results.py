@@ -49,7 +49,9 @@ suites = [suite_of(name) for name in testbeds]  # the records' labels ("8" for l
 # ## Run every merge
 #
 # One testbed per (suite, seed); each method runs plain and with PACT at the default options
-# (`PactOptions()`, chosen in the sensitivity chapter). Progress shows one line per merge.
+# (`PactOptions()`; chapter 11 says how they were set and sweeps them again). The first suite
+# runs on every seed of `seeds`, the larger suites on `seeds_large` only, to save CPU time.
+# Progress shows one line per merge.
 
 # %% tags=["compute"]
 from tqdm.auto import tqdm
@@ -71,6 +73,12 @@ records.write_records(records.records_path("05_main_results"), recs, replace=Tru
 #
 # Mean test accuracy over tasks, absolute and (normalized), in percent; mean ± standard
 # deviation over the fine-tuning seeds of each row (seed counts in the last columns).
+#
+# The protocol asks for at least 3 seeds. Only the first suite runs on all of `seeds`; the
+# others run on `seeds_large`, and the line under Table 5.1 says which suites rest on one seed.
+# A row with one seed is a single run: no ±, no estimate of the spread between seeds. Those rows
+# enter the verdicts on C5–C7 all the same, and each verdict's evidence names the suites that
+# rest on one seed.
 
 # %%
 frame = records.records_frame(records.records_path("05_main_results"))
@@ -78,6 +86,7 @@ summary = study.summarize(frame, by=("method", "suite"))
 table = report.main_table(summary, suites=suites)
 plotting.table(table, chapter=5, number=1, paper="Tab. 1",
                caption="Absolute (normalized) mean test accuracy, %, mean ± std over seeds.")
+print("rows of Table 5.1: " + report.seeds_text(report.seed_counts(frame, suites=suites)))
 
 # %%
 with plotting.figure("pact-gain", chapter=5, number=2, size="wide", paper="Tab. 1",
@@ -161,19 +170,19 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # of the testbed's trained updates lie hundreds of units above (down to 3e-5 of the largest
 # singular value), and a spectrum running to 1e-6 still reaches 20 units. So a singular
 # value counts when it exceeds 8 of these units (and float64's own tolerance, which matters
-# for float64 inputs only), computed in float64 from the stored values. Two steps had to become
-# exact for this: the PACT filter projects twice (one pass leaves a shield component at the
-# rounding level of the *unfiltered* update, thousands of units when the filter removes most of
-# it), and Iso-CTS takes the sum's SVD and its residuals in float64 (the float32 SVD's error in the
-# common subspace leaked part of each LoRA task into its residual). The tolerance the book used
-# before, max(m, n)·eps times the largest value (`torch.linalg.matrix_rank`'s), cut real
+# for float64 inputs only), computed in float64 from the stored values. Two steps keep the
+# null directions at that level: the PACT filter projects twice (one pass leaves a shield
+# component at the rounding level of the *unfiltered* update, thousands of units when the filter
+# removes most of it), and Iso-CTS takes the sum's SVD and its residuals in float64 (a float32
+# SVD's error in the common subspace would leak part of each LoRA task into its residual). A
+# tolerance of max(m, n)·eps times the largest value (`torch.linalg.matrix_rank`'s) would cut real
 # directions of full-rank layers: 1.2e-4 of the largest at 1024 x 1024, where trained sums reach
-# 2e-5. Now every direction float32 resolves is kept: on full-rank layers the two conventions
-# give the same merge, also when the spectrum runs down to 1e-6 (tested). Iso-C spreads the
-# sum's nuclear norm evenly over the directions the tasks span and leaves the rest at zero;
-# TSV-M and Iso-CTS drop null triplets before stacking. The merge is then a function of the *set*
-# of task vectors (tested for every method, ± PACT / S-PACT, full and LoRA, over random orders and
-# thread counts, in memory, streamed and on the test suite's fake accelerator).
+# 2e-5. This one keeps every direction float32 resolves, so on full-rank layers the two
+# conventions give the same merge, also when the spectrum runs down to 1e-6 (tested). Iso-C
+# spreads the sum's nuclear norm evenly over the directions the tasks span and leaves the rest
+# at zero; TSV-M and Iso-CTS drop null triplets before stacking. The merge is then a function of
+# the *set* of task vectors: the tests check it for every method, ± PACT / S-PACT, full and LoRA,
+# over random task orders and thread counts, in memory and streamed.
 #
 # Which should be the default? `bench/bench_null_space.py` ran each rank-deficient merge of
 # this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α

@@ -195,6 +195,9 @@ def test_table_formats_floats_not_counts():
 def test_verdict_text():
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
         "**Verdict on C5: reproduced.** +2.0 pts"
+    # the evidence follows a full stop: a lowercase first letter is capitalised, symbols are left alone
+    assert plotting.verdict_text("C1", "reproduced", "largest gap 1e-33") == "**Verdict on C1: reproduced.** Largest gap 1e-33"
+    assert plotting.verdict_text("C4", "reproduced", "γ = 0.25").endswith("** γ = 0.25")
     with pytest.raises(ValueError, match="not one of"):
         plotting.verdict_text("C5", "yes", "x")
     with pytest.raises(ValueError, match="evidence"):

@@ -193,7 +193,8 @@ def table_style(frame: Any, floatfmt: str = "{:.3f}"):
 
 
 def verdict_text(claim: str, status: str, evidence: str) -> str:
-    """The Markdown line of a claim's verdict (see :func:`verdict`).
+    """The Markdown line of a claim's verdict (see :func:`verdict`): the status, then the evidence
+    as a sentence (a lowercase ASCII first letter capitalised: it follows a full stop).
 
     Raises:
         ValueError: ``status`` is not one of :data:`VERDICTS`, or ``evidence`` is empty.
@@ -202,7 +203,10 @@ def verdict_text(claim: str, status: str, evidence: str) -> str:
         raise ValueError(f"verdict for {claim}: status {status!r} is not one of {list(VERDICTS)}")
     if not evidence or not evidence.strip():
         raise ValueError(f"verdict for {claim}: give the evidence (numbers from records)")
-    return f"**Verdict on {claim}: {status}.** {evidence.strip()}"
+    text = evidence.strip()
+    if "a" <= text[0] <= "z":
+        text = text[0].upper() + text[1:]
+    return f"**Verdict on {claim}: {status}.** {text}"
 
 
 def verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -> None:

@@ -109,10 +109,39 @@ def per_task_table(frame, *, suite: str, methods: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(rows).T.round(1)
 
 
+def seed_counts(frame, *, suites: Sequence[str]) -> dict[str, int]:
+    """Per suite, the number of fine-tuning seeds of its merge records (zero-shot and fine-tuned
+    reference records left out)."""
+    f = _frame(frame)
+    f = f[~f["method"].isin(list(PRETTY_EXTRA))]
+    return {s: int(f[f["suite"] == s]["seed"].nunique()) for s in suites}
+
+
+def _and(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def seeds_text(counts: dict[str, int]) -> str:
+    """What the rows of each suite rest on: ``{"8": 3, "14": 1, "20": 1}`` -> "mean over 3 seeds at
+    T=8; one seed at T=14 and T=20"; one count for all: "mean over 3 seeds" / "one seed"."""
+    def what(n: int) -> str:
+        return "one seed" if n == 1 else f"mean over {n} seeds"
+
+    groups: dict[int, list[str]] = {}
+    for s, n in counts.items():
+        groups.setdefault(n, []).append(s)
+    if len(groups) == 1:
+        return what(next(iter(groups)))
+    return "; ".join(f"{what(n)} at " + _and([f"T={s}" for s in ss]) for n, ss in sorted(groups.items(), reverse=True))
+
+
 def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
     """Verdicts of C5 (PACT improves TA, TSV-M, Iso-C, abs and normalized), C6 (PACT-Iso-C best in
-    every suite) and C7 (mean PACT gain grows with T), from means over seeds."""
+    every suite) and C7 (mean PACT gain grows with T), from means over seeds; each evidence says
+    how many seeds each suite's numbers rest on (:func:`seeds_text`)."""
     f = _frame(frame)
+    seeds = seeds_text(seed_counts(f, suites=suites))
     out = {}
     checks, parts = 0, []
     present = [m for m in c5_methods if m in set(f["method"])]
@@ -124,7 +153,7 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
             parts.append(f"{pretty(m)} T={s}: {ga:+.2f} abs / {gn:+.2f} norm")
     n = len(present) * len(suites)
     out["C5"] = verdict(ladder(checks, n),
-                        f"PACT gain > 0 in both metrics in {checks}/{n} cases (points, mean over seeds): "
+                        f"PACT gain > 0 in both metrics in {checks}/{n} cases (points; {seeds}): "
                         + "; ".join(parts))
     wins, parts = 0, []
     for s in suites:
@@ -134,16 +163,16 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
             wins += int(best.index[0] == "pact-iso_c")
             parts.append(f"T={s}: best {pretty(best.index[0])} ({100 * best.iloc[0]:.1f})")
     out["C6"] = verdict(ladder(wins, len(suites)),
-                        f"PACT-Iso-C best in {wins}/{len(suites)} suites: " + "; ".join(parts))
+                        f"PACT-Iso-C best in {wins}/{len(suites)} suites ({seeds}): " + "; ".join(parts))
     bases = [m for m in merges.names() if m in set(f["method"])]
     mean_gain = [gains(f, base_methods=bases, suites=[s])["gain"].mean() for s in suites]
     txt = ", ".join(f"T={s}: {g:+.2f}" for s, g in zip(suites, mean_gain))
     if len(suites) < 2:
-        out["C7"] = not_tested(f"only one suite run ({txt})")
+        out["C7"] = not_tested(f"only one suite run ({txt}; {seeds})")
     else:
         mono = all(b > a for a, b in zip(mean_gain, mean_gain[1:]))
         out["C7"] = verdict(grade(mono, mean_gain[-1] > mean_gain[0]),
-                            f"mean PACT gain in normalized accuracy over all base methods (points): {txt}")
+                            f"mean PACT gain in normalized accuracy over all base methods (points; {seeds}): {txt}")
     return out
 
 
@@ -306,6 +335,22 @@ def moved_knobs_text(sens: pd.DataFrame) -> str:
     return "knobs whose best value on validation is not the default: " + ("; ".join(
         f"{knob} = {r['best on validation']:g}: validation {gain(r['val (best)'], r['val (default)'])}, "
         f"test {gain(r['test (best)'], r['test (default)'])} points" for knob, r in moved.iterrows()) or "none")
+
+
+def earlier_round_text(sens: pd.DataFrame, earlier, *, defaults) -> str:
+    """One sentence: for each knob whose best value on validation in :func:`sensitivity_table`
+    ``sens`` is not the default, what the ``earlier`` sweep's records gave for that value on
+    validation against that sweep's default (``defaults``, a ``PactOptions``), in points of mean
+    normalized accuracy; "not swept then" where the earlier sweep left the value or the knob out."""
+    parts = []
+    for knob, r in sens[sens["best on validation"] != sens["default"]].iterrows():
+        rows = _sweep_rows(earlier, knob)
+        d = rows.groupby("value")["val_abs"].mean() if len(rows) else pd.Series(dtype=float)
+        v, dv = r["best on validation"], getattr(defaults, knob)
+        parts.append(f"{knob} = {v:g}: {d[v] - d[dv]:+.2f} points against {dv:g}" if v in d.index and dv in d.index
+                     else f"{knob} = {v:g}: not swept then")
+    return ("the values the sweep above prefers, as the first round scored them on validation: "
+            + ("; ".join(parts) or "none (the sweep above prefers every default)"))
 
 
 def _null_space_pairs(frame) -> pd.DataFrame:

@@ -15,7 +15,8 @@ from typing import Any
 
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
            "time_section", "merge_profile", "family", "split_sizes", "evaluation_work", "eval_speed",
-           "evaluation_floor", "floor_lines", "readme_table", "replace_block", "html_problems",
+           "evaluation_floor", "floor_lines", "runs_lines", "agreement_lines", "run_families", "zoo_rebuilds",
+           "readme_table", "replace_block", "html_problems",
            "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason", "banner"]
 
 MAIN = "main"
@@ -117,7 +118,7 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
              "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
              f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict. A verdict "
              "marked *(stale)* comes from records made with other parameters, notebook code or engine "
-             "than today's (see below).", ""]
+             "than the book's current ones (see below).", ""]
     table = ["| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
              "|---|---|" + "---|" * len(used)]
     for claim in _claim_order(rows):
@@ -127,7 +128,9 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
         table.append("| (no verdicts recorded yet) | | " + " | " * len(used))
     return "\n".join(lines + _table(table) + records_section(titles, states)
                      + time_section(titles, states, merges, zoo, work, speed)
-                     + runs_lines(reproductions) + agreement_lines(agreement)) + "\n"
+                     + runs_lines(reproductions)
+                     + agreement_lines(agreement, titles=titles, families=run_families(states),
+                                       rebuilt=zoo_rebuilds(reproductions, agreement, zoo))) + "\n"
 
 
 def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
@@ -154,32 +157,152 @@ def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
     notes = [f"*{str(r.get('started', '?')).replace('T', ' ').rstrip('Z')}*: {r['note']}." for r in shown
              if r.get("note")]
     return ["", "### Recompute runs", "",
-            "Each `make reproduce` (or `make chapter`) run as the runner recorded it from start to end: its "
+            "Each `make reproduce` (or `make chapter`) run from start to end: its "
             "pool (kernels at once × torch threads each), the chapters it computed, the zoos it built or "
             "completed beside them, the CPU minutes of all of them and whether every job finished "
             "(`book/records/<set>/reproductions.jsonl`).", ""] + _table(table) + ([""] + notes if notes else [])
 
 
-def agreement_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def run_families(states: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set[str]]:
+    """``{"<run>/<chapter>": families}``: the model zoos each chapter's records were made from
+    (their provenance's ``zoos``); a chapter whose provenance does not say (made before it was
+    recorded) gets the zoos its run's other chapters name; ``{}`` in its provenance: none."""
+    out: dict[str, set[str]] = {}
+    by_run: dict[str, set[str]] = {}
+    unknown = []
+    for (chapter, run), st in states.items():
+        zoos = (st.get("provenance") or {}).get("zoos")
+        if isinstance(zoos, Mapping):
+            out[f"{run}/{chapter}"] = set(zoos)
+            if len(zoos) == 1:  # a chapter that reads one zoo names its run's (chapter 2 reads both)
+                by_run.setdefault(run, set()).update(zoos)
+        else:
+            unknown.append((chapter, run))
+    for chapter, run in unknown:
+        if run in by_run:
+            out[f"{run}/{chapter}"] = set(by_run[run])
+    return out
+
+
+def zoo_rebuilds(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
+                 zoo: Mapping[str, Mapping[str, Any]] | None) -> dict[str, float] | None:
+    """The zoos trained again since the revision the recompute is compared with: ``{family:
+    wall minutes}`` over the compute runs (``reproductions.jsonl``) whose ``git`` starts with the
+    ``rev`` of the agreement ``rows`` (a run from that revision, or a range ``rev..end``), where a
+    ``zoo-<family>`` job took at least half the zoo's summed training minutes (``zoo``, from
+    ``zoo.json``); a shorter job only checked the zoo. None when no run is logged from that
+    revision: then nothing is known about the zoos."""
+    revs = {str(r.get("rev")) for r in rows if r.get("rev")}
+    mine = [r for r in runs if any(str(r.get("git") or "").startswith(rev) for rev in revs)]
+    if not mine:
+        return None
+    out: dict[str, float] = {}
+    for r in mine:
+        for job, t in (r.get("ran") or {}).items():
+            if not job.startswith("zoo-"):
+                continue
+            fam = job[4:]
+            total = sum(float(k.get("minutes") or 0.0) for k in ((zoo or {}).get(fam) or {}).get("kinds", {}).values())
+            wall = float(t.get("wall_minutes") or 0.0)
+            if total > 0 and wall >= total / 2:
+                out[fam] = out.get(fam, 0.0) + wall
+    return out
+
+
+def _numbers(ids: Sequence[str]) -> str:
+    """Chapter numbers as a short list: ["02_testbed", "03_x", "04_y", "09_z"] -> "2–4 and 9"."""
+    nums = sorted({int(c.split("_")[0]) for c in ids if c.split("_")[0].isdigit()})
+    spans: list[list[int]] = []
+    for n in nums:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    parts = [f"{a}" if a == b else f"{a} and {b}" if b == a + 1 else f"{a}–{b}" for a, b in spans]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _chapters(titles: Mapping[str, str], keys: Sequence[str]) -> str:
+    """``["main/02_testbed", "minilm/09_lora", ...]`` as "EfficientNet-Lite0 chapters 2–11; MiniLM-L6 chapter 9"."""
+    by_run: dict[str, list[str]] = {}
+    for k in keys:
+        run, _, chapter = k.partition("/")
+        by_run.setdefault(run, []).append(chapter)
+    order = list(titles)
+    out = []
+    for run in sorted(by_run, key=lambda r: order.index(r) if r in order else 99):
+        chs = by_run[run]
+        out.append(f"{_run(titles, run)} chapter{'s' if len(chs) > 1 else ''} {_numbers(chs)}")
+    return "; ".join(out)
+
+
+def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, str] | None = None,
+                    families: Mapping[str, set[str]] | None = None,
+                    rebuilt: Mapping[str, float] | None = None) -> list[str]:
     """Markdown lines "What the last recompute changed": per chapter and run, the records of the
     recompute against those of the revision before it (``scripts/compare_records.py --json``, in
     ``book/data/recompute_agreement.jsonl``: ``chapter``, ``rev``, ``records``, ``numbers``,
-    ``identical``, ``max_abs``, ``max_rel``, ``verdicts``). [] without rows."""
+    ``identical``, ``max_abs``, ``max_rel``, ``verdicts``). [] without rows.
+
+    Above the table, a list drawn from the rows: the chapters whose numbers are all identical;
+    those that read a zoo trained again in the recompute (``rebuilt``: :func:`zoo_rebuilds`;
+    ``families``: :func:`run_families`), whose fine-tunes differ; those whose zoo was not rebuilt
+    (or that read none), where only float rounding differs; and every verdict that changed.
+    ``rebuilt`` None: the runs do not say whether a zoo was rebuilt, and the list says so."""
     if not rows:
         return []
+    titles = titles or {}
+    families = families or {}
     table = ["| Chapter | Records | Numbers identical | Largest difference (abs / rel) | Verdicts changed |",
              "|---|---:|---:|---|---|"]
+    same_rows, zoo_rows, float_rows, unknown_rows, changed = [], [], [], [], []
     for r in rows:
         n, same = int(r.get("numbers") or 0), int(r.get("identical") or 0)
         diff = "–" if n == same else f"{float(r.get('max_abs') or 0):.3g} / {float(r.get('max_rel') or 0):.3g}"
         table.append(f"| {r.get('chapter')} | {r.get('records')} | {same:,} of {n:,} ({same / max(n, 1):.1%}) | {diff} | "
                      + ("; ".join(r.get("verdicts") or []) or "none") + " |")
+        key = str(r.get("chapter"))
+        if n == same:
+            same_rows.append(r)
+        elif rebuilt is None:
+            unknown_rows.append(r)
+        elif families.get(key, set()) & set(rebuilt):
+            zoo_rows.append(r)
+        else:
+            float_rows.append(r)
+        changed += [(key, v) for v in r.get("verdicts") or []]
     revs = sorted({str(r.get("rev")) for r in rows})
+    moved = {str(r["chapter"]) for r in zoo_rows}
+    names = {f: _UNITS.get(f, (f, ""))[0] for f in (rebuilt or {})}
+    items = []
+    if same_rows:
+        items.append(f"- **Identical**: {_chapters(titles, [str(r['chapter']) for r in same_rows])}.")
+    if zoo_rows:
+        fams = sorted({f for r in zoo_rows for f in families.get(str(r["chapter"]), set()) & set(rebuilt or {})})
+        share = [int(r.get("identical") or 0) / max(int(r.get("numbers") or 0), 1) for r in zoo_rows]
+        zoos = " and ".join(f"the {names[f]} zoo ({rebuilt[f]:.1f} wall min)" for f in fams)
+        items.append(f"- **Moved with a rebuilt zoo**: {zoos} {'was' if len(fams) == 1 else 'were'} trained again "
+                     f"in this recompute (see *Recompute runs* above), so {'its' if len(fams) == 1 else 'their'} "
+                     f"fine-tunes differ, and so do the merges made from them: "
+                     f"{_chapters(titles, [str(r['chapter']) for r in zoo_rows])} "
+                     f"({min(share):.1%} to {max(share):.1%} of their numbers identical).")
+    if float_rows:
+        eight = any(str(r["chapter"]).endswith("/08_efficiency") for r in float_rows)
+        items.append(f"- **Float rounding only**: {_chapters(titles, [str(r['chapter']) for r in float_rows])} "
+                     "read a zoo that was not rebuilt (or none), so only the engine changed. Their numbers "
+                     "differ by float rounding and by what rounding tips over: a prediction (an accuracy "
+                     "moves by one example) or an entry at a threshold (a count changes)."
+                     + (" Chapter 8's speed-ups are ratios of measured times, so they differ from run to run."
+                        if eight else ""))
+    if unknown_rows:
+        items.append(f"- **Differ**: {_chapters(titles, [str(r['chapter']) for r in unknown_rows])}; the compute "
+                     f"runs logged since `{', '.join(revs)}` do not say whether their zoo was rebuilt.")
+    items.append("- **Verdicts changed**: " + ("; ".join(
+        f"{v.split(':')[0]} in {_chapters(titles, [k])}: {v.partition(': ')[2].replace(' -> ', ' → ')}"
+        + (" (rebuilt zoo)" if k in moved else "") for k, v in changed) + "." if changed else "none."))
     return ["", "### What the last recompute changed", "",
             f"Every number of each recomputed chapter against the committed records of `{', '.join(revs)}` "
-            "(timings aside; `scripts/compare_records.py`). Engine changes that keep results the same up to "
-            "float32 rounding move a few accuracies by one test example; a verdict that changed is named.", ""] \
-        + _table(table)
+            "(timings aside; `scripts/compare_records.py`):", ""] + items + [""] + _table(table)
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
@@ -189,7 +312,8 @@ def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], 
     if not bad:
         return []
     lines = ["", "## Records that are not current", "",
-             "These chapters render records made with other parameters, code or engine than today's, or have "
+             "These chapters render records made with other parameters, code or engine than the book's current "
+             "ones, or have "
              "none yet; `make reproduce NB=<chapter>` recomputes one.", ""]
     table = ["| Chapter | Run | State | Made | Why |", "|---|---|---|---|---|"]
     for (chapter, run), st in sorted(bad.items(), key=lambda kv: (kv[0][0], list(titles).index(kv[0][1])
@@ -259,7 +383,7 @@ def banner(command: str, *, store: str, run: str, reasons: Sequence[str], made: 
                 f"code is shown, {ran}. Run {command} to compute them.\n```")
     why = "\n".join(f"- {r}".replace("_", "\\_") for r in reasons)  # pactlib/__init__.py is no emphasis
     return (f"```{{warning}}\nThese results are **stale**: the records were made on {made[:10]} "
-            f"with other inputs than today's:\n\n{why}\n\nRun {command} to recompute them.\n```")
+            f"with other inputs than the current ones:\n\n{why}\n\nRun {command} to recompute them.\n```")
 
 
 def merge_profile(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -412,8 +536,8 @@ def _min(x: float | None) -> str:
     return "–" if x is None else f"{x:.1f}"
 
 
-#: The wall-clock goal of a whole default reproduction (issue 27), in minutes, and the machine's cores.
-GOAL_MINUTES, GOAL_CORES = 120.0, 2
+#: The cores of the machine the book's timings are spread over.
+CORES = 2
 #: How the book names a testbed family's examples.
 _UNITS = {"lite0": ("Lite0", "images"), "minilm": ("MiniLM", "texts")}
 
@@ -426,9 +550,9 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
     searches and tests evaluated (``work``: :func:`evaluation_work` per ``(chapter, run)``; None:
     not countable), the minutes ``measured`` for them (provenance: merges' ``eval_minutes``), and
     the floor (:func:`evaluation_floor` with ``speed``, :func:`eval_speed`); then sentences on
-    how far the measured reproduction is from the floor on the machine's cores, and what the
-    2-hour goal would need, given ``zoo_minutes`` (training the zoos) and ``other_minutes`` (the
-    chapters' time besides evaluation). [] when nothing was counted."""
+    how far the measured reproduction is from the floor on the machine's cores, and how long a whole
+    reproduction would take with evaluation at its floor, given ``zoo_minutes`` (training the zoos)
+    and ``other_minutes`` (the chapters' time besides evaluation). [] when nothing was counted."""
     measured = measured or {}
     order = list(titles)
     rows = sorted(((c, r, w) for (c, r), w in work.items() if w), key=lambda x: (
@@ -469,7 +593,7 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
              + (f" ({gemm / 1e9:.0f} GFLOP/s)" if gemm else "") + ". Both are minutes of one core.", ""]
     lines += _table(table)
     if floor_ok and tot["meas"] > 0:
-        cores = GOAL_CORES
+        cores = CORES
         text = (f"The chapters evaluated {tot['ex']:,} examples, {tot['val'] / max(tot['ex'], 1):.0%} of them on "
                 f"validation. Measured, that took {tot['meas']:.1f} minutes; at the floor it is {tot['floor']:.1f} "
                 f"core-minutes, {tot['floor'] / cores:.1f} minutes on the machine's {cores} cores, so the measured "
@@ -481,12 +605,9 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
             other = other_minutes or 0.0
             need = (zoo_minutes + other + tot["floor"]) / cores
             text += (f" With the zoos' {zoo_minutes:.0f} minutes of training and the chapters' other work as "
-                     f"measured ({other:.0f} min), all spread over {cores} cores, a reproduction at today's "
-                     f"protocol with evaluation at its floor takes about {need:.0f} minutes, against the goal of "
-                     f"{GOAL_MINUTES:.0f}"
-                     + (": the goal needs the zoos or the chapters' own experiments to get cheaper too, "
-                        "not only evaluation." if need > GOAL_MINUTES else
-                        "; the measured whole reproductions are listed under *Recompute runs* below."))
+                     f"measured ({other:.0f} min), all spread over {cores} cores, the whole book with evaluation "
+                     f"at its floor would take about {need:.0f} minutes; the measured whole "
+                     "reproductions are listed under *Recompute runs* below.")
         lines += ["", text]
     return lines
 
