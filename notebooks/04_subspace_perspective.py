@@ -60,7 +60,7 @@ path = records.records_path("04_subspace_perspective")  # the compute cells writ
 #
 # The survival value σi ∈ [0, 1] says how much of a core direction lies outside Vt,k: 1 if the
 # fine-tuning never used it, 0 if it lies inside Vt,k. Directions with σi < τ are dropped rather
-# than renormalised. K, k and τ are PACT's defaults (`PactOptions()`, chosen in chapter 11):
+# than renormalised. K, k and τ are PACT's defaults (`PactOptions()`, set by a first round of chapter 11's sweep):
 
 # %%
 from pactlib.pact import PactOptions

@@ -53,8 +53,8 @@ suite = testbeds.suite_of(testbed)  # the records' label of the task list ("8" f
 # %% [markdown]
 # ## Filter, then measure both sides
 #
-# For each seed we run PACT with its default options (`PactOptions()`, chosen in the
-# sensitivity chapter), keeping every layer's shield S_t. For each task t we take a batch of
+# For each seed we run PACT with its default options (`PactOptions()`, set by a first round of
+# the sensitivity sweep, chapter 11), keeping every layer's shield S_t. For each task t we take a batch of
 # `loss_examples` validation examples, the loss L_t(θt) and its gradient there, and compute,
 # over all filtered (matrix) layers, the first-order prediction, the bound, and the measured
 # change L_t(θ0 + Δ̃t) − L_t(θt). Prediction and measurement use the same batch, so the
