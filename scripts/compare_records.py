@@ -87,6 +87,14 @@ def compare_file(old_text: str, new_text: str, name: str) -> dict:
     return out
 
 
+def chapter_folders(files, base: Path) -> list[str]:
+    """The ``<run>/<chapter>`` folders of the record ``files`` (paths under ``base``, the set's
+    store), sorted; files of the store itself (``reproductions.jsonl``, a log of runs) are not a
+    chapter's records and are left out."""
+    return sorted({Path(f).parent.relative_to(base).as_posix() for f in files
+                   if len(Path(f).parent.relative_to(base).parts) == 2})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (e.g. HEAD~3)")
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     base = RECORDS / args.set
     old = git_files(args.rev, base)
-    chapters = sorted({str(Path(f).parent.relative_to(base)) for f in old})
+    chapters = chapter_folders(old, base)
     if args.only:
         if missing := sorted(set(args.only) - set(chapters)):
             p.error(f"no records at {args.rev} for {', '.join(missing)}; there are: {', '.join(chapters)}")

@@ -40,3 +40,10 @@ def test_verdict_changes_are_named_and_unpairable_records_raise():
     assert (chosen["numbers"], chosen["identical"]) == (3, 2)  # another chosen α: the same record, one number moved
     with pytest.raises(ValueError, match="record 0 is another one now"):
         cr.compare_file(_text({"method": "ties", "seed": 0}), _text({"method": "ties", "seed": 1}), "m.jsonl")
+
+
+def test_chapter_folders_are_run_and_chapter_not_the_stores_log():
+    base = Path("book/records/default")
+    files = [base / "reproductions.jsonl", base / "main/05_main_results/05_main_results.jsonl",
+             base / "main/05_main_results/05_main_results.verdicts.jsonl", base / "minilm/09_lora/09_lora.jsonl"]
+    assert cr.chapter_folders([str(f) for f in files], base) == ["main/05_main_results", "minilm/09_lora"]
