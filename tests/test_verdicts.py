@@ -10,9 +10,9 @@ from pactlib.book.experiments import depth, efficiency, theory
 from pactlib.book.records import make_record, records_frame
 
 
-def _old_ladder(n_ok, n):
-    """The rule as each verdict function wrote it before :mod:`pactlib.book.verdicts`."""
-    return "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok else "not reproduced")
+def _rule(n_ok, n):
+    """The ladder written out: all -> reproduced; at least half -> partly; fewer -> not."""
+    return "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok and 2 * n_ok >= n else "not reproduced")
 
 
 def test_statuses_and_the_plotting_alias():
@@ -23,25 +23,26 @@ def test_statuses_and_the_plotting_alias():
 @pytest.mark.parametrize("n_ok, n, status", [
     (0, 0, "not reproduced"), (0, 1, "not reproduced"), (1, 1, "reproduced"), (0, 2, "not reproduced"),
     (1, 2, "partly reproduced"), (2, 2, "reproduced"), (5, 9, "partly reproduced"), (24, 24, "reproduced"),
+    (4, 9, "not reproduced"), (4, 24, "not reproduced"), (12, 24, "partly reproduced"), (1, 3, "not reproduced"),
 ])
 def test_ladder_table(n_ok, n, status):
     assert verdicts.ladder(n_ok, n) == status
 
 
-def test_ladder_equals_the_old_inline_forms():
+def test_ladder_keeps_its_rule_under_every_option():
     for n in range(5):
         for n_ok in range(n + 1):
-            assert verdicts.ladder(n_ok, n) == _old_ladder(n_ok, n)
+            assert verdicts.ladder(n_ok, n) == _rule(n_ok, n)
             if n == 2:  # depth (C9) and efficiency (C10) wrote "n_ok == 2"
                 assert verdicts.ladder(n_ok, n) == ("reproduced" if n_ok == 2 else
                                                     ("partly reproduced" if n_ok else "not reproduced"))
     for bound_ok, parts in itertools.product((True, False), range(4)):  # theory (C12)
         old = ("reproduced" if bound_ok and parts == 3 else
                ("partly reproduced" if bound_ok and parts else "not reproduced"))
-        assert verdicts.ladder(parts, 3, required=bound_ok) == old
+        assert verdicts.ladder(parts + 1, 4, required=bound_ok) == old
     for n, moved in itertools.product(range(4), (True, False)):  # scalar (C3): full only when moved
         for n_ok in range(n + 1):
-            old = _old_ladder(n_ok, n)
+            old = _rule(n_ok, n)
             if old == "reproduced" and not moved:
                 old = "partly reproduced"
             assert verdicts.ladder(n_ok, n, full=moved) == old

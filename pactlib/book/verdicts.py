@@ -5,8 +5,8 @@ counts the conditions that hold and calls :func:`ladder` (or :func:`grade` where
 "full" and a "partial" form that are not counts), then :func:`verdict` for the dict it returns.
 
     ladder(3, 3)                 # "reproduced": every condition holds
-    ladder(1, 3)                 # "partly reproduced": some do
-    ladder(0, 3)                 # "not reproduced": none do (also for n = 0: nothing to judge)
+    ladder(2, 4)                 # "partly reproduced": at least half do
+    ladder(1, 3)                 # "not reproduced": fewer than half do (also for n = 0: nothing to judge)
     ladder(2, 3, required=False) # "not reproduced": a condition the claim cannot do without failed
     ladder(3, 3, full=False)     # "partly reproduced": a condition for "reproduced" alone failed
 """
@@ -36,7 +36,9 @@ def ladder(n_ok: int, n: int, *, required: bool = True, full: bool = True) -> st
 
     Args:
         n_ok, n: conditions that hold, conditions checked. Every one (and ``n`` > 0):
-            :data:`REPRODUCED`; some: :data:`PARTLY`; none: :data:`NOT_REPRODUCED`.
+            :data:`REPRODUCED`; at least half (2·n_ok ≥ n > 0): :data:`PARTLY`; fewer than half:
+            :data:`NOT_REPRODUCED`. A claim that holds in a minority of its tasks, seeds or
+            settings is not reproduced here, and its evidence gives the count.
         required: a precondition the claim cannot do without (e.g. an inequality that must hold);
             when False the status is :data:`NOT_REPRODUCED` whatever the count.
         full: a further condition for :data:`REPRODUCED` only; when False a full count gives
@@ -44,7 +46,7 @@ def ladder(n_ok: int, n: int, *, required: bool = True, full: bool = True) -> st
     """
     if not required:
         return NOT_REPRODUCED
-    return grade(bool(n) and n_ok == n and full, bool(n_ok))
+    return grade(bool(n) and n_ok == n and full, bool(n_ok) and 2 * n_ok >= n)
 
 
 def verdict(status: str, evidence: str) -> dict:

@@ -618,7 +618,7 @@ def task_means(frame, method: str, metric: str, *, condition: str | None = None,
 
 def c1_verdict(frame, *, population: str = "touched") -> dict:
     """C1: E_t > 1 for every task, judged on the global records of ``population``. Reproduced when
-    every (task, seed) E exceeds 1; partly when some do. Evidence: counts, per-task means, the share
+    every (task, seed) E exceeds 1; partly when at least half do. Evidence: counts, per-task means, the share
     of layers with E > 1, and the other population's mean E when it was measured too."""
     g = _enr(frame, "global", population)
     ok = int((g["metrics.E"] > 1).sum())
@@ -645,7 +645,7 @@ def c2_verdict(frame, *, factor: float = 2.0, min_drop: float = 0.005, control: 
     than perturbing as many random entries. Judged at the smallest perturbation scale run (the
     claim's size): per task (mean over seeds and draws) the LBW accuracy drop must exceed
     ``min_drop`` and ``factor`` × the control's drop. Reproduced when every task passes, partly when
-    some do. The evidence lists, per scale, the mean accuracy drop and loss increase of every
+    at least half do. The evidence lists, per scale, the mean accuracy drop and loss increase of every
     condition."""
     f = frame[frame["method"] == "perturb"]
     scale = f["scale"].min()
@@ -670,7 +670,7 @@ def c3_verdict(frame, *, min_recovered: float = 0.05, control: str = "random") -
     θt's values there recovers a measurable part of task t's loss. Per task (mean over seeds): the
     LBW restore must close at least ``min_recovered`` of the loss gap and more than restoring as many
     ``control`` entries. Reproduced when every task passes and the merge moved the LBW entries by
-    more than their update everywhere; partly when some tasks pass."""
+    more than their update everywhere; partly when at least half the tasks pass."""
     rec_l = task_means(frame, "restore", "recovered_loss", condition="lbw")
     rec_c = task_means(frame, "restore", "recovered_loss", condition=control)
     rel = task_means(frame, "restore", "rel_moved_lbw", condition="merged")

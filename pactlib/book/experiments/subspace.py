@@ -312,8 +312,8 @@ def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[
     accuracy by more than every draw of each control in ``controls`` plus ``margin`` (accuracy,
     0.02 = 2 points).
 
-    Reproduced when every (strength, seed, task) passes against every control, partly when some
-    do. The evidence gives the counts per strength and also compares with the energy-matched
+    Reproduced when every (strength, seed, task) passes against every control, partly when at
+    least half do. The evidence gives the counts per strength and also compares with the energy-matched
     control (``energy``) when it was run.
     """
     f = _ablations(frame)

@@ -261,7 +261,7 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     small = bool(change.mean() >= -small_drop)
     bound_ok = n_bound == n
     parts = int(n_within == n) + int(tracks) + int(small)
-    status = ladder(parts, 3, required=bound_ok)
+    status = ladder(parts + 1, 4, required=bound_ok)  # the inequality is the first of four conditions
     return verdict(status=status,
                    evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
                             f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
