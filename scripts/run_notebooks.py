@@ -266,7 +266,8 @@ def present_key(job: Job, store: str, engine_code: str) -> str:
     """What a present notebook depends on: its source, parameters, run, records, their state and
     the code of ``pactlib``."""
     folder = records_dir(store, job)
-    files = {p.name: provenance.sha(p.read_bytes()) for p in sorted(folder.glob("*")) if p.is_file()}
+    files = {p.name: provenance.sha(p.read_bytes()) for p in sorted(folder.glob("*"))
+             if p.is_file() and not p.name.endswith(".verdicts.jsonl")}  # present's output, not its input
     return provenance.sha(_json({"notebook": provenance.sha(job.source.read_bytes()), "params": job.params,
                                  "run": [job.run, job.title], "records": files, "reasons": job.reasons,
                                  "code": engine_code}).encode())
@@ -304,8 +305,33 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
         shutil.copyfile(made, target)
     else:
         target.unlink(missing_ok=True)
+    refresh_verdicts(job, src / verdicts, work / verdicts)
     _write(out / f"{job.name}.key", _json({"key": key, "seconds": seconds, "threads": job.threads}))
     return seconds
+
+
+def refresh_verdicts(job: Job, stored: Path, presented: Path) -> bool:
+    """Keep a current chapter's committed verdicts equal to what its present cells derive now.
+
+    Verdicts are drawn from the records by the verdict rules (:mod:`pactlib.book.verdicts` and the
+    chapters' verdict functions); when a rule changes, the records stay current but the
+    ``<chapter>.verdicts.jsonl`` that the compute run stored (read by ``make readme``) would say
+    what the old rule said. For a chapter whose records are current (no ``job.reasons``), the
+    presented verdicts replace the stored ones when they differ; a stale or missing chapter's are
+    left as its compute run wrote them. Returns whether ``stored`` was rewritten."""
+    if job.reasons or not presented.is_file() or not stored.parent.is_dir():
+        return False
+    new = presented.read_text(encoding="utf-8")
+    old = stored.read_text(encoding="utf-8") if stored.is_file() else None
+    if new == old:
+        return False
+    write_atomic(stored, new)
+    before = {r["claim"]: r["status"] for r in records.read_json_lines(old, stored)} if old else {}
+    moved = [f"{r['claim']}: {before.get(r['claim'], '-')} -> {r['status']}"
+             for r in records.read_json_lines(new, presented) if before.get(r["claim"]) != r["status"]]
+    print(f"    {job.id}: verdicts re-derived from its current records"
+          + (f" ({'; '.join(moved)})" if moved else " (evidence text only)") + f" -> {_rel(stored)}")
+    return True
 
 
 def _tag(job: Job, jobs: list[Job]) -> str:

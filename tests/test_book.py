@@ -426,10 +426,32 @@ def test_present_key_tracks_source_params_records_and_state(tmp_path, monkeypatc
     records.write_records(folder / "01_method.jsonl", [_rec()])
     with_records = rn.present_key(job, "smoke", "code-1")
     assert with_records != key
+    (folder / "01_method.verdicts.jsonl").write_text('{"claim": "C1", "status": "reproduced"}\n')
+    assert rn.present_key(job, "smoke", "code-1") == with_records  # verdicts are present's output, not input
     job.reasons = ["engine changed: pactlib/merges/iso.py"]
     assert rn.present_key(job, "smoke", "code-1") != with_records
     # -p overrides go to a scratch store, never the set's own
     assert rn.store_name("default", {}) == "default" and rn.store_name("default", {"seeds": [0]}) == "_scratch/default"
+
+
+def test_current_chapters_stored_verdicts_follow_the_present_rules(tmp_path, capsys):
+    rn = _runner()
+    job = rn.prepare([ROOT / "notebooks" / "01_method.py"], ROOT / "params" / "smoke.yaml", {})[0]
+    stored, presented = tmp_path / "records" / "01_method.verdicts.jsonl", tmp_path / "work" / "01_method.verdicts.jsonl"
+    stored.parent.mkdir()
+    presented.parent.mkdir()
+    old = '{"claim": "C1", "status": "partly reproduced", "evidence": "E_t > 1 in 4/24"}\n'
+    new = '{"claim": "C1", "status": "not reproduced", "evidence": "E_t > 1 in 4/24"}\n'
+    stored.write_text(old)
+    presented.write_text(new)
+    job.reasons = ["engine changed: pactlib/merges/iso.py"]  # stale: its compute run's verdicts stay
+    assert not rn.refresh_verdicts(job, stored, presented) and stored.read_text() == old
+    job.reasons = []
+    assert rn.refresh_verdicts(job, stored, presented) and stored.read_text() == new
+    assert "C1: partly reproduced -> not reproduced" in capsys.readouterr().out
+    assert not rn.refresh_verdicts(job, stored, presented)  # the same again: nothing written
+    presented.unlink()
+    assert not rn.refresh_verdicts(job, stored, presented) and stored.read_text() == new
 
 
 def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_column(tmp_path, monkeypatch):
