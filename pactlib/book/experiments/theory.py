@@ -247,7 +247,9 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     4. small self-degradation: the mean accuracy change of a task under its own filter is above
        −``small_drop`` (accuracy as a fraction).
 
-    Reproduced when all four hold, partly when the inequality and at least one other hold, else not.
+    The inequality holds by construction (Cauchy–Schwarz): it is a precondition that checks the
+    arithmetic, not evidence for the claim. Reproduced when it and the other three hold; partly when
+    it and at least two of the other three hold (:func:`pactlib.book.verdicts.ladder`); else not.
     """
     f = frame[frame["method"] == "first-order"]
     pred, bound, meas = f["metrics.predicted"], f["metrics.bound"], f["metrics.measured"]
@@ -261,7 +263,7 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     small = bool(change.mean() >= -small_drop)
     bound_ok = n_bound == n
     parts = int(n_within == n) + int(tracks) + int(small)
-    status = ladder(parts + 1, 4, required=bound_ok)  # the inequality is the first of four conditions
+    status = ladder(parts, 3, required=bound_ok)  # the inequality is a precondition, not evidence
     return verdict(status=status,
                    evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
                             f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
