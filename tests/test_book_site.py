@@ -244,7 +244,10 @@ def test_floor_lines_tabulate_the_floor_beside_the_measured_minutes_and_the_whol
     assert "| **all chapters** | **300** | **276,000** | **30.0** | **10.0** | **4.6** |" in text
     assert "02_<wbr>testbed" not in text
     assert "80% of them on validation" in text
-    assert "5.0 minutes on the machine's 2 cores" in text and "6.0× its floor" in text
+    # measured minutes are one core's (one thread per chapter): core-minutes against core-minutes
+    assert "3.00× its floor (5.0 minutes on the machine's 2 cores)" in text and "below their floor" not in text
+    fast = "\n".join(site.floor_lines(titles, work, speed, {("05_main_results", "main"): 5.0}))
+    assert "0.50× its floor" in fast and "1 row(s) measure below their floor" in fast
     assert "runs at 46% of the matrix-multiply rate: a perfect one would need 2.3 minutes" in text
     # (zoos 200 + other 50 + floor 10) / 2 = 130 min
     assert "all spread over 2 cores, the whole book with evaluation at its floor would take about 130 minutes; " \
@@ -279,7 +282,10 @@ def test_provenance_box_is_one_folded_admonition_whose_title_says_command_date_a
     assert isinstance(title, nodes.title)
     assert title.astext() == "Computed by make reproduce NB=08_efficiency on 2026-12-03, 12.3 CPU min"
     body = boxes[0][1].astext()
-    assert "Engine abababababab, git 0123456-dirty; 7.0 wall min on AMD EPYC, 2 cores, torch 2.14.1" in body
+    assert "Engine abababababab, git 0123456-dirty (uncommitted changes" in body
+    assert "names the code that ran); 7.0 wall min on AMD EPYC, 2 cores, torch 2.14.1" in body
+    clean = site.provenance_box({**prov, "git": "0123456789abcdef"}, "`x`", "f/")
+    assert "git `0123456`; 7.0 wall min" in clean and "uncommitted" not in clean
     assert "book/records/default/main/08_efficiency/" in body
     # the box closes: the chapter's prose stays outside it
     assert [p.astext() for p in doc.findall(nodes.paragraph) if p.parent is doc] == ["The chapter's first paragraph."]

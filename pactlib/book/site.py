@@ -353,7 +353,8 @@ def provenance_box(prov: Mapping[str, Any], command: str, folder: str) -> str:
 
     Its title, the one line a reader sees: the ``command`` that computes the records (Markdown,
     e.g. ``"`make reproduce NB=08_efficiency`"``), the date they were made and their CPU minutes;
-    opened, it gives the engine fingerprint (12 hex digits), the git commit (7 hex digits, ``-dirty`` kept),
+    opened, it gives the engine fingerprint (12 hex digits), the git commit (7 hex digits, ``-dirty`` kept
+    and explained),
     the wall minutes, the machine, the torch threads and the records ``folder``. ``prov``: a
     ``provenance.json`` (:mod:`pactlib.book.provenance`); a missing field reads ``?``.
     """
@@ -366,7 +367,10 @@ def provenance_box(prov: Mapping[str, Any], command: str, folder: str) -> str:
                                   f"torch {machine['torch']}" if machine.get("torch") else "") if x)
     return (f":::{{admonition}} Computed by {command} on {str(prov.get('made') or '?')[:10]}, "
             f"{_num(prov.get('cpu_minutes'))} CPU min\n:class: dropdown {PROVENANCE_CLASS}\n\n"
-            f"Engine `{engine}`, git `{git}`; {_num(prov.get('wall_minutes'))} wall min"
+            f"Engine `{engine}`, git `{git}`"
+            + (" (uncommitted changes to the code beside that commit: the engine fingerprint, a hash of every "
+               "engine module the chapter imported, names the code that ran)" if git.endswith("-dirty") else "")
+            + f"; {_num(prov.get('wall_minutes'))} wall min"
             f"{f' on {where}' if where else ''}, {prov.get('threads', '?')} torch thread(s). Records: `{folder}`. "
             "The folded code cells ran then; here their records are read back, and every figure, table and "
             "verdict of this page is drawn from them.\n:::")
@@ -595,9 +599,16 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
     if floor_ok and tot["meas"] > 0:
         cores = CORES
         text = (f"The chapters evaluated {tot['ex']:,} examples, {tot['val'] / max(tot['ex'], 1):.0%} of them on "
-                f"validation. Measured, that took {tot['meas']:.1f} minutes; at the floor it is {tot['floor']:.1f} "
-                f"core-minutes, {tot['floor'] / cores:.1f} minutes on the machine's {cores} cores, so the measured "
-                f"evaluation is {tot['meas'] / max(tot['floor'] / cores, 1e-9):.1f}× its floor.")
+                f"validation. Measured, that took {tot['meas']:.1f} minutes of one core (each chapter evaluates "
+                f"on one thread); at the floor it is {tot['floor']:.1f} core-minutes, so the measured evaluation "
+                f"is {tot['meas'] / max(tot['floor'], 1e-9):.2f}× its floor ({tot['floor'] / cores:.1f} minutes "
+                f"on the machine's {cores} cores).")
+        below = [k for k, w in work.items() if w and measured and (measured.get(k) or 0) > 0
+                 and evaluation_floor(w, speed)["minutes"] and measured[k] < evaluation_floor(w, speed)["minutes"]]
+        if below:
+            text += (f" {len(below)} row(s) measure below their floor: the evaluator has become faster than "
+                     "the rate `bench/bench_eval.py` recorded, or the chapter evaluated fewer examples than "
+                     "counted; re-run the benchmark to refresh the rate.")
         if compute_ok and tot["compute"] > 0:
             text += (f" The evaluator itself runs at {tot['compute'] / max(tot['floor'], 1e-9):.0%} of the "
                      f"matrix-multiply rate: a perfect one would need {tot['compute'] / cores:.1f} minutes.")
