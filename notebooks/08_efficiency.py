@@ -386,38 +386,36 @@ else:
 # %% [markdown]
 # ## Near the I/O floor?
 #
-# A streamed merge cannot beat reading every input once and writing its output once. Issue 29
-# asks how close `pact merge` comes to that floor. `bench/bench_io_floor.py` measures the floor
-# in the same run as the merges: it reads every input from the warm page cache (`cat` to
-# /dev/null) and writes and flushes one output-sized file. Then it runs each method as its own
-# `pact merge` process on the same Llama-shaped float32 files, with one thread. The goals: Task
-# Arithmetic within 2× the floor, TIES (both scopes) within 4×, the kernel's (system) share of
-# the CPU time at most 15 % for every method, and a peak memory at twenty tasks at most 1.3× the
-# peak at two. TSV-M, Iso-C and Iso-CTS spend their time in SVDs; for them only the kernel share
-# counts.
+# A streamed merge cannot beat reading every input once and writing its output once. How close
+# does `pact merge` come to that floor? `bench/bench_io_floor.py` measures the floor in the same
+# run as the merges: it reads every input from the warm page cache (`cat` to /dev/null) and
+# writes and flushes one output-sized file. Then it runs each method as its own `pact merge`
+# process on the same Llama-shaped float32 files, with one thread. The goals set for the engine:
+# Task Arithmetic within 2× the floor, TIES (both scopes) within 4×, the kernel's (system) share
+# of the CPU time at most 15 % for every method, and a peak memory at twenty tasks at most 1.3×
+# the peak at two. TSV-M, Iso-C and Iso-CTS spend their time in SVDs; for them only the kernel
+# share counts.
 #
-# The records keep the runs of several versions of the code, each with a label and a commit.
-# `before` is the reader and the chunk loops as they were; `after` (Task Arithmetic and global
-# TIES) and `after-perkey` (the per-key methods) are the code that replaced them: each file
-# opened once and read with `pread`, and chunk buffers reused instead of mapped afresh
-# (`bench/io_floor_profile.md` says where the time went and why). `after-perkey2` is per-key
-# TIES rebuilt the same way (each task's threshold from its Δ read whole, then the key trimmed
-# and elected in chunks, in reused buffers), with Task Arithmetic and global TIES run again
-# beside it. For per-key TIES the "before" column is `after-perkey`. The label `after-trim4` is
-# a variant that was tried and not kept, so we leave it out.
+# The records keep the runs of several versions of the code, each with a label and its commit,
+# and the figure and table show the latest run of each method and T. `before` is the reader and
+# the chunk loops as they first were. `after`, `after-perkey` and `after-perkey2` replaced them:
+# each file opened once and read with `pread`, chunk buffers reused instead of mapped afresh, and
+# per-key TIES rebuilt the same way (`bench/io_floor_profile.md` says where the time went and
+# why). `main-r3` and `after-count` are best-of-three runs of later code; in `after-count` TIES
+# counts the agreeing tasks in bytes, the radix pass uses one bincount, and Task Arithmetic
+# checks its running sum for NaN once per chunk instead of every task's input. For per-key TIES
+# the "before" column is `after-perkey`. `after-trim4` is a variant that was tried and not kept.
 #
-# The benchmark ran on the shared build machine while other jobs were running. A merge that waits
-# for a core adds to its wall time, not to its CPU time. So we give the wall time over the floor
-# and the CPU time over the floor. The goal's measure is the wall time of the whole `pact merge`
-# process, as a user runs it, which starts by importing torch. The runs of `after-perkey2` also
-# time the merge phase alone, after the import, in the same process; older runs subtract a
-# separate import's CPU time instead.
+# A merge that waits for a core adds to its wall time, not to its CPU time, so we give both over
+# the floor; `load1` in the table is the load average when the run began (the `after-count` runs
+# had the machine to themselves). The goal's measure is the wall time of the whole `pact merge`
+# process, as a user runs it, which starts by importing torch. Later runs also time the merge
+# phase alone, after the import, in the same process.
 #
 # Reading from the page cache is itself kernel work: the kernel copies every byte. So the floor
-# has a kernel share of its own. Since `after-perkey2`, the benchmark measures it: a reader reads
-# every input once with `pread`, in the engine's block size, and writes the output once. Its
-# system time, set against each method's CPU time, is the kernel share that method would have if
-# the floor were its only kernel work.
+# has a kernel share of its own. A reader reads every input once with `pread`, in the engine's
+# block size, and writes the output once; its system time, set against each method's CPU time,
+# is the kernel share that method would have if the floor were its only kernel work.
 
 # %% tags=["bench-data"]
 from IPython.display import Markdown, display
@@ -425,7 +423,8 @@ from IPython.display import Markdown, display
 from pactlib.book import plotting, speed
 
 io_rows = speed.read_data(speed.IO_FLOOR)
-io_labels, io_before = ("after", "after-perkey", "after-perkey2"), ("before", "after-perkey")  # kept; before it
+io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count")  # latest run of each wins
+io_before = ("before", "after-perkey")
 io_now, io_old = speed.floor_frame(io_rows, io_labels), speed.floor_frame(io_rows, io_before)
 if len(io_now):
     shape = next(r for r in io_rows if r.get("kind") == "floor")
@@ -461,7 +460,9 @@ else:
 # engine's own that the profile has still to place. TIES spends user
 # time: it reads every input three times (two passes find the global threshold, one merges), and
 # each pass runs every entry through several element-wise operations. A fused histogram kernel,
-# or keeping the deltas in memory when they fit, would be the next step; neither is built.
+# or keeping the deltas in memory when they fit, would be the next step. For Task Arithmetic
+# the next step is to read task t + 1 while task t is added, so that the wall time of the merge
+# phase becomes the larger of the two rather than their sum.
 #
 # ### The in-memory API against plain torch
 #
