@@ -28,7 +28,7 @@
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite; the eight tasks of the first suite
-seeds = [0, 1, 2]        # three fine-tuning seeds (about 40 s each): claims rest on >= 3
+seeds = [0, 1, 2]        # three fine-tuning seeds: claims rest on >= 3
 draws = 2                # random subspaces per control and task: enough to see the controls' spread
 strengths = [0.25, 1.0]  # γ of W − γ W V Vᵀ: 1 = removal (the claim); 0.25 = a smaller dose
 margin = 0.02            # "far more": the LBW drop must beat every random draw by 2 accuracy points
