@@ -109,12 +109,14 @@ plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), c
 # validation split per merge, which is most of a merge's cost on a CPU. We use 5 geometrically
 # spaced points instead (a constant ratio between neighbours, so more of them at small α, where
 # TA lands with many tasks), widened past an edge when the best α sits there. Is that enough?
-# `bench/bench_alpha_search.py` ran 14 merges (8 tasks: all ten; 20 tasks: TA and Iso-C, plain
-# and PACT; seed 0) with four searches: the full grid; 5 evenly spaced points; our 5 geometric
+# `bench/bench_alpha_search.py` ran 14 merges on the Lite0 testbed (8 tasks: all ten; 20 tasks:
+# TA and Iso-C, plain and PACT; seed 0) with four searches: the full grid; 5 evenly spaced points; our 5 geometric
 # points; and 4 evenly spaced points refined twice around the best one by geometric midpoints
 # (`select_alpha(refine=2)`). The records are in `book/data/alpha_search.jsonl`.
 
-# %%
+# %% tags=["bench-data"]
+from pactlib.book import plotting, records, report
+
 alpha_search = records.records_frame(plotting.repo_path("book/data/alpha_search.jsonl"))
 plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, floatfmt="{:.2f}",
                caption="α searches against the full grid of the protocol (book/method.md) on the same merges: validation "
@@ -126,7 +128,7 @@ plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, flo
 # test: each lands within a point of the full grid on test in mean absolute terms, and
 # slightly above it in the mean. Refinement finds the best validation scores, since its
 # midpoints fall between the grid's steps, but not better test scores. The gaps are the noise
-# of choosing α on 100 validation images per task, and a finer search cannot remove it. The
+# of choosing α on a small validation split per task, and a finer search cannot remove it. The
 # largest one is printed below: there the full grid's best validation α sat just inside its
 # upper edge, so it was never widened, while the five-point searches widened past 3.0 and
 # found a better α on validation and on test. PACT's merges often want an α above the plain
@@ -137,7 +139,7 @@ plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, flo
 # Arithmetic's small α at 14 and 20 tasks. So the book uses 5 geometric points
 # (`pactlib.testbeds.GRID_SPACING = "geometric"`, `REFINE = 0`).
 
-# %%
+# %% tags=["bench-data"]
 gaps = report.alpha_search_gaps(alpha_search)
 worst = gaps.loc[gaps["Δ test"].abs().idxmax()]
 print(f"largest test gap: {worst['method']} on {worst['suite']} tasks, {worst['search']} picks α = {worst['alpha']:.3g}, "
@@ -188,7 +190,9 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 # this chapter, of chapter 6 (S-PACT) and of chapter 9 (LoRA) both ways, with the book's α
 # search, and the literal convention a second time with the task order reversed.
 
-# %%
+# %% tags=["bench-data"]
+from pactlib import merges
+
 null_space = records.records_frame(plotting.repo_path("book/data/null_space.jsonl"))
 plotting.table(report.null_space_table(null_space), chapter=5, number=5, floatfmt="{:.1f}",
                caption="The two conventions for rank-deficient layers on the same merges (mean over seeds): "

@@ -156,13 +156,16 @@ with plotting.figure("rsvd-time-error", chapter=8, number=1, size="wide", ncols=
 # %%
 rho = efficiency.gap_correlation(frame, accuracy_n_iter)
 gaps = frame[frame["method"] == "core-gap"].groupby("depth")["metrics.gap"].mean()
+cores = frame.loc[frame["method"] == "core-gap", "metrics.K"].astype(int)
+print(f"core size K of W0: {cores.min()}" + (f" … {cores.max()}" if cores.max() > cores.min() else "")
+      + f" directions over the {n_layers} matrix layers")
 print(f"core gap σ_(K+p+1)/σ_K of W0: {gaps.min():.2f} … {gaps.max():.2f} over the layers; rank correlation between "
       f"gap^(2q+1) and the LBW distance at q = {accuracy_n_iter}: {rho:.2f}")
 
 # %% [markdown]
-# EfficientNet-Lite0's matrix layers are small (rank 16 to 320); an exact SVD of the largest
-# takes milliseconds, and the table shows what the randomized route saves on them. How close
-# it gets depends on the spectrum: the range finder separates the top K directions from the
+# The testbed's matrix layers are small next to the paper's (the first line above gives the size
+# K of their cores): an exact SVD is already fast on them, and the table shows what the
+# randomized route saves. How close it gets depends on the spectrum: the range finder separates the top K directions from the
 # rest only as well as (σ_{K+p+1}/σ_K)^{2q+1} allows, and a pre-trained layer whose singular
 # values decay slowly past K (a gap near 1) leaves it with a subspace that is only partly right.
 # The printed correlation says how much of the layer-to-layer error that explains. The LBW
@@ -216,8 +219,11 @@ print(f"RSVD − exact: {100 * check['diff']:+.2f} points; tolerance {100 * chec
 # subspaces from the exact ones), then runs the whole filter with `PactOptions`' p and q, and
 # with the p = 10, q = 2 of {ref}`P7 <eq-P7>` for comparison.
 
-# %%
+# %% tags=["bench-data"]
 import pandas as pd
+
+from pactlib.book import plotting
+from pactlib.book.experiments import efficiency
 
 bench = efficiency.read_bench(bench_json)
 if bench:
@@ -310,7 +316,7 @@ else:
 # like T. Iso-C stays at one SVD per layer. The table counts only those two parts (the cores, LBW
 # bases and shields as free) and sets the result beside what the whole merge measured.
 
-# %%
+# %% tags=["bench-data"]
 import json
 from pathlib import Path
 
@@ -370,7 +376,7 @@ else:
 # shape, method and mode (resident set size of the whole process, about 0.64 GB of it the Python
 # and torch start-up).
 
-# %%
+# %% tags=["bench-data"]
 mt = efficiency.memory_table(scale)
 if len(mt):
     plotting.table(mt, chapter=8, number=6, floatfmt="{:.2f}",

@@ -23,7 +23,9 @@
 4. ``--mode present`` (also after a compute run, unless ``--no-render``) executes every chapter
    with its ``compute`` cells shown unexecuted, on a copy of its records under
    ``book/_executed/<store>/``, with its provenance, a banner when stale or missing, and only when
-   its source, parameters, records, state or ``pactlib`` changed; then the Verdicts page, the
+   its source, parameters, records, state or ``pactlib`` changed (a page shows the parameter values
+   its run executes with; a variant's page links to the main page's sections that show only
+   ``book/data/``, rather than repeating them); then the Verdicts page, the
    set's table of contents (variants as sections), ``jupyter-book build`` and the offline check.
 
 ``--threads N``: each kernel's torch threads (else the set's ``threads:``, else cores / ``--jobs``);
@@ -290,7 +292,8 @@ def present(job: Job, store: str, set_name: str, key: str, progress: bool = Fals
     if prov is not None:
         top.append(site.provenance_box(prov, _command(job, store), f"{_rel(src)}/"))
     nb = runplan.present_copy(job.nb, missing=prov is None, store=store, top="\n\n".join(top),
-                              changed={k: v for k, v in job.overrides.items() if job.defaults.get(k) != v})
+                              changed={k: v for k, v in job.overrides.items() if job.defaults.get(k) != v},
+                              chapter=job.name, variant=job.variant)
     t0 = time.perf_counter()
     result = _papermill(job, nb, out, work, set_name, progress)
     seconds = round(time.perf_counter() - t0, 2)

@@ -401,7 +401,7 @@ def test_chapter_8_reads_the_committed_io_floor_records():
     assert len(latest) and latest[list(speed.FLOOR_FIELDS)].notna().all().all()
     source = (ROOT / "notebooks" / "08_efficiency.py").read_text()
     assert 'io_labels, io_before = ("after", "after-perkey", "after-perkey2"), ("before", "after-perkey")' in source
-    assert source.count('# %% tags=["bench-data"]') == 3
+    assert source.count('# %% tags=["bench-data"]') == 6  # the synthetic, floor and memory benchmarks, the I/O floor's 3
     from pactlib.book import provenance
 
     # speed only reads and draws: editing it stales no chapter's records
@@ -554,6 +554,172 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     floor = page[page.index("### The evaluation floor"):]
     # 3 α × (100 + 16) validation + (300 + 40) test examples; 4 models; 2.5 min measured
     assert "| 10_<wbr>theory<br>*Images* | 4 | 688 | 2.5 |" in floor
+
+
+PRESENT_NB = """\
+# %% [markdown]
+# # Tiny chapter
+#
+# Some prose.
+
+# %% tags=["parameters"]
+testbed = "lite0-8"   # Lite0 on its 8-task suite
+seeds = [0, 1]        # two seeds
+test_limit = 200      # test examples per task (at 200, one example = 0.5 points)
+
+# %%
+print(testbed)
+
+# %% [markdown]
+# ## Results
+#
+# Read from the run's records.
+
+# %%
+print("records")
+
+# %% [markdown]
+# Why the records say so.
+#
+# ## A benchmark
+#
+# Read from book/data.
+#
+# ```{note}
+# ## not a heading: inside a fence
+# ```
+
+# %% tags=["bench-data"]
+bench = 1
+
+# %% [markdown]
+# ### Its second table
+
+# %% tags=["bench-data"]
+print(bench)
+
+# %% [markdown]
+# ## Mixed
+#
+# Both kinds.
+
+# %% tags=["bench-data"]
+print("bench")
+
+# %%
+print("records")
+
+# %% [markdown]
+# ## Verdict
+
+# %%
+print(bench)
+"""
+
+
+def _present(variant, changed, **kw):
+    import jupytext
+
+    from pactlib.book import runplan
+
+    nb = jupytext.reads(PRESENT_NB, fmt="py:percent")
+    return nb, runplan.present_copy(nb, missing=False, changed=changed, store="s", top="", chapter="98_tiny",
+                                    variant=variant, **kw)
+
+
+def test_present_copy_shows_the_values_the_run_executes_with():
+    from pactlib.book import runplan
+
+    nb, main = _present("", {})
+    params = lambda book: next(c for c in book.cells if "parameters" in c.metadata.get("tags", []))  # noqa: E731
+    assert params(main).source == params(nb).source  # a run with the defaults: the cell as written
+    assert not any("pact-parameters" in c.metadata.get("tags", []) for c in main.cells)
+    _, var = _present("text", {"testbed": "minilm-8", "test_limit": 150})
+    shown = params(var).source.split("\n")
+    assert shown[0] == 'testbed = "minilm-8"  # this run\'s value; the notebook\'s default: "lite0-8"'
+    assert shown[1] == "seeds = [0, 1]        # two seeds"  # not set by the run: as written
+    assert shown[2] == "test_limit = 150      # this run's value; the notebook's default: 200"
+    assert "Lite0" not in params(var).source and "0.5 points" not in params(var).source
+    at = var.cells.index(params(var))
+    assert var.cells[at - 1].source == "*This run (parameter set `s`) sets `testbed = 'minilm-8'`, `test_limit = 150`.*"
+    assert params(nb).source.startswith('testbed = "lite0-8"')  # the notebook itself is left as it is
+    # what runs is unchanged: the shown cell defines the run's values, papermill's cell sets the same
+    ns = {}
+    exec(params(var).source, ns)
+    assert (ns["testbed"], ns["seeds"], ns["test_limit"]) == ("minilm-8", [0, 1], 150)
+    # a value over several lines, a list of strings, no comment
+    src = 'testbeds = ["a",\n            "b"]  # two\nk = 1'
+    assert runplan.shown_parameters(src, {"testbeds": ["c"], "k": 2.5}) == \
+        'testbeds = ["c"]  # this run\'s value; the notebook\'s default: ["a", "b"]\n' \
+        "k = 2.5  # this run's value; the notebook's default: 1"
+
+
+def test_bench_sections_are_the_main_runs_and_a_variant_links_to_them():
+    from pactlib.book import runplan
+
+    nb, main = _present("", {})
+    label = runplan.bench_label("98_tiny", "A benchmark")
+    assert label == "pact-98-tiny-a-benchmark"
+    # the main run: the same cells, the benchmark section labelled, nothing else changed
+    assert len(main.cells) == len(nb.cells)
+    md = [c.source for c in main.cells if c.cell_type == "markdown"]
+    assert "Why the records say so.\n\n(pact-98-tiny-a-benchmark)=\n## A benchmark\n\nRead from book/data.\n\n" \
+        "```{note}\n## not a heading: inside a fence\n```" in md
+    assert sum("(pact-" in s for s in md) == 1  # the mixed section and the fenced line are not benchmark sections
+    assert not any("remove-cell" in c.metadata.get("tags", []) for c in main.cells)
+    # a variant: the heading and one line linking to the main page's section; the benchmark's code
+    # still runs (the verdict uses `bench`) but is removed from the page; its prose is dropped
+    _, var = _present("text", {"testbed": "minilm-8"})
+    md = [c.source for c in var.cells if c.cell_type == "markdown"]
+    note = next(s for s in md if s.startswith("Why the records say so."))  # the cell's part before the section
+    assert note == ("Why the records say so.\n\n## A benchmark\n\nThis section shows committed benchmark data (`book/data/`), not this run's "
+                    f"records, so it is the same on every run; it is in the main run's chapter: {{ref}}`{label}`.")
+    assert not any("Read from book/data." in s or "Its second table" in s for s in md)
+    removed = [c.source for c in var.cells if "remove-cell" in c.metadata.get("tags", [])]
+    assert removed == ["bench = 1", "print(bench)"]
+    kept = [c.source for c in var.cells if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])]
+    assert kept[-3:] == ['print("bench")', 'print("records")', "print(bench)"]  # mixed section, verdict
+    assert "## Mixed\n\nBoth kinds." in md and "## Verdict" in md and "not a heading" not in "".join(md)
+    # without records only the benchmark cells run, on a variant removed from the page all the same
+    import jupytext
+
+    missing = runplan.present_copy(jupytext.reads(PRESENT_NB, fmt="py:percent"), missing=True,
+                                   changed={"testbed": "minilm-8"}, store="s", top="", chapter="98_tiny",
+                                   variant="text")
+    runs = [c.source for c in missing.cells if c.cell_type == "code" and "parameters" not in c.metadata["tags"]]
+    assert runs == ["bench = 1", "print(bench)", 'print("bench")']
+    # a heading right under a line of text: its label gets a blank line before it (a target starts a block)
+    import nbformat
+
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# T\n\ntext\n## Bench\nx"),
+                                           nbformat.v4.new_code_cell("1", metadata={"tags": [runplan.BENCH_TAG]})])
+    assert runplan.bench_sections(book, "09_x", "") == ["Bench"]
+    assert book.cells[0].source == "# T\n\ntext\n\n(pact-09-x-bench)=\n## Bench\nx"
+
+
+def test_chapters_benchmark_sections_link_from_every_variant_page():
+    """Chapters 5 and 8: every section that shows only book/data is labelled on the main page and
+    linked, not repeated, on a variant's page; the I/O floor section is one of them."""
+    import jupytext
+
+    from pactlib.book import runplan
+
+    for stem, titles in (("05_main_results", ["How α is searched", "Rank-deficient layers"]),
+                         ("08_efficiency", ["The paper-sized benchmark", "PACT-Iso-C against Iso-C",
+                                            "Memory against the number of tasks", "Near the I/O floor?"])):
+        nb = jupytext.read(ROOT / "notebooks" / f"{stem}.py")
+        main = runplan.present_copy(nb, missing=False, changed={}, store="default", top="", chapter=stem)
+        var = runplan.present_copy(nb, missing=False, changed={"testbed": "minilm-8"}, store="default", top="",
+                                   chapter=stem, variant="minilm")
+        main_md = "\n".join(c.source for c in main.cells if c.cell_type == "markdown")
+        var_md = "\n".join(c.source for c in var.cells if c.cell_type == "markdown")
+        labels = [runplan.bench_label(stem, t) for t in titles]
+        assert re.findall(r"^\((pact-[^)]*)\)=$", main_md, re.M) == labels
+        assert re.findall(r"\{ref\}`(pact-[^`]*)`", var_md) == labels
+        shown = [c for c in var.cells if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])]
+        assert not any(runplan.BENCH_TAG in c.metadata.get("tags", []) for c in shown)
+        assert "## Verdict" in var_md
+    assert "Issue 29" not in var_md and "mergekit" not in var_md
 
 
 # --- slow: the smoke book, end to end --------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import multiprocessing as mp
 from collections.abc import Callable, Iterable, Sequence
@@ -28,6 +29,7 @@ __all__ = ["ZOO_FAMILIES", "NEEDS", "family_needs", "MAX_THREADS", "THREADS", "C
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
            "testbed_hashes", "kernel_env", "failure_message", "under_title", "present_copy", "restore_skipped",
+           "shown_parameters", "bench_sections", "bench_label",
            "run_parallel", "plan_jobs", "ZooJob", "zoo_jobs", "job_families"]
 
 #: The runner's own key of a parameter set and its option ``--threads``: each kernel's torch
@@ -465,16 +467,145 @@ def under_title(nb: Any, text: str) -> None:
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(text))
 
 
-def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str, top: str) -> Any:
+def _literal(value: Any) -> str:
+    """``value`` (a YAML value: str, number, bool, None, list, dict) as Python source, strings in
+    double quotes as the notebooks write them."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def shown_parameters(source: str, changed: dict[str, Any]) -> str:
+    """The parameters cell ``source`` as a run that sets ``changed`` executes it: each assignment of
+    a changed name shows the run's value, and its comment the notebook's default instead of the
+    default's description (which may not hold for the run's value). Other lines stay as they are.
+    What runs is unchanged: papermill's cell after it sets the same values."""
+    import ast
+
+    lines = source.split("\n")
+    for node in reversed(ast.parse(source).body):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in changed):
+            continue
+        name, default = node.targets[0].id, " ".join(ast.get_source_segment(source, node.value).split())
+        last = lines[node.end_lineno - 1].encode()
+        rest = last[node.end_col_offset:].decode()
+        column = len(last[:node.end_col_offset].decode()) + len(rest) - len(rest.lstrip()) \
+            if node.lineno == node.end_lineno and rest.lstrip().startswith("#") else 0
+        code = f"{name} = {_literal(changed[name])}"
+        lines[node.lineno - 1:node.end_lineno] = [
+            f"{code.ljust(column - 2)}  # this run's value; the notebook's default: {default}"]
+    return "\n".join(lines)
+
+
+_HEADING = re.compile(r"^(#{2,6})\s+(.+?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})")
+
+
+def _pieces(nb: Any) -> list[dict[str, Any]]:
+    """The notebook as a sequence of pieces: each code cell, and each markdown cell cut before
+    every section heading (``##`` to ``######``, outside fenced blocks): ``{"cell": index,
+    "lines": [...], "level": heading level or 0, "title": heading text}``."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            out.append({"cell": i, "lines": None, "level": 0, "title": ""})
+            continue
+        fence, piece = None, None
+        for line in cell.source.split("\n"):
+            m = None if fence else _HEADING.match(line)
+            if f := _FENCE.match(line):
+                mark = f.group(1)
+                if fence is None:
+                    fence = mark
+                elif line.strip() == fence[0] * len(line.strip()) and len(line.strip()) >= len(fence):
+                    fence = None
+            if m or piece is None:
+                piece = {"cell": i, "lines": [], "level": len(m.group(1)) if m else 0,
+                         "title": m.group(2) if m else ""}
+                out.append(piece)
+            piece["lines"].append(line)
+    return out
+
+
+def bench_label(chapter: str, title: str) -> str:
+    """The MyST label of a :func:`bench_sections` section of ``chapter`` on the main run's page."""
+    return "pact-" + re.sub(r"[^a-z0-9]+", "-", f"{chapter} {title}".lower()).strip("-")
+
+
+def bench_sections(nb: Any, chapter: str, variant: str) -> list[str]:
+    """Sections that show only committed benchmark data (every code cell in them, and at least one,
+    tagged :data:`BENCH_TAG`), in place: the same on every run, so the main run's page shows them
+    and a variant's page points there. On the main run (``variant`` empty) each such heading gets
+    a label (:func:`bench_label`); on a variant's run its heading stays, followed by one line that
+    links to the main page's section, its other markdown is dropped and its code cells still run
+    (later cells may use what they define) but are removed from the page (``remove-cell``).
+    Returns the titles of those sections (outermost only)."""
+    pieces = _pieces(nb)
+    chosen, i = [], 0
+    while i < len(pieces):
+        level = pieces[i]["level"]
+        if not level:
+            i += 1
+            continue
+        j = next((k for k in range(i + 1, len(pieces)) if 0 < pieces[k]["level"] <= level), len(pieces))
+        code = [nb.cells[p["cell"]] for p in pieces[i:j] if p["lines"] is None and nb.cells[p["cell"]].cell_type == "code"]
+        if code and all(BENCH_TAG in _tags(c) for c in code):
+            chosen.append((i, j))
+            i = j
+        else:
+            i += 1
+    if not chosen:
+        return []
+    for i, j in chosen:
+        head = pieces[i]
+        label = bench_label(chapter, head["title"])
+        if not variant:  # a target starts a block: after a blank line when text comes right before it
+            before = pieces[i - 1] if i and pieces[i - 1]["cell"] == head["cell"] else None
+            gap = [""] if before and before["lines"] and before["lines"][-1].strip() else []
+            head["lines"] = [*gap, f"({label})=", *head["lines"]]
+            continue
+        head["lines"] = [head["lines"][0], "", f"This section shows committed benchmark data (`book/data/`), not this "
+                         f"run's records, so it is the same on every run; it is in the main run's chapter: "
+                         f"{{ref}}`{label}`."]
+        for p in pieces[i + 1:j]:
+            if p["lines"] is None:
+                cell = nb.cells[p["cell"]]
+                cell.metadata["tags"] = [*_tags(cell), "remove-cell"]
+            else:
+                p["lines"] = []
+    changed = {p["cell"] for i, j in chosen for p in pieces[i:j]}
+    for index in sorted(changed, reverse=True):
+        cell = nb.cells[index]
+        if cell.cell_type != "markdown":
+            continue
+        text = "\n".join(line for p in pieces if p["cell"] == index for line in p["lines"]).rstrip()
+        if text.strip():
+            cell.source = text
+        else:
+            del nb.cells[index]
+    return [pieces[i]["title"] for i, _ in chosen]
+
+
+def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str, top: str,
+                 chapter: str = "", variant: str = "") -> Any:
     """A copy of ``nb`` for present mode: compute cells (with ``missing`` records: every code cell
     after the parameters but the :data:`BENCH_TAG` ones) become raw cells, unexecuted; the
-    parameters' ``.check(globals())`` plumbing hides its input; the ``changed`` values follow the
-    parameters cell as a sentence; ``top`` (markdown) goes under the title."""
+    parameters' ``.check(globals())`` plumbing hides its input; the parameters cell shows the
+    ``changed`` values (:func:`shown_parameters`), a sentence before it says them; ``top``
+    (markdown) goes under the title. With ``chapter``, the sections of benchmark data are the main
+    run's (a variant's page links to them, :func:`bench_sections`)."""
     import copy
 
     import nbformat
 
     nb = copy.deepcopy(nb)
+    if chapter:
+        bench_sections(nb, chapter, variant)
     seen_params = False
     for cell in nb.cells:
         tags = cell.metadata.setdefault("tags", [])
@@ -488,9 +619,10 @@ def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str,
             cell.metadata["pact_skipped"] = True
             cell.pop("outputs", None)
             cell.pop("execution_count", None)
-    if changed:  # papermill's cell with the values in effect is removed: say them under the defaults
+    if changed:  # papermill's cell with the values in effect is removed from the page: the cell shows them
         at = next(i for i, c in enumerate(nb.cells) if "parameters" in _tags(c))
-        nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(
+        nb.cells[at].source = shown_parameters(nb.cells[at].source, changed)
+        nb.cells.insert(at, nbformat.v4.new_markdown_cell(
             f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
             + ".*", metadata={"tags": ["pact-parameters"]}))
     under_title(nb, top)
