@@ -192,6 +192,36 @@ def test_table_formats_floats_not_counts():
     assert frame["cost"].iloc[0] == 1.23456  # the frame is not modified
 
 
+
+def test_table_shows_missing_values_as_a_dash_and_no_row_numbers():
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame({"speed-up": [2.0, np.nan], "limit": [None, 5], "route": ["exact", None]})
+    html = plotting.table_style(frame, "{:.2f}").to_html()
+    assert "nan" not in html.lower() and "None" not in html
+    assert html.count(f">{plotting.NA_REP}<") == 3 and ">2.00<" in html
+    assert "row_heading" not in html  # the RangeIndex 0..n-1 is hidden
+    filtered = pd.DataFrame({"n": [1, 2, 3]})[lambda f: f["n"] > 1]  # integer row numbers 1, 2
+    assert "row_heading" not in plotting.table_style(filtered).to_html()
+    labelled = pd.DataFrame({"n": [1]}, index=["PACT-TA"])
+    assert ">PACT-TA<" in plotting.table_style(labelled).to_html()  # labels stay
+
+
+def test_table_has_one_header_row_for_a_named_index():
+    import pandas as pd
+
+    one = pd.DataFrame({"acc": [0.5, 0.25]}, index=pd.Index([0.1, 0.25], name="alpha"))
+    html = plotting.table_style(one, "{:.2f}").to_html()
+    assert html.count("<tr>") == 3 and ">alpha<" in html and ">0.1<" in html and ">0.25<" in html
+    two = pd.DataFrame({"share": [0.1, 0.2, 0.3]}, index=pd.MultiIndex.from_tuples(
+        [("drift", "a"), ("drift", "b"), ("random", "a")], names=["population", "task"]))
+    html = plotting.table_style(two, "{:.2f}").to_html()
+    assert html.count("<tr>") == 4 and html.count("index_name") == 0
+    assert ">population<" in html and ">task<" in html
+    assert html.count(">drift<") == 1 and html.count(">random<") == 1  # a group label shows once
+    assert two.index.names == ["population", "task"]  # the frame is not modified
+
 def test_verdict_text():
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
         "**Verdict on C5: reproduced.** +2.0 pts"

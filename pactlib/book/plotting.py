@@ -187,9 +187,53 @@ def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | N
     _show(Markdown(text), table_style(frame, floatfmt))
 
 
+#: What a table shows for a missing value (NaN, None).
+NA_REP = "–"
+
+
+def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
+    """``frame`` laid out so its table has one header row: pandas puts the names of the index in a
+    second header row of their own (empty but for those names). A named single-level index gives
+    its name to the header row's corner cell; the levels of a named MultiIndex become leading
+    columns headed by their names, repeats blanked in all but the last level so a group label
+    shows once (as in pandas' own sparse index). Also returns the names of those new columns.
+    A frame whose index has an unnamed level, or whose columns have several levels or a name of
+    their own, is returned as it is, with ``[]``."""
+    names = list(frame.index.names)
+    if frame.columns.nlevels > 1 or frame.columns.name is not None or any(n is None for n in names):
+        return frame, []
+    if len(names) == 1:
+        return frame.rename_axis(index=None, columns=names[0]), []
+    if any(n in frame.columns for n in names):
+        return frame, []
+    out = frame.reset_index()
+    for i, name in enumerate(names[:-1]):
+        key = out[names[: i + 1]].astype(str).agg("\x1f".join, axis=1)
+        out[name] = out[name].astype(object).where(key.ne(key.shift()), "")
+    return out, names
+
+
 def table_style(frame: Any, floatfmt: str = "{:.3f}"):
-    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only."""
-    return frame.style.format(floatfmt, subset=list(frame.select_dtypes("floating").columns))
+    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only, missing values
+    (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed integer index is hidden) and one
+    header row (:func:`_one_header_row`)."""
+    from pandas.api.types import is_integer_dtype
+
+    floats = list(frame.select_dtypes("floating").columns)
+    shown, index_cols = _one_header_row(frame)
+    style = shown.style.format(na_rep=NA_REP)
+    if floats:
+        style = style.format(floatfmt, subset=floats, na_rep=NA_REP)
+    def label(v: Any) -> Any:  # a float row label (an α, a fraction) as written: 0.1, not 0.100000
+        return f"{v:g}" if isinstance(v, float) else v
+
+    if index_cols:
+        style = style.format(label, subset=index_cols, na_rep=NA_REP)
+    style = style.format_index(label, axis="index", na_rep=NA_REP)
+    index = shown.index
+    if index_cols or (index.nlevels == 1 and index.name is None and is_integer_dtype(index.dtype)):
+        style = style.hide(axis="index")  # row numbers 0..n-1 say nothing
+    return style
 
 
 def verdict_text(claim: str, status: str, evidence: str) -> str:
