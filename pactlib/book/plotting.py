@@ -196,17 +196,20 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     second header row of their own (empty but for those names). A named single-level index gives
     its name to the header row's corner cell; the levels of a named MultiIndex become leading
     columns headed by their names, repeats blanked in all but the last level so a group label
-    shows once (as in pandas' own sparse index). Also returns the names of those new columns.
-    A frame whose index has an unnamed level, or whose columns have several levels or a name of
-    their own, is returned as it is, with ``[]``."""
+    shows once (as in pandas' own sparse index), and a name of the columns (what the column
+    headers are, e.g. "condition") is dropped: the headers say it. Also returns the names of
+    those new columns. A frame whose index has an unnamed level or whose columns have several
+    levels, or a single-level index beside named columns, is returned as it is, with ``[]``."""
     names = list(frame.index.names)
-    if frame.columns.nlevels > 1 or frame.columns.name is not None or any(n is None for n in names):
+    if frame.columns.nlevels > 1 or any(n is None for n in names):
         return frame, []
     if len(names) == 1:
+        if frame.columns.name is not None:
+            return frame, []
         return frame.rename_axis(index=None, columns=names[0]), []
     if any(n in frame.columns for n in names):
         return frame, []
-    out = frame.reset_index()
+    out = frame.reset_index().rename_axis(columns=None)
     for i, name in enumerate(names[:-1]):
         key = out[names[: i + 1]].astype(str).agg("\x1f".join, axis=1)
         out[name] = out[name].astype(object).where(key.ne(key.shift()), "")
@@ -215,8 +218,8 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
 
 def table_style(frame: Any, floatfmt: str = "{:.3f}"):
     """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only, missing values
-    (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed integer index is hidden) and one
-    header row (:func:`_one_header_row`)."""
+    (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed
+    integer index is hidden) and one header row (:func:`_one_header_row`)."""
     from pandas.api.types import is_integer_dtype
 
     floats = list(frame.select_dtypes("floating").columns)

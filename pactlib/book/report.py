@@ -404,3 +404,17 @@ def null_space_choice(frame) -> dict:
     return {"merges": len(w), "drop_better": int((dv > 0).sum()), "literal_better": int((dv < 0).sum()),
             "equal": int((dv == 0).sum()), "mean_delta_val": float(dv.mean()), "mean_delta_test": float(dt.mean()),
             "choice": "drop" if dv.mean() >= 0 else "literal"}
+
+
+#: Recipe fields where None means "no cap": every example (train_limit, eval_limit) or every
+#: train image per class (head_shots) is used (the zoo's ``Recipe`` docstrings).
+UNCAPPED_FIELDS = ("head_shots", "train_limit", "eval_limit")
+
+
+def recipe_view(frame: pd.DataFrame, fields: Sequence[str] = UNCAPPED_FIELDS) -> pd.DataFrame:
+    """A recipe table (rows: fields) to show: ``None`` in the ``fields`` rows, which means no cap,
+    written "all"; the other rows as they are. The frame itself is not modified."""
+    out = frame.copy()
+    rows = out.index.isin(list(fields))
+    out.loc[rows] = out.loc[rows].map(lambda v: "all" if v is None or v == "None" else v)
+    return out
