@@ -196,16 +196,21 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     second header row of their own (empty but for those names). A named single-level index gives
     its name to the header row's corner cell; the levels of a named MultiIndex become leading
     columns headed by their names, repeats blanked in all but the last level so a group label
-    shows once (as in pandas' own sparse index), and a name of the columns (what the column
-    headers are, e.g. "condition") is dropped: the headers say it. Also returns the names of
-    those new columns. A frame whose index has an unnamed level or whose columns have several
-    levels, or a single-level index beside named columns, is returned as it is, with ``[]``."""
+    shows once (as in pandas' own sparse index). A name of the columns (what the column headers
+    are, e.g. "condition") is dropped: the headers say it. Beside columns of several levels, a
+    named single-level index gives its name to the corner of the first header row (when that
+    level has no name). Also returns the names of the new columns. Any other frame (an unnamed
+    index level, a MultiIndex beside columns of several levels) is returned as it is, with ``[]``."""
     names = list(frame.index.names)
-    if frame.columns.nlevels > 1 or any(n is None for n in names):
+    if any(n is None for n in names):
         return frame, []
-    if len(names) == 1:
-        if frame.columns.name is not None:
+    if frame.columns.nlevels > 1:
+        if len(names) > 1 or frame.columns.names[0] is not None:
             return frame, []
+        out = frame.rename_axis(index=None)
+        out.columns = out.columns.set_names(names[0], level=0)
+        return out, []
+    if len(names) == 1:
         return frame.rename_axis(index=None, columns=names[0]), []
     if any(n in frame.columns for n in names):
         return frame, []

@@ -6,6 +6,7 @@ is typed by hand.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -413,8 +414,26 @@ UNCAPPED_FIELDS = ("head_shots", "train_limit", "eval_limit")
 
 def recipe_view(frame: pd.DataFrame, fields: Sequence[str] = UNCAPPED_FIELDS) -> pd.DataFrame:
     """A recipe table (rows: fields) to show: ``None`` in the ``fields`` rows, which means no cap,
-    written "all"; the other rows as they are. The frame itself is not modified."""
+    written "all"; the other rows as they are (their ``None`` is the table's missing value). The
+    frame itself is not modified."""
     out = frame.copy()
     rows = out.index.isin(list(fields))
-    out.loc[rows] = out.loc[rows].map(lambda v: "all" if v is None or v == "None" else v)
+    def uncapped(v) -> bool:  # None, as stored (the string "None") or read back (None / NaN)
+        return v == "None" if isinstance(v, str) else bool(pd.isna(v))
+
+    out.loc[rows] = out.loc[rows].map(lambda v: "all" if uncapped(v) else v)
     return out
+
+
+_UNDEFINED_SHARE = re.compile(r"\bnan at T=(\w+)")
+
+
+def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
+    """Chapter 7's C9 verdicts (``depth.c9_verdicts``) with their evidence in words: an early-only
+    share of the full gain that is undefined (filtering every layer gives no gain, so there is
+    nothing to share) is written "nan at T=…" by ``c9_verdicts``; here it reads "undefined at T=…
+    (filtering every layer gives no gain there)". Status and the other words are unchanged;
+    returns new dicts, the input is not modified."""
+    return {half: {**v, "evidence": _UNDEFINED_SHARE.sub(
+        r"undefined at T=\1 (filtering every layer gives no gain there)", v["evidence"])}
+        for half, v in verdicts.items()}
