@@ -214,6 +214,9 @@ def test_table_has_one_header_row_for_a_named_index():
     one = pd.DataFrame({"acc": [0.5, 0.25]}, index=pd.Index([0.1, 0.25], name="alpha"))
     html = plotting.table_style(one, "{:.2f}").to_html()
     assert html.count("<tr>") == 3 and ">alpha<" in html and ">0.1<" in html and ">0.25<" in html
+    counts = pd.DataFrame({"ratio": [1.5, 2.5]}, index=pd.Index([2, 8], name="tasks"))
+    html = plotting.table_style(counts, "{:.2f}").to_html()
+    assert ">tasks<" in html and ">2<" in html and ">8<" in html  # a named integer index is a label
     two = pd.DataFrame({"share": [0.1, 0.2, 0.3]}, index=pd.MultiIndex.from_tuples(
         [("drift", "a"), ("drift", "b"), ("random", "a")], names=["population", "task"]))
     html = plotting.table_style(two, "{:.2f}").to_html()

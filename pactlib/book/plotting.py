@@ -238,7 +238,7 @@ def table_style(frame: Any, floatfmt: str = "{:.3f}"):
     if index_cols:
         style = style.format(label, subset=index_cols, na_rep=NA_REP)
     style = style.format_index(label, axis="index", na_rep=NA_REP)
-    index = shown.index
+    index = frame.index  # the frame's own: a named index moved to the header corner is a label
     if index_cols or (index.nlevels == 1 and index.name is None and is_integer_dtype(index.dtype)):
         style = style.hide(axis="index")  # row numbers 0..n-1 say nothing
     return style

@@ -19,10 +19,11 @@ PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-t
 
 
 def pretty(method: str) -> str:
-    """``pact-iso_c`` -> ``PACT-Iso-C``; ``s-pact-ties`` -> ``S-PACT-TIES``."""
+    """``pact-iso_c`` -> ``PACT-Iso-C``; ``s-pact-ties`` -> ``S-PACT-TIES``; ``pact-rsvd-iso_c`` ->
+    ``PACT-RSVD-Iso-C`` (the filter with randomized SVDs)."""
     if method in PRETTY_EXTRA:
         return PRETTY_EXTRA[method]
-    for prefix, label in (("s-pact-", "S-PACT-"), ("pact-", "PACT-")):
+    for prefix, label in (("s-pact-", "S-PACT-"), ("pact-rsvd-", "PACT-RSVD-"), ("pact-", "PACT-")):
         if method.startswith(prefix):
             return label + pretty(method[len(prefix):])
     try:
