@@ -139,6 +139,7 @@ with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
                              "entries, per task, over all entries and over touched entries: bars are means "
                              "over seeds, dots single seeds, the dashed line is chance (E = 1).") as (fig, ax):
     scalar.plot_task_enrichment(frame, ax=ax)
+    plotting.legend_outside(ax, "above")
 
 # %% [markdown]
 # The same score inside each weight tensor (quantiles taken per tensor, touched entries), for

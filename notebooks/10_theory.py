@@ -88,6 +88,7 @@ with plotting.figure("first-order", chapter=10, number=1, size="wide",
                              "Cauchy–Schwarz interval ±bound (grey bars); one column per (task, seed), "
                              "symmetric-log scale.") as (fig, ax):
     theory.plot_sides(frame, ax=ax)
+    plotting.legend_outside(ax, "right")
 
 # %% [markdown]
 # Two things shape this picture. The bound is loose by construction: Cauchy–Schwarz is tight

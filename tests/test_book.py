@@ -1011,3 +1011,26 @@ def test_pages_name_the_command_that_computes_their_records():
     assert rn._command(var, "default") == "`make reproduce NB=minilm/05_main_results`"
     assert rn._command(main, "_scratch/default") == '`make chapter NB=05_main_results ARGS="-p ..."`'
     assert "Run `make reproduce NB=minilm/05_main_results`" in rn._banner(var, "default", None)
+
+
+def test_legend_outside_moves_the_legend_off_the_axes():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [1, 2], label="a")
+    ax.bar([0, 1], [2, 1], label="b")
+    ax.legend(title="suite")
+    leg = plotting.legend_outside(ax, "right")
+    assert ax.get_legend() is leg and leg.get_title().get_text() == "suite"
+    assert [t.get_text() for t in leg.get_texts()] == ["a", "b"]
+    fig.canvas.draw()
+    assert leg.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes, not over the bars
+    above = plotting.legend_outside(ax, "above")
+    fig.canvas.draw()
+    assert above.get_window_extent().y0 >= ax.get_window_extent().y1
+    with pytest.raises(ValueError, match="where must be"):
+        plotting.legend_outside(ax, "inside")
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    assert plotting.legend_outside(ax) is None  # nothing labelled: no legend
+    plt.close(fig)

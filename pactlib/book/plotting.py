@@ -33,7 +33,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pactlib.book.verdicts import STATUSES  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
 
-__all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "table", "verdict", "verdict_text"]
+__all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "legend_outside", "table", "verdict",
+           "verdict_text"]
 
 #: Named figure sizes in inches (width, height).
 SIZES: dict[str, tuple[float, float]] = {
@@ -169,6 +170,30 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
     from IPython.display import Image, Markdown
 
     _show(Image(data=png, format="png"), Markdown(text))
+
+
+def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
+    """Redraw ``ax``'s legend outside the axes, so it hides no data: ``"above"`` (one row over
+    the axes) or ``"right"`` (a column beside them). The legend's entries and title are kept;
+    ``kw`` goes to ``ax.legend``. :func:`figure`'s tight layout makes room for it.
+
+    Returns:
+        The new legend, or None when ``ax`` has nothing to put in one.
+
+    Raises:
+        ValueError: ``where`` is neither ``"above"`` nor ``"right"``.
+    """
+    places = {"above": dict(loc="lower center", bbox_to_anchor=(0.5, 1.01)),
+              "right": dict(loc="center left", bbox_to_anchor=(1.01, 0.5))}
+    if where not in places:
+        raise ValueError(f"legend_outside: where must be one of {sorted(places)}, got {where!r}")
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    old = ax.get_legend()
+    title = old.get_title().get_text() if old is not None else ""
+    opts = places[where] | ({"ncols": len(handles)} if where == "above" else {}) | {"title": title or None} | kw
+    return ax.legend(handles, labels, **opts)
 
 
 def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | None = None,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pactlib import merges
+from pactlib.book.plotting import legend_outside
 from pactlib.book.verdicts import grade, ladder, not_tested, verdict
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
@@ -80,7 +81,7 @@ def gains(frame, *, base_methods: Sequence[str], suites: Sequence[str], prefix: 
 
 def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, prefix: str = "pact-",
                metric: str = "norm_acc") -> pd.DataFrame:
-    """Grouped bars of the mean gain per (method, suite) with one tick per seed; returns the gains."""
+    """Grouped bars of the mean gain per (method, suite) with one dot per seed; returns the gains."""
     g = gains(frame, base_methods=methods, suites=suites, prefix=prefix, metric=metric)
     width = 0.8 / max(1, len(suites))
     for j, s in enumerate(suites):
@@ -93,7 +94,7 @@ def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, pref
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
     ax.set_ylabel(f"gain in mean {'normalized ' if metric == 'norm_acc' else ''}accuracy (points)")
-    ax.legend(title="suite")
+    legend_outside(ax, "right", title="suite")  # beside the bars: it hides none of them
     return g
 
 
@@ -181,7 +182,7 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
 def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequence[str], ax,
                     metric: str = "norm_acc") -> pd.DataFrame:
     """Bars: mean gain of each filter mode (``"s-pact"``, ``"pact"``) over the plain method, per
-    method, on one suite; ticks: seeds."""
+    method, on one suite; dots: seeds."""
     rows = []
     width = 0.8 / len(modes)
     for j, mode in enumerate(modes):
@@ -196,7 +197,7 @@ def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequenc
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
     ax.set_ylabel("gain over the plain method (points)")
-    ax.legend()
+    legend_outside(ax, "right")
     return pd.concat(rows, ignore_index=True)
 
 
