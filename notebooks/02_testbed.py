@@ -57,7 +57,7 @@ import numpy as np
 import seaborn as sns
 
 from pactlib import testbeds
-from pactlib.book import chapters, plotting, records, reference, verdicts
+from pactlib.book import chapters, plotting, records, reference, report, verdicts
 from pactlib.testbeds.lite0 import testbed as lite0
 from pactlib.data import SUITES
 from pactlib.book.experiments import testbed as chapter2
@@ -214,9 +214,9 @@ records.write_records(path, [records.table_record(
                           label=f"profile {zoo_profile!r}"), table="recipe", params=P)]);
 
 # %%
-plotting.table(records.table_frame(path, "recipe"), chapter=2, number=5,
+plotting.table(report.recipe_view(records.table_frame(path, "recipe")), chapter=2, number=5,
                caption="The fine-tuning recipe of the zoo's runs (values used, per kind; — where a kind does not "
-                       "use the field) and the recipe of the zoo profile.")
+                       "use the field) and the recipe of the zoo profile. \"all\": no cap on the examples used.")
 
 # %% [markdown]
 # ### Zero-shot and fine-tuned accuracy
@@ -736,9 +736,10 @@ if run_minilm:
 
 # %%
 if run_minilm:
-    plotting.table(records.table_frame(path, "text-recipe"), chapter=2, number=18,
+    plotting.table(report.recipe_view(records.table_frame(path, "text-recipe")), chapter=2, number=18,
                    caption="The fine-tuning recipe of the MiniLM zoo's runs (values used, per kind; — where a kind "
-                           "does not use the field) and the recipe of the default zoo profile.")
+                           "does not use the field) and the recipe of the default zoo profile. \"all\": no cap "
+                           "on the examples used.")
     plotting.table(records.table_frame(path, "text-trained"), chapter=2, number=19,
                    floatfmt="{:.4f}",
                    caption="What a full and a LoRA fine-tune train on MiniLM: entries of θ0 trained or adapted, "

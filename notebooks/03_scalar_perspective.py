@@ -125,7 +125,10 @@ records.write_records(path, recs, replace=True);
 
 # %%
 frame = records.records_frame(path)
-plotting.table(scalar.enrichment_table(frame), chapter=3, number=1, floatfmt="{:.3g}",
+enrichment = scalar.enrichment_table(frame)
+if "|U∩H|, touched" in enrichment:  # a count (mean over seeds): shown as a whole number
+    enrichment["|U∩H|, touched"] = enrichment["|U∩H|, touched"].round().astype("Int64")
+plotting.table(enrichment, chapter=3, number=1, floatfmt="{:.3g}",
                caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "
                        "the share of entries with Δt = 0 and with F_t = 0, and the number of scalar LBW "
                        "entries among touched entries.")
@@ -136,6 +139,7 @@ with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
                              "entries, per task, over all entries and over touched entries: bars are means "
                              "over seeds, dots single seeds, the dashed line is chance (E = 1).") as (fig, ax):
     scalar.plot_task_enrichment(frame, ax=ax)
+    plotting.legend_outside(ax, "above")
 
 # %% [markdown]
 # The same score inside each weight tensor (quantiles taken per tensor, touched entries), for
@@ -204,7 +208,10 @@ plotting.verdict("C2", v2["status"], v2["evidence"])
 # accuracy of task t, against restoring as many control entries.
 
 # %%
-plotting.table(scalar.displacement_table(frame), chapter=3, number=2, floatfmt="{:.3g}",
+plotting.table(scalar.displacement_table(frame).rename(columns={
+                   "moved_lbw": "|θ − θt|, LBW", "moved_other": "|θ − θt|, others",
+                   "moved_ratio": "ratio LBW / others", "rel_moved_lbw": "÷ mean |Δt|, LBW",
+                   "rel_moved_other": "÷ mean |Δt|, others", "alpha": "α"}), chapter=3, number=2, floatfmt="{:.3g}",
                caption="How far the Task Arithmetic merge moved each task's entries (mean over seeds): mean "
                        "|θ − θt| over the LBW entries and over all others, their ratio, each divided by the "
                        "group's mean |Δt|, and the α chosen on validation.")

@@ -66,7 +66,8 @@ path = records.records_path("04_subspace_perspective")  # the compute cells writ
 from pactlib.pact import PactOptions
 
 opts = PactOptions()
-{k: getattr(opts, k) for k in ("core_frac", "active_frac", "lbw_tol", "svd")}
+print(f"K = {opts.core_frac:g} × the layer's rank (core_frac), k = {opts.active_frac:g} × the rank (active_frac), "
+      f"τ = {opts.lbw_tol:g} (lbw_tol); SVDs: {opts.svd}.")
 
 # %% [markdown]
 # We compute the three subspaces for every matrix layer of the testbed's backbone (on Lite0
@@ -163,13 +164,17 @@ with plotting.figure("ablation-drops", chapter=4, number=2, size=(9.0, 2.9 * len
         subspace.plot_drops(frame, ax=ax, strength=gamma)
 
 # %%
-plotting.table(subspace.drop_table(frame), chapter=4, number=1, floatfmt="{:.1f}",
+# the conditions as plain text: the tables are not typeset as mathematics
+plain = {subspace.LABELS[c]: text for c, text in {
+    "lbw": "V_t,LBW", "random": "random in ℝⁿ", "complement": "random ⊥ V_t,k",
+    "energy": "random in ℝⁿ, energy-matched"}.items()}
+plotting.table(subspace.drop_table(frame).rename(columns=plain), chapter=4, number=1, floatfmt="{:.1f}",
                caption="Accuracy drop (points) per ablation strength γ, task and condition; means over draws and "
                        "seeds.")
 
 # %%
 summary = subspace.condition_summary(frame)
-plotting.table(summary, chapter=4, number=2, floatfmt="{:.1f}",
+plotting.table(summary.rename(index=plain), chapter=4, number=2, floatfmt="{:.1f}",
                caption="Per strength γ and condition, means over tasks, draws and seeds: accuracy drop (points), "
                        "share of the weight energy inside the ablated subspace and share removed (%, pooled over "
                        "the layers), mean per-layer share (%), overlap of the ablated subspace with the LBW (mean "

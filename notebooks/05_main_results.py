@@ -91,7 +91,7 @@ print("rows of Table 5.1: " + report.seeds_text(report.seed_counts(frame, suites
 # %%
 with plotting.figure("pact-gain", chapter=5, number=2, size="wide", paper="Tab. 1",
                      caption="Gain of PACT in mean normalized test accuracy (points) per base method "
-                             "and suite; bars: mean over seeds, ticks: one seed each.") as (fig, ax):
+                             "and suite; bars: mean over seeds, dots: one seed each.") as (fig, ax):
     report.plot_gains(frame, methods, suites, ax=ax)
 
 # %% [markdown]

@@ -61,7 +61,8 @@ plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")),
 # %%
 with plotting.figure("spact-vs-pact", chapter=6, number=2, size="wide", paper="Tab. 4",
                      caption="Gain in mean normalized test accuracy over the plain method (points): "
-                             "static shield (S-PACT) vs dynamic shields (PACT). Ticks: seeds.") as (fig, ax):
+                             "static shield (S-PACT) vs dynamic shields (PACT). Bars: mean over seeds; "
+                             "dots: one seed each.") as (fig, ax):
     report.plot_mode_gains(frame, methods, suite=suite, modes=("s-pact", "pact"), ax=ax)
 
 # %% [markdown]

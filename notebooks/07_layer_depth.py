@@ -127,7 +127,7 @@ records.write_records(records.records_path("07_layer_depth"), recs, replace=True
 # ## Gains by depth group
 
 # %%
-from pactlib.book import plotting
+from pactlib.book import plotting, report
 
 frame = records.records_frame(records.records_path("07_layer_depth"))
 with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
@@ -136,7 +136,8 @@ with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
     gains = depth.plot_group_gains(frame, ax=ax, suites=suites)
 
 # %%
-plotting.table(depth.condition_table(frame), chapter=7, number=1, floatfmt="{:.2f}",
+plotting.table(depth.condition_table(frame).rename(columns={"alpha": "α"}, level=0), chapter=7, number=1,
+               floatfmt="{:.2f}",
                caption="Mean test accuracy and normalized accuracy (%), the chosen α and the share of seeds whose "
                        "α lies on an edge of the grid, per condition and suite (means over seeds).")
 
@@ -186,12 +187,6 @@ plotting.table(depth.intrusion_table(frame, groups), chapter=7, number=2, floatf
 # ## Verdicts
 
 # %%
-import re
-
-v = depth.c9_verdicts(frame, suites=suites, most=most)
-# c9_verdicts formats an undefined early-only share (the all-layer gain is not positive) as "nan": say it in words
-for half in v.values():
-    half["evidence"] = re.sub(r"\bnan at T=(\w+)", r"undefined at T=\1 (filtering every layer gives no gain there)",
-                              half["evidence"])
+v = report.depth_evidence(depth.c9_verdicts(frame, suites=suites, most=most))
 plotting.verdict("C9a (early layers give most of the gain)", v["early"]["status"], v["early"]["evidence"])
 plotting.verdict("C9b (many tasks need the whole network)", v["whole"]["status"], v["whole"]["evidence"])

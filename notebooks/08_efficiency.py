@@ -128,7 +128,7 @@ records.write_records(records.records_path("08_efficiency"), recs, replace=True)
 
 # %%
 from pactlib import PactOptions
-from pactlib.book import plotting
+from pactlib.book import plotting, report
 
 frame = records.records_frame(records.records_path("08_efficiency"))
 timed_threads = ", ".join(str(int(t)) for t in sorted(frame.loc[frame["method"] == "filter-time", "threads"].unique()))
@@ -141,7 +141,8 @@ plotting.table(efficiency.summary_table(frame), chapter=8, number=1, floatfmt="{
                        "speed-up over the exact filter, share of the top-r SVDs that really run randomized, "
                        "distance of the LBW bases from the exact ones and relative change of the filtered task "
                        f"vectors (mean and largest over layers and tasks). RSVD rows: the core with p = {oversample} "
-                       f"and the row's q, the task updates with {updates_pq} (`PactOptions`' defaults).")
+                       f"and the row's q, the task updates with {updates_pq} (`PactOptions`' defaults). "
+                       "–: the exact filter is the reference, so it has no speed-up or distance of its own.")
 
 # %%
 with plotting.figure("rsvd-time-error", chapter=8, number=1, size="wide", ncols=2, paper="Tab. 5",
@@ -185,7 +186,7 @@ print(f"core gap σ_(K+p+1)/σ_K of W0: {gaps.min():.2f} … {gaps.max():.2f} ov
 # with `PactOptions`' setting (the caption gives the values).
 
 # %%
-plotting.table(efficiency.accuracy_table(frame), chapter=8, number=2, floatfmt="{:.2f}",
+plotting.table(efficiency.accuracy_table(frame).rename(index=report.pretty), chapter=8, number=2, floatfmt="{:.2f}",
                caption="Mean test accuracy and normalized accuracy (%, ± std over seeds), seed count, mean chosen "
                        "α and merge time (s, the filter excluded) per method. The RSVD: the core with "
                        f"p = {oversample}, q = {accuracy_n_iter}; the task updates with {updates_pq}.")
@@ -331,7 +332,7 @@ if floor:
                            f"(only the T active-subspace RSVDs and the T projections; `{floor_json}`, one thread, "
                            f"CPU time, ViT-B/32 layer shapes), each part alone, the least possible on all cores "
                            f"(wall time, `{floor_wall_json}`, where present) and the whole streamed `pact merge` "
-                           f"measured (CPU time, `{scale_jsonl}`; a column per model shape).")
+                           f"measured (CPU time, `{scale_jsonl}`; a column per model shape; –: not measured).")
     with plotting.figure("pact-iso-c-time", chapter=8, number=2,
                          caption="The same ratios against T (log scale): the least possible, dashed (black: one "
                                  "thread; coloured: all cores), and the measured `pact merge`, solid; grey: the "

@@ -71,7 +71,7 @@ plotting.table(report.alpha_table(frame), chapter=9, number=2,
 # %%
 with plotting.figure("lora-gain", chapter=9, number=1, size="wide", paper="Tab. 3",
                      caption="Gain of PACT on LoRA task vectors, mean normalized test accuracy (points). "
-                             "Ticks: seeds.") as (fig, ax):
+                             "Bars: mean over seeds; dots: one seed each.") as (fig, ax):
     report.plot_gains(frame, methods, [suite], ax=ax)
 
 # %% [markdown]

@@ -88,6 +88,7 @@ with plotting.figure("first-order", chapter=10, number=1, size="wide",
                              "Cauchy–Schwarz interval ±bound (grey bars); one column per (task, seed), "
                              "symmetric-log scale.") as (fig, ax):
     theory.plot_sides(frame, ax=ax)
+    plotting.legend_outside(ax, "right")
 
 # %% [markdown]
 # Two things shape this picture. The bound is loose by construction: Cauchy–Schwarz is tight
@@ -112,10 +113,13 @@ with plotting.figure("layer-bound", chapter=10, number=3, size="wide",
     theory.plot_layers(frame, ax=ax)
 
 # %%
-plotting.table(theory.summary_table(frame), chapter=10, number=1, floatfmt="{:.4g}",
+summary = theory.summary_table(frame)
+accs = [c for c in summary.columns if c.startswith("acc ")]
+summary[accs] = 100 * summary[accs]  # in %, as the verdict's points
+plotting.table(summary.rename(columns={c: f"{c} (%)" for c in accs}), chapter=10, number=1, floatfmt="{:.4g}",
                caption="Per task, means over seeds: L_t(θt) on the loss batch (nats), the predicted, "
                        "bounding and measured loss changes, the share of ‖Δt‖² the filter removed, and "
-                       "test accuracy of θt and of θ0 + Δ̃t.")
+                       "test accuracy (%) of θt and of θ0 + Δ̃t.")
 
 # %% [markdown]
 # ## Verdict

@@ -192,6 +192,39 @@ def test_table_formats_floats_not_counts():
     assert frame["cost"].iloc[0] == 1.23456  # the frame is not modified
 
 
+
+def test_table_shows_missing_values_as_a_dash_and_no_row_numbers():
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame({"speed-up": [2.0, np.nan], "limit": [None, 5], "route": ["exact", None]})
+    html = plotting.table_style(frame, "{:.2f}").to_html()
+    assert "nan" not in html.lower() and "None" not in html
+    assert html.count(f">{plotting.NA_REP}<") == 3 and ">2.00<" in html
+    assert "row_heading" not in html  # the RangeIndex 0..n-1 is hidden
+    filtered = pd.DataFrame({"n": [1, 2, 3]})[lambda f: f["n"] > 1]  # integer row numbers 1, 2
+    assert "row_heading" not in plotting.table_style(filtered).to_html()
+    labelled = pd.DataFrame({"n": [1]}, index=["PACT-TA"])
+    assert ">PACT-TA<" in plotting.table_style(labelled).to_html()  # labels stay
+
+
+def test_table_has_one_header_row_for_a_named_index():
+    import pandas as pd
+
+    one = pd.DataFrame({"acc": [0.5, 0.25]}, index=pd.Index([0.1, 0.25], name="alpha"))
+    html = plotting.table_style(one, "{:.2f}").to_html()
+    assert html.count("<tr>") == 3 and ">alpha<" in html and ">0.1<" in html and ">0.25<" in html
+    counts = pd.DataFrame({"ratio": [1.5, 2.5]}, index=pd.Index([2, 8], name="tasks"))
+    html = plotting.table_style(counts, "{:.2f}").to_html()
+    assert ">tasks<" in html and ">2<" in html and ">8<" in html  # a named integer index is a label
+    two = pd.DataFrame({"share": [0.1, 0.2, 0.3]}, index=pd.MultiIndex.from_tuples(
+        [("drift", "a"), ("drift", "b"), ("random", "a")], names=["population", "task"]))
+    html = plotting.table_style(two, "{:.2f}").to_html()
+    assert html.count("<tr>") == 4 and html.count("index_name") == 0
+    assert ">population<" in html and ">task<" in html
+    assert html.count(">drift<") == 1 and html.count(">random<") == 1  # a group label shows once
+    assert two.index.names == ["population", "task"]  # the frame is not modified
+
 def test_verdict_text():
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
         "**Verdict on C5: reproduced.** +2.0 pts"
@@ -1144,3 +1177,26 @@ def test_pages_name_the_command_that_computes_their_records():
     assert rn._command(var, "default") == "`make reproduce NB=minilm/05_main_results`"
     assert rn._command(main, "_scratch/default") == '`make chapter NB=05_main_results ARGS="-p ..."`'
     assert "Run `make reproduce NB=minilm/05_main_results`" in rn._banner(var, "default", None)
+
+
+def test_legend_outside_moves_the_legend_off_the_axes():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [1, 2], label="a")
+    ax.bar([0, 1], [2, 1], label="b")
+    ax.legend(title="suite")
+    leg = plotting.legend_outside(ax, "right")
+    assert ax.get_legend() is leg and leg.get_title().get_text() == "suite"
+    assert [t.get_text() for t in leg.get_texts()] == ["a", "b"]
+    fig.canvas.draw()
+    assert leg.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes, not over the bars
+    above = plotting.legend_outside(ax, "above")
+    fig.canvas.draw()
+    assert above.get_window_extent().y0 >= ax.get_window_extent().y1
+    with pytest.raises(ValueError, match="where must be"):
+        plotting.legend_outside(ax, "inside")
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    assert plotting.legend_outside(ax) is None  # nothing labelled: no legend
+    plt.close(fig)

@@ -1,4 +1,5 @@
 """pactlib.book.report: gains, the main table and the verdicts of C5–C8 on records with known values."""
+import pandas as pd
 import pytest
 
 from pactlib.book import records, report
@@ -144,3 +145,22 @@ def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
     with pytest.raises(records.RecordError, match="MultiIndex columns"):
         records.table_record(pd.DataFrame([[1]], columns=pd.MultiIndex.from_tuples([("a", "b")])), table="m",
                              params={})
+
+
+def test_depth_evidence_says_an_undefined_share_in_words():
+    v = {"whole": {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs nan at T=14. Gains: all -0.02."},
+         "early": {"status": "partly reproduced", "evidence": "share = 0.16; early is the best group"}}
+    out = report.depth_evidence(v)
+    assert out["whole"] == {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs undefined at T=14 "
+                            "(filtering every layer gives no gain there). Gains: all -0.02."}
+    assert out["early"] == v["early"]
+    assert "nan at T=14" in v["whole"]["evidence"]  # the input is not modified
+
+
+def test_recipe_view_writes_no_cap_as_all():
+    frame = pd.DataFrame({"full": ["None", "—", "80", None], "profile": ["None", "None", "80", "None"]},
+                         index=pd.Index(["train_limit", "head_shots", "steps", "eval_limit"], name="field"))
+    out = report.recipe_view(frame)
+    assert out.loc["train_limit"].tolist() == ["all", "all"] and out.loc["eval_limit"].tolist() == ["all", "all"]
+    assert out.loc["head_shots"].tolist() == ["—", "all"] and out.loc["steps"].tolist() == ["80", "80"]
+    assert frame.loc["train_limit", "full"] == "None"

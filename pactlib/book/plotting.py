@@ -33,7 +33,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pactlib.book.verdicts import STATUSES  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
 
-__all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "table", "verdict", "verdict_text"]
+__all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "legend_outside", "table", "verdict",
+           "verdict_text"]
 
 #: Named figure sizes in inches (width, height).
 SIZES: dict[str, tuple[float, float]] = {
@@ -171,6 +172,30 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
     _show(Image(data=png, format="png"), Markdown(text))
 
 
+def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
+    """Redraw ``ax``'s legend outside the axes, so it hides no data: ``"above"`` (one row over
+    the axes) or ``"right"`` (a column beside them). The legend's entries and title are kept;
+    ``kw`` goes to ``ax.legend``. :func:`figure`'s tight layout makes room for it.
+
+    Returns:
+        The new legend, or None when ``ax`` has nothing to put in one.
+
+    Raises:
+        ValueError: ``where`` is neither ``"above"`` nor ``"right"``.
+    """
+    places = {"above": dict(loc="lower center", bbox_to_anchor=(0.5, 1.01)),
+              "right": dict(loc="center left", bbox_to_anchor=(1.01, 0.5))}
+    if where not in places:
+        raise ValueError(f"legend_outside: where must be one of {sorted(places)}, got {where!r}")
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    old = ax.get_legend()
+    title = old.get_title().get_text() if old is not None else ""
+    opts = places[where] | ({"ncols": len(handles)} if where == "above" else {}) | {"title": title or None} | kw
+    return ax.legend(handles, labels, **opts)
+
+
 def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | None = None,
           floatfmt: str = "{:.3f}") -> None:
     """Show a DataFrame (built from records) as a numbered, captioned table.
@@ -187,9 +212,61 @@ def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | N
     _show(Markdown(text), table_style(frame, floatfmt))
 
 
+#: What a table shows for a missing value (NaN, None).
+NA_REP = "–"
+
+
+def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
+    """``frame`` laid out so its table has one header row: pandas puts the names of the index in a
+    second header row of their own (empty but for those names). A named single-level index gives
+    its name to the header row's corner cell; the levels of a named MultiIndex become leading
+    columns headed by their names, repeats blanked in all but the last level so a group label
+    shows once (as in pandas' own sparse index). A name of the columns (what the column headers
+    are, e.g. "condition") is dropped: the headers say it. Beside columns of several levels, a
+    named single-level index gives its name to the corner of the first header row (when that
+    level has no name). Also returns the names of the new columns. Any other frame (an unnamed
+    index level, a MultiIndex beside columns of several levels) is returned as it is, with ``[]``."""
+    names = list(frame.index.names)
+    if any(n is None for n in names):
+        return frame, []
+    if frame.columns.nlevels > 1:
+        if len(names) > 1 or frame.columns.names[0] is not None:
+            return frame, []
+        out = frame.rename_axis(index=None)
+        out.columns = out.columns.set_names(names[0], level=0)
+        return out, []
+    if len(names) == 1:
+        return frame.rename_axis(index=None, columns=names[0]), []
+    if any(n in frame.columns for n in names):
+        return frame, []
+    out = frame.reset_index().rename_axis(columns=None)
+    for i, name in enumerate(names[:-1]):
+        key = out[names[: i + 1]].astype(str).agg("\x1f".join, axis=1)
+        out[name] = out[name].astype(object).where(key.ne(key.shift()), "")
+    return out, names
+
+
 def table_style(frame: Any, floatfmt: str = "{:.3f}"):
-    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only."""
-    return frame.style.format(floatfmt, subset=list(frame.select_dtypes("floating").columns))
+    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only, missing values
+    (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed
+    integer index is hidden) and one header row (:func:`_one_header_row`)."""
+    from pandas.api.types import is_integer_dtype
+
+    floats = list(frame.select_dtypes("floating").columns)
+    shown, index_cols = _one_header_row(frame)
+    style = shown.style.format(na_rep=NA_REP)
+    if floats:
+        style = style.format(floatfmt, subset=floats, na_rep=NA_REP)
+    def label(v: Any) -> Any:  # a float row label (an α, a fraction) as written: 0.1, not 0.100000
+        return f"{v:g}" if isinstance(v, float) else v
+
+    if index_cols:
+        style = style.format(label, subset=index_cols, na_rep=NA_REP)
+    style = style.format_index(label, axis="index", na_rep=NA_REP)
+    index = frame.index  # the frame's own: a named index moved to the header corner is a label
+    if index_cols or (index.nlevels == 1 and index.name is None and is_integer_dtype(index.dtype)):
+        style = style.hide(axis="index")  # row numbers 0..n-1 say nothing
+    return style
 
 
 def verdict_text(claim: str, status: str, evidence: str) -> str:

@@ -6,22 +6,25 @@ is typed by hand.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from pactlib import merges
+from pactlib.book.plotting import legend_outside
 from pactlib.book.verdicts import grade, ladder, not_tested, verdict
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
 
 def pretty(method: str) -> str:
-    """``pact-iso_c`` -> ``PACT-Iso-C``; ``s-pact-ties`` -> ``S-PACT-TIES``."""
+    """``pact-iso_c`` -> ``PACT-Iso-C``; ``s-pact-ties`` -> ``S-PACT-TIES``; ``pact-rsvd-iso_c`` ->
+    ``PACT-RSVD-Iso-C`` (the filter with randomized SVDs)."""
     if method in PRETTY_EXTRA:
         return PRETTY_EXTRA[method]
-    for prefix, label in (("s-pact-", "S-PACT-"), ("pact-", "PACT-")):
+    for prefix, label in (("s-pact-", "S-PACT-"), ("pact-rsvd-", "PACT-RSVD-"), ("pact-", "PACT-")):
         if method.startswith(prefix):
             return label + pretty(method[len(prefix):])
     try:
@@ -78,7 +81,7 @@ def gains(frame, *, base_methods: Sequence[str], suites: Sequence[str], prefix: 
 
 def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, prefix: str = "pact-",
                metric: str = "norm_acc") -> pd.DataFrame:
-    """Grouped bars of the mean gain per (method, suite) with one tick per seed; returns the gains."""
+    """Grouped bars of the mean gain per (method, suite) with one dot per seed; returns the gains."""
     g = gains(frame, base_methods=methods, suites=suites, prefix=prefix, metric=metric)
     width = 0.8 / max(1, len(suites))
     for j, s in enumerate(suites):
@@ -91,7 +94,7 @@ def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, pref
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
     ax.set_ylabel(f"gain in mean {'normalized ' if metric == 'norm_acc' else ''}accuracy (points)")
-    ax.legend(title="suite")
+    legend_outside(ax, "right", title="suite")  # beside the bars: it hides none of them
     return g
 
 
@@ -179,7 +182,7 @@ def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic"
 def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequence[str], ax,
                     metric: str = "norm_acc") -> pd.DataFrame:
     """Bars: mean gain of each filter mode (``"s-pact"``, ``"pact"``) over the plain method, per
-    method, on one suite; ticks: seeds."""
+    method, on one suite; dots: seeds."""
     rows = []
     width = 0.8 / len(modes)
     for j, mode in enumerate(modes):
@@ -194,7 +197,7 @@ def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequenc
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(np.arange(len(methods)), [pretty(m) for m in methods])
     ax.set_ylabel("gain over the plain method (points)")
-    ax.legend()
+    legend_outside(ax, "right")
     return pd.concat(rows, ignore_index=True)
 
 
@@ -404,3 +407,35 @@ def null_space_choice(frame) -> dict:
     return {"merges": len(w), "drop_better": int((dv > 0).sum()), "literal_better": int((dv < 0).sum()),
             "equal": int((dv == 0).sum()), "mean_delta_val": float(dv.mean()), "mean_delta_test": float(dt.mean()),
             "choice": "drop" if dv.mean() >= 0 else "literal"}
+
+
+#: Recipe fields where None means "no cap": every example (train_limit, eval_limit) or every
+#: train image per class (head_shots) is used (the zoo's ``Recipe`` docstrings).
+UNCAPPED_FIELDS = ("head_shots", "train_limit", "eval_limit")
+
+
+def recipe_view(frame: pd.DataFrame, fields: Sequence[str] = UNCAPPED_FIELDS) -> pd.DataFrame:
+    """A recipe table (rows: fields) to show: ``None`` in the ``fields`` rows, which means no cap,
+    written "all"; the other rows as they are (their ``None`` is the table's missing value). The
+    frame itself is not modified."""
+    out = frame.copy()
+    rows = out.index.isin(list(fields))
+    def uncapped(v) -> bool:  # None, as stored (the string "None") or read back (None / NaN)
+        return v == "None" if isinstance(v, str) else bool(pd.isna(v))
+
+    out.loc[rows] = out.loc[rows].map(lambda v: "all" if uncapped(v) else v)
+    return out
+
+
+_UNDEFINED_SHARE = re.compile(r"\bnan at T=(\w+)")
+
+
+def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
+    """Chapter 7's C9 verdicts (``depth.c9_verdicts``) with their evidence in words: an early-only
+    share of the full gain that is undefined (filtering every layer gives no gain, so there is
+    nothing to share) is written "nan at T=…" by ``c9_verdicts``; here it reads "undefined at T=…
+    (filtering every layer gives no gain there)". Status and the other words are unchanged;
+    returns new dicts, the input is not modified."""
+    return {half: {**v, "evidence": _UNDEFINED_SHARE.sub(
+        r"undefined at T=\1 (filtering every layer gives no gain there)", v["evidence"])}
+        for half, v in verdicts.items()}
