@@ -396,3 +396,7 @@ def test_recompute_agreement_says_which_chapters_moved_with_a_rebuilt_zoo():
                for line in lines)
     assert "- **Verdicts changed**: C11 in EfficientNet-Lite0 chapter 5: partly reproduced → reproduced " \
            "(rebuilt zoo)." in lines
+    rows[-1] = row("minilm/09_lora", 100, ["C11: partly reproduced -> not reproduced"])  # same numbers, new rule
+    lines = site.agreement_lines(rows, titles=titles, families=families, rebuilt=site.zoo_rebuilds(runs, rows, zoo))
+    assert "C11 in MiniLM-L6 chapter 9: partly reproduced → not reproduced (the same numbers: the rule that " \
+           "grades them changed)." in next(line for line in lines if line.startswith("- **Verdicts changed**"))

@@ -273,6 +273,7 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
         changed += [(key, v) for v in r.get("verdicts") or []]
     revs = sorted({str(r.get("rev")) for r in rows})
     moved = {str(r["chapter"]) for r in zoo_rows}
+    same_keys = {str(r["chapter"]) for r in same_rows}
     names = {f: _UNITS.get(f, (f, ""))[0] for f in (rebuilt or {})}
     items = []
     if same_rows:
@@ -299,7 +300,8 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
                      f"runs logged since `{', '.join(revs)}` do not say whether their zoo was rebuilt.")
     items.append("- **Verdicts changed**: " + ("; ".join(
         f"{v.split(':')[0]} in {_chapters(titles, [k])}: {v.partition(': ')[2].replace(' -> ', ' → ')}"
-        + (" (rebuilt zoo)" if k in moved else "") for k, v in changed) + "." if changed else "none."))
+        + (" (rebuilt zoo)" if k in moved else " (the same numbers: the rule that grades them changed)"
+           if k in same_keys else "") for k, v in changed) + "." if changed else "none."))
     return ["", "### What the last recompute changed", "",
             f"Every number of each recomputed chapter against the committed records of `{', '.join(revs)}` "
             "(timings aside; `scripts/compare_records.py`):", ""] + items + [""] + _table(table)
