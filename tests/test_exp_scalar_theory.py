@@ -489,8 +489,10 @@ def test_c12_verdict():
     good = _fo([("a", 0.01, 0.05, 0.012, 0.0), ("b", 0.02, 0.03, 0.018, -0.005)])
     assert theory.c12_verdict(good)["status"] == "reproduced"
     off = _fo([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.05, -0.005)])  # sign wrong / far
-    v = theory.c12_verdict(off)
-    assert v["status"] == "partly reproduced" and "1/2" in v["evidence"]
+    v = theory.c12_verdict(off)  # within the bound in 1/2, sign wrong, small: one condition of three
+    assert v["status"] == "not reproduced" and "1/2" in v["evidence"]
+    within = _fo([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.02, -0.005)])  # within + small, sign wrong
+    assert theory.c12_verdict(within)["status"] == "partly reproduced"
     broken = _fo([("a", 0.1, 0.05, 0.1, 0.0), ("b", 0.02, 0.03, 0.018, 0.0)])  # |predicted| > bound
     assert theory.c12_verdict(broken)["status"] == "not reproduced"
     costly = _fo([("a", 0.01, 0.05, -0.03, -0.2), ("b", 0.02, 0.03, 0.05, -0.1)])
