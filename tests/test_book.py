@@ -8,8 +8,8 @@ import ast
 import json
 import math
 import multiprocessing as mp
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
