@@ -302,9 +302,11 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
         f"{v.split(':')[0]} in {_chapters(titles, [k])}: {v.partition(': ')[2].replace(' -> ', ' → ')}"
         + (" (rebuilt zoo)" if k in moved else " (the same numbers: the rule that grades them changed)"
            if k in same_keys else "") for k, v in changed) + "." if changed else "none."))
-    return ["", "### What the last recompute changed", "",
+    return (["", "### What the last recompute changed", "",
             f"Every number of each recomputed chapter against the committed records of `{', '.join(revs)}` "
-            "(timings aside; `scripts/compare_records.py`):", ""] + items + [""] + _table(table)
+            "(timings aside; `scripts/compare_records.py`), and the verdicts as they were graded when the "
+            "recompute ran (a later change of a grading rule is not a change of the records):", ""]
+            + items + [""] + _table(table))
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
