@@ -26,7 +26,11 @@ def _verdicts(folder: Path, chapter: str, *recs: dict) -> Path:
 def test_readme_table_one_cell_per_claim_and_testbed(tmp_path):
     files = [("05_main_results", "main", _verdicts(tmp_path / "a", "05_main_results",
                                                    {"claim": "C5", "status": "partly reproduced", "run": "main"},
-                                                   {"claim": "C10", "status": "reproduced", "run": "main"})),
+                                                   {"claim": "C10", "status": "reproduced", "run": "main"},
+                                                   {"claim": "C5–C7 at paper scale", "status": "not yet tested",
+                                                    "run": "main"},
+                                                   {"claim": "C9a (early layers)", "status": "reproduced",
+                                                    "run": "main"})),
              ("05_main_results", "minilm", _verdicts(tmp_path / "b", "05_main_results",
                                                      {"claim": "C5", "status": "reproduced", "run": "minilm"})),
              ("02_testbed", "main", _verdicts(tmp_path / "c", "02_testbed",
@@ -39,7 +43,9 @@ def test_readme_table_one_cell_per_claim_and_testbed(tmp_path):
     assert table.splitlines() == [
         "| claim | Lite0 | MiniLM |", "|---|---|---|",
         "| C5 | [partly reproduced](notebooks/05_main_results.py) | [reproduced](notebooks/05_main_results.py) |",
-        "| C10 | [reproduced](notebooks/05_main_results.py) | – |",
+        "| C9a (early layers) | [reproduced](notebooks/05_main_results.py) | not run |",
+        "| C10 | [reproduced](notebooks/05_main_results.py) | not run |",
+        "| C5–C7 at paper scale | [not yet tested](notebooks/05_main_results.py) | not run |",
         "| precondition | [reproduced](notebooks/02_testbed.py) | [partly reproduced](notebooks/02_testbed.py) |"]
     assert site.readme_table([], titles, "x").startswith("No verdict records are committed yet")
 
