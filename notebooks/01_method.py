@@ -160,7 +160,7 @@ plotting.table(toy_frame.rename(columns=lambda c: c.removeprefix("metrics.")), c
                        "after PACT (intrusion energy).")
 
 # %%
-with plotting.figure("toy-geometry", chapter=1, number=2, size=(9, 4.2), ncols=2,
+with plotting.figure("toy-geometry", chapter=1, number=1, size=(9, 4.2), ncols=2,
                      caption="P1–P5 in the input space of the toy layer. Grey: the core V0,K. Solid arrows: each "
                              "task's update direction (length ‖Δt‖F); dashed lines: its LBW subspace; dotted arrows: "
                              "the dominant direction of the PACT-filtered update (length ‖Δ̃t‖F). Each filtered update "
@@ -210,7 +210,7 @@ records.write_records(path, [records.make_record(m, params=P, seed=seed, kind="m
 
 # %%
 frame = records.records_frame(path)
-with plotting.figure("merge-spectra", chapter=1, number=3,
+with plotting.figure("merge-spectra", chapter=1, number=2,
                      caption=f"Singular values of the merged update D of each base method (M1–M5) on one seeded "
                              f"{spectra_dim}×{spectra_dim} layer with {spectra_tasks} rank-3 task updates.") as (fig, ax):
     for m in merges.names():

@@ -89,7 +89,7 @@ plotting.table(table, chapter=5, number=1, paper="Tab. 1",
 print("rows of Table 5.1: " + report.seeds_text(report.seed_counts(frame, suites=suites)))
 
 # %%
-with plotting.figure("pact-gain", chapter=5, number=2, size="wide", paper="Tab. 1",
+with plotting.figure("pact-gain", chapter=5, number=1, size="wide", paper="Tab. 1",
                      caption="Gain of PACT in mean normalized test accuracy (points) per base method "
                              "and suite; bars: mean over seeds, dots: one seed each.") as (fig, ax):
     report.plot_gains(frame, methods, suites, ax=ax)
@@ -98,7 +98,7 @@ with plotting.figure("pact-gain", chapter=5, number=2, size="wide", paper="Tab. 
 # ## Per task (8-task suite)
 
 # %%
-plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), chapter=5, number=3,
+plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), chapter=5, number=2,
                floatfmt="{:.1f}", caption=f"Test accuracy per task on the {suites[0]}-task suite (%, mean over seeds).")
 
 # %% [markdown]
@@ -118,7 +118,7 @@ plotting.table(report.per_task_table(frame, suite=suites[0], methods=methods), c
 from pactlib.book import plotting, records, report
 
 alpha_search = records.records_frame(plotting.repo_path("book/data/alpha_search.jsonl"))
-plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=4, floatfmt="{:.2f}",
+plotting.table(report.alpha_search_table(alpha_search), chapter=5, number=3, floatfmt="{:.2f}",
                caption="α searches against the full grid of the protocol (book/method.md) on the same merges: validation "
                        "evaluations per merge, and the difference in mean normalized accuracy (points) on "
                        "validation (the score searched) and on test.")
@@ -194,7 +194,7 @@ print("α picked by the geometric grid on 8 tasks, plain → PACT: "
 from pactlib import merges
 
 null_space = records.records_frame(plotting.repo_path("book/data/null_space.jsonl"))
-plotting.table(report.null_space_table(null_space), chapter=5, number=5, floatfmt="{:.1f}",
+plotting.table(report.null_space_table(null_space), chapter=5, number=4, floatfmt="{:.1f}",
                caption="The two conventions for rank-deficient layers on the same merges (mean over seeds): "
                        "validation and test normalized accuracy (%), their differences (drop − literal, points), "
                        "and the literal convention's test change when only the task order is reversed (points).")

@@ -59,7 +59,7 @@ plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")),
                caption="Absolute (normalized) mean test accuracy, %, plain vs S-PACT vs PACT.")
 
 # %%
-with plotting.figure("spact-vs-pact", chapter=6, number=2, size="wide", paper="Tab. 4",
+with plotting.figure("spact-vs-pact", chapter=6, number=1, size="wide", paper="Tab. 4",
                      caption="Gain in mean normalized test accuracy over the plain method (points): "
                              "static shield (S-PACT) vs dynamic shields (PACT). Bars: mean over seeds; "
                              "dots: one seed each.") as (fig, ax):

@@ -36,7 +36,7 @@
 # The defaults of `PactOptions` were set by a first round of this sweep, on an earlier Lite0 zoo
 # (*How the defaults were set*, below; records in `book/data/sensitivity_round1.jsonl`). This
 # chapter runs the sweep again on the current zoo. Where it now prefers another value, the line
-# under Table 11.2 names it, and the defaults stay as they are, for the reason given below.
+# under Table 11.1 names it, and the defaults stay as they are, for the reason given below.
 
 # %% tags=["parameters"]
 testbed = "lite0-8"   # a testbed (pactlib.testbeds): Lite0 on its 8-task suite
@@ -92,7 +92,7 @@ with plotting.figure("sensitivity", chapter=11, number=1, size="wide",
 
 # %%
 sens = report.sensitivity_table(frame, list(sweeps), defaults=defaults)
-plotting.table(sens, chapter=11, number=2,
+plotting.table(sens, chapter=11, number=1,
                caption="Best value of each knob on validation next to the default, with its test score "
                        "(mean normalized accuracy, %) and the share of shields where the cap bound.")
 print(report.moved_knobs_text(sens))
@@ -109,14 +109,14 @@ print(report.moved_knobs_text(sens))
 #
 # The defaults are not tuned on the current zoo, whose merges decide the claims: tuning them
 # there would fit PACT to the data it is judged on. So where the sweep above prefers another
-# value, the default is kept; the line under Table 11.2 says what the move would give, and the
-# line under Table 11.3 how the first round scored the same values. The first round's records
+# value, the default is kept; the line under Table 11.1 says what the move would give, and the
+# line under Table 11.2 how the first round scored the same values. The first round's records
 # are in `book/data/sensitivity_round1.jsonl`:
 
 # %%
 round1 = records.records_frame(plotting.repo_path("book/data/sensitivity_round1.jsonl"))
 plotting.table(report.sensitivity_table(round1, ["core_frac", "active_frac", "lbw_tol", "max_shield_frac"],
-                                        defaults=PactOptions(active_frac=0.1)), chapter=11, number=3,
+                                        defaults=PactOptions(active_frac=0.1)), chapter=11, number=2,
                caption="First round (earlier Lite0 zoo, 8 tasks, seed 0, around k = 0.1·r): best value of "
                        "each knob on validation next to that round's default, mean normalized accuracy (%).")
 print(report.earlier_round_text(sens, round1, defaults=PactOptions(active_frac=0.1)))
