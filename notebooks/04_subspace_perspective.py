@@ -206,3 +206,10 @@ with plotting.figure("ablation-energy", chapter=4, number=3,
 # %%
 v = subspace.c4_verdict(frame, margin=margin)
 plotting.verdict("C4", v["status"], v["evidence"])
+
+# %%
+from IPython.display import Markdown, display
+
+from pactlib.book import report
+
+display(Markdown(report.c4_closeness(frame, margin=margin)["text"]))
