@@ -163,10 +163,11 @@ print("The gains compare merges on the same test examples, so their own noise is
 # $$I_t^{(l)} = \frac{\sum_{j\neq t}\big\|\Delta_j^{(l)} V_{t,\mathrm{LBW}}^{(l)}\big\|_F^2}{\sum_{j\neq t}\big\|\Delta_j^{(l)}\big\|_F^2}.$$
 #
 # It is what the merge would write into task t's load-bearing walls if nothing protected them.
-# A random update would put the share r/n into an r-dimensional subspace of R^n, and r/n
-# changes from layer to layer. On Lite0 it alternates: a pointwise convolution that expands the
-# channels has a small n, the one that projects them back a large n. On MiniLM the MLP's second
-# map (fc2) has a larger n than the other maps. So we also show the ratio to r/n: above 1,
+# A random update would put the share r/n into an r-dimensional subspace of $\mathbb{R}^n$, and
+# r/n changes from layer to layer. On Lite0 it alternates: a pointwise convolution that expands
+# the channels has a small n, the one that projects them back a large n. On MiniLM the MLP's
+# second map (keys `encoder.layer.*.output.dense.weight`, chapter 2's fc2) has a larger n than
+# the other maps. So we also show the ratio to r/n: above 1,
 # the other tasks aim their updates at task t's walls more than chance would; below 1, they
 # avoid them.
 
