@@ -229,3 +229,27 @@ def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
     none = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=-0.3)), suite="8", noise=1.0)
     assert none["share_margin"] is None and "no gain, so it cannot hold" in none["text"]
     assert "the first margin is undefined" in none["text"]
+
+
+def _searched(method, seed, alpha, *, widened=(), grid=(0.1, 0.5, 3.0)):
+    return records.make_record(method, params={}, seed=seed, suite="8", alpha=alpha, on_edge=False,
+                               alphas=[*grid, *widened], widened=list(widened), refined=[],
+                               metrics={"acc": 0.5, "norm_acc": 0.6})
+
+
+def test_alpha_search_text_names_the_start_grid_the_widened_searches_and_the_mean_alpha():
+    recs = [records.make_record("zero-shot", params={}, seed=0, suite="8", metrics={"acc": 0.1})]
+    for seed in (0, 1, 2):
+        recs += [_searched("iso_c", seed, 0.5), _searched("pact-iso_c", seed, 3.0, widened=(4.5,) if seed != 1 else ()),
+                 _searched("task_arithmetic", seed, 0.1 if seed else 0.5)]
+    text = report.alpha_search_text(recs)
+    assert text.startswith("Every search started on the same grid of 3 values from 0.1 to 3.")
+    assert ("PACT-Iso-C (seeds 0 and 2): the best α lay on the grid's edge, so the search added α = 4.5; it then "
+            "chose α = 3 on both, inside the widened grid") in text
+    assert text.endswith("Chosen α, mean over seeds: Task Arithmetic 0.23, Iso-C 0.50 (PACT 3.00).")
+    plain = [_searched("iso_c", 0, 0.5), _searched("tsv_m", 0, 0.5, grid=(0.2, 1.0))]
+    text = report.alpha_search_text(plain)
+    assert "started on 2 grids: 3 values from 0.1 to 3 (Iso-C); 2 values from 0.2 to 1 (TSV-M)." in text
+    assert "No search widened it." in text
+    with pytest.raises(ValueError, match="no merge record"):
+        report.alpha_search_text(recs[:1])

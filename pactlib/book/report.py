@@ -554,3 +554,58 @@ def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric:
             + f", the second {against(best)}, and the early group's own gain ({m['early']:+.2f}) is "
             f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
     return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
+
+
+def _seeds(seeds) -> str:
+    seeds = [str(s) for s in seeds]
+    return ("seed " if len(seeds) == 1 else "seeds ") + _and(seeds)
+
+
+def alpha_search_text(frame) -> str:
+    """What the α searches of a chapter's merge records did, in one Markdown paragraph: the grid
+    they started on (``alphas`` minus ``widened`` and ``refined``), each merge whose search
+    widened it (grid's new ends, seeds, the α chosen there; a choice inside the widened grid is
+    not on its edge, so :func:`alpha_table` gives it no ``*``), and the α each method chose,
+    mean over seeds (plain, then with PACT when run).
+
+    Raises:
+        ValueError: no merge record with ``alphas``.
+    """
+    f = _frame(frame)
+    f = f[~f["method"].isin(list(PRETTY_EXTRA)) & f["alpha"].notna()] if "alphas" in f else f.iloc[0:0]
+    if f.empty:
+        raise ValueError("alpha_search_text: no merge record with an α grid (alphas)")
+
+    def start(r) -> tuple:
+        extra = set(r.get("widened") or []) | set(r.get("refined") or [])
+        return tuple(a for a in r["alphas"] if a not in extra)
+
+    grids: dict[tuple, list[str]] = {}
+    for _, r in f.iterrows():
+        names = grids.setdefault(start(r), [])
+        if pretty(r["method"]) not in names:
+            names.append(pretty(r["method"]))
+    if len(grids) == 1:
+        g = next(iter(grids))
+        text = f"Every search started on the same grid of {len(g)} values from {g[0]:g} to {g[-1]:g}."
+    else:
+        text = f"The searches started on {len(grids)} grids: " + "; ".join(
+            f"{len(g)} values from {g[0]:g} to {g[-1]:g} ({_and(names)})" for g, names in grids.items()) + "."
+    wide = f[f["widened"].map(lambda w: bool(w) if isinstance(w, list) else False)] if "widened" in f else f.iloc[0:0]
+    if wide.empty:
+        text += " No search widened it."
+    else:
+        parts = []
+        for m, g in wide.groupby("method", sort=False):
+            added = _and([f"{a:g}" for a in sorted({a for w in g["widened"] for a in w})])
+            chosen = (f"{g['alpha'].iloc[0]:g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
+                      if g["alpha"].nunique() == 1 else _and([f"{a:g}" for a in g["alpha"]]))
+            parts.append(f" {pretty(m)} ({_seeds(g['seed'])}): the best α lay on the grid's edge, so the search added "
+                         f"α = {added}; it then chose α = {chosen}, inside the widened grid (the α table marks no *).")
+        text += "".join(parts)
+    means = f.groupby("method", sort=False)["alpha"].mean()
+    bases = [m for m in merges.names() if m in means.index]
+    text += " Chosen α, mean over seeds: " + ", ".join(
+        f"{pretty(b)} {means[b]:.2f}" + (f" (PACT {means['pact-' + b]:.2f})" if f"pact-{b}" in means.index else "")
+        for b in bases) + "."
+    return text
