@@ -15,13 +15,13 @@
 # # The subspace perspective (C4)
 #
 # Chapter 3 looked for load-bearing walls among single weights. PACT itself works with
-# subspaces: for each matrix layer W: R^n → R^m it asks which input directions the pre-trained
-# model relies on and the fine-tuning of task t left alone. This chapter measures those
-# subspaces on the testbed's backbone and tests whether they matter:
+# subspaces: for each matrix layer $W:\mathbb{R}^n \to \mathbb{R}^m$ it asks which input
+# directions the pre-trained model relies on and the fine-tuning of task t left alone. This
+# chapter measures those subspaces on the testbed's backbone and tests whether they matter:
 #
-# - **C4** (causal, subspace): removing Vt,LBW from the layers of θt (W → W − W V Vᵀ) hurts task
-#   t far more than removing a random subspace of the same dimension, drawn in R^n or in the
-#   orthogonal complement of Vt,k.
+# - **C4** (causal, subspace): removing $V_{t,\mathrm{LBW}}$ from the layers of θt
+#   (W → W − W V Vᵀ) hurts task t far more than removing a random subspace of the same
+#   dimension, drawn in $\mathbb{R}^n$ or in the orthogonal complement of $V_{t,k}$.
 #
 # Code: `pactlib.pact.layer_subspaces` (P1–P3), `pactlib.causal.ablate_subspaces` and
 # `random_basis`, glued together in `pactlib.book.experiments.subspace`.
@@ -47,20 +47,21 @@ path = records.records_path("04_subspace_perspective")  # the compute cells writ
 # %% [markdown]
 # ## Three subspaces per layer (P1–P3)
 #
-# Every subspace lives in the layer's input space R^n and is given by an orthonormal basis.
+# Every subspace lives in the layer's input space $\mathbb{R}^n$ and is given by an orthonormal
+# basis.
 #
-# - The **pre-trained core** V0,K: the top-K right singular vectors of W0 (P1), the input
+# - The **pre-trained core** $V_{0,K}$: the top-K right singular vectors of W0 (P1), the input
 #   directions the pre-trained layer amplifies most.
-# - The **active subspace** Vt,k: the top-k right singular vectors of the update Δt (P2), the
-#   directions task t's fine-tuning used.
-# - The **load-bearing-wall subspace** Vt,LBW (P3): what is left of the core once the active
-#   directions are projected out,
+# - The **active subspace** $V_{t,k}$: the top-k right singular vectors of the update Δt (P2),
+#   the directions task t's fine-tuning used.
+# - The **load-bearing-wall subspace** $V_{t,\mathrm{LBW}}$ (P3): what is left of the core once
+#   the active directions are projected out,
 #
 # $$A = (I - V_{t,k}V_{t,k}^\top)\,V_{0,K} = Q\,\Sigma\,R^\top,\qquad V_{t,\mathrm{LBW}} = \{\,Q_{:,i} : \sigma_i \ge \tau\,\}.$$
 #
-# The survival value σi ∈ [0, 1] says how much of a core direction lies outside Vt,k: 1 if the
-# fine-tuning never used it, 0 if it lies inside Vt,k. Directions with σi < τ are dropped rather
-# than renormalised. K, k and τ are PACT's defaults (`PactOptions()`, set by a first round of chapter 11's sweep):
+# The survival value σi ∈ [0, 1] says how much of a core direction lies outside $V_{t,k}$: 1 if
+# the fine-tuning never used it, 0 if it lies inside $V_{t,k}$. Directions with σi < τ are
+# dropped rather than renormalised. K, k and τ are PACT's defaults (`PactOptions()`, set by a first round of chapter 11's sweep):
 
 # %%
 from pactlib.pact import PactOptions
@@ -118,18 +119,19 @@ print(f"LBW rank / K: mean {keep.mean():.2f}, min {keep.min():.2f} over {len(dim
 # fine-tuned model, W → W − W V Vᵀ, and measure task t's test accuracy. Three conditions have,
 # layer by layer, the dimension r of that task's LBW:
 #
-# 1. V = Vt,LBW;
-# 2. a random r-dimensional subspace of R^n (the claim's first control);
-# 3. a random r-dimensional subspace of the orthogonal complement of Vt,k (the second control:
-#    like the LBW, it avoids the directions the task used).
+# 1. V = $V_{t,\mathrm{LBW}}$;
+# 2. a random r-dimensional subspace of $\mathbb{R}^n$ (the claim's first control);
+# 3. a random r-dimensional subspace of the orthogonal complement of $V_{t,k}$ (the second
+#    control: like the LBW, it avoids the directions the task used).
 #
 # A fourth control is ours. The LBW is built from the core, the directions in which W0 is
 # largest, so removing it takes away far more of the weights' energy ‖W V‖²/‖W‖² than r random
 # directions do, and a large drop could just say "removing large weights hurts". So we also
 # remove, in every layer, a random subspace matched in *energy* instead of dimension:
 #
-# 4. if the LBW holds the share e of the layer's energy, a random subspace of R^n of dimension
-#    round(e·n), which removes e of the energy in expectation, spread over random directions.
+# 4. if the LBW holds the share e of the layer's energy, a random subspace of $\mathbb{R}^n$ of
+#    dimension round(e·n), which removes e of the energy in expectation, spread over random
+#    directions.
 #
 # If the LBW hurts more than that, its directions matter beyond their energy. Each random
 # condition gets `draws` draws; the overlap column below (mean squared cosine between the
@@ -206,3 +208,10 @@ with plotting.figure("ablation-energy", chapter=4, number=3,
 # %%
 v = subspace.c4_verdict(frame, margin=margin)
 plotting.verdict("C4", v["status"], v["evidence"])
+
+# %%
+from IPython.display import Markdown, display
+
+from pactlib.book import report
+
+display(Markdown(report.c4_closeness(frame, margin=margin)["text"]))

@@ -67,7 +67,7 @@ with plotting.figure("spact-vs-pact", chapter=6, number=1, size="wide", paper="T
 
 # %% [markdown]
 # How much each filter removes tells part of the story. S-PACT deletes every task's component
-# along the core V0,K, a tenth of each layer's input directions. PACT's shield for task t is
+# along the core $V_{0,K}$, a tenth of each layer's input directions. PACT's shield for task t is
 # the union of the *other* tasks' LBW subspaces. Each of them is almost the whole core, turned
 # away from its own task's active directions (chapter 4), so together they can span more
 # directions than the core (the cap is half the input space). The filter's records say how much

@@ -144,10 +144,12 @@ plotting.table(depth.condition_table(frame).rename(columns={"alpha": "α"}, leve
 # %%
 sizes = frame[frame["method"] == "intrusion"].groupby("suite")["T"].first()  # tasks per suite
 accs = frame[frame["group"] == "none"].groupby("suite", sort=False)["metrics.acc"].mean()  # plain Iso-C, mean over seeds
+noise = {}  # suite -> sampling error (points), also read by the verdict below
 print("Sampling error of one merge's mean test accuracy (plain Iso-C):")
 for suite, acc in accs.items():
     n = test_limit * int(sizes[suite])  # at most: some tasks have fewer test examples
-    print(f"  T={suite}: over ≤ {n} test examples ≈ {100 * (acc * (1 - acc) / n) ** 0.5:.2f} points")
+    noise[suite] = 100 * (acc * (1 - acc) / n) ** 0.5
+    print(f"  T={suite}: over ≤ {n} test examples ≈ {noise[suite]:.2f} points")
 print("The gains compare merges on the same test examples, so their own noise is smaller.")
 
 # %% [markdown]
@@ -161,10 +163,11 @@ print("The gains compare merges on the same test examples, so their own noise is
 # $$I_t^{(l)} = \frac{\sum_{j\neq t}\big\|\Delta_j^{(l)} V_{t,\mathrm{LBW}}^{(l)}\big\|_F^2}{\sum_{j\neq t}\big\|\Delta_j^{(l)}\big\|_F^2}.$$
 #
 # It is what the merge would write into task t's load-bearing walls if nothing protected them.
-# A random update would put the share r/n into an r-dimensional subspace of R^n, and r/n
-# changes from layer to layer. On Lite0 it alternates: a pointwise convolution that expands the
-# channels has a small n, the one that projects them back a large n. On MiniLM the MLP's second
-# map (fc2) has a larger n than the other maps. So we also show the ratio to r/n: above 1,
+# A random update would put the share r/n into an r-dimensional subspace of $\mathbb{R}^n$, and
+# r/n changes from layer to layer. On Lite0 it alternates: a pointwise convolution that expands
+# the channels has a small n, the one that projects them back a large n. On MiniLM the MLP's
+# second map (keys `encoder.layer.*.output.dense.weight`, chapter 2's fc2) has a larger n than
+# the other maps. So we also show the ratio to r/n: above 1,
 # the other tasks aim their updates at task t's walls more than chance would; below 1, they
 # avoid them.
 
@@ -187,6 +190,9 @@ plotting.table(depth.intrusion_table(frame, groups), chapter=7, number=2, floatf
 # ## Verdicts
 
 # %%
+from IPython.display import Markdown, display
+
 v = report.depth_evidence(depth.c9_verdicts(frame, suites=suites, most=most))
 plotting.verdict("C9a (early layers give most of the gain)", v["early"]["status"], v["early"]["evidence"])
+display(Markdown(report.c9a_closeness(frame, suite=suites[0], noise=noise[suites[0]], most=most)["text"]))
 plotting.verdict("C9b (many tasks need the whole network)", v["whole"]["status"], v["whole"]["evidence"])

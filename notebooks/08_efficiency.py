@@ -299,7 +299,7 @@ else:
 # (R the rank of the union), which says exactly which directions task t alone brings
 # (`pactlib.shield.iter_shields` explains why the count is exact; a capped shield, which needs
 # its leading directions, still takes an eigendecomposition of its own). The projection
-# Δt − (Δt St) Stᵀ is two matrix products per task, 2·m·n·s multiply-adds for a shield of s
+# $\Delta_t - (\Delta_t S_t) S_t^\top$ is two matrix products per task, 2·m·n·s multiply-adds for a shield of s
 # columns, and in this benchmark it is the largest part of the rest.
 
 # %% [markdown]

@@ -18,14 +18,19 @@
 # adapters $B_t A_t$ on the matrix layers (on Lite0 its pointwise convolutions, on MiniLM the
 # linear maps of its attention and MLP blocks), and its task vector is
 #
-# $$\Delta_t = \tfrac{\alpha_{\text{LoRA}}}{r}\, B_t A_t ,$$
+# $$\Delta_t = s\,B_t A_t ,\qquad s = \alpha_{\mathrm{LoRA}}/r ,$$
 #
-# exactly rank ≤ r per layer and zero everywhere else. The LBW argument still applies: whatever the
-# task relies on in θ0 outside its adapter's row space is exposed to the other tasks' adapters.
+# with the LoRA scale s ({ref}`notation <method-spec>`: $\alpha_{\mathrm{LoRA}}$ is LoRA's own
+# scaling hyperparameter, not the merge's α). Δt has rank ≤ r per layer and is zero everywhere
+# else. The LBW argument still applies: whatever the task relies on in θ0 outside its adapter's
+# row space is exposed to the other tasks' adapters.
 #
 # **C11**: PACT still improves the merges of LoRA task vectors. Following {ref}`the protocol <method-protocol>`, every
-# LoRA merge searches α over 0.1…3.0 (isotropic merges of LoRA vectors are known to want large α;
-# a chosen α on the grid's edge is flagged in the table).
+# LoRA merge searches α on one grid from 0.1 to `alpha_max`, widened when the best α lies on
+# its edge; a chosen α still on the edge is flagged in the α table, and the lines under it say
+# which searches widened the grid. At paper scale, isotropic merges of LoRA task vectors are
+# reported to need a much larger α than with full fine-tuning (chapter 12, caveats); the same
+# lines give the α each merge chose here.
 #
 # Code: `pactlib.lora.lora_task_vector`, `pactlib.testbeds.load(testbed, seed, kind="lora")`.
 
@@ -67,6 +72,11 @@ plotting.table(report.main_table(study.summarize(frame, by=("method", "suite")),
 # %%
 plotting.table(report.alpha_table(frame), chapter=9, number=2,
                caption="α chosen on validation per method and seed; * marks a choice on the grid's edge.")
+
+# %%
+from IPython.display import Markdown, display
+
+display(Markdown(report.alpha_search_text(frame)))
 
 # %%
 with plotting.figure("lora-gain", chapter=9, number=1, size="wide", paper="Tab. 3",

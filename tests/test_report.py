@@ -164,3 +164,92 @@ def test_recipe_view_writes_no_cap_as_all():
     assert out.loc["train_limit"].tolist() == ["all", "all"] and out.loc["eval_limit"].tolist() == ["all", "all"]
     assert out.loc["head_shots"].tolist() == ["—", "all"] and out.loc["steps"].tolist() == ["80", "80"]
     assert frame.loc["train_limit", "full"] == "None"
+
+
+def _ablate(drops, strength=1.0):
+    """drops: {(task, condition): [drop per draw]} -> ablate records at one strength γ."""
+    return [records.make_record("ablate", params={}, seed=0, task=t, condition=c, draw=i, strength=strength,
+                                metrics={"drop": d})
+            for (t, c), ds in drops.items() for i, d in enumerate(ds)]
+
+
+def test_c4_closeness_counts_like_the_verdict_and_compares_with_the_energy_control():
+    from pactlib.book.experiments import subspace
+
+    strong = {("a", "lbw"): [0.5], ("a", "random"): [0.01, 0.05], ("a", "complement"): [0.0, 0.02],
+              ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
+              ("b", "complement"): [0.1], ("b", "energy"): [0.4]}
+    weak = {("a", "lbw"): [0.01], ("a", "random"): [0.0], ("a", "complement"): [0.02], ("a", "energy"): [0.0],
+            ("b", "lbw"): [0.01], ("b", "random"): [0.0], ("b", "complement"): [0.0], ("b", "energy"): [0.0]}
+    frame = records.records_frame(_ablate(strong) + _ablate(weak, strength=0.25))
+    c = report.c4_closeness(frame, margin=0.02)
+    assert subspace.c4_verdict(frame, margin=0.02)["status"] == "partly reproduced"
+    assert (c["n_ok"], c["n"]) == (2, 4)  # both tasks pass at γ = 1, neither at γ = 0.25
+    assert c["strengths"][1.0] == {"ok": 2, "n": 2, "lbw": pytest.approx(40.0), "energy": pytest.approx(43.75),
+                                   "beats_energy": 0}  # a: 0.5 vs 0.5 + 0.02; b: 0.3 vs 0.4
+    assert "2 of 4 (γ, seed, task) cases (0/2 at γ = 0.25, 2/2 at γ = 1): exactly half" in c["text"]
+    assert "one case fewer would give \"not reproduced\"" in c["text"]
+    assert "40.0 vs 43.8 points at γ = 1" in c["text"] and "in 0/2 and 0/2 (seed, task) pairs" in c["text"]
+    assert c["text"].endswith("At γ = 1 the LBW hurts less than the energy-matched control.")
+    above = report.c4_closeness(records.records_frame(_ablate(strong) + _ablate(strong, strength=0.25)
+                                                      + _ablate(weak, strength=0.5)))
+    assert "4 of 6" in above["text"] and "1 case above the half that \"partly reproduced\" needs, 2 short of all" \
+        in above["text"]
+    no_energy = {k: v for k, v in strong.items() if k[1] != "energy"}
+    c = report.c4_closeness(records.records_frame(_ablate(no_energy)))
+    assert c["strengths"][1.0]["energy"] is None and "energy-matched" not in c["text"]
+    assert "every case, as \"reproduced\" needs" in c["text"]
+
+
+def _depth(gains, base=0.80):
+    """Chapter 7's group records on suite 8, two seeds; ``gains`` in points per group."""
+    recs = []
+    for seed in (0, 1):
+        recs.append(records.make_record("m", params={}, seed=seed, suite="8", group="none", metrics={"norm_acc": base}))
+        recs += [records.make_record("m", params={}, seed=seed, suite="8", group=g, metrics={"norm_acc": base + v / 100})
+                 for g, v in gains.items()]
+    return records.records_frame(recs)
+
+
+def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
+    from pactlib.book.experiments import depth
+
+    f = _depth(dict(early=0.22, middle=-1.15, late=-2.25, all=1.42))
+    assert depth.c9_verdicts(f, suites=["8"])["early"]["status"] == "partly reproduced"
+    c = report.c9a_closeness(f, suite="8", noise=1.25)
+    assert c["rival"] == "middle" and c["best_margin"] == pytest.approx(1.37)
+    assert c["share_margin"] == pytest.approx(0.22 - 0.71)
+    assert "early +0.22 − 0.5 × all (+1.42) = -0.49, fails" in c["text"]
+    assert "early +0.22 − middle (-1.15) = +1.37, holds" in c["text"]
+    assert "the first margin is within it, the second 1.1 times it" in c["text"]
+    assert "own gain (+0.22) is within it" in c["text"] and c["text"].endswith("not clear of noise.")
+    clear = report.c9a_closeness(_depth(dict(early=3.0, middle=0.5, late=-1.0, all=4.0)), suite="8", noise=0.5)
+    assert "the first margin is 2.0 times it, the second 5.0 times it" in clear["text"]
+    assert "noise" not in clear["text"]
+    none = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=-0.3)), suite="8", noise=1.0)
+    assert none["share_margin"] is None and "no gain, so it cannot hold" in none["text"]
+    assert "the first margin is undefined" in none["text"]
+
+
+def _searched(method, seed, alpha, *, widened=(), grid=(0.1, 0.5, 3.0)):
+    return records.make_record(method, params={}, seed=seed, suite="8", alpha=alpha, on_edge=False,
+                               alphas=[*grid, *widened], widened=list(widened), refined=[],
+                               metrics={"acc": 0.5, "norm_acc": 0.6})
+
+
+def test_alpha_search_text_names_the_start_grid_the_widened_searches_and_the_mean_alpha():
+    recs = [records.make_record("zero-shot", params={}, seed=0, suite="8", metrics={"acc": 0.1})]
+    for seed in (0, 1, 2):
+        recs += [_searched("iso_c", seed, 0.5), _searched("pact-iso_c", seed, 3.0, widened=(4.5,) if seed != 1 else ()),
+                 _searched("task_arithmetic", seed, 0.1 if seed else 0.5)]
+    text = report.alpha_search_text(recs)
+    assert text.startswith("Every search started on the same grid of 3 values from 0.1 to 3.")
+    assert ("PACT-Iso-C (seeds 0 and 2): the best α lay on the grid's edge, so the search added α = 4.5; it then "
+            "chose α = 3 on both, inside the widened grid") in text
+    assert text.endswith("Chosen α, mean over seeds: Task Arithmetic 0.23, Iso-C 0.50 (PACT 3.00).")
+    plain = [_searched("iso_c", 0, 0.5), _searched("tsv_m", 0, 0.5, grid=(0.2, 1.0))]
+    text = report.alpha_search_text(plain)
+    assert "started on 2 grids: 3 values from 0.1 to 3 (Iso-C); 2 values from 0.2 to 1 (TSV-M)." in text
+    assert "No search widened it." in text
+    with pytest.raises(ValueError, match="no merge record"):
+        report.alpha_search_text(recs[:1])

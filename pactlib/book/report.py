@@ -14,7 +14,7 @@ import pandas as pd
 
 from pactlib import merges
 from pactlib.book.plotting import legend_outside
-from pactlib.book.verdicts import grade, ladder, not_tested, verdict
+from pactlib.book.verdicts import NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested, verdict
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -439,3 +439,173 @@ def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
     return {half: {**v, "evidence": _UNDEFINED_SHARE.sub(
         r"undefined at T=\1 (filtering every layer gives no gain there)", v["evidence"])}
         for half, v in verdicts.items()}
+
+
+def _cases(n: int) -> str:
+    return f"{n} case" + ("" if n == 1 else "s")
+
+
+def _closeness(n_ok: int, n: int) -> str:
+    """Where a count sits on the ladder (:func:`~pactlib.book.verdicts.ladder`) in words."""
+    half = -(-n // 2)  # the least count that gives PARTLY
+    if n_ok == n:
+        return f"every case, as \"{REPRODUCED}\" needs"
+    if n_ok == half:
+        return f"exactly half, the least that gives \"{PARTLY}\"; one case fewer would give \"{NOT_REPRODUCED}\""
+    if n_ok > half:
+        return f"{_cases(n_ok - half)} above the half that \"{PARTLY}\" needs, {n - n_ok} short of all"
+    return f"{_cases(half - n_ok)} short of the half that \"{PARTLY}\" needs"
+
+
+def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
+    """How close chapter 4's C4 status is to its threshold, recomputed from the ``ablate`` records
+    with the rule of ``experiments.subspace.c4_verdict`` (same ``margin`` and ``controls``).
+
+    A (strength γ, seed, task) case passes when the LBW's drop beats every draw of each control
+    in ``controls`` by more than ``margin`` (accuracy; 0.02 = 2 points). The energy-matched
+    control (``energy``) is not part of the status; it is compared here the same way.
+
+    Returns:
+        ``n_ok`` and ``n`` (cases passed, cases), ``text`` (one sentence in Markdown: the pooled
+        count against half, then, per γ, the LBW's mean drop against the energy-matched
+        control's and the cases where it beats every draw of it) and ``strengths``: per γ a
+        dict with ``ok``, ``n``, ``lbw`` and ``energy`` (mean drops, points; ``energy`` None when
+        that control was not run) and ``beats_energy`` (cases; None when not run).
+    """
+    f = _frame(frame)
+    f = f[f["method"] == "ablate"].copy()
+    if "strength" not in f:
+        f["strength"] = 1.0
+    g = f.groupby(["strength", "seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
+    lbw = g[("mean", "lbw")]
+    ok = pd.Series(True, index=g.index)
+    for c in controls:
+        ok &= lbw > g[("max", c)] + margin
+    has_energy = ("max", "energy") in g.columns
+    beats = lbw > g[("max", "energy")] + margin if has_energy else None
+    per = {}
+    for gamma in sorted(set(f["strength"])):
+        k = ok.xs(gamma, level="strength")
+        sel = g.xs(gamma, level="strength")
+        per[float(gamma)] = {"ok": int(k.sum()), "n": len(k), "lbw": float(100 * sel[("mean", "lbw")].mean()),
+                             "energy": float(100 * sel[("mean", "energy")].mean()) if has_energy else None,
+                             "beats_energy": int(beats.xs(gamma, level="strength").sum()) if has_energy else None}
+    n_ok, n = int(ok.sum()), len(ok)
+    counts = ", ".join(f"{p['ok']}/{p['n']} at γ = {gamma:g}" for gamma, p in per.items())
+    text = (f"**How close to the threshold.** The LBW passes in {n_ok} of {n} (γ, seed, task) cases ({counts}): "
+            f"{_closeness(n_ok, n)}.")
+    if has_energy:
+        drops = " and ".join(f"{p['lbw']:.1f} vs {p['energy']:.1f} points at γ = {gamma:g}" for gamma, p in per.items())
+        wins = " and ".join(f"{p['beats_energy']}/{p['n']}" for p in per.values())
+        less = [f"{gamma:g}" for gamma, p in per.items() if p["lbw"] < p["energy"]]
+        text += (" The energy-matched control does not count toward the status. Against it, the LBW's mean drop is "
+                 f"{drops}; the LBW beats every draw of that control by more than {100 * margin:g} points in "
+                 f"{wins} (seed, task) pairs.")
+        if less:
+            text += f" At γ = {' and '.join(less)} the LBW hurts less than the energy-matched control."
+    return {"n_ok": n_ok, "n": n, "strengths": per, "text": text}
+
+
+def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric: str = "norm_acc") -> dict:
+    """How close chapter 7's C9a status is to flipping: the margins of its two conditions
+    (``experiments.depth.c9_verdicts``, first suite) in points, against a sampling error.
+
+    The conditions: the early group keeps at least ``most`` of the all-layer gain (margin: early
+    − ``most`` × all; it cannot hold when filtering every layer gives no gain), and no other
+    single group gains more (margin: early − the best of middle and late). Gains are test
+    ``metric`` of the group's merge minus the unfiltered merge, means over seeds
+    (``depth.group_gains``).
+
+    Args:
+        frame: chapter 7's records (or a frame of them).
+        suite: the first suite, the one C9a is judged on.
+        noise: the sampling error (points) to compare with, e.g. the one chapter 7 prints for
+            one merge's mean test accuracy on ``suite``.
+
+    Returns:
+        ``gains`` ({group: mean gain}), ``share_margin`` (None when the all-layer gain is not
+        positive), ``best_margin``, ``rival`` (the best of middle and late) and ``text`` (one
+        Markdown sentence giving both margins and each against ``noise``).
+    """
+    from pactlib.book.experiments.depth import group_gains
+
+    g = group_gains(_frame(frame), metric)
+    g = g[g["suite"] == suite]
+    m = {grp: float(g[g["group"] == grp]["gain"].mean()) for grp in ("early", "middle", "late", "all")}
+    rival = max(("middle", "late"), key=lambda x: m[x])
+    best = m["early"] - m[rival]
+    share = m["early"] - most * m["all"] if m["all"] > 0 else None
+
+    def against(x: float) -> str:
+        r = abs(x) / noise
+        return "within it" if r < 1 else f"{r:.1f} times it"
+
+    def holds(x: float) -> str:
+        return "holds" if x >= 0 else "fails"
+
+    first = (f"early {m['early']:+.2f} − {most:g} × all ({m['all']:+.2f}) = {share:+.2f}, {holds(share)}"
+             if share is not None else "filtering every layer gives no gain, so it cannot hold")
+    second = f"early {m['early']:+.2f} − {rival} ({m[rival]:+.2f}) = {best:+.2f}, {holds(best)}"
+    near = [x for x in (share, best) if x is not None and abs(x) < noise]
+    text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
+            f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
+            f"error above, {noise:.2f} points: the first margin is "
+            + (against(share) if share is not None else "undefined")
+            + f", the second {against(best)}, and the early group's own gain ({m['early']:+.2f}) is "
+            f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
+    return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
+
+
+def _seeds(seeds) -> str:
+    seeds = [str(s) for s in seeds]
+    return ("seed " if len(seeds) == 1 else "seeds ") + _and(seeds)
+
+
+def alpha_search_text(frame) -> str:
+    """What the α searches of a chapter's merge records did, in one Markdown paragraph: the grid
+    they started on (``alphas`` minus ``widened`` and ``refined``), each merge whose search
+    widened it (grid's new ends, seeds, the α chosen there; a choice inside the widened grid is
+    not on its edge, so :func:`alpha_table` gives it no ``*``), and the α each method chose,
+    mean over seeds (plain, then with PACT when run).
+
+    Raises:
+        ValueError: no merge record with ``alphas``.
+    """
+    f = _frame(frame)
+    f = f[~f["method"].isin(list(PRETTY_EXTRA)) & f["alpha"].notna()] if "alphas" in f else f.iloc[0:0]
+    if f.empty:
+        raise ValueError("alpha_search_text: no merge record with an α grid (alphas)")
+
+    def start(r) -> tuple:
+        extra = set(r.get("widened") or []) | set(r.get("refined") or [])
+        return tuple(a for a in r["alphas"] if a not in extra)
+
+    grids: dict[tuple, list[str]] = {}
+    for _, r in f.iterrows():
+        names = grids.setdefault(start(r), [])
+        if pretty(r["method"]) not in names:
+            names.append(pretty(r["method"]))
+    if len(grids) == 1:
+        g = next(iter(grids))
+        text = f"Every search started on the same grid of {len(g)} values from {g[0]:g} to {g[-1]:g}."
+    else:
+        text = f"The searches started on {len(grids)} grids: " + "; ".join(
+            f"{len(g)} values from {g[0]:g} to {g[-1]:g} ({_and(names)})" for g, names in grids.items()) + "."
+    wide = f[f["widened"].map(lambda w: bool(w) if isinstance(w, list) else False)] if "widened" in f else f.iloc[0:0]
+    if wide.empty:
+        text += " No search widened it."
+    else:
+        parts = []
+        for m, g in wide.groupby("method", sort=False):
+            added = _and([f"{a:g}" for a in sorted({a for w in g["widened"] for a in w})])
+            chosen = (f"{g['alpha'].iloc[0]:g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
+                      if g["alpha"].nunique() == 1 else _and([f"{a:g}" for a in g["alpha"]]))
+            parts.append(f" {pretty(m)} ({_seeds(g['seed'])}): the best α lay on the grid's edge, so the search added "
+                         f"α = {added}; it then chose α = {chosen}, inside the widened grid (the α table marks no *).")
+        text += "".join(parts)
+    means = f.groupby("method", sort=False)["alpha"].mean()
+    bases = [m for m in merges.names() if m in means.index]
+    text += " Chosen α, mean over seeds: " + ", ".join(
+        f"{pretty(b)} {means[b]:.2f}" + (f" (PACT {means['pact-' + b]:.2f})" if f"pact-{b}" in means.index else "")
+        for b in bases) + "."
+    return text
