@@ -444,7 +444,9 @@ if len(io_now):
                                  "Left: time over the floor against the number of tasks for the methods with a "
                                  "floor goal (solid: wall time, the goal's measure; dotted: CPU time); dashed: "
                                  "the goals. Right: the kernel's share of the CPU time for every method (dashed, "
-                                 f"crosses: before the change); dashed black: the goal. Commits: {commits}.") as (fig, axes):
+                                 "crosses: before the change; dotted, open squares: the share that the floor's own "
+                                 "kernel time makes of the same CPU time); dashed black: the goal. "
+                                 f"Commits: {commits}.") as (fig, axes):
         speed.plot_floor(io_now, io_old, axes=axes)
     plotting.table(speed.floor_table(io_now, io_old), chapter=8, number=7,
                    caption="The same runs: floor (s); over the floor, the wall time of the whole process (the "
@@ -463,8 +465,8 @@ else:
 # (`bench/io_floor_profile.md`) says where the time goes. Every process first imports torch,
 # and the bullet above sets that cost against the floor. Part of Task Arithmetic's system time
 # is the copy of every input byte out of the page cache, which the floor's reader pays too; the
-# bullet on the floor's own kernel time says how much is left beyond it, kernel work of the
-# engine's own that the profile has still to place. TIES spends user
+# bullet on the floor's own kernel time gives, per method, the kernel seconds beyond the floor's
+# (a negative value: less than the floor's own reader spent). TIES spends user
 # time: it reads every input three times (two passes find the global threshold, one merges), and
 # each pass runs every entry through several element-wise operations. A fused histogram kernel,
 # or keeping the deltas in memory when they fit, would be the next step. For Task Arithmetic

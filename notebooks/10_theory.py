@@ -29,9 +29,11 @@
 # **C12**: measure the prediction, the bound and the true change of the loss. That
 # |prediction| ≤ bound is checked first; it must hold (it is an inequality), so it tests the
 # arithmetic, not the claim. The claim is judged on three things: whether the measured change
-# stays within the bound, whether the first-order term tracks the measured change, and whether
-# the self-degradation is small — the paper's point that filtering preserves each task's own
-# performance. Two of the three make it partly reproduced.
+# stays within ±bound (in every task and seed), whether the first-order term tracks the measured
+# change (its sign right in every case, and a median relative error of at most 0.5), and whether
+# the self-degradation is small (a task's accuracy under its own filter falls by less than one
+# point on average) — the paper's point that filtering preserves each task's own performance.
+# Two of the three make it partly reproduced.
 #
 # Code: `pactlib.pact.pact_filter(..., keep=True)` (shields), `pactlib.causal.first_order_check`,
 # `pactlib.book.experiments.theory`.

@@ -680,6 +680,16 @@ def test_present_copy_shows_the_values_the_run_executes_with():
     at = var.cells.index(params(var))
     assert var.cells[at - 1].source == "*This run (parameter set `s`) sets `testbed = 'minilm-8'`, `test_limit = 150`.*"
     assert params(nb).source.startswith('testbed = "lite0-8"')  # the notebook itself is left as it is
+    # a variant's page already says its values in its note: no second sentence listing them
+    import jupytext
+    import nbformat
+
+    noted = jupytext.reads(PRESENT_NB, fmt="py:percent")
+    noted.cells.insert(0, nbformat.v4.new_markdown_cell("variant note", metadata={"tags": ["variant-note"]}))
+    shown_v = runplan.present_copy(noted, missing=False, changed={"testbed": "minilm-8"}, store="s", top="",
+                                   chapter="98_tiny", variant="text")
+    assert not any("pact-parameters" in c.metadata.get("tags", []) for c in shown_v.cells)
+    assert params(shown_v).source.startswith('testbed = "minilm-8"  # this run\'s value')
     # what runs is unchanged: the shown cell defines the run's values, papermill's cell sets the same
     ns = {}
     exec(params(var).source, ns)

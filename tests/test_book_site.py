@@ -254,7 +254,8 @@ def test_floor_lines_tabulate_the_floor_beside_the_measured_minutes_and_the_whol
     assert "3.00× its floor (5.0 minutes on the machine's 2 cores)" in text and "below their floor" not in text
     fast = "\n".join(site.floor_lines(titles, work, speed, {("05_main_results", "main"): 5.0}))
     assert "0.50× its floor" in fast and "1 row(s) measure below their floor" in fast
-    assert "runs at 46% of the matrix-multiply rate: a perfect one would need 2.3 minutes" in text
+    assert "runs at 46% of the matrix-multiply rate: a perfect one would need 4.6 core-minutes, 2.3 minutes " \
+           "on the 2 cores" in text
     # (zoos 200 + other 50 + floor 10) / 2 = 130 min
     assert "all spread over 2 cores, the whole book with evaluation at its floor would take about 130 minutes; " \
            "the measured whole reproductions" in text
@@ -364,11 +365,22 @@ def test_recompute_agreement_counts_and_names_changed_verdicts():
             {"chapter": "main/01_method", "rev": "4722968", "records": 125, "numbers": 659, "identical": 659,
              "max_abs": 0.0, "max_rel": 0.0, "verdicts": []}]
     lines = site.agreement_lines(rows)
-    assert "| main/05_main_results | 63 | 5,400 of 5,525 (97.7%) | 0.0067 / 0.0089 | C6: not reproduced -> partly reproduced |" in lines
+    assert "| main/05_main_results | 63 | 5,400 of 5,525 (97.7%) | 0.0067 / 0.0089 | C6: not reproduced → partly reproduced |" in lines
     assert "| main/01_method | 125 | 659 of 659 (100.0%) | – | none |" in lines
     assert any("`4722968`" in line for line in lines) and site.agreement_lines([]) == []
     assert "- **Identical**: main chapter 1." in lines
     assert any(line.startswith("- **Differ**: main chapter 5; the compute runs") for line in lines)  # no run logged
+    # graded again since (a rule changed): the page says what the grade is now, in the list and the table
+    regraded = site.agreement_lines(rows, now={("main/05_main_results", "C6"): "not reproduced"})
+    assert "| main/05_main_results | 63 | 5,400 of 5,525 (97.7%) | 0.0067 / 0.0089 | C6: not reproduced → partly " \
+           "reproduced (graded now: not reproduced) |" in regraded
+    assert any("partly reproduced (graded now: not reproduced)." in line for line in regraded if "Verdicts changed" in line)
+    assert not any("graded now" in line for line in site.agreement_lines(
+        rows, now={("main/05_main_results", "C6"): "partly reproduced"}))
+    # float-level differences are their own item, whatever the zoo
+    tiny = site.agreement_lines([{**rows[0], "max_abs": 1e-6, "max_rel": 2e-5, "verdicts": []}, rows[1]])
+    assert "- **Float-level**: main chapter 5: every number within 2e-05 of its old value (relative), the " \
+           "rounding of a different order of operations." in tiny
 
 
 def test_recompute_agreement_says_which_chapters_moved_with_a_rebuilt_zoo():

@@ -24,6 +24,8 @@ VERDICTS_PAGE = "verdicts"
 #: The README's generated block lies between these two lines.
 BEGIN, END = "<!-- verdicts:begin -->", "<!-- verdicts:end -->"
 CLAIM = re.compile(r"^C(\d+)")
+#: Largest relative difference of a recompute's numbers that the Verdicts page calls float-level.
+FLOAT_LEVEL = 1e-4
 #: One claim of the paper: "C5", "C9a", "C9a (early layers give most of the gain)".
 SINGLE = re.compile(r"^C(\d+)[a-z]?(?: \(.*\))?$")
 #: Tags that make a browser fetch something; none of them may point off the machine.
@@ -138,7 +140,9 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
                      + time_section(titles, states, merges, zoo, work, speed)
                      + runs_lines(reproductions)
                      + agreement_lines(agreement, titles=titles, families=run_families(states),
-                                       rebuilt=zoo_rebuilds(reproductions, agreement, zoo))) + "\n"
+                                       rebuilt=zoo_rebuilds(reproductions, agreement, zoo),
+                                       now={(f"{run}/{chapter}", rec["claim"]): rec["status"]
+                                            for chapter, run, rec in verdicts})) + "\n"
 
 
 def runs_lines(runs: Sequence[Mapping[str, Any]], most: int = 6) -> list[str]:
@@ -246,7 +250,8 @@ def _chapters(titles: Mapping[str, str], keys: Sequence[str]) -> str:
 
 def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, str] | None = None,
                     families: Mapping[str, set[str]] | None = None,
-                    rebuilt: Mapping[str, float] | None = None) -> list[str]:
+                    rebuilt: Mapping[str, float] | None = None,
+                    now: Mapping[tuple[str, str], str] | None = None) -> list[str]:
     """Markdown lines "What the last recompute changed": per chapter and run, the records of the
     recompute against those of the revision before it (``scripts/compare_records.py --json``, in
     ``book/data/recompute_agreement.jsonl``: ``chapter``, ``rev``, ``records``, ``numbers``,
@@ -256,22 +261,28 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
     those that read a zoo trained again in the recompute (``rebuilt``: :func:`zoo_rebuilds`;
     ``families``: :func:`run_families`), whose fine-tunes differ; those whose zoo was not rebuilt
     (or that read none), where only float rounding differs; and every verdict that changed.
-    ``rebuilt`` None: the runs do not say whether a zoo was rebuilt, and the list says so."""
+    ``rebuilt`` None: the runs do not say whether a zoo was rebuilt, and the list says so. ``now``:
+    ``{("<run>/<chapter>", claim): status}`` as the book grades the claims today; a changed verdict
+    whose grade differs today says so. Rows whose numbers all differ by at most
+    :data:`FLOAT_LEVEL` (relative) are float-level, whatever the zoo."""
     if not rows:
         return []
     titles = titles or {}
     families = families or {}
     table = ["| Chapter | Records | Numbers identical | Largest difference (abs / rel) | Verdicts changed |",
              "|---|---:|---:|---|---|"]
-    same_rows, zoo_rows, float_rows, unknown_rows, changed = [], [], [], [], []
+    same_rows, tiny_rows, zoo_rows, float_rows, unknown_rows, changed = [], [], [], [], [], []
     for r in rows:
         n, same = int(r.get("numbers") or 0), int(r.get("identical") or 0)
         diff = "–" if n == same else f"{float(r.get('max_abs') or 0):.3g} / {float(r.get('max_rel') or 0):.3g}"
         table.append(f"| {r.get('chapter')} | {r.get('records')} | {same:,} of {n:,} ({same / max(n, 1):.1%}) | {diff} | "
-                     + ("; ".join(r.get("verdicts") or []) or "none") + " |")
+                     + ("; ".join(v.replace(" -> ", " → ") + _graded_now(now, str(r.get("chapter")), v)
+                                  for v in r.get("verdicts") or []) or "none") + " |")
         key = str(r.get("chapter"))
         if n == same:
             same_rows.append(r)
+        elif float(r.get("max_rel") or 0.0) <= FLOAT_LEVEL:
+            tiny_rows.append(r)
         elif rebuilt is None:
             unknown_rows.append(r)
         elif families.get(key, set()) & set(rebuilt):
@@ -286,6 +297,10 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
     items = []
     if same_rows:
         items.append(f"- **Identical**: {_chapters(titles, [str(r['chapter']) for r in same_rows])}.")
+    if tiny_rows:
+        items.append(f"- **Float-level**: {_chapters(titles, [str(r['chapter']) for r in tiny_rows])}: every "
+                     f"number within {max(float(r.get('max_rel') or 0.0) for r in tiny_rows):.1g} of its old value "
+                     "(relative), the rounding of a different order of operations.")
     if zoo_rows:
         fams = sorted({f for r in zoo_rows for f in families.get(str(r["chapter"]), set()) & set(rebuilt or {})})
         share = [int(r.get("identical") or 0) / max(int(r.get("numbers") or 0), 1) for r in zoo_rows]
@@ -309,12 +324,20 @@ def agreement_lines(rows: Sequence[Mapping[str, Any]], *, titles: Mapping[str, s
     items.append("- **Verdicts changed**: " + ("; ".join(
         f"{v.split(':')[0]} in {_chapters(titles, [k])}: {v.partition(': ')[2].replace(' -> ', ' → ')}"
         + (" (rebuilt zoo)" if k in moved else " (the same numbers: the rule that grades them changed)"
-           if k in same_keys else "") for k, v in changed) + "." if changed else "none."))
+           if k in same_keys else "") + _graded_now(now, k, v) for k, v in changed) + "." if changed else "none."))
     return (["", "### What the last recompute changed", "",
             f"Every number of each recomputed chapter against the committed records of `{', '.join(revs)}` "
             "(timings aside; `scripts/compare_records.py`), and the verdicts as they were graded when the "
             "recompute ran (a later change of a grading rule is not a change of the records):", ""]
             + items + [""] + _table(table))
+
+
+def _graded_now(now: Mapping[tuple[str, str], str] | None, chapter: str, change: str) -> str:
+    """" (graded now: <status>)" when today's grade of the claim in ``change`` ("C6: a -> b")
+    differs from the grade the recompute gave it; else ""."""
+    claim, _, moved = change.partition(": ")
+    status = (now or {}).get((chapter, claim))
+    return f" (graded now: {status})" if status and status != moved.split(" -> ")[-1] else ""
 
 
 def records_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
@@ -623,7 +646,8 @@ def floor_lines(titles: Mapping[str, str], work: Mapping[tuple[str, str], Mappin
                      "counted; re-run the benchmark to refresh the rate.")
         if compute_ok and tot["compute"] > 0:
             text += (f" The evaluator itself runs at {tot['compute'] / max(tot['floor'], 1e-9):.0%} of the "
-                     f"matrix-multiply rate: a perfect one would need {tot['compute'] / cores:.1f} minutes.")
+                     f"matrix-multiply rate: a perfect one would need {tot['compute']:.1f} core-minutes, "
+                     f"{tot['compute'] / cores:.1f} minutes on the {cores} cores.")
         if zoo_minutes is not None:
             other = other_minutes or 0.0
             need = (zoo_minutes + other + tot["floor"]) / cores

@@ -224,8 +224,15 @@ def plot_floor(now: pd.DataFrame, before: pd.DataFrame | None, *, axes) -> None:
 
 
 def _range(values: Sequence[float], fmt: str = "{:.1f}") -> str:
+    """"lo–hi" in ``fmt`` (one value when they print the same); a range that holds a negative
+    value reads "−0.42 to +0.05" (typographic minus), so the dash is not taken for a sign."""
     lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+    if fmt.format(lo) == fmt.format(hi):
+        return fmt.format(lo).replace("-", "−")
+    if lo < 0:
+        sign = lambda v: (fmt.format(v) if v < 0 else "+" + fmt.format(v)).replace("-", "−")  # noqa: E731
+        return f"{sign(lo)} to {sign(hi)}"
+    return f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
 def _ts(ts: Sequence[int]) -> str:
