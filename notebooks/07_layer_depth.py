@@ -136,7 +136,8 @@ with plotting.figure("depth-gains", chapter=7, number=1, paper="Tab. 4",
     gains = depth.plot_group_gains(frame, ax=ax, suites=suites)
 
 # %%
-plotting.table(depth.condition_table(frame).rename(columns={"alpha": "α"}, level=0), chapter=7, number=1,
+plotting.table(report.suite_columns(depth.condition_table(frame).rename(columns={"alpha": "α"}, level=0)),
+               chapter=7, number=1,
                floatfmt="{:.2f}",
                caption="Mean test accuracy and normalized accuracy (%), the chosen α and the share of seeds whose "
                        "α lies on an edge of the grid, per condition and suite (means over seeds).")
@@ -182,7 +183,7 @@ with plotting.figure("intrusion-depth", chapter=7, number=2, size=(9.0, 3.6), nc
     depth.plot_intrusion(frame, ax=axes[1], suites=suites, bounds=bounds, relative=True)
 
 # %%
-plotting.table(depth.intrusion_table(frame, groups), chapter=7, number=2, floatfmt="{:.2f}",
+plotting.table(report.suite_columns(depth.intrusion_table(frame, groups)), chapter=7, number=2, floatfmt="{:.2f}",
                caption="Mean intrusion energy and its random reference r/n (%) and their ratio, per depth group and "
                        "suite.")
 

@@ -225,6 +225,11 @@ def test_table_has_one_header_row_for_a_named_index():
     assert ">population<" in html and ">task<" in html
     assert html.count(">drift<") == 1 and html.count(">random<") == 1  # a group label shows once
     assert two.index.names == ["population", "task"]  # the frame is not modified
+    # columns of two levels: the index's name labels the header row just above the row labels
+    wide = pd.DataFrame([[1.0, 2.0], [3.0, 4.0]], index=pd.Index(["none", "early"], name="group"),
+                        columns=pd.MultiIndex.from_tuples([("acc %", "T = 8"), ("acc %", "T = 20")]))
+    rows = plotting.table_style(wide, "{:.1f}").to_html().split("<tr>")[1:]
+    assert len(rows) == 4 and ">group<" in rows[1] and ">group<" not in rows[0] and ">acc %<" in rows[0]
 
 def test_verdict_text():
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \

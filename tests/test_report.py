@@ -253,3 +253,19 @@ def test_alpha_search_text_names_the_start_grid_the_widened_searches_and_the_mea
     assert "No search widened it." in text
     with pytest.raises(ValueError, match="no merge record"):
         report.alpha_search_text(recs[:1])
+
+
+def test_suite_columns_say_t_and_free_the_corner():
+    import pandas as pd
+
+    from pactlib.book import plotting
+
+    wide = pd.DataFrame([[1.0, 2.0]], index=pd.Index(["early"], name="group"),
+                        columns=pd.MultiIndex.from_product([["acc %"], [8, 20]], names=[None, "suite"]))
+    out = report.suite_columns(wide)
+    assert list(out.columns) == [("acc %", "T = 8"), ("acc %", "T = 20")] and out.columns.names == [None, None]
+    assert wide.columns.names == [None, "suite"]  # not modified
+    rows = plotting.table_style(out, "{:.1f}").to_html().split("<tr>")[1:]
+    assert ">group<" in rows[1] and ">T = 8<" in rows[1] and ">suite<" not in "".join(rows)
+    plain = pd.DataFrame({"a": [1.0]})
+    assert report.suite_columns(plain) is plain

@@ -223,17 +223,18 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     columns headed by their names, repeats blanked in all but the last level so a group label
     shows once (as in pandas' own sparse index). A name of the columns (what the column headers
     are, e.g. "condition") is dropped: the headers say it. Beside columns of several levels, a
-    named single-level index gives its name to the corner of the first header row (when that
-    level has no name). Also returns the names of the new columns. Any other frame (an unnamed
+    named single-level index gives its name to the corner of the last header row, the one just
+    above the row labels (when that level has no name). Also returns the names of the new columns. Any other frame (an unnamed
     index level, a MultiIndex beside columns of several levels) is returned as it is, with ``[]``."""
     names = list(frame.index.names)
     if any(n is None for n in names):
         return frame, []
     if frame.columns.nlevels > 1:
-        if len(names) > 1 or frame.columns.names[0] is not None:
+        last = frame.columns.nlevels - 1
+        if len(names) > 1 or frame.columns.names[last] is not None:
             return frame, []
         out = frame.rename_axis(index=None)
-        out.columns = out.columns.set_names(names[0], level=0)
+        out.columns = out.columns.set_names(names[0], level=last)  # the header row just above the row labels
         return out, []
     if len(names) == 1:
         return frame.rename_axis(index=None, columns=names[0]), []

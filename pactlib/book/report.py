@@ -609,3 +609,16 @@ def alpha_search_text(frame) -> str:
         f"{pretty(b)} {means[b]:.2f}" + (f" (PACT {means['pact-' + b]:.2f})" if f"pact-{b}" in means.index else "")
         for b in bases) + "."
     return text
+
+
+def suite_columns(frame: pd.DataFrame, level: str = "suite") -> pd.DataFrame:
+    """``frame`` (not modified) with its column level ``level`` (task-suite sizes, e.g. 8 and 20)
+    written as "T = 8", "T = 20" and left unnamed, so the table's header row of suites says what
+    its labels are and its corner is free for the row labels' name (:func:`plotting.table_style`).
+    A frame without that column level is returned as it is."""
+    if level not in (frame.columns.names or []):
+        return frame
+    out = frame.copy()
+    i = out.columns.names.index(level)
+    out.columns = out.columns.set_levels([f"T = {v}" for v in out.columns.levels[i]], level=i).set_names(None, level=i)
+    return out
