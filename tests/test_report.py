@@ -122,6 +122,26 @@ def test_moved_knobs_text_gives_gains_and_says_when_the_default_was_not_swept():
     assert moved_knobs_text(sens.loc[["lbw_tol"]]).endswith(": none")
 
 
+def test_sensitivity_table_breaks_ties_toward_the_default():
+    import pandas as pd
+
+    from pactlib.pact import PactOptions
+
+    def row(value, val, test):
+        return {"method": "pact", "base": "iso", "knob": "lbw_tol", "value": value, "seed": 0,
+                "metrics.val_norm_acc": val, "metrics.norm_acc": test, "cap_binding_rate": 0.5}
+
+    base = {"method": "iso", "knob": None, "value": None, "seed": 0, "metrics.val_norm_acc": 0.8,
+            "metrics.norm_acc": 0.8, "cap_binding_rate": None}
+    tie = pd.DataFrame([base, row(0.2, 0.85, 0.86), row(0.5, 0.85, 0.86), row(0.8, 0.84, 0.85)])
+    sens = report.sensitivity_table(tie, ["lbw_tol"], defaults=PactOptions())
+    assert sens.loc["lbw_tol", "best on validation"] == 0.5  # a tie keeps the default
+    better = pd.DataFrame([base, row(0.2, 0.851, 0.84), row(0.5, 0.85, 0.86), row(0.8, 0.84, 0.85)])
+    sens = report.sensitivity_table(better, ["lbw_tol"], defaults=PactOptions())
+    assert sens.loc["lbw_tol", "best on validation"] == 0.2  # strictly better replaces it
+    assert sens.loc["lbw_tol", "val (best)"] == pytest.approx(85.1)
+
+
 def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
     import json
     import math

@@ -197,11 +197,12 @@ def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
 
 
 def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | None = None,
-          floatfmt: str = "{:.3f}") -> None:
+          floatfmt: str = "{:.3f}", formats: dict[Any, str] | None = None) -> None:
     """Show a DataFrame (built from records) as a numbered, captioned table.
 
     Float columns are formatted with ``floatfmt``, integer columns (counts, seeds) as integers;
-    the frame itself is not modified.
+    ``formats`` ({column: format}) overrides ``floatfmt`` for the columns it names (e.g. knob
+    values that range from 1e-4 to 0.5: ``"{:g}"``). The frame itself is not modified.
 
     Raises:
         ValueError: an empty caption.
@@ -209,7 +210,7 @@ def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | N
     text = _caption("Table", chapter, number, caption, paper)
     from IPython.display import Markdown
 
-    _show(Markdown(text), table_style(frame, floatfmt))
+    _show(Markdown(text), table_style(frame, floatfmt, formats))
 
 
 #: What a table shows for a missing value (NaN, None).
@@ -246,8 +247,9 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     return out, names
 
 
-def table_style(frame: Any, floatfmt: str = "{:.3f}"):
-    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only, missing values
+def table_style(frame: Any, floatfmt: str = "{:.3f}", formats: dict[Any, str] | None = None):
+    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only (``formats``,
+    {column: format}, on the columns it names instead), missing values
     (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed
     integer index is hidden) and one header row (:func:`_one_header_row`)."""
     from pandas.api.types import is_integer_dtype
@@ -257,6 +259,9 @@ def table_style(frame: Any, floatfmt: str = "{:.3f}"):
     style = shown.style.format(na_rep=NA_REP)
     if floats:
         style = style.format(floatfmt, subset=floats, na_rep=NA_REP)
+    for col, fmt in (formats or {}).items():
+        if col in shown.columns:
+            style = style.format(fmt, subset=[col], na_rep=NA_REP)
     def label(v: Any) -> Any:  # a float row label (an α, a fraction) as written: 0.1, not 0.100000
         return f"{v:g}" if isinstance(v, float) else v
 

@@ -309,7 +309,10 @@ def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
 
 
 def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
-    """Per knob: default, best value on validation, and both values' validation/test scores."""
+    """Per knob: default, best value on validation, and both values' validation/test scores.
+
+    Ties go to the default: another value is "best on validation" only when its validation score
+    is strictly higher than the default's (when the sweep has the default)."""
     rows = []
     for knob in knobs:
         d = _sweep_rows(frame, knob).groupby("value")[["val_abs", "test_abs", "cap"]].mean()
@@ -317,6 +320,8 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
             continue
         best = d["val_abs"].idxmax()
         dv = getattr(defaults, knob)
+        if dv in d.index and d.loc[dv, "val_abs"] >= d.loc[best, "val_abs"]:
+            best = dv
         rows.append({"knob": knob, "default": dv, "best on validation": best,
                      "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
                      "val (best)": round(d.loc[best, "val_abs"], 2),
