@@ -117,6 +117,7 @@ summary = theory.summary_table(frame)
 accs = [c for c in summary.columns if c.startswith("acc ")]
 summary[accs] = 100 * summary[accs]  # in %, as the verdict's points
 plotting.table(summary.rename(columns={c: f"{c} (%)" for c in accs}), chapter=10, number=1, floatfmt="{:.4g}",
+               formats={f"{c} (%)": "{:.1f}" for c in accs},
                caption="Per task, means over seeds: L_t(θt) on the loss batch (nats), the predicted, "
                        "bounding and measured loss changes, the share of ‖Δt‖² the filter removed, and "
                        "test accuracy (%) of θt and of θ0 + Δ̃t.")

@@ -222,7 +222,7 @@ def alpha_table(frame) -> pd.DataFrame:
     f = f[f["method"].isin([m for m in f["method"].unique() if m not in PRETTY_EXTRA])]
     out = {}
     for _, r in f.iterrows():
-        out.setdefault(pretty(r["method"]), {})[f"seed {r['seed']}"] = f"{r['alpha']:g}" + ("*" if r.get("on_edge") else "")
+        out.setdefault(pretty(r["method"]), {})[f"seed {r['seed']}"] = f"{r['alpha']:.3g}" + ("*" if r.get("on_edge") else "")
     return pd.DataFrame(out).T
 
 
@@ -602,9 +602,9 @@ def alpha_search_text(frame) -> str:
     else:
         parts = []
         for m, g in wide.groupby("method", sort=False):
-            added = _and([f"{a:g}" for a in sorted({a for w in g["widened"] for a in w})])
-            chosen = (f"{g['alpha'].iloc[0]:g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
-                      if g["alpha"].nunique() == 1 else _and([f"{a:g}" for a in g["alpha"]]))
+            added = _and([f"{a:.3g}" for a in sorted({a for w in g["widened"] for a in w})])
+            chosen = (f"{g['alpha'].iloc[0]:.3g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
+                      if g["alpha"].nunique() == 1 else _and([f"{a:.3g}" for a in g["alpha"]]))
             parts.append(f" {pretty(m)} ({_seeds(g['seed'])}): the best α lay on the grid's edge, so the search added "
                          f"α = {added}; it then chose α = {chosen}, inside the widened grid (the α table marks no *).")
         text += "".join(parts)
