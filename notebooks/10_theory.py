@@ -88,6 +88,7 @@ with plotting.figure("first-order", chapter=10, number=1, size="wide",
                              "Cauchy–Schwarz interval ±bound (grey bars); one column per (task, seed), "
                              "symmetric-log scale.") as (fig, ax):
     theory.plot_sides(frame, ax=ax)
+    plotting.pad_y(ax)  # headroom for the bars; no tick labels crowding 0
     plotting.legend_outside(ax, "right")
 
 # %% [markdown]

@@ -172,6 +172,21 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
     _show(Image(data=png, format="png"), Markdown(text))
 
 
+def pad_y(ax: Any, frac: float = 0.08) -> None:
+    """Widen ``ax``'s y limits by ``frac`` of its height at each end, measured in the axis' own
+    scale (log and symlog included), so marks that reach the limits do not run into the frame.
+    On a symmetric-log axis, also keep only the major ticks at 0 and at |y| ≥ the linear threshold:
+    a tick inside the linear band sits too close to 0 for both labels to be read."""
+    import numpy as np
+
+    t = ax.yaxis.get_transform()
+    lo, hi = t.transform(np.array(ax.get_ylim()))
+    pad = frac * (hi - lo)
+    ax.set_ylim(*t.inverted().transform(np.array([lo - pad, hi + pad])))
+    if ax.get_yscale() == "symlog":
+        ax.set_yticks([y for y in ax.get_yticks() if y == 0 or abs(y) >= t.linthresh])
+
+
 def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
     """Redraw ``ax``'s legend outside the axes, so it hides no data: ``"above"`` (one row over
     the axes) or ``"right"`` (a column beside them). The legend's entries and title are kept;
