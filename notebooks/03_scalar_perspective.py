@@ -137,7 +137,8 @@ plotting.table(enrichment, chapter=3, number=1, floatfmt="{:.3g}", formats={"E_t
 with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
                      caption=f"Enrichment E_t of high-Fisher entries among the {quantile:.0%} least-updated "
                              "entries, per task, over all entries and over touched entries: bars are means "
-                             "over seeds, dots single seeds, the dashed line is chance (E = 1).") as (fig, ax):
+                             "over seeds, dots single seeds, the dashed line is chance (E = 1). Bars too "
+                             "close to zero to see are given in Table 3.1.") as (fig, ax):
     scalar.plot_task_enrichment(frame, ax=ax)
     plotting.legend_outside(ax, "above")
 
