@@ -548,15 +548,22 @@ def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric:
     def holds(x: float) -> str:
         return "holds" if x >= 0 else "fails"
 
-    first = (f"early {m['early']:+.2f} − {most:g} × all ({m['all']:+.2f}) = {share:+.2f}, {holds(share)}"
+    def pm(x: float) -> str:  # signed, with the Unicode minus of the formulas around it
+        return f"{x:+.2f}".replace("-", "−")
+
+    first = (f"early {pm(m['early'])} − {most:g} × all ({pm(m['all'])}) = {pm(share)}, {holds(share)}"
              if share is not None else "filtering every layer gives no gain, so it cannot hold")
-    second = f"early {m['early']:+.2f} − {rival} ({m[rival]:+.2f}) = {best:+.2f}, {holds(best)}"
+    second = f"early {pm(m['early'])} − {rival} ({pm(m[rival])}) = {pm(best)}, {holds(best)}"
     near = [x for x in (share, best) if x is not None and abs(x) < noise]
+    if share is None:
+        margins = f"the first margin is undefined, the second {against(best)}"
+    elif against(share) == against(best) == "within it":
+        margins = "both margins are within it"
+    else:
+        margins = f"the first margin is {against(share)}, the second {against(best)}"
     text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
             f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
-            f"error above, {noise:.2f} points: the first margin is "
-            + (against(share) if share is not None else "undefined")
-            + f", the second {against(best)}, and the early group's own gain ({m['early']:+.2f}) is "
+            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({pm(m['early'])}) is "
             f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
     return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
 
