@@ -153,7 +153,10 @@ frame = records.records_frame([r for r in records.read_records(path) if r["metho
 toy_frame = frame[frame["method"] == "toy-geometry"].set_index("task")[[
     "metrics.tilt_deg", "metrics.sigma_1", "metrics.sigma_2", "metrics.lbw_rank", "metrics.shield_rank",
     "metrics.removed_pact", "metrics.removed_spact", "metrics.intrusion_before", "metrics.intrusion_after"]]
-plotting.table(toy_frame.rename(columns=lambda c: c.removeprefix("metrics.")), chapter=1, number=1,
+toy_labels = {"tilt_deg": "tilt to core (°)", "sigma_1": "σ₁", "sigma_2": "σ₂", "lbw_rank": "LBW rank",
+              "shield_rank": "shield rank", "removed_pact": "removed, PACT", "removed_spact": "removed, S-PACT",
+              "intrusion_before": "intrusion before", "intrusion_after": "intrusion after"}
+plotting.table(toy_frame.rename(columns=lambda c: toy_labels[c.removeprefix("metrics.")]), chapter=1, number=1,
                caption="The toy layer per task: angle of the active direction to the core (degrees), survival "
                        "values σ of P3, LBW and shield ranks, share of ‖Δt‖² removed by PACT and by S-PACT, and "
                        "the share of the other task's update energy inside this task's LBW subspace before and "
@@ -240,7 +243,10 @@ frame = records.records_frame(path)
 row = frame[frame["method"] == "rsvd-check"].iloc[-1]
 # a row of the mixed-type frame has dtype object, and plotting.table formats float columns only
 values = row[["metrics.distance", "metrics.exact_seconds", "metrics.rsvd_seconds"]].astype(float)
-plotting.table(values.to_frame("value").rename(index=lambda c: c.removeprefix("metrics.")), chapter=1, number=2,
+rsvd_labels = {"distance": "projector distance", "exact_seconds": "exact SVD (s)",
+               "rsvd_seconds": "randomized SVD (s)"}
+plotting.table(values.to_frame("value").rename(index=lambda c: rsvd_labels[c.removeprefix("metrics.")]),
+               chapter=1, number=2,
                floatfmt="{:.2e}",
                caption=f"Exact vs randomized top-16 right singular subspace of a {m_}×{n_} planted-rank matrix "
                        f"(oversampling 10, 2 power iterations): projector distance and seconds per call.")

@@ -435,7 +435,7 @@ print("seed 0, 20 tasks: " + "; ".join(f"{label}: mean ‖Δt‖ {r['metrics.tv_
 # %%
 first = variants["lr 1e-4 (first recipe)"]
 plotting.table(chapter2.interference_table(first), chapter=2, number=11,
-               caption="As table 2.9 for the first recipe (learning rate 1e-4) on the full α grid "
+               caption="As Table 2.9 for the first recipe (learning rate 1e-4) on the full α grid "
                        "(`book/data/interference_lr1e-4.jsonl`).")
 ta = first[first["method"] == "task_arithmetic"].pivot_table(index="seed", columns="T", values="first_norm")
 print("lr 1e-4, Task Arithmetic's drop from 14 to 20 tasks by seed (points): "
@@ -498,7 +498,7 @@ print(f"the six costliest extra tasks: {int((top['joins'] == '14').sum())} join 
 # %%
 draws = chapter2.interference_frame(plotting.repo_path("book/data/interference_draws.jsonl"))
 plotting.table(chapter2.interference_table(draws), chapter=2, number=13,
-               caption="As table 2.9 with random sets of the extra tasks at T = 11, 14, 17 (mean ± std over seeds and "
+               caption="As Table 2.9 with random sets of the extra tasks at T = 11, 14, 17 (mean ± std over seeds and "
                        "sets) and the full α grid.")
 with plotting.figure("interference-random-sets", chapter=2, number=7, size="wide", ncols=2, sharey=True,
                      caption="As figure 2.4 with random sets of the extra tasks between 8 and 20 (error bars: ±1 std "
@@ -534,12 +534,12 @@ print("TA at T = 14 on the full grid, 8 shared tasks: " + ", ".join(f"{k} {v:.1f
 # ### Verdict
 #
 # The second verdict asks whether the loss on the 8 shared tasks grows from 8 to 14 to 20
-# tasks in the book's suites (table 2.9). A step counts when the accuracy falls by more than
+# tasks in the book's suites (Table 2.9). A step counts when the accuracy falls by more than
 # the seed spread, the larger of the two standard deviations over seeds. Every T uses the same
 # three fine-tuning seeds, so the verdict also gives the paired view: on how many seeds the
 # accuracy falls. A seed that is weak at one T tends to be weak at all T, so a step can fall on
 # every seed and still be smaller than the spread. The same counts follow for the full α grid
-# and for the random task sets (table 2.13; at T = 14 each seed's level is the mean of its four
+# and for the random task sets (Table 2.13; at T = 14 each seed's level is the mean of its four
 # sets).
 
 # %%
@@ -555,7 +555,7 @@ plotting.verdict("the testbed's problem (merging loses more as T grows)",
                                 for name, st in (("book's suites", steps), ("full grid", full_steps),
                                                  ("random sets", rand))
                                 for r in st[(st["method"] == "Task Arithmetic") & (st["T_to"] == 20)].itertuples())
-                 + ". The first recipe (lr 1e-4, table 2.11) did not show the last step "
+                 + ". The first recipe (lr 1e-4, Table 2.11) did not show the last step "
                  "(`book/data/interference.jsonl`, `book/data/interference_fullgrid.jsonl`, "
                  "`book/data/interference_draws.jsonl`).")
 
@@ -843,7 +843,7 @@ if run_minilm:
                      + (f"; LoRA beats zero-shot on {int((lora_gain > 0).sum())}/{len(lora_gain)} tasks "
                         f"(gain min {lora_gain.min():+.1f}, mean {lora_gain.mean():+.1f})" if lora_gain is not None
                         else "")
-                     + ". Fine-tuned accuracy is the mean over the seeds the zoo holds for the task (table 2.22).",
+                     + ". Fine-tuned accuracy is the mean over the seeds the zoo holds for the task (Table 2.22).",
                      run="minilm")  # the Verdicts page's MiniLM column (the `minilm` run of params/default.yaml)
 
 # %% [markdown]

@@ -128,7 +128,7 @@ frame = records.records_frame(path)
 enrichment = scalar.enrichment_table(frame)
 if "|U∩H|, touched" in enrichment:  # a count (mean over seeds): shown as a whole number
     enrichment["|U∩H|, touched"] = enrichment["|U∩H|, touched"].round().astype("Int64")
-plotting.table(enrichment, chapter=3, number=1, floatfmt="{:.3g}",
+plotting.table(enrichment, chapter=3, number=1, floatfmt="{:.3g}", formats={"E_t, all": "{:.2e}"},
                caption="Per task (mean over seeds): enrichment over all entries and over touched entries, "
                        "the share of entries with Δt = 0 and with F_t = 0, and the number of scalar LBW "
                        "entries among touched entries.")
@@ -137,7 +137,8 @@ plotting.table(enrichment, chapter=3, number=1, floatfmt="{:.3g}",
 with plotting.figure("enrichment", chapter=3, number=1, paper="Fig. 2",
                      caption=f"Enrichment E_t of high-Fisher entries among the {quantile:.0%} least-updated "
                              "entries, per task, over all entries and over touched entries: bars are means "
-                             "over seeds, dots single seeds, the dashed line is chance (E = 1).") as (fig, ax):
+                             "over seeds, dots single seeds, the dashed line is chance (E = 1). Bars too "
+                             "close to zero to see are given in Table 3.1.") as (fig, ax):
     scalar.plot_task_enrichment(frame, ax=ax)
     plotting.legend_outside(ax, "above")
 
@@ -212,6 +213,7 @@ plotting.table(scalar.displacement_table(frame).rename(columns={
                    "moved_lbw": "|θ − θt|, LBW", "moved_other": "|θ − θt|, others",
                    "moved_ratio": "ratio LBW / others", "rel_moved_lbw": "÷ mean |Δt|, LBW",
                    "rel_moved_other": "÷ mean |Δt|, others", "alpha": "α"}), chapter=3, number=2, floatfmt="{:.3g}",
+               formats={"|θ − θt|, LBW": "{:.2e}", "|θ − θt|, others": "{:.2e}"},
                caption="How far the Task Arithmetic merge moved each task's entries (mean over seeds): mean "
                        "|θ − θt| over the LBW entries and over all others, their ratio, each divided by the "
                        "group's mean |Δt|, and the α chosen on validation.")

@@ -90,6 +90,7 @@ with plotting.figure("first-order", chapter=10, number=1, size="wide",
                              "Cauchy–Schwarz interval ±bound (grey bars); one column per (task, seed), "
                              "symmetric-log scale.") as (fig, ax):
     theory.plot_sides(frame, ax=ax)
+    plotting.pad_y(ax)  # headroom for the bars; no tick labels crowding 0
     plotting.legend_outside(ax, "right")
 
 # %% [markdown]
@@ -119,6 +120,7 @@ summary = theory.summary_table(frame)
 accs = [c for c in summary.columns if c.startswith("acc ")]
 summary[accs] = 100 * summary[accs]  # in %, as the verdict's points
 plotting.table(summary.rename(columns={c: f"{c} (%)" for c in accs}), chapter=10, number=1, floatfmt="{:.4g}",
+               formats={f"{c} (%)": "{:.1f}" for c in accs},
                caption="Per task, means over seeds: L_t(θt) on the loss batch (nats), the predicted, "
                        "bounding and measured loss changes, the share of ‖Δt‖² the filter removed, and "
                        "test accuracy (%) of θt and of θ0 + Δ̃t.")

@@ -92,7 +92,8 @@ with plotting.figure("sensitivity", chapter=11, number=1, size="wide",
 
 # %%
 sens = report.sensitivity_table(frame, list(sweeps), defaults=defaults)
-plotting.table(sens, chapter=11, number=1,
+knob_values = {"default": "{:g}", "best on validation": "{:g}"}  # 1e-4 to 0.8: as written
+plotting.table(sens, chapter=11, number=1, formats=knob_values,
                caption="Best value of each knob on validation next to the default, with its test score "
                        "(mean normalized accuracy, %) and the share of shields where the cap bound.")
 print(report.moved_knobs_text(sens))
@@ -116,7 +117,7 @@ print(report.moved_knobs_text(sens))
 # %%
 round1 = records.records_frame(plotting.repo_path("book/data/sensitivity_round1.jsonl"))
 plotting.table(report.sensitivity_table(round1, ["core_frac", "active_frac", "lbw_tol", "max_shield_frac"],
-                                        defaults=PactOptions(active_frac=0.1)), chapter=11, number=2,
+                                        defaults=PactOptions(active_frac=0.1)), chapter=11, number=2, formats=knob_values,
                caption="First round (earlier Lite0 zoo, 8 tasks, seed 0, around k = 0.1·r): best value of "
                        "each knob on validation next to that round's default, mean normalized accuracy (%).")
 print(report.earlier_round_text(sens, round1, defaults=PactOptions(active_frac=0.1)))

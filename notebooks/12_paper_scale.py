@@ -397,12 +397,12 @@ if demo:
 if demo:
     frame = records.records_frame(path)
     demo_acc = frame[frame["method"] == "demo-accuracy"].set_index("task")
-    plotting.table(pd.DataFrame({"θ0 (zero-shot)": demo_acc["metrics.zero_shot"],
-                                 "PACT-Iso-C merge": demo_acc["metrics.merged"],
+    plotting.table(pd.DataFrame({"θ0, zero-shot (%)": 100 * demo_acc["metrics.zero_shot"],
+                                 "PACT-Iso-C merge (%)": 100 * demo_acc["metrics.merged"],
                                  "test images": demo_acc["metrics.n_test"].astype(int)}),
-        chapter=12, number=9, floatfmt="{:.2f}",
-        caption="Tiny worked example only (random weights, random images): accuracy of θ0 and of the PACT-Iso-C "
-                "merge written by `pact merge`, per tiny task. Chance is 1/3.")
+        chapter=12, number=9, floatfmt="{:.1f}",
+        caption="Tiny worked example only (random weights, random images): test accuracy (%) of θ0 and of the "
+                "PACT-Iso-C merge written by `pact merge`, per tiny task. Chance is 33.3%.")
 
 # %% [markdown]
 # ### Datasets

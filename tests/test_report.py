@@ -122,6 +122,26 @@ def test_moved_knobs_text_gives_gains_and_says_when_the_default_was_not_swept():
     assert moved_knobs_text(sens.loc[["lbw_tol"]]).endswith(": none")
 
 
+def test_sensitivity_table_breaks_ties_toward_the_default():
+    import pandas as pd
+
+    from pactlib.pact import PactOptions
+
+    def row(value, val, test):
+        return {"method": "pact", "base": "iso", "knob": "lbw_tol", "value": value, "seed": 0,
+                "metrics.val_norm_acc": val, "metrics.norm_acc": test, "cap_binding_rate": 0.5}
+
+    base = {"method": "iso", "knob": None, "value": None, "seed": 0, "metrics.val_norm_acc": 0.8,
+            "metrics.norm_acc": 0.8, "cap_binding_rate": None}
+    tie = pd.DataFrame([base, row(0.2, 0.85, 0.86), row(0.5, 0.85, 0.86), row(0.8, 0.84, 0.85)])
+    sens = report.sensitivity_table(tie, ["lbw_tol"], defaults=PactOptions())
+    assert sens.loc["lbw_tol", "best on validation"] == 0.5  # a tie keeps the default
+    better = pd.DataFrame([base, row(0.2, 0.851, 0.84), row(0.5, 0.85, 0.86), row(0.8, 0.84, 0.85)])
+    sens = report.sensitivity_table(better, ["lbw_tol"], defaults=PactOptions())
+    assert sens.loc["lbw_tol", "best on validation"] == 0.2  # strictly better replaces it
+    assert sens.loc["lbw_tol", "val (best)"] == pytest.approx(85.1)
+
+
 def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
     import json
     import math
@@ -219,8 +239,8 @@ def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
     c = report.c9a_closeness(f, suite="8", noise=1.25)
     assert c["rival"] == "middle" and c["best_margin"] == pytest.approx(1.37)
     assert c["share_margin"] == pytest.approx(0.22 - 0.71)
-    assert "early +0.22 − 0.5 × all (+1.42) = -0.49, fails" in c["text"]
-    assert "early +0.22 − middle (-1.15) = +1.37, holds" in c["text"]
+    assert "early +0.22 − 0.5 × all (+1.42) = −0.49, fails" in c["text"]  # Unicode minus, not a hyphen
+    assert "early +0.22 − middle (−1.15) = +1.37, holds" in c["text"] and "-" not in c["text"]
     assert "the first margin is within it, the second 1.1 times it" in c["text"]
     assert "own gain (+0.22) is within it" in c["text"] and c["text"].endswith("not clear of noise.")
     clear = report.c9a_closeness(_depth(dict(early=3.0, middle=0.5, late=-1.0, all=4.0)), suite="8", noise=0.5)
@@ -229,6 +249,8 @@ def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
     none = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=-0.3)), suite="8", noise=1.0)
     assert none["share_margin"] is None and "no gain, so it cannot hold" in none["text"]
     assert "the first margin is undefined" in none["text"]
+    both = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=0.8)), suite="8", noise=1.0)
+    assert "both margins are within it, and" in both["text"] and "the second" not in both["text"]
 
 
 def _searched(method, seed, alpha, *, widened=(), grid=(0.1, 0.5, 3.0)):

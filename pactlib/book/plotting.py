@@ -172,6 +172,21 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
     _show(Image(data=png, format="png"), Markdown(text))
 
 
+def pad_y(ax: Any, frac: float = 0.08) -> None:
+    """Widen ``ax``'s y limits by ``frac`` of its height at each end, measured in the axis' own
+    scale (log and symlog included), so marks that reach the limits do not run into the frame.
+    On a symmetric-log axis, also keep only the major ticks at 0 and at |y| ≥ the linear threshold:
+    a tick inside the linear band sits too close to 0 for both labels to be read."""
+    import numpy as np
+
+    t = ax.yaxis.get_transform()
+    lo, hi = t.transform(np.array(ax.get_ylim()))
+    pad = frac * (hi - lo)
+    ax.set_ylim(*t.inverted().transform(np.array([lo - pad, hi + pad])))
+    if ax.get_yscale() == "symlog":
+        ax.set_yticks([y for y in ax.get_yticks() if y == 0 or abs(y) >= t.linthresh])
+
+
 def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
     """Redraw ``ax``'s legend outside the axes, so it hides no data: ``"above"`` (one row over
     the axes) or ``"right"`` (a column beside them). The legend's entries and title are kept;
@@ -197,11 +212,12 @@ def legend_outside(ax: Any, where: str = "above", **kw: Any) -> Any:
 
 
 def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | None = None,
-          floatfmt: str = "{:.3f}") -> None:
+          floatfmt: str = "{:.3f}", formats: dict[Any, str] | None = None) -> None:
     """Show a DataFrame (built from records) as a numbered, captioned table.
 
     Float columns are formatted with ``floatfmt``, integer columns (counts, seeds) as integers;
-    the frame itself is not modified.
+    ``formats`` ({column: format}) overrides ``floatfmt`` for the columns it names (e.g. knob
+    values that range from 1e-4 to 0.5: ``"{:g}"``). The frame itself is not modified.
 
     Raises:
         ValueError: an empty caption.
@@ -209,7 +225,7 @@ def table(frame: Any, *, chapter: int, number: int, caption: str, paper: str | N
     text = _caption("Table", chapter, number, caption, paper)
     from IPython.display import Markdown
 
-    _show(Markdown(text), table_style(frame, floatfmt))
+    _show(Markdown(text), table_style(frame, floatfmt, formats))
 
 
 #: What a table shows for a missing value (NaN, None).
@@ -247,8 +263,9 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     return out, names
 
 
-def table_style(frame: Any, floatfmt: str = "{:.3f}"):
-    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only, missing values
+def table_style(frame: Any, floatfmt: str = "{:.3f}", formats: dict[Any, str] | None = None):
+    """The pandas Styler :func:`table` shows: ``floatfmt`` on float columns only (``formats``,
+    {column: format}, on the columns it names instead), missing values
     (NaN, None) as :data:`NA_REP`, float row labels with ``{:g}``, no row numbers (an unnamed
     integer index is hidden) and one header row (:func:`_one_header_row`)."""
     from pandas.api.types import is_integer_dtype
@@ -258,6 +275,9 @@ def table_style(frame: Any, floatfmt: str = "{:.3f}"):
     style = shown.style.format(na_rep=NA_REP)
     if floats:
         style = style.format(floatfmt, subset=floats, na_rep=NA_REP)
+    for col, fmt in (formats or {}).items():
+        if col in shown.columns:
+            style = style.format(fmt, subset=[col], na_rep=NA_REP)
     def label(v: Any) -> Any:  # a float row label (an α, a fraction) as written: 0.1, not 0.100000
         return f"{v:g}" if isinstance(v, float) else v
 

@@ -222,7 +222,7 @@ def alpha_table(frame) -> pd.DataFrame:
     f = f[f["method"].isin([m for m in f["method"].unique() if m not in PRETTY_EXTRA])]
     out = {}
     for _, r in f.iterrows():
-        out.setdefault(pretty(r["method"]), {})[f"seed {r['seed']}"] = f"{r['alpha']:g}" + ("*" if r.get("on_edge") else "")
+        out.setdefault(pretty(r["method"]), {})[f"seed {r['seed']}"] = f"{r['alpha']:.3g}" + ("*" if r.get("on_edge") else "")
     return pd.DataFrame(out).T
 
 
@@ -309,7 +309,10 @@ def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
 
 
 def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
-    """Per knob: default, best value on validation, and both values' validation/test scores."""
+    """Per knob: default, best value on validation, and both values' validation/test scores.
+
+    Ties go to the default: another value is "best on validation" only when its validation score
+    is strictly higher than the default's (when the sweep has the default)."""
     rows = []
     for knob in knobs:
         d = _sweep_rows(frame, knob).groupby("value")[["val_abs", "test_abs", "cap"]].mean()
@@ -317,6 +320,8 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
             continue
         best = d["val_abs"].idxmax()
         dv = getattr(defaults, knob)
+        if dv in d.index and d.loc[dv, "val_abs"] >= d.loc[best, "val_abs"]:
+            best = dv
         rows.append({"knob": knob, "default": dv, "best on validation": best,
                      "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
                      "val (best)": round(d.loc[best, "val_abs"], 2),
@@ -543,15 +548,22 @@ def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric:
     def holds(x: float) -> str:
         return "holds" if x >= 0 else "fails"
 
-    first = (f"early {m['early']:+.2f} − {most:g} × all ({m['all']:+.2f}) = {share:+.2f}, {holds(share)}"
+    def pm(x: float) -> str:  # signed, with the Unicode minus of the formulas around it
+        return f"{x:+.2f}".replace("-", "−")
+
+    first = (f"early {pm(m['early'])} − {most:g} × all ({pm(m['all'])}) = {pm(share)}, {holds(share)}"
              if share is not None else "filtering every layer gives no gain, so it cannot hold")
-    second = f"early {m['early']:+.2f} − {rival} ({m[rival]:+.2f}) = {best:+.2f}, {holds(best)}"
+    second = f"early {pm(m['early'])} − {rival} ({pm(m[rival])}) = {pm(best)}, {holds(best)}"
     near = [x for x in (share, best) if x is not None and abs(x) < noise]
+    if share is None:
+        margins = f"the first margin is undefined, the second {against(best)}"
+    elif against(share) == against(best) == "within it":
+        margins = "both margins are within it"
+    else:
+        margins = f"the first margin is {against(share)}, the second {against(best)}"
     text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
             f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
-            f"error above, {noise:.2f} points: the first margin is "
-            + (against(share) if share is not None else "undefined")
-            + f", the second {against(best)}, and the early group's own gain ({m['early']:+.2f}) is "
+            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({pm(m['early'])}) is "
             f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
     return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
 
@@ -597,9 +609,9 @@ def alpha_search_text(frame) -> str:
     else:
         parts = []
         for m, g in wide.groupby("method", sort=False):
-            added = _and([f"{a:g}" for a in sorted({a for w in g["widened"] for a in w})])
-            chosen = (f"{g['alpha'].iloc[0]:g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
-                      if g["alpha"].nunique() == 1 else _and([f"{a:g}" for a in g["alpha"]]))
+            added = _and([f"{a:.3g}" for a in sorted({a for w in g["widened"] for a in w})])
+            chosen = (f"{g['alpha'].iloc[0]:.3g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
+                      if g["alpha"].nunique() == 1 else _and([f"{a:.3g}" for a in g["alpha"]]))
             parts.append(f" {pretty(m)} ({_seeds(g['seed'])}): the best α lay on the grid's edge, so the search added "
                          f"α = {added}; it then chose α = {chosen}, inside the widened grid (the α table marks no *).")
         text += "".join(parts)
