@@ -230,7 +230,7 @@ def _numbers(ids: Sequence[str]) -> str:
             spans[-1][1] = n
         else:
             spans.append([n, n])
-    parts = [f"{a}" if a == b else f"{a} and {b}" if b == a + 1 else f"{a}–{b}" for a, b in spans]
+    parts = [x for a, b in spans for x in ([f"{a}"] if a == b else [f"{a}", f"{b}"] if b == a + 1 else [f"{a}–{b}"])]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
