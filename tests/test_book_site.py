@@ -418,3 +418,9 @@ def test_recompute_agreement_says_which_chapters_moved_with_a_rebuilt_zoo():
     lines = site.agreement_lines(rows, titles=titles, families=families, rebuilt=site.zoo_rebuilds(runs, rows, zoo))
     assert "C11 in MiniLM-L6 chapter 9: partly reproduced → not reproduced (the same numbers: the rule that " \
            "grades them changed)." in next(line for line in lines if line.startswith("- **Verdicts changed**"))
+
+
+def test_chapter_numbers_read_as_a_list():
+    assert site._numbers(["04_a", "06_b", "07_c"]) == "4, 6 and 7"
+    assert site._numbers(["02_a", "03_b", "04_c", "09_z"]) == "2–4 and 9"
+    assert site._numbers(["06_b", "07_c"]) == "6 and 7" and site._numbers(["05_x"]) == "5"
