@@ -4,8 +4,9 @@
 Reads ``book/records/default/<run>/<chapter>/<chapter>.verdicts.jsonl`` (the verdicts of the
 default set's compute runs), the run titles from ``params/default.yaml`` (``variants:``) and
 the records' states, judged from the committed provenance as ``run_notebooks.py --status`` judges
-them (a verdict of a stale or missing chapter says so; nothing rendered is read), and rewrites what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -->`` in
-``README.md``: a row per claim, a column per testbed, each cell the status linked to the chapter.
+them (a verdict of a stale or missing chapter says so; nothing rendered is read), and rewrites
+what lies between ``<!-- verdicts:begin -->`` and ``<!-- verdicts:end -->`` in ``README.md``: a
+row per claim, a column per testbed, each cell the status linked to the chapter.
 
     .venv/bin/python scripts/readme_verdicts.py [--check]   # --check: exit 1 when README.md is out of date
 """

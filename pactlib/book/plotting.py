@@ -240,8 +240,9 @@ def _one_header_row(frame: Any) -> tuple[Any, list[Any]]:
     shows once (as in pandas' own sparse index). A name of the columns (what the column headers
     are, e.g. "condition") is dropped: the headers say it. Beside columns of several levels, a
     named single-level index gives its name to the corner of the last header row, the one just
-    above the row labels (when that level has no name). Also returns the names of the new columns. Any other frame (an unnamed
-    index level, a MultiIndex beside columns of several levels) is returned as it is, with ``[]``."""
+    above the row labels (when that level has no name). Also returns the names of the new columns.
+    Any other frame (an unnamed index level, a MultiIndex beside columns of several levels) is
+    returned as it is, with ``[]``."""
     names = list(frame.index.names)
     if any(n is None for n in names):
         return frame, []

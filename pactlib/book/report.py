@@ -14,6 +14,7 @@ import pandas as pd
 
 from pactlib import merges
 from pactlib.book.plotting import legend_outside
+from pactlib.book.site import and_join, signed
 from pactlib.book.verdicts import NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested, verdict
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
@@ -120,11 +121,6 @@ def seed_counts(frame, *, suites: Sequence[str]) -> dict[str, int]:
     return {s: int(f[f["suite"] == s]["seed"].nunique()) for s in suites}
 
 
-def _and(items: Sequence[str]) -> str:
-    items = list(items)
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def seeds_text(counts: dict[str, int]) -> str:
     """What the rows of each suite rest on: ``{"8": 3, "14": 1, "20": 1}`` -> "mean over 3 seeds at
     T=8; one seed at T=14 and T=20"; one count for all: "mean over 3 seeds" / "one seed"."""
@@ -136,7 +132,7 @@ def seeds_text(counts: dict[str, int]) -> str:
         groups.setdefault(n, []).append(s)
     if len(groups) == 1:
         return what(next(iter(groups)))
-    return "; ".join(f"{what(n)} at " + _and([f"T={s}" for s in ss]) for n, ss in sorted(groups.items(), reverse=True))
+    return "; ".join(f"{what(n)} at " + and_join([f"T={s}" for s in ss]) for n, ss in sorted(groups.items(), reverse=True))
 
 
 def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
@@ -548,12 +544,9 @@ def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric:
     def holds(x: float) -> str:
         return "holds" if x >= 0 else "fails"
 
-    def pm(x: float) -> str:  # signed, with the Unicode minus of the formulas around it
-        return f"{x:+.2f}".replace("-", "−")
-
-    first = (f"early {pm(m['early'])} − {most:g} × all ({pm(m['all'])}) = {pm(share)}, {holds(share)}"
+    first = (f"early {signed(m['early'])} − {most:g} × all ({signed(m['all'])}) = {signed(share)}, {holds(share)}"
              if share is not None else "filtering every layer gives no gain, so it cannot hold")
-    second = f"early {pm(m['early'])} − {rival} ({pm(m[rival])}) = {pm(best)}, {holds(best)}"
+    second = f"early {signed(m['early'])} − {rival} ({signed(m[rival])}) = {signed(best)}, {holds(best)}"
     near = [x for x in (share, best) if x is not None and abs(x) < noise]
     if share is None:
         margins = f"the first margin is undefined, the second {against(best)}"
@@ -563,14 +556,14 @@ def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric:
         margins = f"the first margin is {against(share)}, the second {against(best)}"
     text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
             f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
-            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({pm(m['early'])}) is "
+            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({signed(m['early'])}) is "
             f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
     return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
 
 
 def _seeds(seeds) -> str:
     seeds = [str(s) for s in seeds]
-    return ("seed " if len(seeds) == 1 else "seeds ") + _and(seeds)
+    return ("seed " if len(seeds) == 1 else "seeds ") + and_join(seeds)
 
 
 def alpha_search_text(frame) -> str:
@@ -602,16 +595,16 @@ def alpha_search_text(frame) -> str:
         text = f"Every search started on the same grid of {len(g)} values from {g[0]:g} to {g[-1]:g}."
     else:
         text = f"The searches started on {len(grids)} grids: " + "; ".join(
-            f"{len(g)} values from {g[0]:g} to {g[-1]:g} ({_and(names)})" for g, names in grids.items()) + "."
+            f"{len(g)} values from {g[0]:g} to {g[-1]:g} ({and_join(names)})" for g, names in grids.items()) + "."
     wide = f[f["widened"].map(lambda w: bool(w) if isinstance(w, list) else False)] if "widened" in f else f.iloc[0:0]
     if wide.empty:
         text += " No search widened it."
     else:
         parts = []
         for m, g in wide.groupby("method", sort=False):
-            added = _and([f"{a:.3g}" for a in sorted({a for w in g["widened"] for a in w})])
+            added = and_join([f"{a:.3g}" for a in sorted({a for w in g["widened"] for a in w})])
             chosen = (f"{g['alpha'].iloc[0]:.3g}" + ("" if len(g) == 1 else " on both" if len(g) == 2 else " on each")
-                      if g["alpha"].nunique() == 1 else _and([f"{a:.3g}" for a in g["alpha"]]))
+                      if g["alpha"].nunique() == 1 else and_join([f"{a:.3g}" for a in g["alpha"]]))
             parts.append(f" {pretty(m)} ({_seeds(g['seed'])}): the best α lay on the grid's edge, so the search added "
                          f"α = {added}; it then chose α = {chosen}, inside the widened grid (the α table marks no *).")
         text += "".join(parts)

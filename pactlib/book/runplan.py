@@ -622,10 +622,10 @@ def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str,
     if changed:  # papermill's cell with the values in effect is removed from the page: the cell shows them
         at = next(i for i, c in enumerate(nb.cells) if "parameters" in _tags(c))
         nb.cells[at].source = shown_parameters(nb.cells[at].source, changed)
-    if changed and not any("variant-note" in _tags(c) for c in nb.cells):  # a variant's note lists its values
-        nb.cells.insert(at, nbformat.v4.new_markdown_cell(
-            f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
-            + ".*", metadata={"tags": ["pact-parameters"]}))
+        if not any("variant-note" in _tags(c) for c in nb.cells):  # a variant's note lists its values
+            nb.cells.insert(at, nbformat.v4.new_markdown_cell(
+                f"*This run (parameter set `{store}`) sets " + ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
+                + ".*", metadata={"tags": ["pact-parameters"]}))
     under_title(nb, top)
     return nb
 

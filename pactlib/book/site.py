@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["CHROMIUM_FLAGS", "page_requests", "look_at", "MAIN", "VERDICTS_PAGE", "BEGIN", "END", "read_verdicts", "toc", "verdicts_page", "records_section",
            "time_section", "merge_profile", "family", "split_sizes", "evaluation_work", "eval_speed",
            "evaluation_floor", "floor_lines", "runs_lines", "agreement_lines", "run_families", "zoo_rebuilds",
-           "readme_table", "replace_block", "html_problems",
+           "and_join", "signed", "readme_table", "replace_block", "html_problems",
            "provenance_box", "PROVENANCE_CLASS", "TABLE_CLASS", "short_reason", "banner"]
 
 MAIN = "main"
@@ -221,6 +221,18 @@ def zoo_rebuilds(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, 
     return out
 
 
+def and_join(items: Sequence[str]) -> str:
+    """Words as a list in prose: ["a"] -> "a"; ["a", "b", "c"] -> "a, b and c"."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def signed(value: float, fmt: str = "{:+.2f}") -> str:
+    """``value`` in ``fmt`` with a typographic minus ("−0.42", "+0.05" with the default ``fmt``), as
+    the formulas of the generated prose write it."""
+    return fmt.format(value).replace("-", "−")
+
+
 def _numbers(ids: Sequence[str]) -> str:
     """Chapter numbers as a short list: ["02_testbed", "03_x", "04_y", "09_z"] -> "2–4 and 9"."""
     nums = sorted({int(c.split("_")[0]) for c in ids if c.split("_")[0].isdigit()})
@@ -231,7 +243,7 @@ def _numbers(ids: Sequence[str]) -> str:
         else:
             spans.append([n, n])
     parts = [x for a, b in spans for x in ([f"{a}"] if a == b else [f"{a}", f"{b}"] if b == a + 1 else [f"{a}–{b}"])]
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return and_join(parts)
 
 
 def _chapters(titles: Mapping[str, str], keys: Sequence[str]) -> str:

@@ -29,6 +29,7 @@ import pandas as pd
 
 from pactlib.book.paths import book_path
 from pactlib.book.records import read_json_lines
+from pactlib.book.site import signed
 
 __all__ = ["IO_FLOOR", "INMEMORY", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "MEMORY_GOAL", "INMEMORY_GOAL",
            "METHODS", "FLOOR_FIELDS", "read_data", "floor_frame", "startup", "memory_frame", "floor_table",
@@ -228,10 +229,10 @@ def _range(values: Sequence[float], fmt: str = "{:.1f}") -> str:
     value reads "−0.42 to +0.05" (typographic minus), so the dash is not taken for a sign."""
     lo, hi = min(values), max(values)
     if fmt.format(lo) == fmt.format(hi):
-        return fmt.format(lo).replace("-", "−")
+        return signed(lo, fmt)
     if lo < 0:
-        sign = lambda v: (fmt.format(v) if v < 0 else "+" + fmt.format(v)).replace("-", "−")  # noqa: E731
-        return f"{sign(lo)} to {sign(hi)}"
+        plus = fmt.replace("{:", "{:+", 1)
+        return f"{signed(lo, plus)} to {signed(hi, plus)}"
     return f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
