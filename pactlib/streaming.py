@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from . import merges
+from . import merges, native
 from .api import resolve_kwargs
 from .checks import CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite, check_state_dict
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
@@ -909,11 +909,26 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 checks.update(out)
             return p, out
 
-        def count(t: int, d: Tensor) -> None:
-            gt.observe(t, d, work=works[t])
+        # the fused C passes (pactlib.native: the same counts and bits) for float32 and up to 255 tasks
+        lib = native.library() if inputs.dtype == torch.float32 and T <= 255 else None
+        nwork = native.merge_workspace(T) if lib is not None else None
 
-        def trim(t: int, d: Tensor) -> None:  # = flat * mask in memory, in place
-            torch.mul(d, gt.mask(t, d, work=works[t]), out=d)
+        def count(t: int, d: Tensor) -> None:
+            if lib is not None:
+                native.digit_hist(lib, d, gt.prefix[t], gt.shift, gt.hist[t])
+            else:
+                gt.observe(t, d, work=works[t])
+
+        def merged(st: Tensor) -> Tensor:
+            """Trim, elect and disjoint mean of one (T, rows…) chunk, its tasks' deltas in ``st``."""
+            if lib is None:
+                trim_stack(gt, st, out=st, work=works[0])
+                return ties_kernel(st, work=kwork)
+            left = torch.tensor(gt.pending_ties(), dtype=torch.int64)
+            out = native.ties_merge(lib, st, torch.tensor(gt.prefix, dtype=torch.int64), left,
+                                    torch.empty(st.shape[1:], dtype=st.dtype), nwork)
+            gt.set_pending_ties(left.tolist())
+            return out
 
         # tasks on ``workers`` threads (their torch kernels single-threaded): every task's counts and
         # mask are its own, so the result does not depend on ``workers``
@@ -934,10 +949,10 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                     writer.write(key, inputs.pre.read(key))
                     continue
                 for rows in inputs.rows(key, True, chunk_bytes):
-                    p, st = chunk(key, rows, False, pool, trim)
+                    p, st = chunk(key, rows, False, pool, lambda t, d: None)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    writer.write(key, apply_update(key, p, ties_kernel(st, work=kwork), alpha))
+                    writer.write(key, apply_update(key, p, merged(st), alpha))
                     del st, p
     finally:
         if spill_dir is not None:

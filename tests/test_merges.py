@@ -98,11 +98,13 @@ def test_ties_exact_counts_with_tied_magnitudes():
 
 def _ties_as_written(stack):
     """M2's election and disjoint mean as the paper writes them: sign(Σt Δt); Δt agrees when
-    sign(Δt) equals it and Δt ≠ 0; int64 counts."""
-    elected = torch.sign(stack.sum(0))
+    sign(Δt) equals it and Δt ≠ 0; int64 counts; sums over tasks in task_sum's order."""
+    from pactlib.merges.ties import task_sum
+
+    elected = torch.sign(task_sum(stack))
     agree = (torch.sign(stack) == elected) & (stack != 0)
     count = agree.sum(0)
-    total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
+    total = task_sum(torch.where(agree, stack, torch.zeros_like(stack)))
     return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
 

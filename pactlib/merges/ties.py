@@ -168,6 +168,28 @@ class GlobalThreshold:
         return torch.tensor(self.prefix[t], dtype=self.int_dtype).view(
             torch.float32 if self.bits == 32 else torch.float64)
 
+    def pending_ties(self) -> list[int]:
+        """How many entries equal to v_t the masking pass still keeps, per task (the masking
+        state that :meth:`mask` advances; :func:`pactlib.native.ties_merge` advances a copy).
+
+        Raises:
+            RuntimeError: the passes are not finished."""
+        if not self.done:
+            raise RuntimeError("GlobalThreshold: passes not finished")
+        if self._left is None:
+            self._left = list(self.rank)
+        return list(self._left)
+
+    def set_pending_ties(self, left: Sequence[int]) -> None:
+        """Continue the masking pass from ``left`` (:meth:`pending_ties` after some chunks).
+
+        Raises:
+            ValueError: not one count per task, or a count below 0 or above the task's ties."""
+        left = [int(x) for x in left]
+        if len(left) != self.tasks or any(not 0 <= x <= r for x, r in zip(left, self.rank)):
+            raise ValueError(f"GlobalThreshold: pending ties {left} for ties {self.rank}")
+        self._left = left
+
     def mask(self, t: int, values: Tensor, *, work: dict | None = None) -> Tensor:
         """The trim mask of the next chunk of task t (chunks must come in position order).
 
@@ -218,10 +240,47 @@ def count_dtype(tasks: int) -> torch.dtype:
     return torch.uint8 if tasks <= 255 else torch.int32
 
 
+def task_sum(stack: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """Σt stack[t] of a (T, …) stack, entry by entry, in one fixed order whatever the entry's
+    position, the chunking, the device and the SIMD width: the rows in blocks of 2^p (p =
+    max(4, ⌈log2 T⌉ / 4)), each block summed in order into the first of four levels, a level
+    passed up when full, the levels added last, and the result added to 0 (ATen's cascade sum
+    over an outer dimension, on all of its columns: ``torch.sum(stack, 0)`` itself sums a
+    chunk's last columns in another order, so its bits would depend on where a chunk ends).
+    Sequential for T ≤ 16. :func:`pactlib.native.ties_merge` sums in the same order.
+
+    ``out``: a tensor of ``stack.shape[1:]`` to write into (not one of the stack's rows)."""
+    T = stack.shape[0]
+    shape = stack.shape[1:]
+    out = torch.zeros(shape, dtype=stack.dtype, device=stack.device) if out is None else out.zero_()
+    if T <= 16:
+        for t in range(T):
+            out += stack[t]
+        return out.add_(0.0)  # 0 + sum: −0 becomes +0, as the cascade's last step
+    levels, power = 4, max(4, (T - 1).bit_length() // 4)
+    step, mask = 1 << power, (1 << power) - 1
+    acc = [out] + [torch.zeros(shape, dtype=stack.dtype, device=stack.device) for _ in range(levels - 1)]
+    i = 0
+    while i + step <= T:
+        for _ in range(step):
+            acc[0] += stack[i]
+            i += 1
+        for lv in range(1, levels):
+            acc[lv] += acc[lv - 1]
+            acc[lv - 1].zero_()
+            if i & (mask << (lv * power)):
+                break
+    for j in range(i, T):
+        acc[0] += stack[j]
+    for lv in range(1, levels):
+        acc[0] += acc[lv]
+    return out.add_(0.0)
+
+
 def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     """Elect + disjoint mean of already trimmed updates (T, …) -> (…).
 
-    The elected sign is sign(Σt trimmed Δt); entries agreeing with it (and non-zero) are averaged;
+    The elected sign is sign(Σt trimmed Δt) (sums over tasks: :func:`task_sum`); entries agreeing with it (and non-zero) are averaged;
     where none agree (or the elected sign is 0) the result is 0. An entry agrees when
     Δt · sign > 0: the same entries as sign(Δt) = sign and Δt ≠ 0 (a sign of 0 agrees with
     none), in two passes instead of four.
@@ -231,10 +290,10 @@ def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
     values), and only the result is a new tensor.
     """
     if work is None:
-        elected = torch.sign(stack.sum(0))
+        elected = torch.sign(task_sum(stack))
         agree = (stack * elected) > 0
         count = agree_count(agree)
-        total = torch.where(agree, stack, torch.zeros_like(stack)).sum(0)
+        total = task_sum(torch.where(agree, stack, torch.zeros_like(stack)))
         return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
     def buf(name: str, shape, dtype: torch.dtype) -> Tensor:
@@ -248,13 +307,13 @@ def ties_kernel(stack: Tensor, *, work: dict | None = None) -> Tensor:
 
     inner = stack.shape[1:]
     zero = torch.zeros((), dtype=stack.dtype, device=stack.device)
-    elected = torch.sum(stack, 0, out=buf("sum", inner, stack.dtype))
+    elected = task_sum(stack, out=buf("sum", inner, stack.dtype))
     torch.sign(elected, out=elected)
     prod = torch.mul(stack, elected, out=buf("signs", stack.shape, stack.dtype))
     agree = torch.gt(prod, 0, out=buf("agree", stack.shape, torch.bool))
     count = agree_count(agree, out=buf("count", inner, count_dtype(stack.shape[0])))
     kept = torch.where(agree, stack, zero, out=prod)
-    total = torch.sum(kept, 0, out=buf("total", inner, stack.dtype))
+    total = task_sum(kept, out=buf("total", inner, stack.dtype))
     some = torch.gt(count, 0, out=buf("some", inner, torch.bool))
     torch.div(total, count.clamp_(min=1), out=total)
     return torch.where(some, total, zero)
