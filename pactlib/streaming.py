@@ -527,6 +527,35 @@ def trim_stack(gt: GlobalThreshold, stack: Tensor, *, out: Tensor | None = None,
     return out
 
 
+def ties_chunk(gt: GlobalThreshold, stack: Tensor, *, work: dict | None = None) -> Tensor:
+    """TIES' D (M2) on the next (T, …) chunk of every task: trimmed as :func:`trim_stack` trims it
+    (chunks in position order), then elected and averaged as
+    :func:`~pactlib.merges.ties.ties_kernel` does; a new tensor of ``stack.shape[1:]``. A float32
+    CPU stack of at most 255 tasks takes one fused pass (:func:`pactlib.native.ties_merge`: the
+    same bits), else the torch expressions, which trim ``stack`` in place when ``work`` is given
+    (``work``: the buffers kept from chunk to chunk, as :func:`trim_stack` and ``ties_kernel``).
+
+    Raises:
+        RuntimeError: the passes are not finished. ValueError: the first dimension is not T.
+    """
+    if stack.shape[0] != gt.tasks:
+        raise ValueError(f"GlobalThreshold: a stack of {stack.shape[0]} rows for {gt.tasks} tasks")
+    fused = stack.dtype == torch.float32 and stack.device.type == "cpu" and gt.tasks <= 255
+    lib = native.library() if fused else None
+    if lib is None:
+        return ties_kernel(trim_stack(gt, stack, out=stack if work is not None else None, work=work), work=work)
+    space = None if work is None else work.get("native")
+    if space is None or space.numel() < native.workspace_size(gt.tasks):
+        space = native.merge_workspace(gt.tasks)
+        if work is not None:
+            work["native"] = space
+    left = torch.tensor(gt.pending_ties(), dtype=torch.int64)
+    out = native.ties_merge(lib, stack, torch.tensor(gt.prefix, dtype=torch.int64), left,
+                            torch.empty(stack.shape[1:], dtype=stack.dtype), space)
+    gt.set_pending_ties(left.tolist())
+    return out
+
+
 def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[str | os.PathLike],
                 out: str | os.PathLike, *, alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
                 names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
@@ -768,8 +797,7 @@ def ties_key(inputs: DeltaReader, key: str, *, k: float, alpha: float, chunk_byt
         return GlobalThreshold.join(parts)
 
     def merged(p: Tensor, st: Tensor, gt: GlobalThreshold) -> Tensor:
-        trimmed = trim_stack(gt, st, out=st, work=work)  # = Δt * trim_mask(Δt) in memory
-        return apply_update(key, p, ties_kernel(trimmed, work=work), alpha)
+        return apply_update(key, p, ties_chunk(gt, st, work=work), alpha)  # Δt * trim_mask(Δt) in memory, then M2
 
     def stack_buffer(rows) -> Tensor:
         out = inputs.stack_buffer(key, rows, work.get("stack"))
@@ -909,26 +937,8 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                 checks.update(out)
             return p, out
 
-        # the fused C passes (pactlib.native: the same counts and bits) for float32 and up to 255 tasks
-        lib = native.library() if inputs.dtype == torch.float32 and T <= 255 else None
-        nwork = native.merge_workspace(T) if lib is not None else None
-
         def count(t: int, d: Tensor) -> None:
-            if lib is not None:
-                native.digit_hist(lib, d, gt.prefix[t], gt.shift, gt.hist[t])
-            else:
-                gt.observe(t, d, work=works[t])
-
-        def merged(st: Tensor) -> Tensor:
-            """Trim, elect and disjoint mean of one (T, rows…) chunk, its tasks' deltas in ``st``."""
-            if lib is None:
-                trim_stack(gt, st, out=st, work=works[0])
-                return ties_kernel(st, work=kwork)
-            left = torch.tensor(gt.pending_ties(), dtype=torch.int64)
-            out = native.ties_merge(lib, st, torch.tensor(gt.prefix, dtype=torch.int64), left,
-                                    torch.empty(st.shape[1:], dtype=st.dtype), nwork)
-            gt.set_pending_ties(left.tolist())
-            return out
+            gt.observe(t, d, work=works[t])
 
         # tasks on ``workers`` threads (their torch kernels single-threaded): every task's counts and
         # mask are its own, so the result does not depend on ``workers``
@@ -952,7 +962,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
                     p, st = chunk(key, rows, False, pool, lambda t, d: None)
                     if p is None:
                         p = inputs.pre.read(key, rows)
-                    writer.write(key, apply_update(key, p, merged(st), alpha))
+                    writer.write(key, apply_update(key, p, ties_chunk(gt, st, work=kwork), alpha))
                     del st, p
     finally:
         if spill_dir is not None:

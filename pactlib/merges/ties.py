@@ -112,7 +112,15 @@ class GlobalThreshold:
         chunk, no selection of the entries first).
 
         ``work``: a dict the caller keeps from call to call; the chunk-sized temporaries then
-        live in its buffers (the same counts)."""
+        live in its buffers (the same counts). A float32 CPU chunk is counted in one fused pass
+        (:func:`pactlib.native.digit_hist`, the same counts) when the C kernels are available."""
+        if self.bits == 32 and values.dtype == torch.float32 and values.device.type == "cpu":
+            from .. import native
+
+            lib = native.library()
+            if lib is not None:
+                native.digit_hist(lib, values.detach(), self.prefix[t], self.shift, self.hist[t])
+                return
         b = self._bits(values, work)
         top = self.shift + self.DIGIT
         if top < self.bits:

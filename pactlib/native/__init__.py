@@ -31,14 +31,14 @@ from torch import Tensor
 
 from ..paths import cache_dir
 
-__all__ = ["ENV", "BLOCK", "library", "digit_hist", "ties_merge", "merge_workspace"]
+__all__ = ["ENV", "BLOCK", "library", "digit_hist", "ties_merge", "merge_workspace", "workspace_size"]
 
 ENV = "PACT_NATIVE"
 SOURCE = Path(__file__).with_name("ties.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c99")
 BLOCK = 512  # positions per block of the merge pass (ties.c)
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _lib: list = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
 
 
@@ -120,7 +120,12 @@ def library() -> ctypes.CDLL | None:
                 lib.pact_digit_hist_f32.restype = None
                 lib.pact_ties_merge_f32.argtypes = [p, i64, i64, i64, p, p, p, p]
                 lib.pact_ties_merge_f32.restype = ctypes.c_int
-                if not _agrees(lib):
+                _lib.append(None)  # the probe's reference runs the torch path
+                try:
+                    ok = _agrees(lib)
+                finally:
+                    _lib.clear()
+                if not ok:
                     lib = None
             _lib.append(lib)
         return _lib[0]
@@ -147,9 +152,14 @@ def digit_hist(lib: ctypes.CDLL, values: Tensor, prefix: int, shift: int, hist: 
     lib.pact_digit_hist_f32(values.data_ptr(), values.numel(), prefix, shift, hist.data_ptr())
 
 
+def workspace_size(tasks: int) -> int:
+    """Floats of scratch :func:`ties_merge` needs for ``tasks`` rows: 2·T·BLOCK + 4·BLOCK."""
+    return 2 * tasks * BLOCK + 4 * BLOCK
+
+
 def merge_workspace(tasks: int) -> Tensor:
-    """The scratch of :func:`ties_merge` for ``tasks`` rows (float32, 2·T·BLOCK + 4·BLOCK)."""
-    return torch.empty(2 * tasks * BLOCK + 4 * BLOCK, dtype=torch.float32)
+    """The scratch of :func:`ties_merge` for ``tasks`` rows (float32, :func:`workspace_size`)."""
+    return torch.empty(workspace_size(tasks), dtype=torch.float32)
 
 
 def ties_merge(lib: ctypes.CDLL, stack: Tensor, thresholds: Tensor, left: Tensor, out: Tensor,
@@ -179,7 +189,7 @@ def ties_merge(lib: ctypes.CDLL, stack: Tensor, thresholds: Tensor, left: Tensor
     for name, x in (("thresholds", thresholds), ("left", left)):
         if x.dtype != torch.int64 or x.numel() != T or not x.is_contiguous():
             raise ValueError(f"{name}: expected {T} contiguous int64 values")
-    if work.numel() < 2 * T * BLOCK + 4 * BLOCK or work.dtype != torch.float32:
+    if work.numel() < workspace_size(T) or work.dtype != torch.float32:
         raise ValueError("work: too small; use merge_workspace(T)")
     lib.pact_ties_merge_f32(stack.data_ptr(), T, n, n, thresholds.data_ptr(), left.data_ptr(),
                             out.data_ptr(), work.data_ptr())

@@ -506,7 +506,7 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
 
     from ..lazy import open_checkpoint
     from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
-    from ..streaming import CHUNK_BYTES, consume_in_order, find_thresholds, observe_stack, trim_stack
+    from ..streaming import CHUNK_BYTES, consume_in_order, find_thresholds, observe_stack, ties_chunk, trim_stack
 
     T = inputs.T
     k = float(params.get("k", m.params["k"]))
@@ -560,10 +560,11 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
     for key in order:  # the merge pass: trim in position order, elect, disjoint mean
         parts = []
         for st in chunks(key, False):
-            trimmed = trim_stack(gt, st)  # = flat * mask in memory
+            if dev is None:
+                parts.append(ties_chunk(gt, st))  # = flat * mask in memory, then M2
+            else:
+                parts.append(ties_kernel(trim_stack(gt, st).to(dev)))
             del st
-            parts.append(ties_kernel(trimmed if dev is None else trimmed.to(dev)))
-            del trimmed
         D[key] = parts[0] if len(parts) == 1 else torch.cat(parts)
     return D
 
