@@ -65,6 +65,24 @@ def test_an_ast_edit_names_the_module(repo):
         "engine changed: pactlib/merges/iso.py (removed)"]
 
 
+def test_a_packages_c_source_is_engine_code(repo):
+    """A package that compiles a C file at run time (pactlib/native): the C file is hashed byte
+    for byte with the package, and any edit to it stales the records."""
+    (repo / "pactlib" / "native").mkdir()
+    (repo / "pactlib" / "native" / "__init__.py").write_text("SOURCE = 'ties.c'\n")
+    (repo / "pactlib" / "native" / "ties.c").write_text("int f(void) { return 1; }\n")
+    (repo / "pactlib" / "native" / "notes.txt").write_text("not code\n")
+    names = [*NAMES, "pactlib.native"]
+    eng = pv.engine(names, repo)
+    assert [m for m in eng["modules"] if "native" in m] == ["pactlib/native/__init__.py", "pactlib/native/ties.c"]
+    assert eng["modules"]["pactlib/native/ties.c"] == pv.sha(b"int f(void) { return 1; }\n")
+    folder = repo / "book" / "records" / "default" / "main" / "05_main_results"
+    pv.write(folder, {"chapter": "05_main_results", "params": {}, "notebook": "nb1", "engine": eng})
+    assert pv.staleness(folder, {}, "nb1", root=repo) == []
+    (repo / "pactlib" / "native" / "ties.c").write_text("int f(void) { return 2; }\n")
+    assert pv.staleness(folder, {}, "nb1", root=repo) == ["engine changed: pactlib/native/ties.c"]
+
+
 def test_params_notebook_lock_and_testbeds_are_named(repo):
     folder = _made(repo, {"seeds": [0, 1, 2], "alpha_points": 5})
     reasons = pv.staleness(folder, {"seeds": [0], "alpha_points": 5, "methods": ["ties"]}, "nb2", root=repo,

@@ -42,7 +42,7 @@ from pactlib.book.records import read_json_object
 from pactlib.io import write_atomic
 
 __all__ = ["sha", "PRESENTATION", "FILE", "strip_docstrings", "ast_hash", "module_file", "engine_modules",
-           "fingerprint", "engine", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
+           "fingerprint", "engine", "code_hash", "COMPILED_SUFFIXES", "notebook_hash", "seeds_of", "write", "read", "staleness", "state", "git_state", "machine",
            "zoo_profile", "zoo_fingerprint", "swap_in", "ZOOS", "CODE_PATHS"]
 
 #: Modules that only read records and draw them, or check parameters (whose values the provenance
@@ -81,6 +81,22 @@ def ast_hash(path: str | os.PathLike) -> str:
     return sha(ast.dump(strip_docstrings(ast.parse(path.read_text(encoding="utf-8"), str(path)))).encode())
 
 
+#: Non-Python sources an engine package compiles at run time (pactlib/native's C file): part of
+#: the engine whenever the package is imported, hashed byte for byte (:func:`code_hash`).
+COMPILED_SUFFIXES = (".c", ".h")
+
+
+def code_hash(path: str | os.PathLike) -> str:
+    """:func:`ast_hash` of a Python file; the sha256 of the bytes of any other source (a C file
+    the engine compiles, :data:`COMPILED_SUFFIXES`).
+
+    Raises:
+        SyntaxError: a Python file does not parse. OSError: the file cannot be read.
+    """
+    path = Path(path)
+    return ast_hash(path) if path.suffix == ".py" else sha(path.read_bytes())
+
+
 def module_file(name: str, root: Path) -> str | None:
     """The repository path (``pactlib/merges/iso.py``) of module ``name`` under ``root``, or None
     when it has no source file there."""
@@ -93,7 +109,8 @@ def module_file(name: str, root: Path) -> str | None:
 
 def engine_modules(names: Iterable[str], root: str | os.PathLike) -> dict[str, str]:
     """``{repository path: ast_hash}`` of the ``pactlib`` modules among ``names`` (e.g. the keys
-    of a kernel's ``sys.modules``), presentation modules (:data:`PRESENTATION`) left out."""
+    of a kernel's ``sys.modules``), presentation modules (:data:`PRESENTATION`) left out, and the
+    C sources in the folder of each package among them (:func:`code_hash`)."""
     root = Path(root)
     out = {}
     for name in names:
@@ -102,6 +119,10 @@ def engine_modules(names: Iterable[str], root: str | os.PathLike) -> dict[str, s
         rel = module_file(name, root)
         if rel is not None and rel not in PRESENTATION:
             out[rel] = ast_hash(root / rel)
+            if rel.endswith("/__init__.py"):  # a package's compiled sources (pactlib/native/ties.c)
+                for src in sorted((root / rel).parent.iterdir()):
+                    if src.suffix in COMPILED_SUFFIXES and src.is_file():
+                        out[src.relative_to(root).as_posix()] = code_hash(src)
     return dict(sorted(out.items()))
 
 
@@ -212,7 +233,7 @@ def staleness(folder: str | os.PathLike, params: Mapping[str, Any], notebook: st
     for rel, h in sorted((eng.get("modules") or {}).items()):
         path = root / rel
         try:
-            now = ast_hash(path) if path.is_file() else None
+            now = code_hash(path) if path.is_file() else None
         except SyntaxError:
             now = "unparsable"
         if now != h:
