@@ -521,6 +521,28 @@ else:
                      "this book cannot say how the two compare; `bench/bench_mergekit.py` writes one."))
 
 # %% [markdown]
+# ### Beside fusion_bench
+#
+# fusion_bench implements the same merges in Python, on state dicts in memory. The goal is that
+# `pactlib.merge` is no slower than it for any method. `bench/bench_fusion_bench.py` builds the
+# same inputs for both and runs fusion_bench in a process of its own, from its own virtual
+# environment. It times only the merge, alternating the two tools, best of the repeats, one
+# thread. Where the definitions differ, the table's note says how.
+
+# %% tags=["bench-data"]
+fb_rows = speed.read_data(speed.FUSION_BENCH)
+fb_table = speed.fusion_bench_table(fb_rows)
+if len(fb_table):
+    plotting.table(fb_table, chapter=8, number=10, floatfmt="{:.3g}",
+                   caption=f"`pactlib.merge` beside fusion_bench on the same state dicts (`book/{speed.FUSION_BENCH}`): "
+                           "best seconds of each, their ratio (below 1: pactlib is faster), whether the results are "
+                           "bit-identical, and the largest difference over the largest update. The notes "
+                           "below say how the definitions differ.")
+    display(Markdown("\n".join(f"- {s}" for s in speed.fusion_bench_findings(fb_table, fb_rows))))
+else:
+    print(f"book/{speed.FUSION_BENCH} not found: run `bench/bench_fusion_bench.py` (it says how to install fusion_bench)")
+
+# %% [markdown]
 # ## Verdict
 #
 # Two halves: the accuracy difference within the tolerance above, and the filter with RSVD taking
