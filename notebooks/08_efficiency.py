@@ -410,8 +410,10 @@ else:
 # per-key TIES rebuilt the same way (`bench/io_floor_profile.md` says where the time went and
 # why). `main-r3` and `after-count` are best-of-three runs of later code; in `after-count` TIES
 # counts the agreeing tasks in bytes, the radix pass uses one bincount, and Task Arithmetic
-# checks its running sum for NaN once per chunk instead of every task's input. For per-key TIES
-# the "before" column is `after-perkey`. `after-trim4` is a variant that was tried and not kept.
+# checks its running sum for NaN once per chunk instead of every task's input. In `native` both
+# TIES run their passes as compiled loops (`pactlib.native`), and sums over tasks take one fixed
+# order; `main-r4` is the code just before, measured in the same sitting. For per-key TIES the
+# "before" column is `after-perkey`. `after-trim4` is a variant that was tried and not kept.
 #
 # A merge that waits for a core adds to its wall time, not to its CPU time, so we give both over
 # the floor; `load1` in the table is the load average when the run began (the `after-count` runs
@@ -430,7 +432,7 @@ from IPython.display import Markdown, display
 from pactlib.book import plotting, speed
 
 io_rows = speed.read_data(speed.IO_FLOOR)
-io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count")  # latest run of each wins
+io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count", "native")  # latest run of each wins
 io_before = ("before", "after-perkey")
 io_now, io_old = speed.floor_frame(io_rows, io_labels), speed.floor_frame(io_rows, io_before)
 if len(io_now):
@@ -466,12 +468,13 @@ else:
 # and the bullet above sets that cost against the floor. Part of Task Arithmetic's system time
 # is the copy of every input byte out of the page cache, which the floor's reader pays too; the
 # bullet on the floor's own kernel time gives, per method, the kernel seconds beyond the floor's
-# (a negative value: less than the floor's own reader spent). TIES spends user
-# time: it reads every input three times (two passes find the global threshold, one merges), and
-# each pass runs every entry through several element-wise operations. A fused histogram kernel,
-# or keeping the deltas in memory when they fit, would be the next step. For Task Arithmetic
-# the next step is to read task t + 1 while task t is added, so that the wall time of the merge
-# phase becomes the larger of the two rather than their sum.
+# (a negative value: less than the floor's own reader spent). TIES reads every input three
+# times: two passes find the global threshold, one merges. Compiling each pass into one loop
+# cut its user time by 2.5–3×, and left it at 7–12× the floor in the merge phase. Three reads
+# already take most of what 4× the floor allows. The next step is two passes: a small sample
+# predicts each task's threshold, so the first pass can find it exactly (the profile note has
+# the numbers and the plan). For Task Arithmetic, reading task t + 1 while task t is added was
+# tried and did not help on this machine.
 #
 # ### The in-memory API against plain torch
 #
@@ -516,6 +519,28 @@ if len(mk_table):
 else:
     display(Markdown("No side-by-side record with mergekit is committed (no `book/data/mergekit*.jsonl`), so "
                      "this book cannot say how the two compare; `bench/bench_mergekit.py` writes one."))
+
+# %% [markdown]
+# ### Beside fusion_bench
+#
+# fusion_bench implements the same merges in Python, on state dicts in memory. The goal is that
+# `pactlib.merge` is no slower than it for any method. `bench/bench_fusion_bench.py` builds the
+# same inputs for both and runs fusion_bench in a process of its own, from its own virtual
+# environment. It times only the merge, alternating the two tools, best of the repeats, one
+# thread. Where the definitions differ, the table's note says how.
+
+# %% tags=["bench-data"]
+fb_rows = speed.read_data(speed.FUSION_BENCH)
+fb_table = speed.fusion_bench_table(fb_rows)
+if len(fb_table):
+    plotting.table(fb_table, chapter=8, number=10, floatfmt="{:.3g}",
+                   caption=f"`pactlib.merge` beside fusion_bench on the same state dicts (`book/{speed.FUSION_BENCH}`): "
+                           "best seconds of each, their ratio (below 1: pactlib is faster), whether the results are "
+                           "bit-identical, and the largest difference over the largest update. The notes "
+                           "below say how the definitions differ.")
+    display(Markdown("\n".join(f"- {s}" for s in speed.fusion_bench_findings(fb_table, fb_rows))))
+else:
+    print(f"book/{speed.FUSION_BENCH} not found: run `bench/bench_fusion_bench.py` (it says how to install fusion_bench)")
 
 # %% [markdown]
 # ## Verdict

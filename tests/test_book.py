@@ -386,6 +386,30 @@ def test_inmemory_findings_and_the_side_by_side_with_mergekit(tmp_path, monkeypa
     assert set(frame["file"]) == {"mergekit_side_by_side.jsonl"}
 
 
+def test_fusion_bench_table_and_findings(tmp_path, monkeypatch):
+    """The last compare record per method, in METHODS order; the goal (no slower) per method,
+    and each record's note on the definitions."""
+    from pactlib.book import speed
+
+    def rec(method, ratio, identical, note=""):
+        return {"kind": "compare", "method": method, "tasks": 8, "matrices": 4, "shape": [512, 1408],
+                "seconds": {"pactlib": ratio, "fusion_bench": 1.0}, "ratio": ratio, "identical": identical,
+                "max_diff_over_update": 0.0 if identical else 1e-5, "note": note}
+
+    rows = [{"kind": "setup"}, rec("iso_c", 2.0, False), rec("task_arithmetic", 0.5, True, "same definition"),
+            rec("iso_c", 0.6, False, "rounding differs"), rec("ties", 1.5, False)]
+    _bench_book(tmp_path, monkeypatch, **{"fusion_bench_side_by_side.jsonl": rows})
+    table = speed.fusion_bench_table(speed.read_data(speed.FUSION_BENCH))
+    assert table.index.tolist() == ["Task Arithmetic", "TIES", "Iso-C"]
+    assert table["pactlib / fusion_bench"].tolist() == [0.5, 1.5, 0.6]
+    assert table["identical"].tolist() == ["yes", "no", "no"]
+    assert speed.fusion_bench_findings(table, rows) == [
+        "pactlib is no slower than fusion_bench for Task Arithmetic (0.50×) and Iso-C (0.60×); it is slower for "
+        "TIES (1.50×) (goal: no slower for any method).",
+        "**Task Arithmetic**: same definition", "**Iso-C**: rounding differs"]
+    assert speed.fusion_bench_findings(speed.fusion_bench_table([])) == []
+
+
 def _compare(method, T, wall, layers=4, **extra):
     return {"kind": "compare", "layers": layers, "method": method, "T": T, "repeats": 3, "pact_wall_s": wall,
             "mergekit_wall_s": 2 * wall, "ratio_wall": 0.5, "ratio_cpu": 0.4, "ratio_peak_rss_mb": 0.25,

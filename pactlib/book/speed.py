@@ -29,9 +29,9 @@ import pandas as pd
 
 from pactlib.book.paths import book_path
 from pactlib.book.records import read_json_lines
-from pactlib.book.site import signed
+from pactlib.book.site import and_join, signed
 
-__all__ = ["IO_FLOOR", "INMEMORY", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "MEMORY_GOAL", "INMEMORY_GOAL",
+__all__ = ["IO_FLOOR", "INMEMORY", "FUSION_BENCH", "fusion_bench_table", "fusion_bench_findings", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "MEMORY_GOAL", "INMEMORY_GOAL",
            "METHODS", "FLOOR_FIELDS", "read_data", "floor_frame", "startup", "memory_frame", "floor_table",
            "plot_floor", "floor_findings", "kernel_floor_findings", "inmemory_table", "inmemory_findings",
            "side_by_side", "side_by_side_table", "side_by_side_findings"]
@@ -39,6 +39,7 @@ __all__ = ["IO_FLOOR", "INMEMORY", "MERGEKIT", "FLOOR_GOALS", "KERNEL_GOAL", "ME
 #: The benchmark records, relative to the book folder (``$PACT_BOOK_DIR``, else ``./book``).
 IO_FLOOR = "data/io_floor.jsonl"
 INMEMORY = "data/inmemory_speed.jsonl"
+FUSION_BENCH = "data/fusion_bench_side_by_side.jsonl"
 #: Side-by-side records with mergekit: every ``book/data/`` file matching this pattern.
 MERGEKIT = "mergekit*.jsonl"
 #: Issue 29's goals: wall time over the I/O floor per streamed method (TIES: both scopes).
@@ -355,6 +356,41 @@ def inmemory_findings(table: pd.DataFrame) -> list[str]:
                    f"`merged_update` {r['update / plain']:.2f}× (goal ≤ {INMEMORY_GOAL:g}×: "
                    f"{'met' if worst <= INMEMORY_GOAL else 'not met'}); the results are "
                    f"{'bit-identical' if r['identical'] == 'yes' else 'not identical'}.")
+    return out
+
+
+def fusion_bench_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per method (the last ``compare`` record of each, :data:`FUSION_BENCH`): the inputs, the
+    best seconds of pactlib and of fusion_bench, their ratio, whether the results are
+    bit-identical and the largest difference relative to the largest update (the records' notes
+    on how the definitions differ: :func:`fusion_bench_findings`)."""
+    last = {r["method"]: r for r in rows if r.get("kind") == "compare"}
+    out = []
+    for m, r in sorted(last.items(), key=lambda kv: _order(kv[0])):
+        s = r.get("seconds") or {}
+        out.append({"method": METHODS.get(m, m), "T": r.get("tasks"),
+                    "matrices": f"{r.get('matrices')} × {' × '.join(str(x) for x in r.get('shape', []))}",
+                    "pactlib s": s.get("pactlib"), "fusion_bench s": s.get("fusion_bench"),
+                    "pactlib / fusion_bench": r.get("ratio"), "identical": "yes" if r.get("identical") else "no",
+                    "max |difference| / max |update|": r.get("max_diff_over_update")})
+    return pd.DataFrame(out).set_index("method") if out else pd.DataFrame()
+
+
+def fusion_bench_findings(table: pd.DataFrame, rows: Iterable[Mapping[str, Any]] = ()) -> list[str]:
+    """Sentences: which methods meet the goal (pactlib no slower than fusion_bench, ratio ≤ 1)
+    and which do not, from :func:`fusion_bench_table`; then, per method of ``rows`` (the same
+    records), the record's note on how the two definitions differ."""
+    if not len(table):
+        return []
+    ratio = table["pactlib / fusion_bench"]
+    fast, slow = ratio[ratio <= 1.0], ratio[ratio > 1.0]
+    out = [f"pactlib is no slower than fusion_bench for {and_join([f'{m} ({x:.2f}×)' for m, x in fast.items()])}"
+           if len(fast) else "pactlib is slower than fusion_bench for every method measured"]
+    if len(slow):
+        out[0] += f"; it is slower for {and_join([f'{m} ({x:.2f}×)' for m, x in slow.items()])}"
+    out[0] += " (goal: no slower for any method)."
+    last = {r["method"]: r for r in rows if r.get("kind") == "compare" and r.get("note")}
+    out += [f"**{METHODS.get(m, m)}**: {r['note']}" for m, r in sorted(last.items(), key=lambda kv: _order(kv[0]))]
     return out
 
 
