@@ -413,7 +413,9 @@ else:
 # checks its running sum for NaN once per chunk instead of every task's input. In `native` both
 # TIES run their passes as compiled loops (`pactlib.native`), and sums over tasks take one fixed
 # order; `main-r4` is the code just before, measured in the same sitting. For per-key TIES the
-# "before" column is `after-perkey`. `after-trim4` is a variant that was tried and not kept.
+# "before" column is `after-perkey`. `after-trim4` and `twopass` are variants that were tried
+# and not kept (`twopass`: two reads of every input instead of three, measured beside `main-r5`;
+# the profile note says why it did not pay).
 #
 # A merge that waits for a core adds to its wall time, not to its CPU time, so we give both over
 # the floor; `load1` in the table is the load average when the run began (the `after-count` runs
@@ -471,10 +473,12 @@ else:
 # (a negative value: less than the floor's own reader spent). TIES reads every input three
 # times: two passes find the global threshold, one merges. Compiling each pass into one loop
 # cut its user time by 2.5–3×, and left it at 7–12× the floor in the merge phase. Three reads
-# already take most of what 4× the floor allows. The next step is two passes: a small sample
-# predicts each task's threshold, so the first pass can find it exactly (the profile note has
-# the numbers and the plan). For Task Arithmetic, reading task t + 1 while task t is added was
-# tried and did not help on this machine.
+# already take most of what 4× the floor allows. Two passes instead of three (a sample predicts
+# each task's threshold, so the first pass finds it exactly) were tried and did not pay: at
+# T = 20 the merge is compute-bound, and the saved read was spent on the sample. For Task
+# Arithmetic, reading task t + 1 while task t is added was tried and did not help on this
+# machine. Importing torch alone takes 1.5–2 s here, 2–9× the floor: no process that imports
+# torch can meet the Task Arithmetic goal on these shapes.
 #
 # ### The in-memory API against plain torch
 #
