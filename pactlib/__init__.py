@@ -10,14 +10,31 @@ import warnings as _warnings
 # the text bars are what the book wants, so the notice is noise in every executed chapter.
 _warnings.filterwarnings("ignore", message="IProgress not found")
 
-from . import merges, peft  # noqa: E402  (pactlib.peft.read_adapter: PEFT adapters, no PEFT needed)
-from .api import merge, merged_update, task_vectors_from
-from .checks import CheckpointError, MergeOverflowError, PrecisionWarning
-from .io import load_state_dict, save_state_dict
-from .matrix import MatrixRule
-from .pact import PactOptions, PactReport, pact_filter
-from .streaming import MergedFiles, merge_files
-from .taskvector import TaskVector
+import importlib as _importlib
+
+#: Public names -> the module that defines them, imported on first use (PEP 562), so that
+#: ``import pactlib`` and ``pact merge`` of Task Arithmetic do not import torch
+#: (:mod:`pactlib.fastpath`).
+_LAZY = {"merge": "api", "merged_update": "api", "task_vectors_from": "api",
+         "CheckpointError": "checks", "MergeOverflowError": "checks", "PrecisionWarning": "checks",
+         "load_state_dict": "io", "save_state_dict": "io", "MatrixRule": "matrix",
+         "PactOptions": "pact", "PactReport": "pact", "pact_filter": "pact",
+         "MergedFiles": "streaming", "merge_files": "streaming", "TaskVector": "taskvector",
+         "merges": None, "peft": None}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'pactlib' has no attribute {name!r}")
+    module = _importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 __all__ = ["CheckpointError", "MatrixRule", "MergeOverflowError", "MergedFiles", "PactOptions", "PrecisionWarning", "PactReport",

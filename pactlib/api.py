@@ -15,7 +15,7 @@ from torch import Tensor
 
 from . import merges
 from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
-                     task_names)
+                     task_names, task_set_warnings)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector, check_compute_dtype, report_buffers
@@ -117,13 +117,11 @@ def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapp
             check_finite(ft, name=nm)
         tvs.append(TaskVector._wrap(d, nm))
         sums.append(s)
-    for tv, s in zip(tvs, sums):
-        if not bool(s.any()) and not any(bool(v.any()) for v in tv.values()):
-            warnings.warn(f"task vector of {tv.name!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
-    for i in range(len(tvs)):
-        for j in range(i + 1, len(tvs)):
-            if torch.equal(sums[i], sums[j]) and all(torch.equal(tvs[i][k], tvs[j][k]) for k in tvs[i]):
-                warnings.warn(f"task vectors of {tvs[i].name!r} and {tvs[j].name!r} are identical", stacklevel=3)
+    nonzero = [bool(s.any()) or any(bool(v.any()) for v in tv.values()) for tv, s in zip(tvs, sums)]
+    same = [(i, j) for i in range(len(tvs)) for j in range(i + 1, len(tvs))
+            if torch.equal(sums[i], sums[j]) and all(torch.equal(tvs[i][k], tvs[j][k]) for k in tvs[i])]
+    for message in task_set_warnings([tv.name for tv in tvs], nonzero, same):
+        warnings.warn(message, stacklevel=3)
     return tvs
 
 
@@ -263,13 +261,10 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
             reducer.add(rule.view(k, d) if matrix else d)  # the reducer keeps d
         r = reducer.result()
         D[k] = rule.unview(k, r, pre.shape) if matrix else r
-    for nm, nz in zip(names, nonzero):
-        if not nz:
-            warnings.warn(f"task vector of {nm!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
-    for i in range(T):
-        for j in range(i + 1, T):
+    same = [(i, j) for i in range(T) for j in range(i + 1, T)
             if torch.equal(sums[i], sums[j]) and all(
-                    torch.equal(finetuned[i][k].to(dtype) - pretrained[k].to(dtype),
-                                finetuned[j][k].to(dtype) - pretrained[k].to(dtype)) for k in floats):
-                warnings.warn(f"task vectors of {names[i]!r} and {names[j]!r} are identical", stacklevel=3)
+                torch.equal(finetuned[i][k].to(dtype) - pretrained[k].to(dtype),
+                            finetuned[j][k].to(dtype) - pretrained[k].to(dtype)) for k in floats)]
+    for message in task_set_warnings(names, nonzero, same):
+        warnings.warn(message, stacklevel=3)
     return TaskVector._wrap(D)

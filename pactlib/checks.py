@@ -13,9 +13,11 @@ import typing
 import warnings
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    from torch import Tensor
+
 
 
 class CheckpointError(ValueError):
@@ -58,6 +60,7 @@ def check_device(device, *, name: str = "device") -> str:
         ValueError: another value, a CUDA device on a machine where torch sees none, or a
             ``cuda:N`` beyond the GPUs present (the message names ``name`` and the value).
     """
+    import torch
     if isinstance(device, torch.device):
         if device.type == "meta":
             raise ValueError(f"{name} {device}: a meta device holds no values to merge")
@@ -144,12 +147,13 @@ def check_state_dict(sd: Mapping[str, Tensor], *, name: str) -> None:
     Raises:
         CheckpointError: not a mapping, empty, or holding a non-tensor value (named).
     """
+    import torch
     if not isinstance(sd, Mapping):
         raise CheckpointError(f"{name}: expected a state dict (mapping str -> Tensor), got {type(sd).__name__}")
     if not sd:
         raise CheckpointError(f"{name}: the state dict is empty")
     for k, v in sd.items():
-        if not isinstance(v, Tensor):
+        if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"{name}: key {k!r} holds a {type(v).__name__}, not a tensor")
 
 
@@ -162,6 +166,7 @@ def check_compatible(reference: Mapping[str, Tensor], other: Mapping[str, Tensor
             name), or a shape mismatch (key and both shapes named), or a floating entry in one
             and a non-floating entry in the other.
     """
+    import torch
     check_state_dict(reference, name=ref_name)
     check_state_dict(other, name=name)
     missing = reference.keys() - other.keys()
@@ -209,12 +214,14 @@ def all_finite(x: Tensor) -> bool:
     values whose sum overflows) is settled entry by entry. Half-precision tensors are summed in
     float32.
     """
+    import torch
     s = x.sum(dtype=torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x.sum()
     return bool(torch.isfinite(s)) or bool(torch.isfinite(x).all())
 
 
 def check_finite(sd: Mapping[str, Tensor], *, name: str) -> None:
     """Raise :class:`CheckpointError` naming the first key (and counts) holding NaN or Inf."""
+    import torch
     for k, v in sd.items():
         if torch.is_floating_point(v) and not all_finite(v):
             n_nan = int(torch.isnan(v).sum())
@@ -254,3 +261,12 @@ def check_task_set(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping
         check_compatible(pretrained, sd, name=nm)
         check_finite(sd, name=nm)
     return names
+
+
+def task_set_warnings(names: Sequence[str], nonzero: Sequence[bool], same) -> list[str]:
+    """What a merge warns about its task set: each task vector that is all zero (fine-tuned ==
+    pre-trained), in task order, then each pair of identical ones. ``same``: the index pairs
+    (i, j), i < j, found identical."""
+    return ([f"task vector of {names[t]!r} is all zero (fine-tuned == pre-trained)"
+             for t, nz in enumerate(nonzero) if not nz]
+            + [f"task vectors of {names[i]!r} and {names[j]!r} are identical" for i, j in sorted(same)])

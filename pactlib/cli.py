@@ -60,13 +60,10 @@ import threading
 import warnings
 from pathlib import Path
 
-from . import merges
-from .api import resolve_kwargs
 from .checks import CheckpointError, check_alpha, check_device
 from .io import load_state_dict
 from .lazy import check_out_suffix, check_out_target, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
-from .streaming import allocator_settings, merge_files, return_freed_memory
 
 
 def parse_literal(text: str):
@@ -218,13 +215,17 @@ def recipe_of(args):
 
 
 def cmd_merge(args) -> int:
-    """``pact merge``; a model folder this run created is removed again when the merge fails."""
-    from . import recipe as rc
+    """``pact merge``; a model folder this run created is removed again when the merge fails.
+    Task Arithmetic on safetensors files runs without torch when :mod:`pactlib.fastpath` takes it."""
+    from .lazy import is_folder_output
 
-    folder = Path(args.out) if rc.is_folder_output(args.out) else None
+    folder = Path(args.out) if is_folder_output(args.out) else None
     new_folder = folder is not None and not folder.exists()
     try:
-        return _merge(args)
+        from .fastpath import try_merge
+
+        status = try_merge(args)  # Task Arithmetic on safetensors files: without torch
+        return _merge(args) if status is None else status
     except BaseException:
         if new_folder and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()  # nothing of this run is left behind
@@ -235,6 +236,8 @@ def _merge(args) -> int:
     import dataclasses
 
     from . import recipe as rc
+    from .api import resolve_kwargs
+    from .streaming import allocator_settings, merge_files, return_freed_memory
 
     r = recipe_of(args)
     # every check that needs no checkpoint, before loading any
@@ -308,6 +311,10 @@ def _merge(args) -> int:
     return 0
 
 
+#: torch's thread count before ``--threads`` changed it (:func:`set_threads`, :func:`main`)
+_threads: dict[str, int] = {}
+
+
 def set_threads(threads: int | None) -> None:
     """``--threads N``: torch's intra-op thread count (None: leave it as it is).
 
@@ -320,10 +327,13 @@ def set_threads(threads: int | None) -> None:
         raise ValueError(f"--threads must be from 1 to 4096, got {threads}")
     import torch
 
+    _threads.setdefault("before", torch.get_num_threads())  # restored by main() for a caller in the same process
     torch.set_num_threads(threads)
 
 
 def cmd_methods(args) -> int:
+    from . import merges
+
     for name in merges.names():
         m = merges.get(name)
         print(f"{name:16s} {m.pretty:16s} params={m.params}  α∈[{m.alphas[0]}, {m.alphas[-1]}]  ({m.reference})")
@@ -374,7 +384,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                    help="a recipe (pact_recipe.yaml, as a folder output writes it; mergekit's field names) giving "
                         "the merge instead of --method/--alpha/--pretrained/--finetuned/--set/...: those are then "
                         "refused; --out, --workers, --threads, --device and --trust-pickle stay flags")
-    m.add_argument("--method", default=None, help=f"one of: {', '.join(merges.names())}")
+    m.add_argument("--method", default=None, help="a merge method: task_arithmetic, ties, tsv_m, iso_c, iso_cts, ... (`pact methods` lists them)")
     m.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter task vectors first")
     m.add_argument("--alpha", type=float, default=None, help="scaling coefficient α")
     m.add_argument("--pretrained", default=None, help="θ0 checkpoint file or model folder")
@@ -475,9 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    import torch
-
-    threads = torch.get_num_threads()  # --threads is the command's: restored for a caller in the same process
+    _threads.clear()  # --threads is the command's: restored for a caller in the same process
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         signum = None
@@ -494,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pact: error: {e}", file=sys.stderr)
             return 2
         finally:
-            torch.set_num_threads(threads)
+            if "before" in _threads:
+                import torch
+
+                torch.set_num_threads(_threads.pop("before"))
     how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
     return 128 + int(signum)

@@ -25,9 +25,11 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    from torch import Tensor
+
 
 from .checks import CheckpointError
 
@@ -63,6 +65,7 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
             but holds pickled Python objects the weights-only loader refuses gets "cannot read
             checkpoint" with the ``pickle.UnpicklingError`` as its ``__cause__``.
     """
+    import torch
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -85,7 +88,7 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     if not isinstance(sd, Mapping):
         raise CheckpointError(f"{path}: expected a state dict, found {type(sd).__name__}")
     for k, v in sd.items():
-        if not isinstance(v, Tensor):
+        if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"{path}: key {k!r} holds a {type(v).__name__}, not a tensor")
     return dict(sd)
 
@@ -116,6 +119,7 @@ def _torch_format_problem(path: Path) -> Exception | None:
     (``PK\\x03\\x04``) holding a ``data.pkl`` that parses as a whole pickle, or the legacy format,
     pickles (first byte 0x80, the PROTO opcode) of which the first holds torch's magic number.
     Only parses the pickles (:func:`pickletools.genops`); nothing in them runs."""
+    import torch
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -159,6 +163,7 @@ class _Capped:
 
 
 def _torch_load_weights(path: Path, mmap: bool):
+    import torch
     if mmap:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -306,10 +311,11 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
         CheckpointError: unknown extension (the supported ones listed) or a non-tensor value,
             before anything is written.
     """
+    import torch
     path = Path(path)
     suffix = check_suffix(path)
     for k, v in sd.items():
-        if not isinstance(v, Tensor):
+        if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")
     if suffix in SAFETENSORS:
         from .safetensors_io import write_safetensors

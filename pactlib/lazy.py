@@ -52,6 +52,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -61,14 +62,19 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    import torch
+    from torch import Tensor
+
 
 from .checks import CheckpointError
 from .io import SAFETENSORS, TORCH, save_state_dict, write_atomic
-from .safetensors_io import DTYPE_NAMES, StreamedFile, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
+from .safetensors_io import StreamedFile, dtype_name, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
+
+log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".index.json"
 #: Read descriptors a :class:`LazyCheckpoint` keeps open (its most recently read files)
@@ -178,6 +184,7 @@ class LazyCheckpoint:
 
     def meta(self) -> dict[str, Tensor]:
         """{key: an empty ``meta`` tensor of the key's shape and dtype}, in order."""
+        import torch
         return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in self._entries.items()}
 
     def read(self, key: str, rows: tuple[int, int] | None = None, *, dim: int = 0,
@@ -199,6 +206,7 @@ class LazyCheckpoint:
             CheckpointError: the file can no longer be read, or is shorter than its header says
                 (naming it and the key).
         """
+        import torch
         try:
             e = self._entries[key]
         except KeyError:
@@ -297,7 +305,7 @@ class LazyCheckpoint:
             self.close()
 
 
-Loader = Callable[[Path], Mapping[str, Tensor]]
+Loader = Callable[[Path], Mapping[str, "Tensor"]]
 
 
 def conversion_cache_dir() -> Path:
@@ -385,6 +393,7 @@ def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
         FileNotFoundError: no such file.
         CheckpointError: as ``loader`` (default :func:`default_loader`), naming the file.
     """
+    import torch
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -404,9 +413,9 @@ def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
     sd = loader(path)
     entries = []
     for k, v in sd.items():
-        if not isinstance(v, Tensor):
+        if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"{path}: key {k!r} holds a {type(v).__name__}, not a tensor")
-        if v.dtype not in DTYPE_NAMES:
+        if dtype_name(v.dtype) is None:
             raise CheckpointError(f"{path}: key {k!r} has dtype {v.dtype}, which safetensors cannot store")
         entries.append((k, tuple(v.shape), v.dtype))
     try:
@@ -471,6 +480,11 @@ def folder_checkpoint(folder: str | os.PathLike) -> Path:
         if (folder / f).is_file():
             return folder / f
     raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}")
+
+
+def is_folder_output(out: str | os.PathLike) -> bool:
+    """Whether ``--out`` names a model folder: a trailing ``/`` or an existing folder."""
+    return str(out).endswith(("/", os.sep)) or Path(out).is_dir()
 
 
 def checkpoint_files(path: str | os.PathLike) -> list[Path]:
@@ -681,6 +695,29 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
     return sorted(removed)
 
 
+def spill_prefix(out: str | os.PathLike) -> str:
+    """The name prefix of global TIES' spill folder next to ``out`` (removed by the next run when
+    a killed one left it: :func:`finish_output`)."""
+    return f".{Path(out).name}.spill-"
+
+
+def finish_output(out: str | os.PathLike, files: Sequence[str | os.PathLike]) -> list[Path]:
+    """After ``files`` were published as ``out``: :func:`remove_stale_outputs`, and the spill
+    folders of killed global-TIES runs under that name (:func:`spill_prefix`); said in the log.
+    Returns what was removed."""
+    import shutil
+
+    out = Path(out)
+    stale = remove_stale_outputs(out, files)
+    for d in out.parent.glob(glob.escape(spill_prefix(out)) + "*"):
+        shutil.rmtree(d, ignore_errors=True)
+        stale.append(d)
+    if stale:
+        log.info("%s: removed %d file(s) of an earlier output or an interrupted run: %s", out, len(stale),
+                 ", ".join(p.name for p in stale[:5]))
+    return stale
+
+
 def _is_live(f: Path) -> bool:
     """Whether a writer holds the temporary file ``f`` open (its ``flock``, :func:`pactlib.io.new_temp`)."""
     try:
@@ -771,18 +808,20 @@ class CheckpointWriter:
         out: ``*.safetensors`` (one file, or shards + index when the keys exceed
             ``max_shard_size``), ``*.safetensors.index.json`` (always sharded) or a torch file
             (collected in memory, saved on commit).
-        entries: (key, shape, dtype) of every key, in the order they will be written.
+        entries: (key, shape, dtype) of every key, in the order they will be written; the dtype
+            a torch dtype or a safetensors name (``"F32"``; not for a torch file).
         max_shard_size: bytes (or ``"2GB"``, :func:`parse_size`) per shard; a tensor larger than
             that gets a shard of its own.
         metadata: safetensors ``__metadata__`` (default ``{"format": "pt"}``, as Hugging Face
             writes).
 
-    ``write(key, tensor)`` takes a key whole or in consecutive chunks along its first dimension;
+    ``write(key, tensor)`` takes a key whole or in consecutive chunks along its first dimension
+    (``write_bytes(key, data)`` the same as bytes);
     ``commit()`` publishes the files and returns them (the index last); leaving the ``with``
     block without a commit (an error, an interrupt) removes every temporary file.
     """
 
-    def __init__(self, out: str | os.PathLike, entries: Sequence[tuple[str, Sequence[int], torch.dtype]], *,
+    def __init__(self, out: str | os.PathLike, entries: Sequence[tuple[str, Sequence[int], torch.dtype | str]], *,
                  max_shard_size: int | str | None = None, metadata: Mapping[str, str] | None = None):
         if sys.byteorder != "little":
             raise RuntimeError("safetensors data is little-endian; this machine is not")
@@ -790,7 +829,7 @@ class CheckpointWriter:
         self.kind = check_out_suffix(self.out, max_shard_size)
         self.entries = [(k, tuple(int(s) for s in shape), dtype) for k, shape, dtype in entries]
         for k, _, dtype in self.entries:
-            if dtype not in DTYPE_NAMES:
+            if dtype_name(dtype) is None:
                 raise CheckpointError(f"cannot write key {k!r}: dtype {dtype} has no safetensors name")
         self.metadata = {"format": "pt"} if metadata is None else dict(metadata)
         self._sizes = {k: tensor_bytes(s, d) for k, s, d in self.entries}
@@ -843,6 +882,27 @@ class CheckpointWriter:
         Raises:
             ValueError: a key out of order, a wrong dtype, or more bytes than the key holds.
         """
+        i = self._advance(key, tensor.numel() * tensor.element_size(), tensor.dtype)
+        if i is None:
+            self._memory.setdefault(key, []).append(tensor.detach().clone())
+        else:
+            self.files[i].write(tensor)
+
+    def write_bytes(self, key: str, data) -> None:
+        """Append ``data``, a bytes-like object holding the next bytes of ``key`` (all of it, or
+        its next rows, in the declared dtype, little-endian), to a safetensors output: the
+        writer of callers that hold no tensors.
+
+        Raises:
+            ValueError: a torch output; a key out of order, or more bytes than the key holds.
+        """
+        if self._memory is not None:
+            raise ValueError(f"writer: {self.out} is a torch file; write tensors to it")
+        self.files[self._advance(key, len(memoryview(data).cast("B")), None)].write_bytes(data)
+
+    def _advance(self, key: str, n: int, dtype) -> int | None:
+        """Account ``n`` more bytes of ``key`` (of ``dtype``; None: unchecked); the index of the
+        file they go to (its shard open, the previous closed), or None for a torch output."""
         if self._pos < 0 or key != self.entries[self._pos][0]:  # the next key (a key is written once)
             if self._pos >= 0 and self._done != self._sizes[self.entries[self._pos][0]]:
                 raise ValueError(f"writer: key {self.entries[self._pos][0]!r} is incomplete")
@@ -850,24 +910,22 @@ class CheckpointWriter:
             self._done = 0
             if self._pos >= len(self.entries):
                 raise ValueError(f"writer: key {key!r} after the last declared key")
-        name, shape, dtype = self.entries[self._pos]
+        name, shape, declared = self.entries[self._pos]
         if key != name:
             raise ValueError(f"writer: expected key {name!r}, got {key!r}")
-        if tensor.dtype != dtype:
-            raise ValueError(f"writer: key {key!r} declared {dtype}, got {tensor.dtype}")
-        n = tensor.numel() * tensor.element_size()
+        if dtype is not None and dtype_name(dtype) != dtype_name(declared):
+            raise ValueError(f"writer: key {key!r} declared {declared}, got {dtype}")
         if self._done + n > self._sizes[key]:
             raise ValueError(f"writer: key {key!r} gets more than its {tuple(shape)} entries")
         self._done += n
         if self._memory is not None:
-            self._memory.setdefault(key, []).append(tensor.detach().clone())
-            return
+            return None
         i = self._file_of[key]
         while self._current < i:  # finish the previous shard, start this one
             if self._current >= 0:
                 self.files[self._current].close()
             self._current += 1
-        self.files[i].write(tensor)
+        return i
 
     def commit(self) -> list[Path]:
         """Check that every key was written, then publish the files (index last); return them.
@@ -880,6 +938,8 @@ class CheckpointWriter:
             missing = [e[0] for e in self.entries[max(written, 0):]]
             raise ValueError(f"writer: {len(missing)} key(s) not written, e.g. {missing[:3]}")
         if self._memory is not None:
+            import torch
+
             sd = {}
             for k, shape, _ in self.entries:
                 parts = self._memory.pop(k)

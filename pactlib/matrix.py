@@ -24,9 +24,12 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Literal
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    import torch
+    from torch import Tensor
+
 
 Kind = Literal["matrix", "other", "buffer"]
 
@@ -82,6 +85,7 @@ class MatrixRule:
 
     def kind(self, key: str, tensor: Tensor) -> Kind:
         """Classify one entry. Returns ``"matrix"``, ``"other"`` or ``"buffer"``."""
+        import torch
         if not torch.is_floating_point(tensor):
             return "buffer"
         if tensor.ndim < 2 or any(re.search(p, key) for p in self.not_matrix):

@@ -58,7 +58,7 @@ from pathlib import Path
 from . import merges
 from .checks import CheckpointError
 from .io import atomic_write
-from .lazy import FOLDER_ORDER, checkpoint_files, parse_size
+from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, parse_size  # noqa: F401 (is_folder_output: here too)
 from .matrix import PRESETS
 from .pact import MODES, PactOptions
 
@@ -489,11 +489,6 @@ def check_sha256(recipe: Recipe, *, where: str = "recipe") -> dict[str, str]:
 
 
 # -- the model folder ------------------------------------------------------------------------------
-
-def is_folder_output(out: str) -> bool:
-    """Whether ``--out`` names a model folder: a trailing ``/`` or an existing folder."""
-    return str(out).endswith(("/", os.sep)) or Path(out).is_dir()
-
 
 def base_folder(pretrained: str | os.PathLike) -> Path | None:
     """The model folder of θ0 whose non-weight files a folder output copies: θ0 itself when it

@@ -10,37 +10,73 @@ writes, byte for byte (:func:`write_safetensors`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    import torch
+    from torch import Tensor
+
+    Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
 
-#: safetensors' dtype names, in the order its writer lays tensors out (largest dtype first, then
-#: by name): the order of the Rust ``Dtype`` enum, descending.
-ORDER: tuple[tuple[torch.dtype, str], ...] = (
-    (torch.uint64, "U64"), (torch.int64, "I64"), (torch.float64, "F64"), (torch.complex64, "C64"),
-    (torch.float32, "F32"), (torch.uint32, "U32"), (torch.int32, "I32"), (torch.bfloat16, "BF16"),
-    (torch.float16, "F16"), (torch.uint16, "U16"), (torch.int16, "I16"), (torch.float8_e4m3fn, "F8_E4M3"),
-    (torch.float8_e5m2, "F8_E5M2"), (torch.int8, "I8"), (torch.uint8, "U8"), (torch.bool, "BOOL"))
-#: name -> torch dtype, and back
-DTYPES: dict[str, torch.dtype] = {name: d for d, name in ORDER}
-DTYPE_NAMES: dict[torch.dtype, str] = dict(ORDER)
-_RANK = {d: i for i, (d, _) in enumerate(ORDER)}
+#: safetensors' dtype names with their sizes in bytes, in the order its writer lays tensors out
+#: (largest dtype first, then by name): the order of the Rust ``Dtype`` enum, descending.
+NAMES: tuple[tuple[str, int], ...] = (
+    ("U64", 8), ("I64", 8), ("F64", 8), ("C64", 8), ("F32", 4), ("U32", 4), ("I32", 4), ("BF16", 2),
+    ("F16", 2), ("U16", 2), ("I16", 2), ("F8_E4M3", 1), ("F8_E5M2", 1), ("I8", 1), ("U8", 1), ("BOOL", 1))
+#: safetensors name -> bytes per entry
+ITEMSIZE: dict[str, int] = dict(NAMES)
+#: the torch dtype of each name of :data:`NAMES`, by its attribute name in torch
+_TORCH = ("uint64", "int64", "float64", "complex64", "float32", "uint32", "int32", "bfloat16", "float16", "uint16",
+          "int16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8", "bool")
+#: the names of the floating dtypes (``torch.is_floating_point``)
+FLOATS = frozenset({"F64", "F32", "BF16", "F16", "F8_E4M3", "F8_E5M2"})
 
-Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+@functools.cache
+def torch_tables() -> tuple[tuple, dict, dict, dict]:
+    """``(ORDER, DTYPES, DTYPE_NAMES, RANK)``: :data:`NAMES` with torch dtypes (torch is imported
+    here, on first use): ((dtype, name), ...) in the writer's order, name -> dtype, dtype -> name,
+    dtype -> position."""
+    import torch
+
+    order = tuple((getattr(torch, t), n) for t, (n, _) in zip(_TORCH, NAMES))
+    return order, {n: d for d, n in order}, dict(order), {d: i for i, (d, _) in enumerate(order)}
 
 
-def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
-    """Bytes of a tensor of ``shape`` and ``dtype``."""
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+def __getattr__(name: str):
+    """``ORDER``, ``DTYPES`` and ``DTYPE_NAMES`` (:func:`torch_tables`), built when first asked for."""
+    tables = ("ORDER", "DTYPES", "DTYPE_NAMES")
+    if name in tables:
+        return torch_tables()[tables.index(name)]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def dtype_name(dtype) -> str | None:
+    """The safetensors name of ``dtype`` (a torch dtype, or already a name of :data:`ITEMSIZE`);
+    None when safetensors has none."""
+    if isinstance(dtype, str):
+        return dtype if dtype in ITEMSIZE else None
+    return torch_tables()[2].get(dtype)
+
+
+def tensor_bytes(shape: Sequence[int], dtype) -> int:
+    """Bytes of a tensor of ``shape`` and ``dtype`` (a torch dtype or a safetensors name).
+
+    Raises:
+        KeyError: a dtype safetensors has no name for."""
+    name = dtype_name(dtype)
+    if name is None:
+        raise KeyError(f"dtype {dtype} has no safetensors name")
+    return math.prod(shape) * ITEMSIZE[name]
 
 
 def tensor_bytes_view(t: Tensor) -> memoryview:
@@ -52,16 +88,17 @@ def tensor_bytes_view(t: Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr()))
 
 
-def header_bytes(entries: Sequence[tuple[str, Sequence[int], torch.dtype]],
+def header_bytes(entries: Sequence[tuple[str, Sequence[int], torch.dtype | str]],
                  metadata: Mapping[str, str] | None) -> bytes:
-    """The length prefix and header of a file holding ``entries`` (key, shape, dtype) in that order.
+    """The length prefix and header of a file holding ``entries`` (key, shape, dtype: a torch
+    dtype or a safetensors name) in that order.
 
     Raises:
         CheckpointError: a dtype safetensors cannot store, or metadata that is not str -> str.
     """
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise CheckpointError(f"safetensors metadata must map str to str, got {dict(metadata)!r:.200}")
-    bad = sorted({str(d) for _, _, d in entries if d not in DTYPE_NAMES})
+    bad = sorted({str(d) for _, _, d in entries if dtype_name(d) is None})
     if bad:
         raise CheckpointError(f"safetensors cannot store dtype(s) {', '.join(bad)}")
     header: dict = {}
@@ -70,7 +107,7 @@ def header_bytes(entries: Sequence[tuple[str, Sequence[int], torch.dtype]],
     off = 0
     for key, shape, dtype in entries:
         n = tensor_bytes(shape, dtype)
-        header[key] = {"dtype": DTYPE_NAMES[dtype], "shape": [int(s) for s in shape], "data_offsets": [off, off + n]}
+        header[key] = {"dtype": dtype_name(dtype), "shape": [int(s) for s in shape], "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
@@ -93,7 +130,7 @@ def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
             layout: Layout = {}
             for key in f.offset_keys():
                 sl = f.get_slice(key)
-                dtype = DTYPES.get(sl.get_dtype())
+                dtype = torch_tables()[1].get(sl.get_dtype())
                 if dtype is None:
                     raise ValueError(f"key {key!r}: unsupported dtype {sl.get_dtype()!r}")
                 layout[key] = (tuple(int(s) for s in sl.get_shape()), dtype)
@@ -119,6 +156,38 @@ def read_offsets(path: str | os.PathLike) -> dict[str, int]:
     return {k: 8 + n + int(v["data_offsets"][0]) for k, v in header.items() if k != "__metadata__"}
 
 
+def read_entries(path: str | os.PathLike) -> tuple[dict[str, tuple[tuple[int, ...], str, int]], dict[str, str]]:
+    """({key: (shape, safetensors dtype name, absolute byte offset of its data)} in the order of
+    the data, metadata) of a safetensors file, from its header alone, without torch: the header
+    must describe the file exactly (known dtypes, each entry's size its shape's, the entries
+    back to back from the start of the data to the end of the file, no empty entry).
+
+    Raises:
+        CheckpointError: the file cannot be read, or its header is not such a header (naming the
+            file; :func:`read_layout` reads what this refuses, through safetensors' own reader).
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > size - 8:
+                raise ValueError(f"a header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None) or {}
+        entries = sorted(((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k, tuple(int(d) for d in v["shape"]),
+                           v["dtype"]) for k, v in header.items()), key=lambda e: e[:2])
+        at = 0
+        for begin, end, k, shape, dtype in entries:
+            if dtype not in ITEMSIZE or begin != at or end - begin != math.prod(shape) * ITEMSIZE[dtype] or end == begin:
+                raise ValueError(f"key {k!r}: {dtype} {list(shape)} at bytes [{begin}, {end}) after {at}")
+            at = end
+        if 8 + n + at != size or not all(isinstance(v, str) for v in meta.values()):
+            raise ValueError(f"the entries end at byte {8 + n + at} of a file of {size}")
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error) as e:
+        raise CheckpointError(f"{path}: not a plain safetensors file ({type(e).__name__}: {str(e)[:200]})") from e
+    return {k: (shape, dtype, 8 + n + begin) for begin, _, k, shape, dtype in entries}, dict(meta)
+
+
 class StreamedFile:
     """One safetensors file written tensor by tensor, in the declared order, into a temporary
     file beside ``path`` (:func:`pactlib.io.new_temp`: locked while open, so no clean-up takes it
@@ -128,7 +197,7 @@ class StreamedFile:
         OutputError: a write or the flush failed (a full disk), naming ``path``.
     """
 
-    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]],
+    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype | str]],
                  metadata: Mapping[str, str] | None):
         self.path, self.entries, self.metadata = Path(path), entries, metadata
         self.tmp: Path | None = None
@@ -147,11 +216,15 @@ class StreamedFile:
 
     def write(self, data: Tensor) -> None:
         """Append ``data``'s bytes (a whole tensor, or its next rows)."""
+        flat = data.detach().cpu().contiguous().reshape(-1)
+        self.write_bytes(tensor_bytes_view(flat))  # in place, no numpy
+
+    def write_bytes(self, data) -> None:
+        """Append ``data`` (a bytes-like object: the next bytes of the tensors, in order)."""
         if self._f is None:
             self.open()
-        flat = data.detach().cpu().contiguous().reshape(-1)
-        if flat.numel():
-            self._put(tensor_bytes_view(flat))  # in place, no numpy
+        if len(data):
+            self._put(data)
 
     def close(self) -> None:
         """Flush the file to disk (it stays open, and locked, until published)."""
@@ -186,10 +259,11 @@ def write_safetensors(sd: Mapping[str, Tensor], path: str | os.PathLike, *,
             (before anything is written).
         OutputError: the write failed (naming ``path``; nothing is left behind).
     """
-    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in _RANK})
+    rank = torch_tables()[3]
+    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in rank})
     if bad:
         raise CheckpointError(f"{path}: safetensors cannot store dtype(s) {', '.join(bad)}")
-    keys = sorted(sd, key=lambda k: (_RANK[sd[k].dtype], k))
+    keys = sorted(sd, key=lambda k: (rank[sd[k].dtype], k))
     try:
         f = StreamedFile(Path(path), [(k, tuple(sd[k].shape), sd[k].dtype) for k in keys], metadata)
         f.open()

@@ -47,7 +47,6 @@ with it.
 """
 from __future__ import annotations
 
-import glob
 import logging
 import contextlib
 import math
@@ -67,9 +66,10 @@ from torch import Tensor
 
 from . import merges, native
 from .api import resolve_kwargs
-from .checks import CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite, check_state_dict
+from .checks import (CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite,
+                     check_state_dict, task_set_warnings)
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
-                   open_checkpoint, output_lock, remove_stale_outputs)
+                   finish_output, open_checkpoint, output_lock, spill_prefix)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.driver import RunningSum
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
@@ -115,11 +115,8 @@ class _TaskChecks:
         return _KeyProbe(self)
 
     def warn(self) -> None:
-        for t, nz in enumerate(self.nonzero):
-            if not nz:
-                warnings.warn(f"task vector of {self.names[t]!r} is all zero (fine-tuned == pre-trained)", stacklevel=3)
-        for i, j in sorted(self.same):
-            warnings.warn(f"task vectors of {self.names[i]!r} and {self.names[j]!r} are identical", stacklevel=3)
+        for message in task_set_warnings(self.names, self.nonzero, self.same):
+            warnings.warn(message, stacklevel=3)
 
 
 class _KeyProbe:
@@ -685,13 +682,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
                 log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
             files = writer.commit()
-        stale = remove_stale_outputs(out, files)
-        for d in out.parent.glob(glob.escape(_spill_prefix(out)) + "*"):  # TIES' spill folders of killed runs
-            shutil.rmtree(d, ignore_errors=True)
-            stale.append(d)
-        if stale:
-            log.info("%s: removed %d file(s) of an earlier output or an interrupted run: %s", out, len(stale),
-                     ", ".join(p.name for p in stale[:5]))
+        finish_output(out, files)  # an earlier output's files, TIES' spill folders of killed runs
         return MergedFiles(writer.path, files, inputs.T, report)
 
 
@@ -837,12 +828,6 @@ def ties_key(inputs: DeltaReader, key: str, *, k: float, alpha: float, chunk_byt
     return outs
 
 
-def _spill_prefix(out: Path) -> str:
-    """The name prefix of global TIES' spill folder next to ``out`` (removed by the next run when
-    a killed one left it)."""
-    return f".{out.name}.spill-"
-
-
 def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,
                  workers, chunk_bytes, dev: torch.device | None, out: Path) -> None:
     T = inputs.T
@@ -853,7 +838,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
     sel = [key for key in inputs.floats if key in selected]
     gt = GlobalThreshold(T, trim_count(N, k), inputs.dtype)
-    spill_dir = Path(tempfile.mkdtemp(prefix=_spill_prefix(out), dir=out.parent)) if sel else None
+    spill_dir = Path(tempfile.mkdtemp(prefix=spill_prefix(out), dir=out.parent)) if sel else None
     try:
         spill = None
         if sel:

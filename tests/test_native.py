@@ -177,3 +177,30 @@ def test_streamed_ties_is_the_same_with_and_without_native(tmp_path, monkeypatch
         got = load_file(out)
         for key in mem:
             assert torch.equal(_bits(got[key]), _bits(mem[key])), (key, use, chunk_bytes, workers)
+
+
+@pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_deltas_of_raw_bytes_are_torchs_with_value_equality_for_identical_pairs(dtype, code):
+    import ctypes
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(5)
+    pre = torch.randn(1000, generator=g).to(dtype)
+    fts = [(pre.float() + 0.1 * torch.randn(1000, generator=g)).to(dtype) for _ in range(3)]
+    pre[7] = fts[0][7] = 0.0
+    fts.append(fts[0].clone())  # task 3 equals task 0 as values: its Δ[7] is −0, task 0's +0
+    fts[3][7] = -0.0
+    fts.append(pre.clone())  # task 4 is all zero
+    T = len(fts)
+    addrs = (ctypes.c_void_p * T)(*(f.data_ptr() for f in fts))
+    codes = (ctypes.c_int32 * T)(*([native.CODES[code]] * T))
+    nonzero, same = (ctypes.c_uint8 * T)(), (ctypes.c_uint8 * (T * T))(*([1] * (T * T)))
+    stack = torch.empty(T, 1000)
+    lib.pact_deltas(pre.data_ptr(), native.CODES[code], addrs, codes, T, 1000, stack.data_ptr(), nonzero, same, 1)
+    want = torch.stack([f.float() - pre.float() for f in fts])
+    assert torch.equal(want.view(torch.int32), stack.view(torch.int32))
+    assert list(nonzero) == [1, 1, 1, 1, 0]
+    pairs = {(i, k) for i in range(T) for k in range(i + 1, T) if same[i * T + k]}
+    assert pairs == {(i, k) for i in range(T) for k in range(i + 1, T) if torch.equal(want[i], want[k])} == {(0, 3)}

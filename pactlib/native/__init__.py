@@ -1,4 +1,5 @@
-"""Fused CPU passes of the streamed global TIES (book/method.md, M2), in C.
+"""Fused CPU passes of the streamed global TIES (book/method.md, M2) and of Task Arithmetic
+(M1), and task vectors of raw checkpoint bytes, in C.
 
 The streamed TIES (:mod:`pactlib.streaming`) makes three passes over every task vector: two
 radix-histogram passes find each task's trim threshold, the third trims, elects and averages.
@@ -7,15 +8,22 @@ chunk (``ties.c``), with the same integers and the same float32 bits as the torc
 (:class:`pactlib.merges.ties.GlobalThreshold`, :func:`pactlib.merges.ties.ties_kernel`;
 tests/test_native.py compares them bit for bit).
 
-The C file is compiled on first use with the system C compiler (``$CC``, else ``cc``) for this
+``task_arithmetic.c`` merges Task Arithmetic over raw checkpoint bytes (float32, bfloat16,
+float16) with the torch path's float32 operations in its order: :mod:`pactlib.fastpath` runs
+``pact merge`` with it and without torch.
+
+The C files are compiled on first use with the system C compiler (``$CC``, else ``cc``) for this
 CPU (``-march=native``; no ``-ffast-math``, no contraction into fused multiply-adds) into the
 cache (:func:`pactlib.paths.cache_dir` ``/native``, named by the hash of the source, the
 compiler and the CPU; written atomically) and loaded with :mod:`ctypes`, which releases the GIL during each call.
 Without a compiler, when the compilation fails, or with ``PACT_NATIVE=0``, :func:`library`
-returns None and the callers keep the torch path (the same results, slower).
+returns None and the callers keep the torch path (the same results, slower). A library that
+passed the probe is marked so in the cache; :func:`compiled` loads a marked library without
+torch (and without the probe), else returns None.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -25,21 +33,26 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
+    from torch import Tensor
 
 from ..paths import cache_dir
 
-__all__ = ["ENV", "BLOCK", "library", "digit_hist", "ties_merge", "merge_workspace", "workspace_size"]
+__all__ = ["ENV", "BLOCK", "CODES", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
+           "workspace_size", "task_arithmetic"]
 
 ENV = "PACT_NATIVE"
-SOURCE = Path(__file__).with_name("ties.c")
+SOURCES = (Path(__file__).with_name("ties.c"), Path(__file__).with_name("task_arithmetic.c"))
+#: the dtype codes of task_arithmetic.c, by safetensors name
+CODES = {"F32": 0, "BF16": 1, "F16": 2}
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c99")
 BLOCK = 512  # positions per block of the merge pass (ties.c)
 
 _lock = threading.RLock()
 _lib: list = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
+_plain: list = []  # the same for compiled(): the marked library, loaded without the probe
 
 
 def _compiler() -> str | None:
@@ -57,20 +70,25 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(ln for ln in info if ln.split(":")[0].strip() in ("model name", "flags")))
 
 
-def _build(cc: str) -> Path:
-    """Compile ``ties.c`` into the cache (once per source and compiler) and return the library."""
-    src = SOURCE.read_bytes()
+def _path(cc: str) -> Path:
+    """Where the library of these sources, this compiler, these flags and this CPU lives."""
+    src = b"".join(f.read_bytes() for f in SOURCES)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(src + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
-    folder = cache_dir("native")
-    lib = folder / f"ties-{key}.so"
+    return cache_dir("native") / f"ties-{key}.so"
+
+
+def _build(cc: str) -> Path:
+    """Compile the C files into the cache (once per source and compiler) and return the library."""
+    lib = _path(cc)
     if lib.is_file():
         return lib
+    folder = lib.parent
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".ties-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=True)
+        subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, check=True)
         os.replace(tmp, lib)  # atomic: a concurrent build writes the same bytes under its own name
     finally:
         if os.path.exists(tmp):
@@ -78,9 +96,24 @@ def _build(cc: str) -> Path:
     return lib
 
 
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of the library's functions."""
+    i64, i32, p = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    lib.pact_digit_hist_f32.argtypes = [p, i64, i64, i32, p]
+    lib.pact_digit_hist_f32.restype = None
+    lib.pact_ties_merge_f32.argtypes = [p, i64, i64, i64, p, p, p, p]
+    lib.pact_ties_merge_f32.restype = ctypes.c_int
+    lib.pact_task_arithmetic.argtypes = [p, i32, p, p, i64, i64, ctypes.c_float, p, p, p, i32]
+    lib.pact_task_arithmetic.restype = i64
+    lib.pact_deltas.argtypes = [p, i32, p, p, i64, i64, p, p, p, i32]
+    lib.pact_deltas.restype = None
+    return lib
+
+
 def _agrees(lib: ctypes.CDLL) -> bool:
     """Whether the kernels give the torch path's bits on a probe (20 tasks, 3001 entries, ties and
     signed zeros), checked once per process: a compiler that breaks IEEE arithmetic is not used."""
+    import torch
     from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
 
     g = torch.Generator().manual_seed(0)
@@ -98,28 +131,60 @@ def _agrees(lib: ctypes.CDLL) -> bool:
         b.end_pass()
     want = ties_kernel(torch.stack([st[t] * a.mask(t, st[t]) for t in range(T)]))
     got = ties_merge(lib, st, torch.tensor(b.prefix), torch.tensor(b.rank), torch.empty(n), merge_workspace(T))
-    return torch.equal(want.view(torch.int32), got.view(torch.int32))
+    return torch.equal(want.view(torch.int32), got.view(torch.int32)) and _task_arithmetic_agrees(lib, st)
+
+
+def _task_arithmetic_agrees(lib: ctypes.CDLL, st: Tensor) -> bool:
+    """Whether :func:`task_arithmetic` gives the torch path's bits (RunningSum, then
+    ``TaskVector.apply_to``) on the probe's values, in each dtype, overflows counted alike, and
+    ``pact_deltas`` the bits of θt − θ0."""
+    import torch
+
+    for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")):
+        x = (st / 1000).to(dtype)
+        pre, fts = x[0].contiguous(), [x[t].contiguous() for t in range(1, x.shape[0])]
+        d = [f.float() - pre.float() for f in fts]
+        total = d[0].clone()
+        for dt in d[1:]:
+            total += dt
+        want = 0.3 * total
+        want += pre.float()
+        want = want.to(dtype)
+        out = torch.empty_like(pre)
+        T = len(fts)
+        addrs = (ctypes.c_void_p * T)(*(f.data_ptr() for f in fts))
+        codes = (ctypes.c_int32 * T)(*([CODES[code]] * T))
+        nonzero, same = (ctypes.c_uint8 * T)(), (ctypes.c_uint8 * (T * T))()
+        bad = task_arithmetic(lib, pre.data_ptr(), CODES[code], addrs, codes, pre.numel(), 0.3, out.data_ptr(),
+                              nonzero, same, False)
+        stack = torch.empty(T, pre.numel())
+        lib.pact_deltas(pre.data_ptr(), CODES[code], addrs, codes, T, pre.numel(), stack.data_ptr(), nonzero, same, 0)
+        if not torch.equal(torch.stack(d).view(torch.int32), stack.view(torch.int32)):
+            return False
+        if bad != int((~torch.isfinite(want)).sum()) or not torch.equal(want.view(torch.int16 if code != "F32" else
+                                                                                    torch.int32),
+                                                                          out.view(torch.int16 if code != "F32" else
+                                                                                   torch.int32)):
+            return False
+    return True
 
 
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None when ``PACT_NATIVE=0``, no C compiler is
     found, compiling fails, or the kernels do not give torch's bits on a probe (another torch
-    whose sums take another order): the callers then run the torch path."""
+    whose sums take another order): the callers then run the torch path. A library that passes
+    the probe is marked in the cache (``<library>.agrees``) for :func:`compiled`."""
     if os.environ.get(ENV, "1") == "0":
         return None
     with _lock:
         if not _lib:
             try:
                 cc = _compiler()
-                lib = ctypes.CDLL(str(_build(cc))) if cc else None
+                path = _build(cc) if cc else None
+                lib = _declare(ctypes.CDLL(str(path))) if path else None
             except (OSError, subprocess.CalledProcessError):
                 lib = None
             if lib is not None:
-                i64, p = ctypes.c_int64, ctypes.c_void_p
-                lib.pact_digit_hist_f32.argtypes = [p, i64, i64, ctypes.c_int32, p]
-                lib.pact_digit_hist_f32.restype = None
-                lib.pact_ties_merge_f32.argtypes = [p, i64, i64, i64, p, p, p, p]
-                lib.pact_ties_merge_f32.restype = ctypes.c_int
                 _lib.append(None)  # the probe's reference runs the torch path
                 try:
                     ok = _agrees(lib)
@@ -127,11 +192,40 @@ def library() -> ctypes.CDLL | None:
                     _lib.clear()
                 if not ok:
                     lib = None
+                else:
+                    with contextlib.suppress(OSError):
+                        _marker(path).touch()
             _lib.append(lib)
         return _lib[0]
 
 
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".agrees")
+
+
+def compiled() -> ctypes.CDLL | None:
+    """The compiled kernels without torch: the cached library of the current sources, compiler
+    and CPU when :func:`library` has probed it in some process (its mark is in the cache); None
+    when ``PACT_NATIVE=0``, there is no compiler, or no probed library (the caller runs the torch
+    path, which builds and probes one)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    with _lock:
+        if not _plain:
+            lib = None
+            try:
+                cc = _compiler()
+                path = _path(cc) if cc else None
+                if path is not None and path.is_file() and _marker(path).is_file():
+                    lib = _declare(ctypes.CDLL(str(path)))
+            except (OSError, subprocess.CalledProcessError):
+                lib = None
+            _plain.append(lib)
+        return _plain[0]
+
+
 def _check(x: Tensor, name: str) -> None:
+    import torch
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"{name}: expected a float32 CPU tensor, got {x.dtype} on {x.device}")
 
@@ -143,6 +237,7 @@ def digit_hist(lib: ctypes.CDLL, values: Tensor, prefix: int, shift: int, hist: 
     Raises:
         ValueError: ``values`` not float32 on the CPU, or ``hist`` not 2^16 contiguous int64.
     """
+    import torch
     _check(values, "values")
     if hist.dtype != torch.int64 or hist.numel() != 1 << 16 or not hist.is_contiguous():
         raise ValueError("hist: expected 65536 contiguous int64 counters")
@@ -159,6 +254,7 @@ def workspace_size(tasks: int) -> int:
 
 def merge_workspace(tasks: int) -> Tensor:
     """The scratch of :func:`ties_merge` for ``tasks`` rows (float32, :func:`workspace_size`)."""
+    import torch
     return torch.empty(workspace_size(tasks), dtype=torch.float32)
 
 
@@ -176,6 +272,7 @@ def ties_merge(lib: ctypes.CDLL, stack: Tensor, thresholds: Tensor, left: Tensor
     Raises:
         ValueError: dtypes, devices or shapes that do not fit, or more than 255 tasks.
     """
+    import torch
     _check(stack, "stack")
     _check(out, "out")
     T = stack.shape[0]
@@ -194,3 +291,20 @@ def ties_merge(lib: ctypes.CDLL, stack: Tensor, thresholds: Tensor, left: Tensor
     lib.pact_ties_merge_f32(stack.data_ptr(), T, n, n, thresholds.data_ptr(), left.data_ptr(),
                             out.data_ptr(), work.data_ptr())
     return out
+
+
+def task_arithmetic(lib: ctypes.CDLL, pre: int, pre_code: int, fts, codes, n: int, alpha: float, out: int,
+                    nonzero, same, check_same: bool) -> int:
+    """θ = θ0 + α·Σt (θt − θ0) on ``n`` entries of raw memory (book/method.md, M1; the torch
+    path's float32 operations in its order, ``task_arithmetic.c``). ``pre``, ``out``: addresses
+    of θ0's and the output's entries (dtype code ``pre_code``, :data:`CODES`); ``fts``: a ctypes
+    array of T addresses of the θt entries, ``codes`` their T codes (int32); ``nonzero``: T
+    uint8 flags set where some Δt != 0; ``same``: T·T uint8 flags, each set pair (i < j) cleared
+    where Δi and Δj differ, when ``check_same``.
+
+    Returns:
+        The number of output entries that are not finite (a NaN / Inf input or an overflow: the
+        torch path raises there and says which).
+    """
+    return lib.pact_task_arithmetic(pre, pre_code, fts, codes, len(codes), n, alpha, out, nonzero, same,
+                                    1 if check_same else 0)

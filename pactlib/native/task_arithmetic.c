@@ -1,0 +1,150 @@
+/* Task Arithmetic over raw checkpoint bytes (book/method.md, M1 and θ = θ0 + α·D), and the task
+ * vectors of raw bytes as float32 rows (for the other entry-wise merges), loaded by
+ * pactlib/native/__init__.py through ctypes for pactlib/fastpath.py, which merges safetensors
+ * files without torch. The float32 operations are those of the torch path, in its order
+ * (pactlib.streaming.DeltaReader.delta, pactlib.merges.driver.RunningSum,
+ * pactlib.taskvector.TaskVector.apply_to): Δt = θt − θ0; S = Δ0 + Δ1 + … in task order;
+ * θ = (α·S) + θ0, cast to θ0's dtype with round-to-nearest-even.
+ * Built with -ffp-contract=off and without -ffast-math: every float operation is the IEEE one. */
+#include <stdint.h>
+#include <string.h>
+
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+#define CHUNK 1024 /* entries summed at a time (the running sums stay in the L1 cache) */
+
+static inline float load(const void *x, int32_t code, int64_t i) {
+    if (code == F32)
+        return ((const float *)x)[i];
+    if (code == BF16) {
+        uint32_t b = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float f;
+        memcpy(&f, &b, sizeof f);
+        return f;
+    }
+    return (float)((const _Float16 *)x)[i];
+}
+
+static inline int finite_bits(uint32_t b) { return (b & 0x7f800000u) != 0x7f800000u; }
+
+/* Store v in dtype code at out[i]; 0 when the stored value is not finite. */
+static inline int store(void *out, int32_t code, int64_t i, float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if (code == F32) {
+        ((float *)out)[i] = v;
+        return finite_bits(b);
+    }
+    if (code == BF16) { /* c10::BFloat16's round to nearest even (v is finite here or reported) */
+        uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+        ((uint16_t *)out)[i] = (uint16_t)r;
+        return finite_bits(r << 16) && finite_bits(b);
+    }
+    _Float16 h = (_Float16)v;
+    ((_Float16 *)out)[i] = h;
+    uint16_t hb;
+    memcpy(&hb, &h, sizeof hb);
+    return (hb & 0x7c00u) != 0x7c00u;
+}
+
+/* θ = θ0 + α·Σt (θt − θ0) on n entries. pre: θ0 (dtype pre_code, also the output's); fts: T
+ * pointers to the θt (dtypes codes[t]); out: n entries of pre_code. nonzero[t] is set to 1 when
+ * some Δt != 0. same: T·T flags; while check_same, every set flag same[i·T + j] (i < j) is cleared
+ * where Δi and Δj differ in any bit. Returns the number of output entries that are not finite
+ * (θ0, a θt, the sum or the cast overflowed: the torch path raises there, naming the cause). */
+int64_t pact_task_arithmetic(const void *pre, int32_t pre_code, const void *const *fts, const int32_t *codes,
+                             int64_t T, int64_t n, float alpha, void *out, uint8_t *nonzero, uint8_t *same,
+                             int32_t check_same) {
+    float s[CHUNK], p[CHUNK];
+    int64_t bad = 0;
+    for (int64_t a = 0; a < n; a += CHUNK) {
+        int64_t m = n - a < CHUNK ? n - a : CHUNK;
+        for (int64_t j = 0; j < m; j++)
+            p[j] = load(pre, pre_code, a + j);
+        for (int64_t t = 0; t < T; t++) {
+            const void *x = fts[t];
+            int32_t c = codes[t];
+            int nz = 0;
+            if (c == F32) {
+                const float *xf = (const float *)x + a;
+                if (t == 0)
+                    for (int64_t j = 0; j < m; j++) {
+                        float d = xf[j] - p[j];
+                        nz |= d != 0.0f;
+                        s[j] = d;
+                    }
+                else
+                    for (int64_t j = 0; j < m; j++) {
+                        float d = xf[j] - p[j];
+                        nz |= d != 0.0f;
+                        s[j] = s[j] + d;
+                    }
+            } else {
+                for (int64_t j = 0; j < m; j++) {
+                    float d = load(x, c, a + j) - p[j];
+                    nz |= d != 0.0f;
+                    s[j] = t == 0 ? d : s[j] + d;
+                }
+            }
+            if (nz)
+                nonzero[t] = 1;
+        }
+        if (check_same)
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t k = i + 1; k < T; k++) {
+                    if (!same[i * T + k])
+                        continue;
+                    for (int64_t j = 0; j < m; j++) {
+                        float di = load(fts[i], codes[i], a + j) - p[j], dk = load(fts[k], codes[k], a + j) - p[j];
+                        if (memcmp(&di, &dk, sizeof di)) {
+                            same[i * T + k] = 0;
+                            break;
+                        }
+                    }
+                }
+        for (int64_t j = 0; j < m; j++) {
+            float v = alpha * s[j];
+            v = v + p[j];
+            bad += !store(out, pre_code, a + j, v);
+        }
+    }
+    return bad;
+}
+
+/* The task vectors of n entries as a (T, n) float32 stack: stack[t·n + j] = θt[j] − θ0[j], as
+ * pactlib.streaming.DeltaReader.delta computes them. nonzero[t] is set to 1 when some Δt != 0;
+ * while check_same, every set flag same[i·T + k] (i < k) is cleared where Δi != Δk as values
+ * (torch.equal: a NaN differs from everything, −0 equals 0). */
+void pact_deltas(const void *pre, int32_t pre_code, const void *const *fts, const int32_t *codes, int64_t T,
+                 int64_t n, float *stack, uint8_t *nonzero, uint8_t *same, int32_t check_same) {
+    for (int64_t t = 0; t < T; t++) {
+        float *row = stack + t * n;
+        int nz = 0;
+        if (codes[t] == F32 && pre_code == F32) {
+            const float *x = (const float *)fts[t], *p = (const float *)pre;
+            for (int64_t j = 0; j < n; j++) {
+                float d = x[j] - p[j];
+                nz |= d != 0.0f;
+                row[j] = d;
+            }
+        } else
+            for (int64_t j = 0; j < n; j++) {
+                float d = load(fts[t], codes[t], j) - load(pre, pre_code, j);
+                nz |= d != 0.0f;
+                row[j] = d;
+            }
+        if (nz)
+            nonzero[t] = 1;
+    }
+    if (check_same)
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t k = i + 1; k < T; k++) {
+                if (!same[i * T + k])
+                    continue;
+                const float *a = stack + i * n, *b = stack + k * n;
+                for (int64_t j = 0; j < n; j++)
+                    if (!(a[j] == b[j])) {
+                        same[i * T + k] = 0;
+                        break;
+                    }
+            }
+}

@@ -1,0 +1,163 @@
+"""``pact merge`` of Task Arithmetic without torch (pactlib.fastpath): the torch path's bytes,
+warnings, errors and JSON line, on real files; torch is never imported."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pactlib import native
+from pactlib.cli import main
+from tests.conftest import make_checkpoints
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler: the fast path is off")
+
+
+def write(tmp_path, T=3, dtype=torch.float32, seed=0, edit=None):
+    pre, fts = make_checkpoints(T, seed=seed, dtype=dtype)
+    if edit is not None:
+        edit(pre, fts)
+    save_file(pre, tmp_path / "base.safetensors")
+    paths = []
+    for t, ft in enumerate(fts):
+        save_file(ft, tmp_path / f"ft{t}.safetensors")
+        paths.append(str(tmp_path / f"ft{t}.safetensors"))
+    return str(tmp_path / "base.safetensors"), paths
+
+
+def run(argv, monkeypatch, capsys, *, fast: bool, fallback: bool = False):
+    """``pact merge argv``: (exit status, JSON line or None, stderr); ``fast`` False: PACT_NATIVE=0.
+    With ``fast`` and not ``fallback``, the torch path must not run."""
+    import pactlib.cli
+
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    torch_path = pactlib.cli._merge
+    if fast and not fallback:
+        monkeypatch.setattr(pactlib.cli, "_merge", lambda args: pytest.fail("the torch path ran"))
+    try:
+        rc = main(["merge", *argv])
+    finally:
+        monkeypatch.setattr(pactlib.cli, "_merge", torch_path)
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out.strip().splitlines()[-1]) if rc == 0 else None), err
+
+
+def both(tmp_path, monkeypatch, capsys, base, fts, *extra, alpha="0.3", fallback=False):
+    """The same merge by the fast path and by the torch path: (results, bytes of each output)."""
+    res, data = [], []
+    for fast in (True, False):
+        out = tmp_path / ("fast" if fast else "torch") / "merged.safetensors"
+        argv = ["--method", "task_arithmetic", "--alpha", alpha, "--pretrained", base, "--finetuned", *fts,
+                "--out", str(out), *extra]
+        res.append(run(argv, monkeypatch, capsys, fast=fast, fallback=fallback))
+        data.append(sorted((f.name, f.read_bytes()) for f in out.parent.iterdir()) if out.parent.exists() else [])
+    return res, data
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fast_path_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype):
+    base, fts = write(tmp_path, T=4, dtype=dtype)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts)
+    assert fast[0] == slow[0] == 0 and a == b and len(a) == 1
+    assert {**fast[1], "out": None, "files": None} == {**slow[1], "out": None, "files": None}
+    merged = __import__("safetensors.torch", fromlist=["load_file"]).load_file(fast[1]["out"])
+    assert merged["bn.num_batches_tracked"].item() == 7 and merged["lin.weight"].dtype == dtype
+
+
+def test_sharded_output_and_its_index_are_the_same_files(tmp_path, monkeypatch, capsys):
+    base, fts = write(tmp_path, T=2)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--max-shard-size", "600")
+    assert fast[0] == slow[0] == 0 and a == b and len(a) > 2
+    assert fast[1]["out"].endswith(".index.json")
+
+
+def test_merge_runs_without_torch(tmp_path):
+    base, fts = write(tmp_path, T=3)
+    out = tmp_path / "merged.safetensors"
+    code = ("import sys; sys.modules['torch'] = None\n"  # any import of torch fails
+            "from pactlib.cli import main\n"
+            f"sys.exit(main(['merge', '--method', 'task_arithmetic', '--alpha', '0.5', '--pretrained', {base!r}, "
+            f"'--finetuned', *{fts!r}, '--out', {str(out)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), native.ENV: "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from pactlib import merge
+
+    pre, fts_sd = make_checkpoints(3)
+    want = merge("task_arithmetic", pre, fts_sd, alpha=0.5)
+    got = __import__("safetensors.torch", fromlist=["load_file"]).load_file(out)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_identical_and_all_zero_task_vectors_warn_alike(tmp_path, monkeypatch, capsys):
+    def edit(pre, fts):
+        fts[2].update({k: v.clone() for k, v in fts[0].items()})
+        fts[1].update({k: v.clone() for k, v in pre.items()})
+
+    base, fts = write(tmp_path, T=3, edit=edit)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts)
+    assert a == b and fast[2] == slow[2]
+    assert "is all zero" in fast[2] and "ft1.safetensors" in fast[2]
+    assert "ft0.safetensors' and '" in fast[2] and "are identical" in fast[2]
+
+
+@pytest.mark.parametrize("problem", ["nan", "overflow"])
+def test_a_value_that_is_not_finite_gives_the_torch_paths_error(tmp_path, monkeypatch, capsys, problem):
+    def edit(pre, fts):
+        if problem == "nan":
+            fts[1]["head.weight"][2, 3] = float("nan")
+        else:
+            fts[0]["lin.bias"][0] = 60000.0
+            fts[1]["lin.bias"][0] = 60000.0
+
+    base, fts = write(tmp_path, T=2, dtype=torch.float32 if problem == "nan" else torch.float16, edit=edit)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, alpha="1.0", fallback=True)
+    assert fast[0] == slow[0] == 2 and fast[2] == slow[2] and a == b == []
+    assert ("head.weight" in fast[2] and "ft1" in fast[2]) if problem == "nan" else "lin.bias" in fast[2]
+    assert not list(tmp_path.glob("fast/.*"))  # no temporary file or lock left behind
+
+
+def test_what_it_does_not_take_goes_to_the_torch_path(tmp_path, monkeypatch, capsys):
+    from pactlib import fastpath
+    from pactlib.cli import build_parser
+
+    base, fts = write(tmp_path, T=2)
+    out = str(tmp_path / "m.safetensors")
+    parse = lambda *a: build_parser(plugins=False).parse_args(["merge", "--pretrained", base, "--out", out, *a])
+    monkeypatch.setenv(native.ENV, "1")
+    assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is not None
+    for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts),
+                    ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--pact", "pact"),
+                    ("--method", "task_arithmetic", "--alpha", "nan", "--finetuned", *fts),
+                    ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--device", "cuda"),
+                    ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", base + ".missing")):
+        assert fastpath.plan(parse(*refused)) is None, refused
+    # a shape mismatch: the torch path names it
+    pre, bad = make_checkpoints(1)
+    bad[0]["head.weight"] = torch.zeros(4, 8)
+    save_file(bad[0], tmp_path / "bad.safetensors")
+    assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned",
+                               str(tmp_path / "bad.safetensors"))) is None
+    monkeypatch.setenv(native.ENV, "0")
+    assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is None
+
+
+def test_keys_longer_than_a_block_are_merged_block_by_block(tmp_path, monkeypatch, capsys):
+    from pactlib import fastpath
+
+    def edit(pre, fts):  # keys of 1000 and 2003 entries: four and eight blocks of 256
+        g = torch.Generator().manual_seed(3)
+        pre["emb.weight"], pre["odd.bias"] = torch.randn(40, 25, generator=g), torch.randn(2003, generator=g)
+        for ft in fts:
+            ft["emb.weight"] = pre["emb.weight"] + 0.01 * torch.randn(40, 25, generator=g)
+            ft["odd.bias"] = pre["odd.bias"] + 0.01 * torch.randn(2003, generator=g)
+
+    monkeypatch.setattr(fastpath, "BUDGET_BYTES", 1)
+    base, fts = write(tmp_path, T=5, dtype=torch.bfloat16, edit=edit)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts)
+    assert fast[0] == slow[0] == 0 and a == b
