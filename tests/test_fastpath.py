@@ -161,3 +161,11 @@ def test_keys_longer_than_a_block_are_merged_block_by_block(tmp_path, monkeypatc
     base, fts = write(tmp_path, T=5, dtype=torch.bfloat16, edit=edit)
     (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts)
     assert fast[0] == slow[0] == 0 and a == b
+
+
+def test_importing_pactlib_and_its_cli_does_not_import_torch():
+    code = "import sys, pactlib, pactlib.cli, pactlib.fastpath; assert 'torch' not in sys.modules, 'torch'; " \
+           "pactlib.TaskVector; assert 'torch' in sys.modules"  # the public names load on first use
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
