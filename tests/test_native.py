@@ -204,3 +204,29 @@ def test_deltas_of_raw_bytes_are_torchs_with_value_equality_for_identical_pairs(
     assert list(nonzero) == [1, 1, 1, 1, 0]
     pairs = {(i, k) for i in range(T) for k in range(i + 1, T) if same[i * T + k]}
     assert pairs == {(i, k) for i in range(T) for k in range(i + 1, T) if torch.equal(want[i], want[k])} == {(0, 3)}
+    same = (ctypes.c_uint8 * (T * T))(*([1] * (T * T)))  # by bits: −0 differs from +0
+    lib.pact_deltas(pre.data_ptr(), native.CODES[code], addrs, codes, T, 1000, stack.data_ptr(), nonzero, same, 2)
+    assert not any(same[i * T + k] for i in range(T) for k in range(i + 1, T))
+
+
+@pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_apply_is_task_vector_apply_to_and_counts_overflows(dtype, code):
+    from pactlib.checks import MergeOverflowError
+    from pactlib.taskvector import TaskVector
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(6)
+    pre = torch.randn(3000, generator=g).to(dtype)
+    D = torch.randn(3000, generator=g) * torch.exp(2 * torch.randn(3000, generator=g))
+    out = torch.empty_like(pre)
+    bad = native.apply(lib, D.data_ptr(), pre.data_ptr(), native.CODES[code], 3000, 0.7, out.data_ptr())
+    want = TaskVector._wrap({"w": D.clone()}).apply_to({"w": pre}, 0.7)["w"]
+    assert bad == 0 and torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+    D[5] = 1e5  # beyond float16's range after α·D + θ0
+    bad = native.apply(lib, D.data_ptr(), pre.data_ptr(), native.CODES[code], 3000, 0.7, out.data_ptr())
+    assert bad == (1 if dtype == torch.float16 else 0)
+    if dtype == torch.float16:
+        with pytest.raises(MergeOverflowError):
+            TaskVector._wrap({"w": D.clone()}).apply_to({"w": pre}, 0.7)

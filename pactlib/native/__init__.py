@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 from ..paths import cache_dir
 
 __all__ = ["ENV", "BLOCK", "CODES", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
-           "workspace_size", "task_arithmetic"]
+           "workspace_size", "task_arithmetic", "apply"]
 
 ENV = "PACT_NATIVE"
 SOURCES = (Path(__file__).with_name("ties.c"), Path(__file__).with_name("task_arithmetic.c"))
@@ -107,6 +107,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pact_task_arithmetic.restype = i64
     lib.pact_deltas.argtypes = [p, i32, p, p, i64, i64, p, p, p, i32]
     lib.pact_deltas.restype = None
+    lib.pact_apply.argtypes = [p, p, i32, i64, ctypes.c_float, p]
+    lib.pact_apply.restype = i64
     return lib
 
 
@@ -136,8 +138,8 @@ def _agrees(lib: ctypes.CDLL) -> bool:
 
 def _task_arithmetic_agrees(lib: ctypes.CDLL, st: Tensor) -> bool:
     """Whether :func:`task_arithmetic` gives the torch path's bits (RunningSum, then
-    ``TaskVector.apply_to``) on the probe's values, in each dtype, overflows counted alike, and
-    ``pact_deltas`` the bits of θt − θ0."""
+    ``TaskVector.apply_to``) on the probe's values, in each dtype, overflows counted alike;
+    ``pact_deltas`` the bits of θt − θ0 and ``pact_apply`` those of θ0 + α·D."""
     import torch
 
     for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")):
@@ -160,6 +162,12 @@ def _task_arithmetic_agrees(lib: ctypes.CDLL, st: Tensor) -> bool:
         stack = torch.empty(T, pre.numel())
         lib.pact_deltas(pre.data_ptr(), CODES[code], addrs, codes, T, pre.numel(), stack.data_ptr(), nonzero, same, 0)
         if not torch.equal(torch.stack(d).view(torch.int32), stack.view(torch.int32)):
+            return False
+        applied = torch.empty_like(pre)
+        if lib.pact_apply(total.data_ptr(), pre.data_ptr(), CODES[code], pre.numel(), 0.3, applied.data_ptr()) != bad:
+            return False
+        if not torch.equal(applied.view(torch.int16 if code != "F32" else torch.int32),
+                           want.view(torch.int16 if code != "F32" else torch.int32)):
             return False
         if bad != int((~torch.isfinite(want)).sum()) or not torch.equal(want.view(torch.int16 if code != "F32" else
                                                                                     torch.int32),
@@ -308,3 +316,15 @@ def task_arithmetic(lib: ctypes.CDLL, pre: int, pre_code: int, fts, codes, n: in
     """
     return lib.pact_task_arithmetic(pre, pre_code, fts, codes, len(codes), n, alpha, out, nonzero, same,
                                     1 if check_same else 0)
+
+
+def apply(lib: ctypes.CDLL, D: int, pre: int, pre_code: int, n: int, alpha: float, out: int) -> int:
+    """θ = θ0 + α·D on ``n`` entries of raw memory (book/method.md, merges;
+    ``TaskVector.apply_to``'s float32 operations: α·D, then θ0 added, cast to θ0's dtype).
+    ``D``: the address of n float32 entries; ``pre``, ``out``: of θ0's and the output's entries
+    (dtype code ``pre_code``, :data:`CODES`).
+
+    Returns:
+        The number of output entries that are not finite (the torch path raises there).
+    """
+    return lib.pact_apply(D, pre, pre_code, n, alpha, out)

@@ -1,5 +1,6 @@
-/* Task Arithmetic over raw checkpoint bytes (book/method.md, M1 and θ = θ0 + α·D), and the task
- * vectors of raw bytes as float32 rows (for the other entry-wise merges), loaded by
+/* Task Arithmetic over raw checkpoint bytes (book/method.md, M1 and θ = θ0 + α·D), the task
+ * vectors of raw bytes as float32 rows and θ0 + α·D of any float32 D (for the other entry-wise
+ * merges), loaded by
  * pactlib/native/__init__.py through ctypes for pactlib/fastpath.py, which merges safetensors
  * files without torch. The float32 operations are those of the torch path, in its order
  * (pactlib.streaming.DeltaReader.delta, pactlib.merges.driver.RunningSum,
@@ -44,6 +45,18 @@ static inline int store(void *out, int32_t code, int64_t i, float v) {
     uint16_t hb;
     memcpy(&hb, &h, sizeof hb);
     return (hb & 0x7c00u) != 0x7c00u;
+}
+
+/* out[a + j] = (α·d[j]) + p[j] for j < m, cast to dtype code (TaskVector.apply_to: α·D, then
+ * θ0 added); the number of stored values that are not finite. */
+static int64_t apply(const float *d, const float *p, int64_t m, float alpha, void *out, int32_t code, int64_t a) {
+    int64_t bad = 0;
+    for (int64_t j = 0; j < m; j++) {
+        float v = alpha * d[j];
+        v = v + p[j];
+        bad += !store(out, code, a + j, v);
+    }
+    return bad;
 }
 
 /* θ = θ0 + α·Σt (θt − θ0) on n entries. pre: θ0 (dtype pre_code, also the output's); fts: T
@@ -101,19 +114,16 @@ int64_t pact_task_arithmetic(const void *pre, int32_t pre_code, const void *cons
                         }
                     }
                 }
-        for (int64_t j = 0; j < m; j++) {
-            float v = alpha * s[j];
-            v = v + p[j];
-            bad += !store(out, pre_code, a + j, v);
-        }
+        bad += apply(s, p, m, alpha, out, pre_code, a);
     }
     return bad;
 }
 
 /* The task vectors of n entries as a (T, n) float32 stack: stack[t·n + j] = θt[j] − θ0[j], as
- * pactlib.streaming.DeltaReader.delta computes them. nonzero[t] is set to 1 when some Δt != 0;
- * while check_same, every set flag same[i·T + k] (i < k) is cleared where Δi != Δk as values
- * (torch.equal: a NaN differs from everything, −0 equals 0). */
+ * pactlib.streaming.DeltaReader.delta computes them. nonzero[t] is set to 1 when some Δt != 0.
+ * check_same 1: every set flag same[i·T + k] (i < k) is cleared where Δi != Δk as values
+ * (torch.equal: a NaN differs from everything, −0 equals 0); 2: where their bits differ (the
+ * hashes of pactlib.streaming's one-task-at-a-time checks); 0: not compared. */
 void pact_deltas(const void *pre, int32_t pre_code, const void *const *fts, const int32_t *codes, int64_t T,
                  int64_t n, float *stack, uint8_t *nonzero, uint8_t *same, int32_t check_same) {
     for (int64_t t = 0; t < T; t++) {
@@ -141,10 +151,30 @@ void pact_deltas(const void *pre, int32_t pre_code, const void *const *fts, cons
                 if (!same[i * T + k])
                     continue;
                 const float *a = stack + i * n, *b = stack + k * n;
+                if (check_same == 2) {
+                    if (memcmp(a, b, (size_t)n * sizeof *a))
+                        same[i * T + k] = 0;
+                    continue;
+                }
                 for (int64_t j = 0; j < n; j++)
                     if (!(a[j] == b[j])) {
                         same[i * T + k] = 0;
                         break;
                     }
             }
+}
+
+/* θ = θ0 + α·D on n entries (book/method.md, merges: θ0 + α·D of any method; TaskVector.apply_to):
+ * D float32, θ0 and out of dtype pre_code. Returns the number of output entries that are not
+ * finite (the torch path raises MergeOverflowError there, or names the NaN / Inf input). */
+int64_t pact_apply(const float *D, const void *pre, int32_t pre_code, int64_t n, float alpha, void *out) {
+    float p[CHUNK];
+    int64_t bad = 0;
+    for (int64_t a = 0; a < n; a += CHUNK) {
+        int64_t m = n - a < CHUNK ? n - a : CHUNK;
+        for (int64_t j = 0; j < m; j++)
+            p[j] = load(pre, pre_code, a + j);
+        bad += apply(D + a, p, m, alpha, out, pre_code, a);
+    }
+    return bad;
 }
