@@ -47,12 +47,12 @@ def run(argv, monkeypatch, capsys, *, fast: bool, fallback: bool = False):
     return rc, (json.loads(out.strip().splitlines()[-1]) if rc == 0 else None), err
 
 
-def both(tmp_path, monkeypatch, capsys, base, fts, *extra, alpha="0.3", fallback=False):
+def both(tmp_path, monkeypatch, capsys, base, fts, *extra, alpha="0.3", fallback=False, method="task_arithmetic"):
     """The same merge by the fast path and by the torch path: (results, bytes of each output)."""
     res, data = [], []
     for fast in (True, False):
         out = tmp_path / ("fast" if fast else "torch") / "merged.safetensors"
-        argv = ["--method", "task_arithmetic", "--alpha", alpha, "--pretrained", base, "--finetuned", *fts,
+        argv = ["--method", method, "--alpha", alpha, "--pretrained", base, "--finetuned", *fts,
                 "--out", str(out), *extra]
         res.append(run(argv, monkeypatch, capsys, fast=fast, fallback=fallback))
         data.append(sorted((f.name, f.read_bytes()) for f in out.parent.iterdir()) if out.parent.exists() else [])
@@ -131,7 +131,12 @@ def test_what_it_does_not_take_goes_to_the_torch_path(tmp_path, monkeypatch, cap
     parse = lambda *a: build_parser(plugins=False).parse_args(["merge", "--pretrained", base, "--out", out, *a])
     monkeypatch.setenv(native.ENV, "1")
     assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is not None
-    for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts),
+    assert fastpath.plan(parse("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=30")) is not None
+    for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=per_key"),
+                    ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=0"),
+                    ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "other=1"),
+                    ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--set", "k=1"),
+                    ("--method", "tsv_m", "--alpha", "1", "--finetuned", *fts),
                     ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--pact", "pact"),
                     ("--method", "task_arithmetic", "--alpha", "nan", "--finetuned", *fts),
                     ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--device", "cuda"),
@@ -169,3 +174,65 @@ def test_importing_pactlib_and_its_cli_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+
+def quantized(pre, fts):
+    """Task vectors of few distinct magnitudes: many ties at every threshold, across keys and blocks."""
+    g = torch.Generator().manual_seed(11)
+    for ft in fts:
+        for k, v in pre.items():
+            if v.is_floating_point():
+                ft[k] = v + (torch.randint(-3, 4, v.shape, generator=g) * 0.125).to(v.dtype)
+    pre["big.weight"] = torch.randn(70, 30, generator=g).to(pre["lin.weight"].dtype)
+    for ft in fts:
+        ft["big.weight"] = pre["big.weight"] + (torch.randint(-2, 3, (70, 30), generator=g) * 0.25).to(pre["big.weight"].dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,budget", [(20, None), (35, 1), (100, None)])
+def test_global_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget):
+    from pactlib import fastpath
+
+    if budget is not None:  # blocks of 256 entries: thresholds' ties cut across blocks and keys
+        monkeypatch.setattr(fastpath, "BUDGET_BYTES", budget)
+    base, fts = write(tmp_path, T=5, dtype=dtype, edit=quantized if k != 100 else None)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"k={k}", method="ties")
+    assert fast[0] == slow[0] == 0 and a == b
+    assert {**fast[1], "out": None, "files": None} == {**slow[1], "out": None, "files": None}
+    assert fast[1]["params"] == {"k": k}
+
+
+def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
+    def edit(pre, fts):
+        fts[2].update({k: v.clone() for k, v in fts[0].items()})
+
+    base, fts = write(tmp_path, T=3, edit=edit)
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, method="ties")
+    assert a == b and fast[2] == slow[2] and "are identical" in fast[2]
+
+    def nan(pre, fts):
+        fts[1]["head.weight"][1, 1] = float("nan")
+
+    (tmp_path / "nan").mkdir()
+    base, fts = write(tmp_path / "nan", T=3, edit=nan)
+    (fast, slow), (a, b) = both(tmp_path / "nan", monkeypatch, capsys, base, fts, method="ties", fallback=True)
+    assert fast[0] == slow[0] == 2 and fast[2] == slow[2] and "head.weight" in fast[2] and a == b == []
+
+
+def test_radix_helpers_are_the_torch_paths():
+    from pactlib import fastpath
+    from pactlib.merges.ties import GlobalThreshold
+    from pactlib.merges.ties import trim_count as torch_trim_count
+
+    for n, k in ((1, 20.0), (7, 20.0), (10**9 + 7, 33.3), (12345, 100.0), (99, 0.5)):
+        assert fastpath.trim_count(n, k) == torch_trim_count(n, k)
+    g = torch.Generator().manual_seed(2)
+    for rank in (1, 17, 5000, 200000):
+        counts = torch.randint(0, 9, (1 << 16,), generator=g) * (torch.rand(1 << 16, generator=g) < 0.3)
+        counts[-1] += rank  # enough entries
+        gt = GlobalThreshold(1, rank, torch.float32)
+        gt.hist[0] = counts
+        gt.end_pass()
+        j, higher = fastpath.next_digit(counts.tolist(), rank)
+        assert (j, rank - higher) == (gt.prefix[0], gt.rank[0])
