@@ -161,9 +161,25 @@ class _Blocks:
         size = ITEMSIZE[self.p.entries[key][1]]
         _read(self.fds[0], self.views[buf][:m * size], self.p.offsets[0][key] + a * size, self.p.pre)
         if tasks:
-            for t in range(self.T):
-                _read(self.fds[t + 1], self.views[t + 1][:m * size], self.p.offsets[t + 1][key] + a * size,
-                      self.p.fts[t])
+            self.read_tasks(key, a, m, range(self.T))
+
+    def read_tasks(self, key: str, a: int, m: int, tasks) -> None:
+        """The entries [a, a + m) of ``key`` of the θt in ``tasks`` into their buffers."""
+        size = ITEMSIZE[self.p.entries[key][1]]
+        for t in tasks:
+            _read(self.fds[t + 1], self.views[t + 1][:m * size], self.p.offsets[t + 1][key] + a * size, self.p.fts[t])
+
+    def deltas(self, key: str, a: int, m: int, tasks: range, stack, nonzero, same=None, check: int = 0) -> None:
+        """Read the θt in ``tasks`` (a range) and write their task vectors into their rows of the
+        (T, m) float32 ``stack`` (``pact_deltas``; θ0's block already in buffer 0); ``same``:
+        the (len(tasks))² flags of those tasks, compared when ``check`` (1 values, 2 bits)."""
+        self.read_tasks(key, a, m, tasks)
+        code = native.CODES[self.p.entries[key][1]]
+        n = len(tasks)
+        fts = (ctypes.c_void_p * n)(*self.addr[tasks.start + 1:tasks.stop + 1])
+        self.p.lib.pact_deltas(self.addr[0], code, fts, (ctypes.c_int32 * n)(*([code] * n)), n, m,
+                               ctypes.addressof(stack) + 4 * tasks.start * m, ctypes.addressof(nonzero) + tasks.start,
+                               same if same is not None else None, check if same is not None else 0)
 
 
 def _pairs(T: int):
@@ -249,8 +265,15 @@ def next_digit(counts: list[int], rank: int) -> tuple[int, int]:
     return len(counts) - 1 - i, at_top[i - 1] if i else 0
 
 
+def _halves(T: int) -> list[range]:
+    """The tasks split in two (one range when T = 1): each half on one core."""
+    return [range(0, T)] if T == 1 else [range(0, T // 2), range(T // 2, T)]
+
+
 def _ties_global(p: _Plan, writer: CheckpointWriter):
-    """Global TIES into ``writer`` (module docstring): as :func:`_task_arithmetic`."""
+    """Global TIES into ``writer`` (module docstring): as :func:`_task_arithmetic`. The task
+    vectors of a block are made and counted by two threads, each on half of the tasks (the
+    first block's, while tasks may still be identical, by one: every pair is compared)."""
     T, alpha = len(p.fts), float(p.args.alpha)
     b = _Blocks(p, extra_floats=T + 1)  # the (T, m) stack of task vectors and D
     stack, D = b.work, ctypes.addressof(b.work) + 4 * T * b.step
@@ -259,47 +282,58 @@ def _ties_global(p: _Plan, writer: CheckpointWriter):
     hist = (ctypes.c_int64 * (T * bins))()
     prefix, rank = [0] * T, [keep] * T
     nonzero, same = _flags(T)
+    halves = _halves(T)
     try:
-        for shift in (16, 0):  # the two radix passes of float32 (GlobalThreshold.observe, end_pass)
-            ctypes.memset(hist, 0, ctypes.sizeof(hist))
-            for key in p.floats:
-                code = native.CODES[p.entries[key][1]]
-                codes = (ctypes.c_int32 * T)(*([code] * T))
-                for a, m in b.ranges(key):
-                    b.read(key, a, m, 0, tasks=True)
-                    check = 1 if shift and any(same[i * T + j] for i, j in _pairs(T)) else 0
-                    p.lib.pact_deltas(b.addr[0], code, b.fts, codes, T, m, stack, nonzero, same, check)
-                    for t in range(T):
-                        p.lib.pact_digit_hist_f32(ctypes.addressof(stack) + 4 * t * m, m, prefix[t], shift,
-                                                  ctypes.addressof(hist) + 8 * t * bins)
-            counts = memoryview(hist).cast("B").cast("q").tolist()
-            for t in range(T):
-                row = counts[t * bins:(t + 1) * bins]
-                if shift and sum(row[0x7f80:]):
-                    return None  # NaN / Inf in a task vector: the torch path names it
-                j, higher = next_digit(row, rank[t])
-                rank[t] -= higher
-                prefix[t] = (prefix[t] << 16) | j
-        thresholds, left = (ctypes.c_int64 * T)(*prefix), (ctypes.c_int64 * T)(*rank)
-        space = (ctypes.c_float * native.workspace_size(T))()
-        with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
-            out, emit, drain = _written(pool, writer, b)
-            for key, (_, dt, _) in p.entries.items():  # the merge pass: trim in position order, elect, mean
-                size = ITEMSIZE[dt]
-                for a, m in b.ranges(key):
-                    o = out()
-                    if dt not in FLOATS:
-                        b.read(key, a, m, o, tasks=False)
-                    else:
-                        b.read(key, a, m, 0, tasks=True)
-                        code = native.CODES[dt]
-                        p.lib.pact_deltas(b.addr[0], code, b.fts, (ctypes.c_int32 * T)(*([code] * T)), T, m, stack,
-                                          nonzero, same, 0)
-                        p.lib.pact_ties_merge_f32(stack, T, m, m, thresholds, left, D, space)
-                        if native.apply(p.lib, D, b.addr[0], code, m, alpha, b.addr[o]):
-                            return None
-                    emit(key, m * size)
-            drain()
+        with ThreadPoolExecutor(max_workers=len(halves)) as cores:
+            def parallel(fn) -> None:
+                for _ in cores.map(fn, halves):  # the first error is raised
+                    pass
+
+            for shift in (16, 0):  # the two radix passes of float32 (GlobalThreshold.observe, end_pass)
+                ctypes.memset(hist, 0, ctypes.sizeof(hist))
+                for key in p.floats:
+                    for a, m in b.ranges(key):
+                        b.read(key, a, m, 0, tasks=False)
+
+                        def count(tasks: range, key=key, a=a, m=m) -> None:
+                            b.deltas(key, a, m, tasks, stack, nonzero)
+                            for t in tasks:
+                                p.lib.pact_digit_hist_f32(ctypes.addressof(stack) + 4 * t * m, m, prefix[t], shift,
+                                                          ctypes.addressof(hist) + 8 * t * bins)
+
+                        if shift and any(same[i * T + j] for i, j in _pairs(T)):  # every pair compared
+                            b.deltas(key, a, m, range(T), stack, nonzero, same, 1)
+                            for t in range(T):
+                                p.lib.pact_digit_hist_f32(ctypes.addressof(stack) + 4 * t * m, m, prefix[t], shift,
+                                                          ctypes.addressof(hist) + 8 * t * bins)
+                        else:
+                            parallel(count)
+                counts = memoryview(hist).cast("B").cast("q").tolist()
+                for t in range(T):
+                    row = counts[t * bins:(t + 1) * bins]
+                    if shift and sum(row[0x7f80:]):
+                        return None  # NaN / Inf in a task vector: the torch path names it
+                    j, higher = next_digit(row, rank[t])
+                    rank[t] -= higher
+                    prefix[t] = (prefix[t] << 16) | j
+            thresholds, left = (ctypes.c_int64 * T)(*prefix), (ctypes.c_int64 * T)(*rank)
+            space = (ctypes.c_float * native.workspace_size(T))()
+            with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
+                out, emit, drain = _written(pool, writer, b)
+                for key, (_, dt, _) in p.entries.items():  # the merge pass: trim in position order, elect, mean
+                    size = ITEMSIZE[dt]
+                    for a, m in b.ranges(key):
+                        o = out()
+                        if dt not in FLOATS:
+                            b.read(key, a, m, o, tasks=False)
+                        else:
+                            b.read(key, a, m, 0, tasks=False)
+                            parallel(lambda tasks, key=key, a=a, m=m: b.deltas(key, a, m, tasks, stack, nonzero))
+                            p.lib.pact_ties_merge_f32(stack, T, m, m, thresholds, left, D, space)
+                            if native.apply(p.lib, D, b.addr[0], native.CODES[dt], m, alpha, b.addr[o]):
+                                return None
+                        emit(key, m * size)
+                drain()
         return _found(T, nonzero, same)
     finally:
         b.close()
