@@ -230,3 +230,36 @@ def test_apply_is_task_vector_apply_to_and_counts_overflows(dtype, code):
     if dtype == torch.float16:
         with pytest.raises(MergeOverflowError):
             TaskVector._wrap({"w": D.clone()}).apply_to({"w": pre}, 0.7)
+
+
+@pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_radix_passes_on_raw_task_vectors_find_global_thresholds_thresholds(dtype, code):
+    """pact_digit_hist_delta counts |θt − θ0| as GlobalThreshold.observe counts Δt, and
+    pact_select_digit picks the digit GlobalThreshold.end_pass picks, ties and all."""
+    import ctypes
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(8)
+    pre = torch.randn(20000, generator=g).to(dtype)
+    ft = (pre.float() + (torch.randint(-4, 5, (20000,), generator=g) * 0.0625)).to(dtype)  # many ties
+    d = ft.float() - pre.float()
+    for keep in (1, 777, 4000, 20000):
+        gt = GlobalThreshold(1, keep, torch.float32)
+        hist = torch.zeros(1 << 16, dtype=torch.int64)
+        prefix, rank, shift = 0, keep, 16
+        while not gt.done:
+            gt.observe(0, d)
+            hist.zero_()
+            nz = lib.pact_digit_hist_delta(pre.data_ptr(), native.CODES[code], ft.data_ptr(), native.CODES[code],
+                                           20000, prefix, shift, hist.data_ptr())
+            assert nz == 1 and torch.equal(hist, gt.hist[0])
+            higher = ctypes.c_int64()
+            j = lib.pact_select_digit(hist.data_ptr(), rank, ctypes.byref(higher))
+            gt.end_pass()
+            rank, prefix, shift = rank - higher.value, (prefix << 16) | j, shift - 16
+            assert (prefix, rank) == (gt.prefix[0], gt.rank[0])
+    zero = lib.pact_digit_hist_delta(pre.data_ptr(), native.CODES[code], pre.data_ptr(), native.CODES[code], 20000, 0,
+                                     16, hist.data_ptr())
+    assert zero == 0

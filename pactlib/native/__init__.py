@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 from ..paths import cache_dir
 
 __all__ = ["ENV", "BLOCK", "CODES", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
-           "workspace_size", "task_arithmetic", "apply"]
+           "workspace_size", "task_arithmetic", "apply", "digit_hist_delta", "select_digit"]
 
 ENV = "PACT_NATIVE"
 SOURCES = (Path(__file__).with_name("ties.c"), Path(__file__).with_name("task_arithmetic.c"))
@@ -109,6 +109,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pact_deltas.restype = None
     lib.pact_apply.argtypes = [p, p, i32, i64, ctypes.c_float, p]
     lib.pact_apply.restype = i64
+    lib.pact_digit_hist_delta.argtypes = [p, i32, p, i32, i64, i64, i32, p]
+    lib.pact_digit_hist_delta.restype = i32
+    lib.pact_select_digit.argtypes = [p, i64, p]
+    lib.pact_select_digit.restype = i32
     return lib
 
 
@@ -133,7 +137,41 @@ def _agrees(lib: ctypes.CDLL) -> bool:
         b.end_pass()
     want = ties_kernel(torch.stack([st[t] * a.mask(t, st[t]) for t in range(T)]))
     got = ties_merge(lib, st, torch.tensor(b.prefix), torch.tensor(b.rank), torch.empty(n), merge_workspace(T))
-    return torch.equal(want.view(torch.int32), got.view(torch.int32)) and _task_arithmetic_agrees(lib, st)
+    return (torch.equal(want.view(torch.int32), got.view(torch.int32)) and _task_arithmetic_agrees(lib, st)
+            and _radix_agrees(lib, st))
+
+
+def _radix_agrees(lib: ctypes.CDLL, st: Tensor) -> bool:
+    """Whether ``pact_digit_hist_delta`` and ``pact_select_digit`` find GlobalThreshold's
+    thresholds (counts and digits) on the task vectors st[t] − st[0], float32 and bfloat16."""
+    import torch
+
+    from ..merges.ties import GlobalThreshold
+
+    for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16")):
+        x = st.to(dtype)
+        pre = x[0].contiguous()
+        for t in range(1, x.shape[0]):
+            ft = x[t].contiguous()
+            d = ft.float() - pre.float()
+            g = GlobalThreshold(1, 97 * t, torch.float32)
+            hist = torch.zeros(1 << 16, dtype=torch.int64)
+            prefix, rank, shift = 0, 97 * t, 16
+            while not g.done:
+                g.observe(0, d)
+                hist.zero_()
+                lib.pact_digit_hist_delta(pre.data_ptr(), CODES[code], ft.data_ptr(), CODES[code], d.numel(), prefix,
+                                          shift, hist.data_ptr())
+                if not torch.equal(hist, g.hist[0]):
+                    return False
+                higher = ctypes.c_int64()
+                j = lib.pact_select_digit(hist.data_ptr(), rank, ctypes.byref(higher))
+                g.end_pass()
+                rank -= higher.value
+                prefix, shift = (prefix << 16) | j, shift - 16
+                if prefix != g.prefix[0] or rank != g.rank[0]:
+                    return False
+    return True
 
 
 def _task_arithmetic_agrees(lib: ctypes.CDLL, st: Tensor) -> bool:
@@ -328,3 +366,21 @@ def apply(lib: ctypes.CDLL, D: int, pre: int, pre_code: int, n: int, alpha: floa
         The number of output entries that are not finite (the torch path raises there).
     """
     return lib.pact_apply(D, pre, pre_code, n, alpha, out)
+
+
+def digit_hist_delta(lib: ctypes.CDLL, pre: int, pre_code: int, x: int, code: int, n: int, prefix: int, shift: int,
+                     hist: int) -> bool:
+    """One radix pass of :class:`pactlib.merges.ties.GlobalThreshold` (its ``observe``, M2) on the
+    task vector θt − θ0 of ``n`` raw entries, without writing it: ``pre``, ``x``: addresses of
+    θ0's and θt's entries (dtype codes, :data:`CODES`); ``hist``: the address of 2^16 int64
+    counters, added to; ``prefix``, ``shift``: the digits found so far and this pass's shift
+    (16, then 0). Returns whether some Δ != 0."""
+    return bool(lib.pact_digit_hist_delta(pre, pre_code, x, code, n, prefix, shift, hist))
+
+
+def select_digit(lib: ctypes.CDLL, hist: int, rank: int) -> tuple[int, int]:
+    """:meth:`pactlib.merges.ties.GlobalThreshold.end_pass` for one task: (the largest digit whose
+    entries at or above it hold ``rank``, the entries above it), from 2^16 int64 counters at the
+    address ``hist``."""
+    higher = ctypes.c_int64()
+    return lib.pact_select_digit(hist, rank, ctypes.byref(higher)), higher.value

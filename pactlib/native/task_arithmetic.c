@@ -178,3 +178,52 @@ int64_t pact_apply(const float *D, const void *pre, int32_t pre_code, int64_t n,
     }
     return bad;
 }
+
+/* The radix pass of pactlib.merges.ties.GlobalThreshold.observe (pact_digit_hist_f32) on the task
+ * vector θt − θ0 of n raw entries, without writing it: |Δ|'s digit at shift into hist (2^16
+ * int64 counters), for the entries whose higher digits equal prefix (all on the first pass,
+ * shift = 16). Returns 1 when some Δ != 0. */
+int32_t pact_digit_hist_delta(const void *pre, int32_t pre_code, const void *x, int32_t code, int64_t n,
+                              int64_t prefix, int32_t shift, int64_t *hist) {
+    int nz = 0;
+    uint32_t want = (uint32_t)prefix;
+    int top = shift + 16;
+    for (int64_t a = 0; a < n; a += CHUNK) {
+        int64_t m = n - a < CHUNK ? n - a : CHUNK;
+        float d[CHUNK];
+        if (code == F32 && pre_code == F32) {
+            const float *xf = (const float *)x + a, *pf = (const float *)pre + a;
+            for (int64_t j = 0; j < m; j++)
+                d[j] = xf[j] - pf[j];
+        } else
+            for (int64_t j = 0; j < m; j++)
+                d[j] = load(x, code, a + j) - load(pre, pre_code, a + j);
+        for (int64_t j = 0; j < m; j++) {
+            uint32_t b;
+            memcpy(&b, &d[j], sizeof b);
+            b &= 0x7fffffffu;
+            nz |= b != 0;
+            if (top >= 32)
+                hist[b >> shift]++;
+            else if ((b >> top) == want)
+                hist[(b >> shift) & 0xffffu]++;
+        }
+    }
+    return nz;
+}
+
+/* One digit of the radix selection, as pactlib.merges.ties.GlobalThreshold.end_pass: the largest
+ * digit j whose entries at or above it (in hist, 2^16 counters) number at least rank; *higher
+ * gets the count of entries above j. Returns j (0 when no digit holds rank). */
+int32_t pact_select_digit(const int64_t *hist, int64_t rank, int64_t *higher) {
+    int64_t acc = 0;
+    for (int32_t j = 65535; j >= 0; j--) {
+        if (acc + hist[j] >= rank) {
+            *higher = acc;
+            return j;
+        }
+        acc += hist[j];
+    }
+    *higher = 0;
+    return 0;
+}
