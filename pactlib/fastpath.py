@@ -1,18 +1,31 @@
-"""``pact merge`` of Task Arithmetic without torch: read every input once, add in C, write once.
+"""``pact merge`` of Task Arithmetic and TIES without torch: memory maps, C loops, one write.
 
 Importing torch takes longer than reading a few gigabytes from the page cache, so a merge whose
-arithmetic is one compiled loop pays mostly for the import. For the merges this module takes,
-:func:`try_merge` runs the whole merge with the standard library and the compiled loop of
-:func:`pactlib.native.task_arithmetic`: each key's entries are read in blocks with ``pread``
-from θ0 and every θt, merged (θ = θ0 + α·Σt (θt − θ0), book/method.md, M1) and written by the
-same :class:`pactlib.lazy.CheckpointWriter` as the torch path. The output is the torch path's,
-byte for byte (tests/test_fastpath.py), with the same warnings and the same JSON line.
+arithmetic is a few compiled loops pays mostly for the import. For the merges this module takes,
+:func:`try_merge` runs the whole merge with the standard library and the loops of
+:mod:`pactlib.native`. θ0 and every θt are memory-mapped once; each key is merged in blocks of
+entries read in place (their pages given back after each block, so resident memory stays about
+a block per file), and the merged blocks are written by the same
+:class:`pactlib.lazy.CheckpointWriter` as the torch path, from a second thread while the next
+block is merged.
+
+- Task Arithmetic (book/method.md, M1): θ = θ0 + α·Σt (θt − θ0), one pass
+  (:func:`pactlib.native.task_arithmetic`).
+- TIES (M2), ``scope`` global or per key: two radix passes count each task's |Δt| digits
+  (:func:`pactlib.native.digit_hist_delta`, :func:`~pactlib.native.select_digit`: the
+  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), half of the tasks on each of
+  two threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
+  averages (``pact_ties_merge_f32``) and forms θ0 + α·D (:func:`pactlib.native.apply`).
+
+The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
+and the same JSON line. Like every memory-mapped reader (safetensors' own), it expects the inputs
+not to change while it reads them.
 
 It takes a merge when all of these hold; otherwise :func:`try_merge` returns None before
 anything is written and ``pact merge`` runs the torch path, which also gives every error:
 
-- ``--method task_arithmetic``, or ``ties`` with ``--set`` of ``k`` and ``scope=global`` only and
-  at most 255 tasks; no ``--pact``, ``--config`` or ``--lora-adapters``,
+- ``--method task_arithmetic``, or ``ties`` (``--set`` of ``k`` and ``scope`` only, at most 255
+  tasks); no ``--pact``, ``--config`` or ``--lora-adapters``,
   ``--device`` unset or ``cpu``, ``--out`` a ``.safetensors`` file or index (not a folder or a
   ``.pt``);
 - θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
@@ -27,11 +40,10 @@ output is discarded and the torch path runs, raising the error that names the fi
 """
 from __future__ import annotations
 
-import bisect
 import ctypes
-import itertools
 import json
 import math
+import mmap
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +56,7 @@ from .lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpo
 from .matrix import detect_preset, split_attention_note
 from .safetensors_io import FLOATS, ITEMSIZE, read_entries
 
-__all__ = ["BUDGET_BYTES", "next_digit", "plan", "trim_count", "try_merge"]
+__all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
 #: bytes of all the block buffers together (θ0's, T θt's and two outputs'), whatever T
 BUDGET_BYTES = 12 << 20
@@ -67,14 +79,15 @@ def _one_file(path: str) -> Path | None:
     return files[0] if len(files) == 1 and files[0].suffix == ".safetensors" else None
 
 
-def _ties_params(params: dict) -> float | None:
-    """TIES' trim percentage k from ``--set``, when the merge is global TIES the fast path takes."""
-    if not set(params) <= {"k", "scope"} or params.get("scope", "global") != "global":
+def _ties_params(params: dict) -> tuple[float, str] | None:
+    """TIES' (k, scope) from ``--set``, when the fast path takes them (``k`` and ``scope`` only)."""
+    scope = params.get("scope", "global")
+    if not set(params) <= {"k", "scope"} or scope not in ("global", "per_key"):
         return None
     k = params.get("k", 20.0)
     if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= 100:
         return None
-    return float(k)
+    return float(k), scope
 
 
 def plan(args) -> _Plan | None:
@@ -117,69 +130,64 @@ def plan(args) -> _Plan | None:
         return None
 
 
-def _read(fd: int, view: memoryview, offset: int, path: Path) -> None:
-    """Fill ``view`` from ``fd`` at ``offset`` (pread, short reads continued).
+class _Maps:
+    """θ0 and the θt memory-mapped once each (private, read only in effect: nothing is written to
+    them); blocks of entries are read in place, and their pages are given back after use
+    (``madvise(MADV_DONTNEED)``), so the process's resident memory stays about a block per file
+    whatever the file sizes. Two output buffers of ``step`` entries hold the merged blocks."""
 
-    Raises:
-        OSError: a read failed or the file ended early (naming it)."""
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"{path}: the file ended at byte {offset + done} while reading it")
-        done += n
-
-
-class _Blocks:
-    """The files open once, and block buffers of raw bytes: θ0's, each θt's, two outputs' (in
-    ``BUDGET_BYTES`` together, or ``floats`` more float32 entries per block of scratch ``work``)."""
-
-    def __init__(self, p: _Plan, extra_floats: int = 0):
+    def __init__(self, p: _Plan, scratch_floats: int = 0):
         self.p, self.T = p, len(p.fts)
+        self.files = [p.pre, *p.fts]
         itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
-        self.step = max(256, BUDGET_BYTES // ((self.T + 3) * itemsize + 4 * extra_floats))  # entries per block
-        self._bufs = [bytearray(self.step * itemsize) for _ in range(self.T + 3)]  # θ0, the θt, two outputs
-        self.views = [memoryview(b) for b in self._bufs]
-        self.addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._bufs]
-        self.fts = (ctypes.c_void_p * self.T)(*self.addr[1:self.T + 1])
-        self.work = (ctypes.c_float * max(1, self.step * extra_floats))()
-        self.fds: list[int] = []
-        for f in (p.pre, *p.fts):
-            self.fds.append(os.open(f, os.O_RDONLY))
+        # entries per block: the output buffers and the scratch of T + 1 float32 rows in BUDGET_BYTES
+        self.step = max(1024, BUDGET_BYTES // (2 * itemsize + 4 * scratch_floats))
+        self._maps, self._views, self.base = [], [], []
+        try:
+            for f in self.files:
+                with open(f, "rb") as fh:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                self._maps.append(mm)
+                view = ctypes.c_char.from_buffer(mm)
+                self._views.append(view)
+                self.base.append(ctypes.addressof(view))
+        except BaseException:
+            self.close()
+            raise
+        self._out = [bytearray(self.step * itemsize) for _ in range(2)]
+        self.out_views = [memoryview(b) for b in self._out]
+        self.out_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._out]
+        self.work = (ctypes.c_float * max(1, self.step * scratch_floats))()
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
+        self._views.clear()  # the ctypes views hold the maps' buffers
+        for mm in self._maps:
+            mm.close()
+        self._maps.clear()
 
     def ranges(self, key: str):
         """``(a, m)``: the blocks of ``key``, m entries from entry a."""
         n = math.prod(self.p.entries[key][0])
         return ((a, min(self.step, n - a)) for a in range(0, n, self.step))
 
-    def read(self, key: str, a: int, m: int, buf: int, *, tasks: bool) -> None:
-        """θ0's entries [a, a + m) of ``key`` into buffer ``buf``; with ``tasks`` every θt's too."""
-        size = ITEMSIZE[self.p.entries[key][1]]
-        _read(self.fds[0], self.views[buf][:m * size], self.p.offsets[0][key] + a * size, self.p.pre)
-        if tasks:
-            self.read_tasks(key, a, m, range(self.T))
+    def addr(self, i: int, key: str, a: int) -> int:
+        """The address of entry a of ``key`` in file i (0: θ0, t + 1: θt)."""
+        return self.base[i] + self.p.offsets[i][key] + a * ITEMSIZE[self.p.entries[key][1]]
 
-    def read_tasks(self, key: str, a: int, m: int, tasks) -> None:
-        """The entries [a, a + m) of ``key`` of the θt in ``tasks`` into their buffers."""
-        size = ITEMSIZE[self.p.entries[key][1]]
-        for t in tasks:
-            _read(self.fds[t + 1], self.views[t + 1][:m * size], self.p.offsets[t + 1][key] + a * size, self.p.fts[t])
+    def addrs(self, key: str, a: int, tasks: range):
+        """The addresses of entry a of ``key`` in the θt of ``tasks``, as a ctypes array."""
+        return (ctypes.c_void_p * len(tasks))(*(self.addr(t + 1, key, a) for t in tasks))
 
-    def deltas(self, key: str, a: int, m: int, tasks: range, stack, nonzero, same=None, check: int = 0) -> None:
-        """Read the θt in ``tasks`` (a range) and write their task vectors into their rows of the
-        (T, m) float32 ``stack`` (``pact_deltas``; θ0's block already in buffer 0); ``same``:
-        the (len(tasks))² flags of those tasks, compared when ``check`` (1 values, 2 bits)."""
-        self.read_tasks(key, a, m, tasks)
-        code = native.CODES[self.p.entries[key][1]]
-        n = len(tasks)
-        fts = (ctypes.c_void_p * n)(*self.addr[tasks.start + 1:tasks.stop + 1])
-        self.p.lib.pact_deltas(self.addr[0], code, fts, (ctypes.c_int32 * n)(*([code] * n)), n, m,
-                               ctypes.addressof(stack) + 4 * tasks.start * m, ctypes.addressof(nonzero) + tasks.start,
-                               same if same is not None else None, check if same is not None else 0)
+    def release(self, i: int, key: str, a: int, m: int) -> None:
+        """Give back the pages of file i up to the end of entries [a, a + m) of ``key``, from the
+        page that holds entry a (the pages before it were given back with the blocks before)."""
+        size = ITEMSIZE[self.p.entries[key][1]]
+        lo = self.p.offsets[i][key] + a * size
+        start = lo - lo % mmap.PAGESIZE
+        stop = lo + m * size
+        stop -= stop % mmap.PAGESIZE  # the last page may hold the next block's entries
+        if stop > start:
+            self._maps[i].madvise(mmap.MADV_DONTNEED, start, stop - start)
 
 
 def _pairs(T: int):
@@ -198,55 +206,67 @@ def _found(T: int, nonzero, same) -> tuple[list[bool], set[tuple[int, int]]]:
     return [bool(v) for v in nonzero], {(i, j) for i, j in _pairs(T) if same[i * T + j]}
 
 
-def _written(pool: ThreadPoolExecutor, writer: CheckpointWriter, b: _Blocks):
-    """``emit(key, m, out_buffer)``: hand a merged block to the writer thread, and ``out()``: the
-    output buffer to fill next (after its previous block is written)."""
-    pending: list = [None, None]
-    state = {"k": 0}
+class _Output:
+    """The merged blocks handed to one writer thread, in order, through two buffers: ``buffer()``
+    (the address of the buffer to fill next, once its last block is written), ``emit(key,
+    nbytes)``, ``copy(key, address, nbytes)`` (θ0's bytes of a non-float key), ``drain()``."""
 
-    def out() -> int:
-        k = state["k"]
-        if pending[k] is not None:
-            pending[k].result()  # written: the buffer may be filled again
-        return b.T + 1 + k
+    def __init__(self, pool: ThreadPoolExecutor, writer: CheckpointWriter, maps: _Maps):
+        self.pool, self.writer, self.maps = pool, writer, maps
+        self.pending: list = [None, None]
+        self.k = 0
 
-    def emit(key: str, nbytes: int) -> None:
-        k = state["k"]
-        pending[k] = pool.submit(writer.write_bytes, key, b.views[b.T + 1 + k][:nbytes])
-        state["k"] = k ^ 1
+    def buffer(self) -> int:
+        if self.pending[self.k] is not None:
+            self.pending[self.k].result()  # written: the buffer may be filled again
+        return self.maps.out_addr[self.k]
 
-    def drain() -> None:
-        for f in pending:
+    def emit(self, key: str, nbytes: int) -> None:
+        self.pending[self.k] = self.pool.submit(self.writer.write_bytes, key, self.maps.out_views[self.k][:nbytes])
+        self.k ^= 1
+
+    def copy(self, key: str, address: int, nbytes: int) -> None:
+        ctypes.memmove(self.buffer(), address, nbytes)
+        self.emit(key, nbytes)
+
+    def drain(self) -> None:
+        for f in self.pending:
             if f is not None:
                 f.result()
 
-    return out, emit, drain
+
+def _copy_buffer_key(out: _Output, b: _Maps, key: str) -> None:
+    """A non-float key (a buffer): θ0's bytes, block by block."""
+    size = ITEMSIZE[b.p.entries[key][1]]
+    for a, m in b.ranges(key):
+        out.copy(key, b.addr(0, key, a), m * size)
+        b.release(0, key, a, m)
 
 
 def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
     """Merge every key into ``writer``: (nonzero per task, identical pairs), or None when a
     merged value is not finite (nothing more is written)."""
-    b = _Blocks(p)
+    b = _Maps(p)
     T, alpha = b.T, float(p.args.alpha)
     nonzero, same = _flags(T)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
-            out, emit, drain = _written(pool, writer, b)
+            out = _Output(pool, writer, b)
             for key, (_, dt, _) in p.entries.items():
-                size = ITEMSIZE[dt]
+                if dt not in FLOATS:
+                    _copy_buffer_key(out, b, key)
+                    continue
+                code = native.CODES[dt]
+                codes = (ctypes.c_int32 * T)(*([code] * T))
                 for a, m in b.ranges(key):
-                    o = out()
-                    if dt not in FLOATS:  # a buffer: θ0's bytes
-                        b.read(key, a, m, o, tasks=False)
-                    else:
-                        b.read(key, a, m, 0, tasks=True)
-                        code = native.CODES[dt]
-                        check = any(same[i * T + j] for i, j in _pairs(T))
-                        if native.task_arithmetic(p.lib, b.addr[0], code, b.fts, (ctypes.c_int32 * T)(*([code] * T)),
-                                                  m, alpha, b.addr[o], nonzero, same, check):
-                            return None
-                    emit(key, m * size)
-            drain()
+                    check = any(same[i * T + j] for i, j in _pairs(T))
+                    if native.task_arithmetic(p.lib, b.addr(0, key, a), code, b.addrs(key, a, range(T)), codes, m,
+                                              alpha, out.buffer(), nonzero, same, check):
+                        return None
+                    out.emit(key, m * ITEMSIZE[dt])
+                    for i in range(T + 1):
+                        b.release(i, key, a, m)
+            out.drain()
         return _found(T, nonzero, same)
     finally:
         b.close()
@@ -257,84 +277,134 @@ def trim_count(numel: int, k: float) -> int:
     return min(numel, max(1, int(-(-k * numel // 100))))
 
 
-def next_digit(counts: list[int], rank: int) -> tuple[int, int]:
-    """One digit of the radix selection, as :meth:`pactlib.merges.ties.GlobalThreshold.end_pass`:
-    (the largest digit j whose entries at or above it hold ``rank``, the entries above j)."""
-    at_top = list(itertools.accumulate(reversed(counts)))  # at_top[i]: entries with digit >= len - 1 - i
-    i = bisect.bisect_left(at_top, rank)
-    return len(counts) - 1 - i, at_top[i - 1] if i else 0
-
-
 def _halves(T: int) -> list[range]:
     """The tasks split in two (one range when T = 1): each half on one core."""
     return [range(0, T)] if T == 1 else [range(0, T // 2), range(T // 2, T)]
 
 
-def _ties_global(p: _Plan, writer: CheckpointWriter):
-    """Global TIES into ``writer`` (module docstring): as :func:`_task_arithmetic`. The task
-    vectors of a block are made and counted by two threads, each on half of the tasks (the
-    first block's, while tasks may still be identical, by one: every pair is compared)."""
-    T, alpha = len(p.fts), float(p.args.alpha)
-    b = _Blocks(p, extra_floats=T + 1)  # the (T, m) stack of task vectors and D
-    stack, D = b.work, ctypes.addressof(b.work) + 4 * T * b.step
-    keep = trim_count(sum(math.prod(p.entries[k][0]) for k in p.floats), _ties_params(p.params))
-    bins = 1 << 16
-    hist = (ctypes.c_int64 * (T * bins))()
-    prefix, rank = [0] * T, [keep] * T
-    nonzero, same = _flags(T)
-    halves = _halves(T)
-    try:
-        with ThreadPoolExecutor(max_workers=len(halves)) as cores:
-            def parallel(fn) -> None:
-                for _ in cores.map(fn, halves):  # the first error is raised
-                    pass
+#: ``pactlib.streaming.CHUNK_BYTES``: per-key TIES compares the tasks of a key that fits in a
+#: quarter of it by value (``_TaskChecks.update``), of a longer key by bits (``_KeyProbe``)
+TORCH_CHUNK_BYTES = 32 << 20
 
-            for shift in (16, 0):  # the two radix passes of float32 (GlobalThreshold.observe, end_pass)
-                ctypes.memset(hist, 0, ctypes.sizeof(hist))
-                for key in p.floats:
-                    for a, m in b.ranges(key):
-                        b.read(key, a, m, 0, tasks=False)
 
-                        def count(tasks: range, key=key, a=a, m=m) -> None:
-                            b.deltas(key, a, m, tasks, stack, nonzero)
+def _whole_key(shape: tuple, T: int) -> bool:
+    """Whether per-key TIES' torch path reads ``key`` in one chunk (``DeltaReader.rows`` with a
+    quarter of :data:`TORCH_CHUNK_BYTES`): its tasks are then compared by value, else by bits."""
+    if not shape:
+        return True
+    per_row = max(1, math.prod(shape) // max(shape[0], 1)) * 4 * T
+    return max(1, max(1, TORCH_CHUNK_BYTES // 4) // per_row) >= shape[0]
+
+
+class _Ties:
+    """TIES (M2) over the maps: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
+    for a set of keys, then the merge pass of a key; each block's tasks on two threads."""
+
+    def __init__(self, p: _Plan, b: _Maps, cores: ThreadPoolExecutor):
+        self.p, self.b, self.cores, self.T = p, b, cores, b.T
+        self.halves = _halves(self.T)
+        self.hist = (ctypes.c_int64 * (self.T << 16))()
+        self.nonzero, self.same = _flags(self.T)
+        self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
+        self.D = self.stack + 4 * self.T * b.step
+        self.space = (ctypes.c_float * native.workspace_size(self.T))()
+
+    def _parallel(self, fn) -> None:
+        for _ in self.cores.map(fn, self.halves):  # the first error is raised
+            pass
+
+    def _release(self, key: str, a: int, m: int, tasks) -> None:
+        for t in tasks:
+            self.b.release(t + 1, key, a, m)
+
+    def thresholds(self, keys: list[str], keep: int, check) -> tuple | None:
+        """(thresholds, pending ties) of every task over ``keys``: ctypes int64 arrays; None when
+        a task vector holds NaN / Inf. ``check(key)``: how its tasks are compared while some may
+        be identical (1 values, 2 bits: ``pact_deltas``)."""
+        T, b, lib = self.T, self.b, self.p.lib
+        prefix, rank = [0] * T, [keep] * T
+        hist = ctypes.addressof(self.hist)
+        for shift in (16, 0):  # float32: two passes of 16-bit digits
+            ctypes.memset(self.hist, 0, ctypes.sizeof(self.hist))
+            for key in keys:
+                code = native.CODES[self.p.entries[key][1]]
+                for a, m in b.ranges(key):
+                    pre = b.addr(0, key, a)
+                    if shift and any(self.same[i * T + j] for i, j in _pairs(T)):  # every pair compared
+                        lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), (ctypes.c_int32 * T)(*([code] * T)), T, m,
+                                        self.stack, self.nonzero, self.same, check(key))
+                        for t in range(T):
+                            lib.pact_digit_hist_f32(self.stack + 4 * t * m, m, prefix[t], shift, hist + (t << 19))
+                        self._release(key, a, m, range(T))
+                    else:
+                        def count(tasks: range, key=key, a=a, m=m, pre=pre, code=code) -> None:
                             for t in tasks:
-                                p.lib.pact_digit_hist_f32(ctypes.addressof(stack) + 4 * t * m, m, prefix[t], shift,
-                                                          ctypes.addressof(hist) + 8 * t * bins)
+                                if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t],
+                                                             shift, hist + (t << 19)):
+                                    self.nonzero[t] = 1
+                            self._release(key, a, m, tasks)
 
-                        if shift and any(same[i * T + j] for i, j in _pairs(T)):  # every pair compared
-                            b.deltas(key, a, m, range(T), stack, nonzero, same, 1)
-                            for t in range(T):
-                                p.lib.pact_digit_hist_f32(ctypes.addressof(stack) + 4 * t * m, m, prefix[t], shift,
-                                                          ctypes.addressof(hist) + 8 * t * bins)
-                        else:
-                            parallel(count)
-                counts = memoryview(hist).cast("B").cast("q").tolist()
-                for t in range(T):
-                    row = counts[t * bins:(t + 1) * bins]
-                    if shift and sum(row[0x7f80:]):
-                        return None  # NaN / Inf in a task vector: the torch path names it
-                    j, higher = next_digit(row, rank[t])
-                    rank[t] -= higher
-                    prefix[t] = (prefix[t] << 16) | j
-            thresholds, left = (ctypes.c_int64 * T)(*prefix), (ctypes.c_int64 * T)(*rank)
-            space = (ctypes.c_float * native.workspace_size(T))()
-            with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
-                out, emit, drain = _written(pool, writer, b)
-                for key, (_, dt, _) in p.entries.items():  # the merge pass: trim in position order, elect, mean
-                    size = ITEMSIZE[dt]
-                    for a, m in b.ranges(key):
-                        o = out()
-                        if dt not in FLOATS:
-                            b.read(key, a, m, o, tasks=False)
-                        else:
-                            b.read(key, a, m, 0, tasks=False)
-                            parallel(lambda tasks, key=key, a=a, m=m: b.deltas(key, a, m, tasks, stack, nonzero))
-                            p.lib.pact_ties_merge_f32(stack, T, m, m, thresholds, left, D, space)
-                            if native.apply(p.lib, D, b.addr[0], native.CODES[dt], m, alpha, b.addr[o]):
-                                return None
-                        emit(key, m * size)
-                drain()
-        return _found(T, nonzero, same)
+                        self._parallel(count)
+                    b.release(0, key, a, m)
+            for t in range(T):
+                if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
+                    return None  # NaN / Inf in a task vector: the torch path names it
+                j, higher = native.select_digit(lib, hist + (t << 19), rank[t])
+                rank[t] -= higher
+                prefix[t] = (prefix[t] << 16) | j
+        return (ctypes.c_int64 * T)(*prefix), (ctypes.c_int64 * T)(*rank)
+
+    def merge(self, key: str, thresholds, left, out: _Output, alpha: float) -> bool:
+        """The merge pass over ``key``: trim (the first tied entries by position), elect, mean,
+        θ0 + α·D, to ``out``. False when a merged value is not finite."""
+        T, b, lib = self.T, self.b, self.p.lib
+        dt = self.p.entries[key][1]
+        code = native.CODES[dt]
+        for a, m in b.ranges(key):
+            pre = b.addr(0, key, a)
+
+            def deltas(tasks: range, key=key, a=a, m=m, pre=pre) -> None:
+                lib.pact_deltas(pre, code, b.addrs(key, a, tasks), (ctypes.c_int32 * len(tasks))(*([code] * len(tasks))),
+                                len(tasks), m, self.stack + 4 * tasks.start * m,
+                                ctypes.addressof(self.nonzero) + tasks.start, None, 0)
+                self._release(key, a, m, tasks)
+
+            self._parallel(deltas)
+            lib.pact_ties_merge_f32(self.stack, T, m, m, thresholds, left, self.D, self.space)
+            if native.apply(lib, self.D, pre, code, m, alpha, out.buffer()):
+                return False
+            out.emit(key, m * ITEMSIZE[dt])
+            b.release(0, key, a, m)
+        return True
+
+
+def _ties(p: _Plan, writer: CheckpointWriter):
+    """TIES into ``writer`` (module docstring), global or per key: as :func:`_task_arithmetic`."""
+    T, alpha = len(p.fts), float(p.args.alpha)
+    k, scope = _ties_params(p.params)
+    b = _Maps(p, scratch_floats=T + 1)
+    try:
+        with ThreadPoolExecutor(max_workers=len(_halves(T))) as cores, \
+                ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
+            ties, out = _Ties(p, b, cores), _Output(pool, writer, b)
+            if scope == "global":
+                found = ties.thresholds(p.floats, trim_count(sum(math.prod(p.entries[key][0]) for key in p.floats), k),
+                                        lambda key: 1)
+                if found is None:
+                    return None
+            for key, (shape, dt, _) in p.entries.items():
+                if dt not in FLOATS:
+                    _copy_buffer_key(out, b, key)
+                    continue
+                if scope == "per_key":
+                    found = ties.thresholds([key], trim_count(math.prod(shape), k),
+                                            lambda key: 1 if _whole_key(shape, T) else 2)
+                    if found is None:
+                        return None
+                if not ties.merge(key, *found, out, alpha):
+                    return None
+            out.drain()
+        return _found(T, ties.nonzero, ties.same)
     finally:
         b.close()
 
@@ -360,7 +430,7 @@ def try_merge(args) -> int | None:
     with output_lock(a.out):
         entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
         with CheckpointWriter(a.out, entries, max_shard_size=a.max_shard_size) as writer:
-            found = (_task_arithmetic if a.method == "task_arithmetic" else _ties_global)(p, writer)
+            found = (_task_arithmetic if a.method == "task_arithmetic" else _ties)(p, writer)
             if found is None:
                 return None  # the writer removes its temporary files; the torch path names the cause
             for message in task_set_warnings(names, *found):

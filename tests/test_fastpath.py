@@ -132,7 +132,8 @@ def test_what_it_does_not_take_goes_to_the_torch_path(tmp_path, monkeypatch, cap
     monkeypatch.setenv(native.ENV, "1")
     assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is not None
     assert fastpath.plan(parse("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=30")) is not None
-    for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=per_key"),
+    assert fastpath.plan(parse("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=per_key"))
+    for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=both"),
                     ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=0"),
                     ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "other=1"),
                     ("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts, "--set", "k=1"),
@@ -155,12 +156,12 @@ def test_what_it_does_not_take_goes_to_the_torch_path(tmp_path, monkeypatch, cap
 def test_keys_longer_than_a_block_are_merged_block_by_block(tmp_path, monkeypatch, capsys):
     from pactlib import fastpath
 
-    def edit(pre, fts):  # keys of 1000 and 2003 entries: four and eight blocks of 256
+    def edit(pre, fts):  # keys of 4000 and 5003 entries: four and five blocks of 1024
         g = torch.Generator().manual_seed(3)
-        pre["emb.weight"], pre["odd.bias"] = torch.randn(40, 25, generator=g), torch.randn(2003, generator=g)
+        pre["emb.weight"], pre["odd.bias"] = torch.randn(160, 25, generator=g), torch.randn(5003, generator=g)
         for ft in fts:
-            ft["emb.weight"] = pre["emb.weight"] + 0.01 * torch.randn(40, 25, generator=g)
-            ft["odd.bias"] = pre["odd.bias"] + 0.01 * torch.randn(2003, generator=g)
+            ft["emb.weight"] = pre["emb.weight"] + 0.01 * torch.randn(160, 25, generator=g)
+            ft["odd.bias"] = pre["odd.bias"] + 0.01 * torch.randn(5003, generator=g)
 
     monkeypatch.setattr(fastpath, "BUDGET_BYTES", 1)
     base, fts = write(tmp_path, T=5, dtype=torch.bfloat16, edit=edit)
@@ -184,23 +185,26 @@ def quantized(pre, fts):
         for k, v in pre.items():
             if v.is_floating_point():
                 ft[k] = v + (torch.randint(-3, 4, v.shape, generator=g) * 0.125).to(v.dtype)
-    pre["big.weight"] = torch.randn(70, 30, generator=g).to(pre["lin.weight"].dtype)
+    pre["big.weight"] = torch.randn(700, 30, generator=g).to(pre["lin.weight"].dtype)  # 21,000 entries
     for ft in fts:
-        ft["big.weight"] = pre["big.weight"] + (torch.randint(-2, 3, (70, 30), generator=g) * 0.25).to(pre["big.weight"].dtype)
+        ft["big.weight"] = pre["big.weight"] + (torch.randint(-2, 3, (700, 30), generator=g) * 0.25).to(
+            pre["big.weight"].dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,budget", [(20, None), (35, 1), (100, None)])
-def test_global_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget):
+@pytest.mark.parametrize("scope", ["global", "per_key"])
+def test_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget, scope):
     from pactlib import fastpath
 
-    if budget is not None:  # blocks of 256 entries: thresholds' ties cut across blocks and keys
+    if budget is not None:  # blocks of 1024 entries: thresholds' ties cut across blocks and keys
         monkeypatch.setattr(fastpath, "BUDGET_BYTES", budget)
     base, fts = write(tmp_path, T=5, dtype=dtype, edit=quantized if k != 100 else None)
-    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"k={k}", method="ties")
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"k={k}", f"scope={scope}",
+                                method="ties")
     assert fast[0] == slow[0] == 0 and a == b
     assert {**fast[1], "out": None, "files": None} == {**slow[1], "out": None, "files": None}
-    assert fast[1]["params"] == {"k": k}
+    assert fast[1]["params"] == {"k": k, "scope": scope}
 
 
 def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
@@ -220,19 +224,11 @@ def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
     assert fast[0] == slow[0] == 2 and fast[2] == slow[2] and "head.weight" in fast[2] and a == b == []
 
 
-def test_radix_helpers_are_the_torch_paths():
+def test_trim_count_is_the_torch_paths():
     from pactlib import fastpath
-    from pactlib.merges.ties import GlobalThreshold
     from pactlib.merges.ties import trim_count as torch_trim_count
+    from pactlib.streaming import CHUNK_BYTES
 
     for n, k in ((1, 20.0), (7, 20.0), (10**9 + 7, 33.3), (12345, 100.0), (99, 0.5)):
         assert fastpath.trim_count(n, k) == torch_trim_count(n, k)
-    g = torch.Generator().manual_seed(2)
-    for rank in (1, 17, 5000, 200000):
-        counts = torch.randint(0, 9, (1 << 16,), generator=g) * (torch.rand(1 << 16, generator=g) < 0.3)
-        counts[-1] += rank  # enough entries
-        gt = GlobalThreshold(1, rank, torch.float32)
-        gt.hist[0] = counts
-        gt.end_pass()
-        j, higher = fastpath.next_digit(counts.tolist(), rank)
-        assert (j, rank - higher) == (gt.prefix[0], gt.rank[0])
+    assert fastpath.TORCH_CHUNK_BYTES == CHUNK_BYTES
