@@ -232,3 +232,22 @@ def test_trim_count_is_the_torch_paths():
     for n, k in ((1, 20.0), (7, 20.0), (10**9 + 7, 33.3), (12345, 100.0), (99, 0.5)):
         assert fastpath.trim_count(n, k) == torch_trim_count(n, k)
     assert fastpath.TORCH_CHUNK_BYTES == CHUNK_BYTES
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties"])
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, capsys, method):
+    from pactlib.lazy import CheckpointWriter
+
+    base, fts = write(tmp_path, T=3)
+    (tmp_path / "out").mkdir()
+    seen = []
+
+    def full_disk(self, key, data):
+        seen.append(key)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CheckpointWriter, "write_bytes", full_disk)
+    rc, _, err = run(["--method", method, "--alpha", "0.3", "--pretrained", base, "--finetuned", *fts,
+                      "--out", str(tmp_path / "out" / "m.safetensors")], monkeypatch, capsys, fast=True)
+    assert rc == 2 and "No space left" in err and seen
+    assert list((tmp_path / "out").iterdir()) == []  # no output, no temporary file, no lock
