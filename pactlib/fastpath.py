@@ -58,7 +58,8 @@ from .safetensors_io import FLOATS, ITEMSIZE, read_entries
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
-#: bytes of all the block buffers together (θ0's, T θt's and two outputs'), whatever T
+#: bytes of the two output buffers and of TIES' (T + 1) float32 rows of scratch together, whatever
+#: T: the size of a block (inputs are read in place)
 BUDGET_BYTES = 12 << 20
 
 
