@@ -283,8 +283,10 @@ def main(argv=None) -> None:
         start = run_child([py, "-c", "import pactlib.cli"], env, code)  # what every merge pays before it reads a byte
         commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
+        torch_too = subprocess.run([py, "-c", "import sys, pactlib.cli; print('torch' in sys.modules)"], env=env,
+                                   cwd=code, capture_output=True, text=True).stdout.strip() == "True"
         rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start,
-               "load1": round(os.getloadavg()[0], 2)}
+               "torch": torch_too, "load1": round(os.getloadavg()[0], 2)}
         emit(rec)
         for T in sorted(args.tasks):
             files = [base] + [work / f"task{t:02d}.safetensors" for t in range(T)]
