@@ -13,8 +13,8 @@ block is merged.
   (:func:`pactlib.native.task_arithmetic`).
 - TIES (M2), ``scope`` global or per key: two radix passes count each task's |Δt| digits
   (:func:`pactlib.native.digit_hist_delta`, :func:`~pactlib.native.select_digit`: the
-  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), half of the tasks on each of
-  two threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
+  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), the tasks split over
+  ``--workers`` threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
   averages (``pact_ties_merge_f32``) and forms θ0 + α·D (:func:`pactlib.native.apply`).
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
@@ -278,9 +278,15 @@ def trim_count(numel: int, k: float) -> int:
     return min(numel, max(1, int(-(-k * numel // 100))))
 
 
-def _halves(T: int) -> list[range]:
-    """The tasks split in two (one range when T = 1): each half on one core."""
-    return [range(0, T)] if T == 1 else [range(0, T // 2), range(T // 2, T)]
+def _parts(T: int, workers: int) -> list[range]:
+    """The tasks split into min(workers, T) contiguous ranges, one per thread."""
+    n = max(1, min(workers, T))
+    return [range(T * i // n, T * (i + 1) // n) for i in range(n)]
+
+
+def _workers(args) -> int:
+    """Threads for TIES' passes: ``--workers``, else ``--threads``, else 1 (as the torch path)."""
+    return args.workers if args.workers is not None else (args.threads or 1)
 
 
 #: ``pactlib.streaming.CHUNK_BYTES``: per-key TIES compares the tasks of a key that fits in a
@@ -299,11 +305,12 @@ def _whole_key(shape: tuple, T: int) -> bool:
 
 class _Ties:
     """TIES (M2) over the maps: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
-    for a set of keys, then the merge pass of a key; each block's tasks on two threads."""
+    for a set of keys, then the merge pass of a key; each block's tasks split over ``--workers``
+    threads (the same bits for any number)."""
 
     def __init__(self, p: _Plan, b: _Maps, cores: ThreadPoolExecutor):
         self.p, self.b, self.cores, self.T = p, b, cores, b.T
-        self.halves = _halves(self.T)
+        self.halves = _parts(self.T, _workers(p.args))
         self.hist = (ctypes.c_int64 * (self.T << 16))()
         self.nonzero, self.same = _flags(self.T)
         self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
@@ -385,7 +392,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
     k, scope = _ties_params(p.params)
     b = _Maps(p, scratch_floats=T + 1)
     try:
-        with ThreadPoolExecutor(max_workers=len(_halves(T))) as cores, \
+        with ThreadPoolExecutor(max_workers=len(_parts(T, _workers(p.args)))) as cores, \
                 ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
             ties, out = _Ties(p, b, cores), _Output(pool, writer, b)
             if scope == "global":
