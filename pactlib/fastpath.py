@@ -58,9 +58,9 @@ from .safetensors_io import FLOATS, ITEMSIZE, read_entries
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
-#: bytes of the two output buffers and of TIES' (T + 1) float32 rows of scratch together, whatever
-#: T: the size of a block (inputs are read in place)
-BUDGET_BYTES = 12 << 20
+#: bytes a block holds together, whatever T: its mapped input pages, the two output buffers and
+#: TIES' (T + 1) float32 rows of scratch
+BUDGET_BYTES = 24 << 20
 
 
 class _Plan:
@@ -141,8 +141,9 @@ class _Maps:
         self.p, self.T = p, len(p.fts)
         self.files = [p.pre, *p.fts]
         itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
-        # entries per block: the output buffers and the scratch of T + 1 float32 rows in BUDGET_BYTES
-        self.step = max(1024, BUDGET_BYTES // (2 * itemsize + 4 * scratch_floats))
+        # entries per block: the mapped pages of the T + 1 inputs that a block holds resident, the two
+        # output buffers and the scratch of float32 rows, together in BUDGET_BYTES whatever T
+        self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize + 4 * scratch_floats))
         self._maps, self._views, self.base = [], [], []
         try:
             for f in self.files:
