@@ -63,6 +63,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from sink import Sink  # noqa: E402  (the JSON-lines records, as every bench script writes them)
 
 METHODS = ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")
 SVD_METHODS = ("tsv_m", "iso_c", "iso_cts")
@@ -322,16 +323,9 @@ def main(argv=None) -> list[dict]:
                             text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "pactlib",
                                  ":!pactlib/book"], capture_output=True, text=True).stdout.strip())
-    records: list[dict] = []
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(args.out, "a" if args.append else "w")
-
-    def emit(rec: dict) -> None:  # each record as it comes: an interrupted run keeps what it measured
-        rec = {"bench": "fusion_bench_side_by_side", "label": args.label, **rec}
-        records.append(rec)
-        sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        sink.flush()
-        print(json.dumps(rec, ensure_ascii=False), flush=True)
+    sink = Sink(args.out, append=args.append, head={"bench": "fusion_bench_side_by_side", "label": args.label},
+                ensure_ascii=False)  # each record as it comes: an interrupted run keeps what it measured
+    emit, records = sink.emit, sink.records
 
     work = Path(tempfile.mkdtemp(prefix="bench_fusion_bench-"))
     child = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ import pactlib
 from pactlib.matrix import MatrixRule
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from sink import Sink  # noqa: E402  (the JSON-lines records, as every bench script writes them)
 
 
 def state_dicts(matrices: int, shape: tuple[int, int], T: int, seed: int = 0):
@@ -150,9 +153,9 @@ def main(argv=None) -> None:
             print(json.dumps(rec))
             records.append(rec)
             del outs
-    with open(args.out, "a") as f:
+    with Sink(args.out, append=True, echo=False, mkdir=False) as sink:  # all at the end, each printed above
         for rec in records:
-            f.write(json.dumps(rec) + "\n")
+            sink.emit(rec)
 
 
 if __name__ == "__main__":

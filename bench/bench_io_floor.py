@@ -76,6 +76,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from sink import Sink  # noqa: E402  (the JSON-lines records, as every bench script writes them)
+
 METHODS = ("task_arithmetic", "ties_global", "ties_per_key", "tsv_m", "iso_c", "iso_cts")
 SETS = {"ties_global": ("ties", ["scope=global"]), "ties_per_key": ("ties", ["scope=per_key"])}
 
@@ -258,15 +261,8 @@ def main(argv=None) -> None:
     py = sys.executable
     code = args.code.resolve()
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    records: list[dict] = []
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(args.out, "a" if args.append else "w")
-
-    def emit(rec: dict) -> None:  # each record as it comes: an interrupted run keeps what it measured
-        records.append(rec)
-        sink.write(json.dumps(rec) + "\n")
-        sink.flush()
-        print(json.dumps(rec), flush=True)
+    sink = Sink(args.out, append=args.append)  # each record as it comes: an interrupted run keeps what it measured
+    emit, records = sink.emit, sink.records
     shape = dict(layers=args.layers, hidden=args.hidden, mlp=args.mlp, vocab=args.vocab)
     work = args.keep or Path(tempfile.mkdtemp(prefix="io_floor-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -283,8 +279,10 @@ def main(argv=None) -> None:
         start = run_child([py, "-c", "import pactlib.cli"], env, code)  # what every merge pays before it reads a byte
         commit = subprocess.run(["git", "-C", str(args.code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
+        torch_too = subprocess.run([py, "-c", "import sys, pactlib.cli; print('torch' in sys.modules)"], env=env,
+                                   cwd=code, capture_output=True, text=True).stdout.strip() == "True"
         rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start,
-               "load1": round(os.getloadavg()[0], 2)}
+               "torch": torch_too, "load1": round(os.getloadavg()[0], 2)}
         emit(rec)
         for T in sorted(args.tasks):
             files = [base] + [work / f"task{t:02d}.safetensors" for t in range(T)]

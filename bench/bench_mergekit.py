@@ -67,6 +67,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_io_floor import WRITER, add_shape_args, run_child  # noqa: E402  (the same checkpoints, the same child rusage)
+from sink import Sink  # noqa: E402  (the JSON-lines records, as every bench script writes them)
 
 METHODS = ("task_arithmetic", "ties")
 
@@ -215,16 +216,9 @@ def main(argv=None) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads),
            "MKL_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     shape = dict(layers=args.layers, hidden=args.hidden, mlp=args.mlp, vocab=args.vocab)
-    records: list[dict] = []
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(args.out, "a" if args.append else "w")
-
-    def emit(rec: dict) -> None:  # each record as it comes: an interrupted run keeps what it measured
-        rec = {"bench": "mergekit_side_by_side", "label": args.label, **rec}
-        records.append(rec)
-        sink.write(json.dumps(rec) + "\n")
-        sink.flush()
-        print(json.dumps(rec), flush=True)
+    # each record as it comes: an interrupted run keeps what it measured
+    sink = Sink(args.out, append=args.append, head={"bench": "mergekit_side_by_side", "label": args.label})
+    emit, records = sink.emit, sink.records
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_mergekit-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ block is merged.
   (:func:`pactlib.native.task_arithmetic`).
 - TIES (M2), ``scope`` global or per key: two radix passes count each task's |Δt| digits
   (:func:`pactlib.native.digit_hist_delta`, :func:`~pactlib.native.select_digit`: the
-  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), half of the tasks on each of
-  two threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
+  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), the tasks split over
+  ``--workers`` threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
   averages (``pact_ties_merge_f32``) and forms θ0 + α·D (:func:`pactlib.native.apply`).
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
@@ -58,8 +58,9 @@ from .safetensors_io import FLOATS, ITEMSIZE, read_entries
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
-#: bytes of all the block buffers together (θ0's, T θt's and two outputs'), whatever T
-BUDGET_BYTES = 12 << 20
+#: bytes a block holds together, whatever T: its mapped input pages, the two output buffers and
+#: TIES' (T + 1) float32 rows of scratch
+BUDGET_BYTES = 24 << 20
 
 
 class _Plan:
@@ -140,8 +141,9 @@ class _Maps:
         self.p, self.T = p, len(p.fts)
         self.files = [p.pre, *p.fts]
         itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
-        # entries per block: the output buffers and the scratch of T + 1 float32 rows in BUDGET_BYTES
-        self.step = max(1024, BUDGET_BYTES // (2 * itemsize + 4 * scratch_floats))
+        # entries per block: the mapped pages of the T + 1 inputs that a block holds resident, the two
+        # output buffers and the scratch of float32 rows, together in BUDGET_BYTES whatever T
+        self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize + 4 * scratch_floats))
         self._maps, self._views, self.base = [], [], []
         try:
             for f in self.files:
@@ -277,9 +279,15 @@ def trim_count(numel: int, k: float) -> int:
     return min(numel, max(1, int(-(-k * numel // 100))))
 
 
-def _halves(T: int) -> list[range]:
-    """The tasks split in two (one range when T = 1): each half on one core."""
-    return [range(0, T)] if T == 1 else [range(0, T // 2), range(T // 2, T)]
+def _parts(T: int, workers: int) -> list[range]:
+    """The tasks split into min(workers, T) contiguous ranges, one per thread."""
+    n = max(1, min(workers, T))
+    return [range(T * i // n, T * (i + 1) // n) for i in range(n)]
+
+
+def _workers(args) -> int:
+    """Threads for TIES' passes: ``--workers``, else ``--threads``, else 1 (as the torch path)."""
+    return args.workers if args.workers is not None else (args.threads or 1)
 
 
 #: ``pactlib.streaming.CHUNK_BYTES``: per-key TIES compares the tasks of a key that fits in a
@@ -298,11 +306,12 @@ def _whole_key(shape: tuple, T: int) -> bool:
 
 class _Ties:
     """TIES (M2) over the maps: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
-    for a set of keys, then the merge pass of a key; each block's tasks on two threads."""
+    for a set of keys, then the merge pass of a key; each block's tasks split over ``--workers``
+    threads (the same bits for any number)."""
 
     def __init__(self, p: _Plan, b: _Maps, cores: ThreadPoolExecutor):
         self.p, self.b, self.cores, self.T = p, b, cores, b.T
-        self.halves = _halves(self.T)
+        self.halves = _parts(self.T, _workers(p.args))
         self.hist = (ctypes.c_int64 * (self.T << 16))()
         self.nonzero, self.same = _flags(self.T)
         self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
@@ -384,7 +393,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
     k, scope = _ties_params(p.params)
     b = _Maps(p, scratch_floats=T + 1)
     try:
-        with ThreadPoolExecutor(max_workers=len(_halves(T))) as cores, \
+        with ThreadPoolExecutor(max_workers=len(_parts(T, _workers(p.args)))) as cores, \
                 ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
             ties, out = _Ties(p, b, cores), _Output(pool, writer, b)
             if scope == "global":

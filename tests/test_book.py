@@ -329,8 +329,10 @@ def test_floor_findings_say_which_goals_are_met_from_the_records(tmp_path, monke
     assert kernel == ("**Kernel time ≤ 15 % of the CPU time**: met by Task Arithmetic 12–14 % (T = 2, 8); "
                       "TIES (global) 10 % (T = 8); not met by Iso-C 20 % (T = 2).")
     assert "Task Arithmetic 1.02 (T = 8 over 2); TIES (global) 1.40 (T = 8 over 2): not met." in memory
-    assert start == ("Importing the CLI (torch) alone takes 3.0 CPU-s and 830 MB, 3.0× the floor at T = 2, "
-                     "in every `pact merge` process.")
+    assert start == ("Importing the CLI takes 3.0 CPU-s and 830 MB, 3.0× the floor at T = 2, "
+                     "in every `pact merge` process (it imports torch).")
+    light = speed.floor_findings(now, None, {**speed.startup(IO_ROWS, "new"), "torch": False})
+    assert light[-2].endswith("process; a merge that runs the torch path imports torch on top of that.")
     assert "4.0" in load
     every = speed.floor_findings(now[now["kernel_share"] <= 0.15])
     assert any(s.startswith("**Kernel time** is at most 15 % of the CPU time for every method") for s in every)

@@ -192,16 +192,16 @@ def quantized(pre, fts):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,budget", [(20, None), (35, 1), (100, None)])
+@pytest.mark.parametrize("k,budget,workers", [(20, None, "1"), (35, 1, "3"), (100, None, "2")])
 @pytest.mark.parametrize("scope", ["global", "per_key"])
-def test_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget, scope):
+def test_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget, workers, scope):
     from pactlib import fastpath
 
     if budget is not None:  # blocks of 1024 entries: thresholds' ties cut across blocks and keys
         monkeypatch.setattr(fastpath, "BUDGET_BYTES", budget)
     base, fts = write(tmp_path, T=5, dtype=dtype, edit=quantized if k != 100 else None)
     (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"k={k}", f"scope={scope}",
-                                method="ties")
+                                "--workers", workers, method="ties")
     assert fast[0] == slow[0] == 0 and a == b
     assert {**fast[1], "out": None, "files": None} == {**slow[1], "out": None, "files": None}
     assert fast[1]["params"] == {"k": k, "scope": scope}
@@ -232,3 +232,22 @@ def test_trim_count_is_the_torch_paths():
     for n, k in ((1, 20.0), (7, 20.0), (10**9 + 7, 33.3), (12345, 100.0), (99, 0.5)):
         assert fastpath.trim_count(n, k) == torch_trim_count(n, k)
     assert fastpath.TORCH_CHUNK_BYTES == CHUNK_BYTES
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ties"])
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, capsys, method):
+    from pactlib.lazy import CheckpointWriter
+
+    base, fts = write(tmp_path, T=3)
+    (tmp_path / "out").mkdir()
+    seen = []
+
+    def full_disk(self, key, data):
+        seen.append(key)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CheckpointWriter, "write_bytes", full_disk)
+    rc, _, err = run(["--method", method, "--alpha", "0.3", "--pretrained", base, "--finetuned", *fts,
+                      "--out", str(tmp_path / "out" / "m.safetensors")], monkeypatch, capsys, fast=True)
+    assert rc == 2 and "No space left" in err and seen
+    assert list((tmp_path / "out").iterdir()) == []  # no output, no temporary file, no lock

@@ -9,8 +9,8 @@ issue's, not measurements.
 
 The I/O floor of T tasks is the wall time of reading every input once from a warm page cache
 plus writing one output-sized file, measured in the same run as the merges. Ratios:
-``wall_ratio`` (the whole ``pact merge`` process's wall time over the floor, its import of torch
-included: the goal's measure, as a user runs the command), ``merge_wall_ratio`` (the merge phase
+``wall_ratio`` (the whole ``pact merge`` process's wall time over the floor, its imports included:
+the goal's measure, as a user runs the command), ``merge_wall_ratio`` (the merge phase
 alone, after the import, in the same process), ``cpu_ratio`` (the process's user + system CPU
 time over the floor: steadier on a loaded machine) and ``merge_cpu_ratio`` (the merge phase's);
 ``kernel_share`` is system / (user + system) CPU time. Reading from the page cache is itself
@@ -260,8 +260,9 @@ def floor_findings(now: pd.DataFrame, memory: pd.DataFrame | None = None,
     out = []
     if now["method"].isin(list(FLOOR_GOALS)).any():
         out.append("The goal's measure is the whole `pact merge` process's wall time over the floor, as a user "
-                   "runs the command: it includes the import of torch. The merge phase alone (the same process "
-                   "after the import) is given beside it.")
+                   "runs the command: it includes Python's start and the imports (torch, for a merge that runs "
+                   "the torch path). The merge phase alone (the same process after importing the CLI) is given "
+                   "beside it.")
     for m, g in now.groupby("method", sort=False):
         if m not in FLOOR_GOALS:
             continue
@@ -298,8 +299,10 @@ def floor_findings(now: pd.DataFrame, memory: pd.DataFrame | None = None,
     if start and isinstance(start.get("user_s"), (int, float)) and len(now):
         cpu = start["user_s"] + start.get("sys_s", 0.0)
         floor = now.loc[now["T"] == now["T"].min(), "floor_s"].min()
-        out.append(f"Importing the CLI (torch) alone takes {cpu:.1f} CPU-s and {start.get('peak_rss_mb', 0):.0f} MB, "
-                   f"{cpu / floor:.1f}× the floor at T = {int(now['T'].min())}, in every `pact merge` process.")
+        out.append(f"Importing the CLI takes {cpu:.1f} CPU-s and {start.get('peak_rss_mb', 0):.0f} MB, "
+                   f"{cpu / floor:.1f}× the floor at T = {int(now['T'].min())}, in every `pact merge` process"
+                   + (" (it imports torch)." if start.get("torch", True) else
+                      "; a merge that runs the torch path imports torch on top of that."))
     if len(now) and now["load1"].notna().any():
         out.append(f"The shared machine's load average was {_range(now['load1'])} during these runs: a merge "
                    "waiting for a core adds to its wall time, not to its CPU time.")
