@@ -469,11 +469,12 @@ else:
 
 # %% [markdown]
 # The bullets above are written from the records. Where a goal is missed, the profile note
-# (`bench/io_floor_profile.md`) says where the time goes. Every process first imports torch,
-# and the bullet above sets that cost against the floor. Part of Task Arithmetic's system time
-# is the copy of every input byte out of the page cache, which the floor's reader pays too; the
-# bullet on the floor's own kernel time gives, per method, the kernel seconds beyond the floor's
-# (a negative value: less than the floor's own reader spent). TIES reads every input three
+# (`bench/io_floor_profile.md`) says where the time goes. The bullet above on the CLI's import
+# sets that cost against the floor. Part of every method's system time is reading the inputs
+# from the page cache, which the floor's reader pays too (a copy with `pread`; the torch-free
+# merges map the pages instead, which costs less); the bullet on the floor's own kernel time
+# gives, per method, the kernel seconds beyond the floor's (a negative value: less than the
+# floor's own reader spent). TIES reads every input three
 # times: two passes find the global threshold, one merges. Compiling each pass into one loop
 # cut its user time by 2.5–3×, and left it at 7–12× the floor in the merge phase. Three reads
 # already take most of what 4× the floor allows. Two passes instead of three (a sample predicts
