@@ -192,20 +192,26 @@ class _Maps:
             self._maps[i].madvise(mmap.MADV_DONTNEED, start, stop - start)
 
 
-def _pairs(T: int):
-    return [(i, j) for i in range(T) for j in range(i + 1, T)]
+class _Flags:
+    """What the C loops find about the task set: ``nonzero`` (T uint8 flags, set where some
+    Δt != 0) and ``same`` (T·T, every pair i < j set until the loops see Δi and Δj differ)."""
 
+    def __init__(self, T: int):
+        self.T = T
+        self.pairs = [(i, j) for i in range(T) for j in range(i + 1, T)]
+        self.nonzero, self.same = (ctypes.c_uint8 * T)(), (ctypes.c_uint8 * (T * T))()
+        for i, j in self.pairs:
+            self.same[i * T + j] = 1
+        self._open = bool(self.pairs)
 
-def _flags(T: int):
-    """(nonzero, same): T uint8 flags, and T·T with every pair (i < j) set."""
-    nonzero, same = (ctypes.c_uint8 * T)(), (ctypes.c_uint8 * (T * T))()
-    for i, j in _pairs(T):
-        same[i * T + j] = 1
-    return nonzero, same
+    def undecided(self) -> bool:
+        """Whether some pair of tasks may still be identical (once none may, never again)."""
+        self._open = self._open and any(self.same[i * self.T + j] for i, j in self.pairs)
+        return self._open
 
-
-def _found(T: int, nonzero, same) -> tuple[list[bool], set[tuple[int, int]]]:
-    return [bool(v) for v in nonzero], {(i, j) for i, j in _pairs(T) if same[i * T + j]}
+    def found(self) -> tuple[list[bool], set[tuple[int, int]]]:
+        """(nonzero per task, identical pairs): :func:`pactlib.checks.task_set_warnings`' input."""
+        return [bool(v) for v in self.nonzero], {(i, j) for i, j in self.pairs if self.same[i * self.T + j]}
 
 
 class _Output:
@@ -250,7 +256,7 @@ def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
     merged value is not finite (nothing more is written)."""
     b = _Maps(p)
     T, alpha = b.T, float(p.args.alpha)
-    nonzero, same = _flags(T)
+    flags = _Flags(T)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
             out = _Output(pool, writer, b)
@@ -261,15 +267,14 @@ def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
                 code = native.CODES[dt]
                 codes = (ctypes.c_int32 * T)(*([code] * T))
                 for a, m in b.ranges(key):
-                    check = any(same[i * T + j] for i, j in _pairs(T))
                     if native.task_arithmetic(p.lib, b.addr(0, key, a), code, b.addrs(key, a, range(T)), codes, m,
-                                              alpha, out.buffer(), nonzero, same, check):
+                                              alpha, out.buffer(), flags.nonzero, flags.same, flags.undecided()):
                         return None
                     out.emit(key, m * ITEMSIZE[dt])
                     for i in range(T + 1):
                         b.release(i, key, a, m)
             out.drain()
-        return _found(T, nonzero, same)
+        return flags.found()
     finally:
         b.close()
 
@@ -313,7 +318,8 @@ class _Ties:
         self.p, self.b, self.cores, self.T = p, b, cores, b.T
         self.halves = _parts(self.T, _workers(p.args))
         self.hist = (ctypes.c_int64 * (self.T << 16))()
-        self.nonzero, self.same = _flags(self.T)
+        self.flags = _Flags(self.T)
+        self.nonzero, self.same = self.flags.nonzero, self.flags.same
         self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
         self.D = self.stack + 4 * self.T * b.step
         self.space = (ctypes.c_float * native.workspace_size(self.T))()
@@ -339,7 +345,7 @@ class _Ties:
                 code = native.CODES[self.p.entries[key][1]]
                 for a, m in b.ranges(key):
                     pre = b.addr(0, key, a)
-                    if shift and any(self.same[i * T + j] for i, j in _pairs(T)):  # every pair compared
+                    if shift and self.flags.undecided():  # every pair compared
                         lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), (ctypes.c_int32 * T)(*([code] * T)), T, m,
                                         self.stack, self.nonzero, self.same, check(key))
                         for t in range(T):
@@ -413,7 +419,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
                 if not ties.merge(key, *found, out, alpha):
                     return None
             out.drain()
-        return _found(T, ties.nonzero, ties.same)
+        return ties.flags.found()
     finally:
         b.close()
 
