@@ -300,6 +300,10 @@ def _workers(args) -> int:
 TORCH_CHUNK_BYTES = 32 << 20
 
 
+#: bytes of one file a radix pass reads at a time (:meth:`_Ties._spans`)
+SPAN_BYTES = 4 << 20
+
+
 def _whole_key(shape: tuple, T: int) -> bool:
     """Whether per-key TIES' torch path reads ``key`` in one chunk (``DeltaReader.rows`` with a
     quarter of :data:`TORCH_CHUNK_BYTES`): its tasks are then compared by value, else by bits."""
@@ -309,87 +313,197 @@ def _whole_key(shape: tuple, T: int) -> bool:
     return max(1, max(1, TORCH_CHUNK_BYTES // 4) // per_row) >= shape[0]
 
 
+class _Left:
+    """Which entries equal to its threshold each task still keeps (TIES keeps the first by
+    position, :class:`pactlib.merges.ties.GlobalThreshold`): ``left[t]`` still to keep of the
+    ``remaining[t]`` still to come. A task is done when it keeps none more, and keeps all when it
+    keeps every one to come; only the others (pending) make a block's column parts depend on each
+    other: their ties in every part but the last are counted first, and each part starts with what
+    the parts before it left."""
+
+    ALL = 1 << 62  # a part keeps every tie it meets
+
+    def __init__(self, left: list[int], equal: list[int]):
+        self.left, self.remaining = list(left), list(equal)
+
+    def pending(self) -> list[int]:
+        return [t for t, (n, r) in enumerate(zip(self.left, self.remaining)) if 0 < n < r]
+
+    def starts(self, counts: list[list[int]]) -> list[list[int]]:
+        """What each of ``len(counts) + 1`` parts starts from (``pact_ties_merge_f32``'s ``left``),
+        given the ties of each pending task (:meth:`pending`'s order) in every part but the last."""
+        pending, out = self.pending(), []
+        for w in range(len(counts) + 1):
+            row = [0 if v == 0 else self.ALL for v in self.left]
+            for i, t in enumerate(pending):
+                row[t] = max(0, self.left[t] - sum(c[i] for c in counts[:w]))
+            out.append(row)
+        return out
+
+    def advance(self, starts: list[list[int]], ends: list) -> None:
+        """The block is merged, part w from ``starts[w]`` down to ``ends[w]``: the ties of the
+        pending tasks are behind. A task still left with ties to keep kept every one of the block."""
+        for t in self.pending():
+            kept = sum(s[t] - e[t] for s, e in zip(starts, ends))
+            self.left[t], self.remaining[t] = self.left[t] - kept, self.remaining[t] - kept
+
+
 class _Ties:
     """TIES (M2) over the maps: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
-    for a set of keys, then the merge pass of a key; each block's tasks split over ``--workers``
-    threads (the same bits for any number)."""
+    for a set of keys, each worker thread sweeping its own tasks through every block (no thread
+    waits for another until the pass ends); then the merge pass of a key, each block's columns split
+    over the workers. The same bits for any number of workers."""
+
+    ALIGN = 64  # column parts start on whole cache lines of the output
 
     def __init__(self, p: _Plan, b: _Maps, cores: ThreadPoolExecutor):
         self.p, self.b, self.cores, self.T = p, b, cores, b.T
-        self.halves = _parts(self.T, _workers(p.args))
+        self.workers = _workers(p.args)  # column parts of a merged block
+        self.halves = _parts(self.T, self.workers)  # task ranges of a radix pass
         self.hist = (ctypes.c_int64 * (self.T << 16))()
         self.flags = _Flags(self.T)
         self.nonzero, self.same = self.flags.nonzero, self.flags.same
         self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
         self.D = self.stack + 4 * self.T * b.step
-        self.space = (ctypes.c_float * native.workspace_size(self.T))()
+        self.space = [(ctypes.c_float * native.workspace_size(self.T))() for _ in range(self.workers)]
+        self.seen = [(ctypes.c_uint8 * self.T)() for _ in range(self.workers)]  # pact_deltas' flags (known)
+        self.ties = [(ctypes.c_int64 * (1 << 16))() for _ in range(self.workers)]  # tie counts (one bin read)
+        self.codes = (ctypes.c_int32 * self.T)()
 
-    def _parallel(self, fn) -> None:
-        for _ in self.cores.map(fn, self.halves):  # the first error is raised
-            pass
+    def _parallel(self, fn, items) -> list:
+        return list(self.cores.map(fn, items))  # the first error is raised
 
-    def _release(self, key: str, a: int, m: int, tasks) -> None:
-        for t in tasks:
-            self.b.release(t + 1, key, a, m)
+    def _release_all(self, key: str, a: int, m: int) -> None:
+        for i in range(self.T + 1):
+            self.b.release(i, key, a, m)
 
     def thresholds(self, keys: list[str], keep: int, check) -> tuple | None:
-        """(thresholds, pending ties) of every task over ``keys``: ctypes int64 arrays; None when
+        """(thresholds, :class:`_Left`) of every task over ``keys`` (ctypes int64 array); None when
         a task vector holds NaN / Inf. ``check(key)``: how its tasks are compared while some may
         be identical (1 values, 2 bits: ``pact_deltas``)."""
         T, b, lib = self.T, self.b, self.p.lib
-        prefix, rank = [0] * T, [keep] * T
+        prefix, rank, equal = [0] * T, [keep] * T, [0] * T
         hist = ctypes.addressof(self.hist)
+        blocks = [(key, native.CODES[self.p.entries[key][1]], a, m) for key in keys for a, m in b.ranges(key)]
         for shift in (16, 0):  # float32: two passes of 16-bit digits
-            ctypes.memset(self.hist, 0, ctypes.sizeof(self.hist))
-            for key in keys:
-                code = native.CODES[self.p.entries[key][1]]
-                for a, m in b.ranges(key):
-                    pre = b.addr(0, key, a)
-                    if shift and self.flags.undecided():  # every pair compared
-                        lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), (ctypes.c_int32 * T)(*([code] * T)), T, m,
-                                        self.stack, self.nonzero, self.same, check(key))
-                        for t in range(T):
-                            lib.pact_digit_hist_f32(self.stack + 4 * t * m, m, prefix[t], shift, hist + (t << 19))
-                        self._release(key, a, m, range(T))
-                    else:
-                        def count(tasks: range, key=key, a=a, m=m, pre=pre, code=code) -> None:
-                            for t in tasks:
-                                if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t],
-                                                             shift, hist + (t << 19)):
-                                    self.nonzero[t] = 1
-                            self._release(key, a, m, tasks)
+            first = 0
+            whole = shift and self.flags.undecided()
+            if whole:  # every pair compared, block by block, until none may be identical
+                ctypes.memset(self.hist, 0, ctypes.sizeof(self.hist))
+            while whole and first < len(blocks) and self.flags.undecided():
+                key, code, a, m = blocks[first]
+                pre = b.addr(0, key, a)
+                for t in range(T):
+                    self.codes[t] = code
+                lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), self.codes, T, m, self.stack, self.nonzero,
+                                self.same, check(key))
+                for t in range(T):
+                    lib.pact_digit_hist_f32(self.stack + 4 * t * m, m, prefix[t], shift, hist + (t << 19))
+                self._release_all(key, a, m)
+                first += 1
+            spans = list(self._spans(blocks[first:]))
 
-                        self._parallel(count)
-                    b.release(0, key, a, m)
-            for t in range(T):
-                if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
-                    return None  # NaN / Inf in a task vector: the torch path names it
-                j, higher = native.select_digit(lib, hist + (t << 19), rank[t])
+            def sweep(tasks: range, shift=shift, spans=spans, whole=whole) -> list | None:
+                """The pass over ``tasks``; then each one's (digit, entries above it, entries at it),
+                None when one holds NaN / Inf."""
+                if not whole:
+                    ctypes.memset(hist + (tasks.start << 19), 0, len(tasks) << 19)
+                for key, code, a, m in spans:
+                    pre = b.addr(0, key, a)
+                    for t in tasks:
+                        if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t], shift,
+                                                     hist + (t << 19)):
+                            self.nonzero[t] = 1
+                        b.release(t + 1, key, a, m)
+                    b.release(0, key, a, m)  # each worker gives back θ0's pages it read
+                found = []
+                for t in tasks:
+                    if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
+                        return None  # NaN / Inf in a task vector: the torch path names it
+                    j, higher = native.select_digit(lib, hist + (t << 19), rank[t])
+                    found.append((j, higher, self.hist[(t << 16) + j]))
+                return found
+
+            digits = self._parallel(sweep, self.halves)
+            if None in digits:
+                return None
+            for t, (j, higher, ties) in enumerate(d for part in digits for d in part):
                 rank[t] -= higher
                 prefix[t] = (prefix[t] << 16) | j
-        return (ctypes.c_int64 * T)(*prefix), (ctypes.c_int64 * T)(*rank)
+                equal[t] = ties
+        return (ctypes.c_int64 * T)(*prefix), _Left(rank, equal)
 
-    def merge(self, key: str, thresholds, left, out: _Output, alpha: float) -> bool:
+    def _spans(self, blocks: list):
+        """The ``(key, code, a, m)`` blocks (consecutive within each key) joined into spans of up to
+        :data:`SPAN_BYTES` of a key: a radix pass holds two files' spans per worker, whatever T,
+        so it reads longer runs and gives pages back in fewer calls (each call stops every thread
+        of the process to flush its TLB)."""
+        runs: dict = {}
+        for key, code, a, m in blocks:
+            start = runs.setdefault(key, [code, a, a])
+            start[2] = a + m
+        for key, (code, lo, hi) in runs.items():
+            span = max(1, SPAN_BYTES // ITEMSIZE[self.p.entries[key][1]])
+            for c in range(lo, hi, span):
+                yield key, code, c, min(span, hi - c)
+
+    def _columns(self, m: int) -> list[tuple[int, int]]:
+        """``(c, n)``: the block's m columns split in ``workers`` parts, n columns from column c."""
+        k = self.workers
+        cuts = [0, *(min(m, (m * i // k) // self.ALIGN * self.ALIGN) for i in range(1, k)), m]
+        return [(c, e - c) for c, e in zip(cuts, cuts[1:]) if e > c]
+
+    def merge(self, key: str, thresholds, left: _Left, out: _Output, alpha: float) -> bool:
         """The merge pass over ``key``: trim (the first tied entries by position), elect, mean,
         θ0 + α·D, to ``out``. False when a merged value is not finite."""
         T, b, lib = self.T, self.b, self.p.lib
         dt = self.p.entries[key][1]
-        code = native.CODES[dt]
+        code, size = native.CODES[dt], ITEMSIZE[dt]
+        for t in range(T):
+            self.codes[t] = code
         for a, m in b.ranges(key):
-            pre = b.addr(0, key, a)
+            pre, dest = b.addr(0, key, a), out.buffer()
+            parts = self._columns(m)
+            pending = left.pending()
 
-            def deltas(tasks: range, key=key, a=a, m=m, pre=pre) -> None:
-                lib.pact_deltas(pre, code, b.addrs(key, a, tasks), (ctypes.c_int32 * len(tasks))(*([code] * len(tasks))),
-                                len(tasks), m, self.stack + 4 * tasks.start * m,
-                                ctypes.addressof(self.nonzero) + tasks.start, None, 0)
-                self._release(key, a, m, tasks)
+            def deltas(w: int, count: bool) -> list[int]:
+                """Part w's task vectors (T rows of its n columns), and its ties of each pending task
+                when ``count``."""
+                c, n = parts[w]
+                stack = self.stack + 4 * T * c
+                lib.pact_deltas(pre + c * size, code, b.addrs(key, a + c, range(T)), self.codes, T, n, stack,
+                                self.seen[w], None, 0)
+                counts = []
+                for t in pending if count else ():
+                    v, bins = thresholds[t], self.ties[w]
+                    bins[v & 0xffff] = 0
+                    lib.pact_digit_hist_f32(stack + 4 * t * n, n, v >> 16, 0, ctypes.addressof(bins))
+                    counts.append(bins[v & 0xffff])
+                return counts
 
-            self._parallel(deltas)
-            lib.pact_ties_merge_f32(self.stack, T, m, m, thresholds, left, self.D, self.space)
-            if native.apply(lib, self.D, pre, code, m, alpha, out.buffer()):
+            def trim(w: int) -> int:
+                """Part w merged into the output: the number of its entries that are not finite."""
+                c, n = parts[w]
+                lib.pact_ties_merge_f32(self.stack + 4 * T * c, T, n, n, thresholds, ends[w], self.D + 4 * c,
+                                        self.space[w])
+                return native.apply(lib, self.D + 4 * c, pre + c * size, code, n, alpha, dest + c * size)
+
+            last = len(parts) - 1
+            if pending and last:  # ties counted first: each part then starts where the one before ended
+                counts = self._parallel(lambda w: deltas(w, w < last), range(len(parts)))
+                starts = left.starts(counts[:last])
+                ends = [(ctypes.c_int64 * T)(*row) for row in starts]
+                bad = sum(self._parallel(trim, range(len(parts))))
+            else:
+                starts = left.starts([[]] * last)
+                ends = [(ctypes.c_int64 * T)(*row) for row in starts]
+                whole = lambda w: (deltas(w, False), trim(w))[1]  # noqa: E731
+                bad = sum(self._parallel(whole, range(len(parts)))) if last else whole(0)
+            left.advance(starts, ends)
+            if bad:
                 return False
-            out.emit(key, m * ITEMSIZE[dt])
-            b.release(0, key, a, m)
+            out.emit(key, m * size)
+            self._release_all(key, a, m)
         return True
 
 
@@ -399,7 +513,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
     k, scope = _ties_params(p.params)
     b = _Maps(p, scratch_floats=T + 1)
     try:
-        with ThreadPoolExecutor(max_workers=len(_parts(T, _workers(p.args)))) as cores, \
+        with ThreadPoolExecutor(max_workers=_workers(p.args)) as cores, \
                 ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
             ties, out = _Ties(p, b, cores), _Output(pool, writer, b)
             if scope == "global":

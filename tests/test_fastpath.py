@@ -192,19 +192,24 @@ def quantized(pre, fts):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,budget,workers", [(20, None, "1"), (35, 1, "3"), (100, None, "2")])
+@pytest.mark.parametrize("k,budget,workers", [(20, None, "1"), (35, 1, "3"), (35, None, "2"), (100, None, "2")])
 @pytest.mark.parametrize("scope", ["global", "per_key"])
 def test_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype, k, budget, workers, scope):
     from pactlib import fastpath
 
     if budget is not None:  # blocks of 1024 entries: thresholds' ties cut across blocks and keys
         monkeypatch.setattr(fastpath, "BUDGET_BYTES", budget)
+    split = []  # blocks whose column parts start from ties counted in the parts before them
+    starts = fastpath._Left.starts
+    monkeypatch.setattr(fastpath._Left, "starts", lambda self, counts: (split.append(any(counts)),
+                                                                        starts(self, counts))[1])
     base, fts = write(tmp_path, T=5, dtype=dtype, edit=quantized if k != 100 else None)
     (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"k={k}", f"scope={scope}",
                                 "--workers", workers, method="ties")
     assert fast[0] == slow[0] == 0 and a == b
     assert {**fast[1], "out": None, "files": None} == {**slow[1], "out": None, "files": None}
     assert fast[1]["params"] == {"k": k, "scope": scope}
+    assert any(split) == (k == 35)  # k = 20: one worker (one part); k = 100: every tie kept
 
 
 def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
