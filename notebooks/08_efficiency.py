@@ -415,10 +415,13 @@ else:
 # order; `main-r4` is the code just before, measured in the same sitting. For per-key TIES the
 # "before" column is `after-perkey`. `after-trim4` and `twopass` are variants that were tried
 # and not kept (`twopass`: two reads of every input instead of three, measured beside `main-r5`;
-# the profile note says why it did not pay). In `torchfree`, the newest, Task Arithmetic and
-# TIES (both scopes) run without torch (`pactlib.fastpath`): the inputs are memory-mapped and
-# read in place, the C loops merge, a second thread writes, and TIES's passes split the tasks
-# over two threads (`--workers 2`; the earlier labels ran one).
+# the profile note says why it did not pay). In `torchfree` Task Arithmetic and TIES (both
+# scopes) run without torch (`pactlib.fastpath`): the inputs are memory-mapped and read in
+# place, the C loops merge, a second thread writes, and TIES's passes split the tasks over two
+# threads (`--workers 2`; the earlier labels ran one). `sweeps`, the newest, ran on another
+# machine (Linux 6.18, a faster floor) beside `main-r6`, the code just before it in the same
+# sitting: each worker takes its own tasks through a whole radix pass, and the merge pass splits
+# each block's columns over the workers.
 #
 # A merge that waits for a core adds to its wall time, not to its CPU time, so we give both over
 # the floor; `load1` in the table is the load average when the run began (the `after-count` runs
@@ -437,7 +440,8 @@ from IPython.display import Markdown, display
 from pactlib.book import plotting, speed
 
 io_rows = speed.read_data(speed.IO_FLOOR)
-io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count", "native", "torchfree")  # latest run of each wins
+# the latest run of each method and T wins
+io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count", "native", "torchfree", "sweeps")
 io_before = ("before", "after-perkey")
 io_now, io_old = speed.floor_frame(io_rows, io_labels), speed.floor_frame(io_rows, io_before)
 if len(io_now):
@@ -487,11 +491,18 @@ else:
 # floor: no process that imports torch could meet the Task Arithmetic goal on these shapes. So
 # `pact merge` now runs Task Arithmetic and TIES on safetensors files without torch, with the
 # torch path's bytes (`torchfree`). Task Arithmetic then stays within the floor goal with about
-# the floor's own kernel time, and its memory does not grow with T. TIES, three passes over
-# every input, comes within about 4–5× the floor at T = 2 and 8 and stays above the goal at
-# T = 20, where each pass is compute-bound. Its resident memory grows with T by the counters
-# of the radix passes (65,536 per task). The kernel's share cannot be 15 % for a merge this
-# close to the floor: reading from the page cache is kernel work, and the floor itself is all
+# the floor's own kernel time. TIES reads every input three times, and its passes are
+# compute-bound. Once each worker took its own tasks through a whole pass, and the merge pass
+# ran on both workers (`sweeps`), TIES came within 3.0–4.0× the floor (global) and 3.1–4.5×
+# (per key) at T = 2 to 20, from 3.7–5.9× in `main-r6`. Per-key TIES is still over the goal at
+# T = 20: its workers wait for each other at the end of each key's passes.
+#
+# Memory depends on the machine. The kernel of the `sweeps` machine maps a file's pages in
+# folios of up to 2 MB, so each input that a block reads holds up to 2 MB resident, however
+# small the block. With every input mapped at once, memory at T = 20 is about twice that at
+# T = 2, for `main-r6` as for `sweeps`; on the earlier machine the same code stayed within
+# 1.3× for Task Arithmetic. The kernel's share is at most 15 % for TIES there; Task Arithmetic
+# does little besides reading, so its share stays near the floor reader's own, which is all
 # kernel time.
 #
 # ### The in-memory API against plain torch
