@@ -3,19 +3,23 @@
 Importing torch takes longer than reading a few gigabytes from the page cache, so a merge whose
 arithmetic is a few compiled loops pays mostly for the import. For the merges this module takes,
 :func:`try_merge` runs the whole merge with the standard library and the loops of
-:mod:`pactlib.native`. θ0 and every θt are memory-mapped once; each key is merged in blocks of
-entries read in place (their pages given back after each block, so resident memory stays about
+:mod:`pactlib.native`. A merge reads each block of entries of every input in place, from a
+window of the file mapped for that block alone (:meth:`_Maps.map_block`: a fault cannot map
+pages beyond the window, however large the page cache's folios, so resident memory stays about
 a block per file), and the merged blocks are written by the same
 :class:`pactlib.lazy.CheckpointWriter` as the torch path, from a second thread while the next
-block is merged.
+block is merged. TIES's radix passes read each file through one map of it, a few MiB at a time,
+and give the pages back as they go.
 
 - Task Arithmetic (book/method.md, M1): θ = θ0 + α·Σt (θt − θ0), one pass
   (:func:`pactlib.native.task_arithmetic`).
 - TIES (M2), ``scope`` global or per key: two radix passes count each task's |Δt| digits
   (:func:`pactlib.native.digit_hist_delta`, :func:`~pactlib.native.select_digit`: the
-  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), the tasks split over
-  ``--workers`` threads; a third pass makes the task vectors (``pact_deltas``), trims, elects and
-  averages (``pact_ties_merge_f32``) and forms θ0 + α·D (:func:`pactlib.native.apply`).
+  thresholds of :class:`pactlib.merges.ties.GlobalThreshold`), each of ``--workers`` threads
+  taking its own tasks through a whole pass (per key: through both passes of every key); a third
+  pass makes the task vectors (``pact_deltas``), trims, elects and averages
+  (``pact_ties_merge_f32``) and forms θ0 + α·D (:func:`pactlib.native.apply`), each block's
+  columns split over the threads.
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
 and the same JSON line. Like every memory-mapped reader (safetensors' own), it expects the inputs
@@ -57,6 +61,13 @@ from .matrix import detect_preset, split_attention_note
 from .safetensors_io import FLOATS, ITEMSIZE, read_entries
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the window's pages mapped in the one call
 
 #: bytes a block holds together, whatever T: its mapped input pages, the two output buffers and
 #: TIES' (T + 1) float32 rows of scratch
@@ -144,11 +155,11 @@ class _Maps:
         # entries per block: the mapped pages of the T + 1 inputs that a block holds resident, the two
         # output buffers and the scratch of float32 rows, together in BUDGET_BYTES whatever T
         self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize + 4 * scratch_floats))
-        self._maps, self._views, self.base = [], [], []
+        self._maps, self._views, self.base, self.fds, self._windows = [], [], [], [], set()
         try:
             for f in self.files:
-                with open(f, "rb") as fh:
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                self.fds.append(os.open(f, os.O_RDONLY))
+                mm = mmap.mmap(self.fds[-1], 0, access=mmap.ACCESS_COPY)
                 self._maps.append(mm)
                 view = ctypes.c_char.from_buffer(mm)
                 self._views.append(view)
@@ -162,10 +173,44 @@ class _Maps:
         self.work = (ctypes.c_float * max(1, self.step * scratch_floats))()
 
     def close(self) -> None:
+        self.unmap(list(self._windows))
         self._views.clear()  # the ctypes views hold the maps' buffers
         for mm in self._maps:
             mm.close()
         self._maps.clear()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+    def map_block(self, key: str, a: int, m: int) -> tuple[list[int], list]:
+        """(the address of entry a of ``key`` in every file (0: θ0, t + 1: θt), the windows): each
+        file's entries [a, a + m) mapped in a window of its own, its pages mapped in the call,
+        until :meth:`unmap` of the windows. A fault maps no page outside a window, whatever the
+        page cache's folio size, so resident memory stays the block's."""
+        size = ITEMSIZE[self.p.entries[key][1]]
+        out, windows = [], []
+        try:
+            for i, fd in enumerate(self.fds):
+                lo = self.p.offsets[i][key] + a * size
+                start = lo - lo % mmap.ALLOCATIONGRANULARITY
+                length = lo + m * size - start
+                ptr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE | _POPULATE, fd, start)
+                if ptr is None or ptr == _MAP_FAILED:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err), str(self.files[i]))
+                windows.append((ptr, length))
+                self._windows.add((ptr, length))
+                out.append(ptr + lo - start)
+        except BaseException:
+            self.unmap(windows)
+            raise
+        return out, windows
+
+    def unmap(self, windows) -> None:
+        """Unmap windows of :meth:`map_block`."""
+        for w in windows:
+            self._windows.discard(w)
+            _libc.munmap(*w)
 
     def ranges(self, key: str):
         """``(a, m)``: the blocks of ``key``, m entries from entry a."""
@@ -267,12 +312,12 @@ def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
                 code = native.CODES[dt]
                 codes = (ctypes.c_int32 * T)(*([code] * T))
                 for a, m in b.ranges(key):
-                    if native.task_arithmetic(p.lib, b.addr(0, key, a), code, b.addrs(key, a, range(T)), codes, m,
-                                              alpha, out.buffer(), flags.nonzero, flags.same, flags.undecided()):
+                    (pre, *fts), windows = b.map_block(key, a, m)
+                    if native.task_arithmetic(p.lib, pre, code, (ctypes.c_void_p * T)(*fts), codes, m, alpha,
+                                              out.buffer(), flags.nonzero, flags.same, flags.undecided()):
                         return None
                     out.emit(key, m * ITEMSIZE[dt])
-                    for i in range(T + 1):
-                        b.release(i, key, a, m)
+                    b.unmap(windows)
             out.drain()
         return flags.found()
     finally:
@@ -377,6 +422,31 @@ class _Ties:
         for i in range(self.T + 1):
             self.b.release(i, key, a, m)
 
+    def _pass(self, tasks: range, spans: list, shift: int, prefix: list, rank: list, equal: list,
+              zero: bool) -> bool:
+        """One radix pass of ``tasks`` over ``spans`` (their counters zeroed first when ``zero``),
+        then each task's digit: its ``prefix``, ``rank`` (ties still to keep) and ``equal`` (entries
+        at the threshold) updated. False when a task vector holds NaN / Inf."""
+        b, lib, hist = self.b, self.p.lib, ctypes.addressof(self.hist)
+        if zero:
+            ctypes.memset(hist + (tasks.start << 19), 0, len(tasks) << 19)
+        for key, code, a, m in spans:
+            pre = b.addr(0, key, a)
+            for t in tasks:
+                if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t], shift,
+                                             hist + (t << 19)):
+                    self.nonzero[t] = 1
+                b.release(t + 1, key, a, m)
+            b.release(0, key, a, m)  # each worker gives back θ0's pages it read
+        for t in tasks:
+            if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
+                return False  # NaN / Inf in a task vector: the torch path names it
+            j, higher = native.select_digit(lib, hist + (t << 19), rank[t])
+            rank[t] -= higher
+            prefix[t] = (prefix[t] << 16) | j
+            equal[t] = self.hist[(t << 16) + j]
+        return True
+
     def thresholds(self, keys: list[str], keep: int, check) -> tuple | None:
         """(thresholds, :class:`_Left`) of every task over ``keys`` (ctypes int64 array); None when
         a task vector holds NaN / Inf. ``check(key)``: how its tasks are compared while some may
@@ -402,36 +472,31 @@ class _Ties:
                 self._release_all(key, a, m)
                 first += 1
             spans = list(self._spans(blocks[first:]))
-
-            def sweep(tasks: range, shift=shift, spans=spans, whole=whole) -> list | None:
-                """The pass over ``tasks``; then each one's (digit, entries above it, entries at it),
-                None when one holds NaN / Inf."""
-                if not whole:
-                    ctypes.memset(hist + (tasks.start << 19), 0, len(tasks) << 19)
-                for key, code, a, m in spans:
-                    pre = b.addr(0, key, a)
-                    for t in tasks:
-                        if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t], shift,
-                                                     hist + (t << 19)):
-                            self.nonzero[t] = 1
-                        b.release(t + 1, key, a, m)
-                    b.release(0, key, a, m)  # each worker gives back θ0's pages it read
-                found = []
-                for t in tasks:
-                    if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
-                        return None  # NaN / Inf in a task vector: the torch path names it
-                    j, higher = native.select_digit(lib, hist + (t << 19), rank[t])
-                    found.append((j, higher, self.hist[(t << 16) + j]))
-                return found
-
-            digits = self._parallel(sweep, self.halves)
-            if None in digits:
+            if not all(self._parallel(lambda tasks: self._pass(tasks, spans, shift, prefix, rank, equal, not whole),
+                                      self.halves)):
                 return None
-            for t, (j, higher, ties) in enumerate(d for part in digits for d in part):
-                rank[t] -= higher
-                prefix[t] = (prefix[t] << 16) | j
-                equal[t] = ties
         return (ctypes.c_int64 * T)(*prefix), _Left(rank, equal)
+
+    def per_key(self, keys: list[str], keep) -> dict | None:
+        """:meth:`thresholds` of each key of ``keys`` on its own (``keep(key)`` entries), once no
+        pair of tasks may be identical: each worker takes its tasks through both passes of every
+        key without waiting for the others. ``{key: (thresholds, _Left)}``, or None (NaN / Inf)."""
+        T = self.T
+        found = {key: ([0] * T, [keep(key)] * T, [0] * T) for key in keys}
+
+        def sweep(tasks: range) -> bool:
+            for key, (prefix, rank, equal) in found.items():
+                n = math.prod(self.p.entries[key][0])
+                spans = list(self._spans([(key, native.CODES[self.p.entries[key][1]], 0, n)]))
+                for shift in (16, 0):
+                    if not self._pass(tasks, spans, shift, prefix, rank, equal, True):
+                        return False
+            return True
+
+        if not all(self._parallel(sweep, self.halves)):
+            return None
+        return {key: ((ctypes.c_int64 * T)(*prefix), _Left(rank, equal))
+                for key, (prefix, rank, equal) in found.items()}
 
     def _spans(self, blocks: list):
         """The ``(key, code, a, m)`` blocks (consecutive within each key) joined into spans of up to
@@ -462,7 +527,8 @@ class _Ties:
         for t in range(T):
             self.codes[t] = code
         for a, m in b.ranges(key):
-            pre, dest = b.addr(0, key, a), out.buffer()
+            (pre, *fts), windows = b.map_block(key, a, m)
+            dest = out.buffer()
             parts = self._columns(m)
             pending = left.pending()
 
@@ -471,8 +537,8 @@ class _Ties:
                 when ``count``."""
                 c, n = parts[w]
                 stack = self.stack + 4 * T * c
-                lib.pact_deltas(pre + c * size, code, b.addrs(key, a + c, range(T)), self.codes, T, n, stack,
-                                self.seen[w], None, 0)
+                lib.pact_deltas(pre + c * size, code, (ctypes.c_void_p * T)(*(f + c * size for f in fts)), self.codes,
+                                T, n, stack, self.seen[w], None, 0)
                 counts = []
                 for t in pending if count else ():
                     v, bins = thresholds[t], self.ties[w]
@@ -500,10 +566,10 @@ class _Ties:
                 whole = lambda w: (deltas(w, False), trim(w))[1]  # noqa: E731
                 bad = sum(self._parallel(whole, range(len(parts)))) if last else whole(0)
             left.advance(starts, ends)
+            b.unmap(windows)
             if bad:
                 return False
             out.emit(key, m * size)
-            self._release_all(key, a, m)
         return True
 
 
@@ -521,16 +587,24 @@ def _ties(p: _Plan, writer: CheckpointWriter):
                                         lambda key: 1)
                 if found is None:
                     return None
+                by_key = dict.fromkeys(p.floats, found)
+            else:  # key by key while some tasks may be identical, then every key's passes in one sweep
+                by_key, keys = {}, list(p.floats)
+                while keys and ties.flags.undecided():
+                    key = keys.pop(0)
+                    shape = p.entries[key][0]
+                    by_key[key] = ties.thresholds([key], trim_count(math.prod(shape), k),
+                                                  lambda key, shape=shape: 1 if _whole_key(shape, T) else 2)
+                    if by_key[key] is None:
+                        return None
+                rest = ties.per_key(keys, lambda key: trim_count(math.prod(p.entries[key][0]), k))
+                if rest is None:
+                    return None
+                by_key.update(rest)
             for key, (shape, dt, _) in p.entries.items():
                 if dt not in FLOATS:
                     _copy_buffer_key(out, b, key)
-                    continue
-                if scope == "per_key":
-                    found = ties.thresholds([key], trim_count(math.prod(shape), k),
-                                            lambda key: 1 if _whole_key(shape, T) else 2)
-                    if found is None:
-                        return None
-                if not ties.merge(key, *found, out, alpha):
+                elif not ties.merge(key, *by_key[key], out, alpha):
                     return None
             out.drain()
         return ties.flags.found()

@@ -212,12 +212,13 @@ def test_ties_writes_the_torch_paths_bytes(tmp_path, monkeypatch, capsys, dtype,
     assert any(split) == (k == 35)  # k = 20: one worker (one part); k = 100: every tie kept
 
 
-def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("scope", ["global", "per_key"])
+def test_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys, scope):
     def edit(pre, fts):
         fts[2].update({k: v.clone() for k, v in fts[0].items()})
 
     base, fts = write(tmp_path, T=3, edit=edit)
-    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, method="ties")
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, base, fts, "--set", f"scope={scope}", method="ties")
     assert a == b and fast[2] == slow[2] and "are identical" in fast[2]
 
     def nan(pre, fts):
@@ -225,7 +226,8 @@ def test_global_ties_warns_and_refuses_alike(tmp_path, monkeypatch, capsys):
 
     (tmp_path / "nan").mkdir()
     base, fts = write(tmp_path / "nan", T=3, edit=nan)
-    (fast, slow), (a, b) = both(tmp_path / "nan", monkeypatch, capsys, base, fts, method="ties", fallback=True)
+    (fast, slow), (a, b) = both(tmp_path / "nan", monkeypatch, capsys, base, fts, "--set", f"scope={scope}",
+                                method="ties", fallback=True)
     assert fast[0] == slow[0] == 2 and fast[2] == slow[2] and "head.weight" in fast[2] and a == b == []
 
 
