@@ -258,3 +258,32 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, capsys, met
                       "--out", str(tmp_path / "out" / "m.safetensors")], monkeypatch, capsys, fast=True)
     assert rc == 2 and "No space left" in err and seen
     assert list((tmp_path / "out").iterdir()) == []  # no output, no temporary file, no lock
+
+
+def test_the_fast_paths_loops_are_checked_against_native_ones(tmp_path, monkeypatch, capsys):
+    """kernels.c's loops pass their probe against pactlib.native's; a loop that miscounts one tie
+    fails it, and TIES then runs the torch path (same bytes)."""
+    from pactlib import fastpath
+    from pactlib.cli import build_parser
+    from pactlib.fastpath import kernels
+
+    base = native.compiled() or native.library()
+    lib = kernels.library(base)
+    assert lib is not None and kernels._agrees(lib, base)
+
+    class OffByOne:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def pact_count_ties(self, *args):
+            return lib.pact_count_ties(*args) + 1
+
+    assert not kernels._agrees(OffByOne(), base)
+    monkeypatch.setattr(kernels, "_lib", [None])  # as when the check failed
+    monkeypatch.setenv(native.ENV, "1")
+    pre, fts = write(tmp_path, T=3)
+    args = build_parser(plugins=False).parse_args(["merge", "--method", "ties", "--alpha", "1", "--pretrained", pre,
+                                                   "--finetuned", *fts, "--out", str(tmp_path / "x.safetensors")])
+    assert fastpath.plan(args) is None
+    (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, pre, fts, method="ties", fallback=True)
+    assert fast[0] == slow[0] == 0 and a == b

@@ -53,12 +53,13 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import native
-from .checks import check_alpha, task_set_warnings
-from .lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
-                   is_folder_output, output_lock, parse_size)
-from .matrix import detect_preset, split_attention_note
-from .safetensors_io import FLOATS, ITEMSIZE, read_entries
+from .. import native
+from ..checks import check_alpha, task_set_warnings
+from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
+                    is_folder_output, output_lock, parse_size)
+from ..matrix import detect_preset, split_attention_note
+from ..safetensors_io import FLOATS, ITEMSIZE, read_entries
+from . import kernels
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
@@ -69,8 +70,8 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the window's pages mapped in the one call
 
-#: bytes a block holds together, whatever T: its mapped input pages, the two output buffers and
-#: TIES' (T + 1) float32 rows of scratch
+#: bytes a merged block holds together, whatever T: its windows of the T + 1 inputs and the two
+#: output buffers
 BUDGET_BYTES = 24 << 20
 
 
@@ -78,8 +79,8 @@ class _Plan:
     """What :func:`plan` found: the files, θ0's entries (in the order of its data: key -> (shape,
     dtype name, offset)), each file's offsets, the method's parameters and the library."""
 
-    def __init__(self, args, files: list[Path], heads: list[dict], params: dict, lib):
-        self.args, self.pre, self.fts, self.lib = args, files[0], files[1:], lib
+    def __init__(self, args, files: list[Path], heads: list[dict], params: dict, lib, fast=None):
+        self.args, self.pre, self.fts, self.lib, self.fast = args, files[0], files[1:], lib, fast
         self.entries = heads[0]
         self.offsets = [{k: v[2] for k, v in h.items()} for h in heads]
         self.params = params  # as given (--set), for the JSON line
@@ -111,7 +112,7 @@ def plan(args) -> _Plan | None:
                 or not args.finetuned or args.device not in (None, "cpu") or is_folder_output(args.out)
                 or check_out_suffix(args.out, args.max_shard_size) == "torch"):
             return None
-        from .cli import parse_set
+        from ..cli import parse_set
 
         params = parse_set(args.set)
         if (args.method == "task_arithmetic" and params
@@ -137,24 +138,28 @@ def plan(args) -> _Plan | None:
             return None
         if any({k: v[:2] for k, v in h.items()} != layout for h in heads[1:]):
             return None
-        return _Plan(args, files, heads, params, lib)
+        fast = kernels.library(lib) if args.method == "ties" else None
+        if args.method == "ties" and fast is None:
+            return None
+        return _Plan(args, files, heads, params, lib, fast)
     except Exception:
         return None
 
 
 class _Maps:
-    """θ0 and the θt memory-mapped once each (private, read only in effect: nothing is written to
-    them); blocks of entries are read in place, and their pages are given back after use
-    (``madvise(MADV_DONTNEED)``), so the process's resident memory stays about a block per file
-    whatever the file sizes. Two output buffers of ``step`` entries hold the merged blocks."""
+    """θ0 and the θt, each memory-mapped once whole (private, read only in effect: nothing is
+    written to them) for the radix passes, which give pages back as they go
+    (``madvise(MADV_DONTNEED)``), and in windows of one block each for the merges
+    (:meth:`map_block`), so the process's resident memory stays about a block per file whatever
+    the file sizes. Two output buffers of ``step`` entries hold the merged blocks."""
 
-    def __init__(self, p: _Plan, scratch_floats: int = 0):
+    def __init__(self, p: _Plan):
         self.p, self.T = p, len(p.fts)
         self.files = [p.pre, *p.fts]
         itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
-        # entries per block: the mapped pages of the T + 1 inputs that a block holds resident, the two
-        # output buffers and the scratch of float32 rows, together in BUDGET_BYTES whatever T
-        self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize + 4 * scratch_floats))
+        # entries per block: the windows of the T + 1 inputs and the two output buffers, together in
+        # BUDGET_BYTES whatever T
+        self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize))
         self._maps, self._views, self.base, self.fds, self._windows = [], [], [], [], set()
         try:
             for f in self.files:
@@ -170,7 +175,6 @@ class _Maps:
         self._out = [bytearray(self.step * itemsize) for _ in range(2)]
         self.out_views = [memoryview(b) for b in self._out]
         self.out_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._out]
-        self.work = (ctypes.c_float * max(1, self.step * scratch_floats))()
 
     def close(self) -> None:
         self.unmap(list(self._windows))
@@ -212,10 +216,11 @@ class _Maps:
             self._windows.discard(w)
             _libc.munmap(*w)
 
-    def ranges(self, key: str):
-        """``(a, m)``: the blocks of ``key``, m entries from entry a."""
-        n = math.prod(self.p.entries[key][0])
-        return ((a, min(self.step, n - a)) for a in range(0, n, self.step))
+    def ranges(self, key: str, step: int | None = None):
+        """``(a, m)``: the blocks of ``key`` (of ``step`` entries, default :attr:`step`), m entries
+        from entry a."""
+        n, step = math.prod(self.p.entries[key][0]), step or self.step
+        return ((a, min(step, n - a)) for a in range(0, n, step))
 
     def addr(self, i: int, key: str, a: int) -> int:
         """The address of entry a of ``key`` in file i (0: θ0, t + 1: θt)."""
@@ -347,6 +352,8 @@ TORCH_CHUNK_BYTES = 32 << 20
 
 #: bytes of one file a radix pass reads at a time (:meth:`_Ties._spans`)
 SPAN_BYTES = 4 << 20
+#: bytes of the task vectors of a block whose tasks are compared pair by pair (TIES's first blocks)
+CHECK_BYTES = 4 << 20
 
 
 def _whole_key(shape: tuple, T: int) -> bool:
@@ -408,11 +415,15 @@ class _Ties:
         self.hist = (ctypes.c_int64 * (self.T << 16))()
         self.flags = _Flags(self.T)
         self.nonzero, self.same = self.flags.nonzero, self.flags.same
-        self.stack = ctypes.addressof(b.work)  # (T, m) task vectors, then D
-        self.D = self.stack + 4 * self.T * b.step
-        self.space = [(ctypes.c_float * native.workspace_size(self.T))() for _ in range(self.workers)]
-        self.seen = [(ctypes.c_uint8 * self.T)() for _ in range(self.workers)]  # pact_deltas' flags (known)
-        self.ties = [(ctypes.c_int64 * (1 << 16))() for _ in range(self.workers)]  # tie counts (one bin read)
+        # the (T, m) task vectors of a block whose tasks are compared pair by pair (pact_deltas)
+        self.check_step = max(1024, CHECK_BYTES // (4 * self.T))
+        self._stack = (ctypes.c_float * (self.T * self.check_step))()
+        self.stack = ctypes.addressof(self._stack)
+        self.fast = p.fast
+        # per worker: pact_ties_merge_raw's rows, D and workspace; its T pointers; pact_deltas' flags
+        self.space = [(ctypes.c_float * kernels.workspace_size(self.T))() for _ in range(self.workers)]
+        self.ptrs = [(ctypes.c_void_p * self.T)() for _ in range(self.workers)]
+        self.seen = [(ctypes.c_uint8 * self.T)() for _ in range(self.workers)]
         self.codes = (ctypes.c_int32 * self.T)()
 
     def _parallel(self, fn, items) -> list:
@@ -433,8 +444,9 @@ class _Ties:
         for key, code, a, m in spans:
             pre = b.addr(0, key, a)
             for t in tasks:
-                if lib.pact_digit_hist_delta(pre, code, b.addr(t + 1, key, a), code, m, prefix[t], shift,
-                                             hist + (t << 19)):
+                x = b.addr(t + 1, key, a)
+                if (self.fast.pact_hist_low_f32(pre, x, m, prefix[t], hist + (t << 19)) if not shift and code == 0 else
+                        lib.pact_digit_hist_delta(pre, code, x, code, m, prefix[t], shift, hist + (t << 19))):
                     self.nonzero[t] = 1
                 b.release(t + 1, key, a, m)
             b.release(0, key, a, m)  # each worker gives back θ0's pages it read
@@ -454,7 +466,8 @@ class _Ties:
         T, b, lib = self.T, self.b, self.p.lib
         prefix, rank, equal = [0] * T, [keep] * T, [0] * T
         hist = ctypes.addressof(self.hist)
-        blocks = [(key, native.CODES[self.p.entries[key][1]], a, m) for key in keys for a, m in b.ranges(key)]
+        blocks = [(key, native.CODES[self.p.entries[key][1]], a, m) for key in keys
+                  for a, m in b.ranges(key, self.check_step)]
         for shift in (16, 0):  # float32: two passes of 16-bit digits
             first = 0
             whole = shift and self.flags.undecided()
@@ -521,7 +534,7 @@ class _Ties:
     def merge(self, key: str, thresholds, left: _Left, out: _Output, alpha: float) -> bool:
         """The merge pass over ``key``: trim (the first tied entries by position), elect, mean,
         θ0 + α·D, to ``out``. False when a merged value is not finite."""
-        T, b, lib = self.T, self.b, self.p.lib
+        T, b = self.T, self.b
         dt = self.p.entries[key][1]
         code, size = native.CODES[dt], ITEMSIZE[dt]
         for t in range(T):
@@ -532,39 +545,25 @@ class _Ties:
             parts = self._columns(m)
             pending = left.pending()
 
-            def deltas(w: int, count: bool) -> list[int]:
-                """Part w's task vectors (T rows of its n columns), and its ties of each pending task
-                when ``count``."""
+            def count(w: int) -> list[int]:
+                """Part w's ties of each pending task."""
                 c, n = parts[w]
-                stack = self.stack + 4 * T * c
-                lib.pact_deltas(pre + c * size, code, (ctypes.c_void_p * T)(*(f + c * size for f in fts)), self.codes,
-                                T, n, stack, self.seen[w], None, 0)
-                counts = []
-                for t in pending if count else ():
-                    v, bins = thresholds[t], self.ties[w]
-                    bins[v & 0xffff] = 0
-                    lib.pact_digit_hist_f32(stack + 4 * t * n, n, v >> 16, 0, ctypes.addressof(bins))
-                    counts.append(bins[v & 0xffff])
-                return counts
+                return [self.fast.pact_count_ties(pre + c * size, code, fts[t] + c * size, code, n, thresholds[t])
+                        for t in pending]
 
             def trim(w: int) -> int:
                 """Part w merged into the output: the number of its entries that are not finite."""
                 c, n = parts[w]
-                lib.pact_ties_merge_f32(self.stack + 4 * T * c, T, n, n, thresholds, ends[w], self.D + 4 * c,
-                                        self.space[w])
-                return native.apply(lib, self.D + 4 * c, pre + c * size, code, n, alpha, dest + c * size)
+                return self.fast.pact_ties_merge_raw(pre + c * size, code,
+                                                     (ctypes.c_void_p * T)(*(f + c * size for f in fts)),
+                                                     self.codes, T, n, thresholds, ends[w], alpha, dest + c * size,
+                                                     self.ptrs[w], self.space[w], self.seen[w])
 
             last = len(parts) - 1
-            if pending and last:  # ties counted first: each part then starts where the one before ended
-                counts = self._parallel(lambda w: deltas(w, w < last), range(len(parts)))
-                starts = left.starts(counts[:last])
-                ends = [(ctypes.c_int64 * T)(*row) for row in starts]
-                bad = sum(self._parallel(trim, range(len(parts))))
-            else:
-                starts = left.starts([[]] * last)
-                ends = [(ctypes.c_int64 * T)(*row) for row in starts]
-                whole = lambda w: (deltas(w, False), trim(w))[1]  # noqa: E731
-                bad = sum(self._parallel(whole, range(len(parts)))) if last else whole(0)
+            counts = self._parallel(count, range(last)) if pending and last else [[]] * last
+            starts = left.starts(counts)  # each part starts where the one before ended
+            ends = [(ctypes.c_int64 * T)(*row) for row in starts]
+            bad = sum(self._parallel(trim, range(len(parts)))) if last else trim(0)
             left.advance(starts, ends)
             b.unmap(windows)
             if bad:
@@ -577,7 +576,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
     """TIES into ``writer`` (module docstring), global or per key: as :func:`_task_arithmetic`."""
     T, alpha = len(p.fts), float(p.args.alpha)
     k, scope = _ties_params(p.params)
-    b = _Maps(p, scratch_floats=T + 1)
+    b = _Maps(p)
     try:
         with ThreadPoolExecutor(max_workers=_workers(p.args)) as cores, \
                 ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
