@@ -418,10 +418,12 @@ else:
 # the profile note says why it did not pay). In `torchfree` Task Arithmetic and TIES (both
 # scopes) run without torch (`pactlib.fastpath`): the inputs are memory-mapped and read in
 # place, the C loops merge, a second thread writes, and TIES's passes split the tasks over two
-# threads (`--workers 2`; the earlier labels ran one). `sweeps`, the newest, ran on another
-# machine (Linux 6.18, a faster floor) beside `main-r6`, the code just before it in the same
-# sitting: each worker takes its own tasks through a whole radix pass, and the merge pass splits
-# each block's columns over the workers.
+# threads (`--workers 2`; the earlier labels ran one). `sweeps` ran on another machine (Linux
+# 6.18, a faster floor) beside `main-r6`, the code just before it in the same sitting: each
+# worker takes its own tasks through a whole radix pass, and the merge pass splits each block's
+# columns over the workers. `kernels`, the newest, on the same machine: each merged block reads
+# its inputs from map windows of its own, and TIES runs the fast path's own C loops (the merge
+# pass on raw inputs, a block of 512 positions at a time; a vectorised second radix pass).
 #
 # A merge that waits for a core adds to its wall time, not to its CPU time, so we give both over
 # the floor; `load1` in the table is the load average when the run began (the `after-count` runs
@@ -441,7 +443,7 @@ from pactlib.book import plotting, speed
 
 io_rows = speed.read_data(speed.IO_FLOOR)
 # the latest run of each method and T wins
-io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count", "native", "torchfree", "sweeps")
+io_labels = ("after", "after-perkey", "after-perkey2", "main-r3", "after-count", "native", "torchfree", "sweeps", "kernels")
 io_before = ("before", "after-perkey")
 io_now, io_old = speed.floor_frame(io_rows, io_labels), speed.floor_frame(io_rows, io_before)
 if len(io_now):
@@ -492,18 +494,19 @@ else:
 # `pact merge` now runs Task Arithmetic and TIES on safetensors files without torch, with the
 # torch path's bytes (`torchfree`). Task Arithmetic then stays within the floor goal with about
 # the floor's own kernel time. TIES reads every input three times, and its passes are
-# compute-bound. Once each worker took its own tasks through a whole pass, and the merge pass
-# ran on both workers (`sweeps`), TIES came within 3.0–4.0× the floor (global) and 3.1–4.5×
-# (per key) at T = 2 to 20, from 3.7–5.9× in `main-r6`. Per-key TIES is still over the goal at
-# T = 20: its workers wait for each other at the end of each key's passes.
+# compute-bound: it came within the goal once each worker took its own tasks through a whole
+# pass, the merge pass ran on both workers (`sweeps`), and the loops of the merge pass and of the
+# second radix pass were rewritten to stay in the cache and in vector registers (`kernels`):
+# 2.7–3.6× the floor at T = 2 to 20, from 3.7–5.9× in `main-r6`.
 #
 # Memory depends on the machine. The kernel of the `sweeps` machine maps a file's pages in
-# folios of up to 2 MB, so each input that a block reads holds up to 2 MB resident, however
-# small the block. With every input mapped at once, memory at T = 20 is about twice that at
-# T = 2, for `main-r6` as for `sweeps`; on the earlier machine the same code stayed within
-# 1.3× for Task Arithmetic. The kernel's share is at most 15 % for TIES there; Task Arithmetic
-# does little besides reading, so its share stays near the floor reader's own, which is all
-# kernel time.
+# folios of up to 2 MB, so a mapped input holds up to 2 MB resident however small the block
+# read from it: with every input mapped whole, memory at T = 20 was about twice that at T = 2
+# (`main-r6`, `sweeps`). Since `kernels`, a merged block maps each input's share in a window of
+# its own, and a fault cannot map beyond a window: memory no longer grows with T. The windows
+# cost some kernel time (mapping them, then unmapping them, which stops both cores), so the
+# kernel's share is 14–22 % for TIES; Task Arithmetic does little besides reading, and its share
+# stays near the floor reader's own, which is all kernel time.
 #
 # ### The in-memory API against plain torch
 #
