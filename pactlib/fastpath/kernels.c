@@ -18,18 +18,6 @@ int64_t pact_apply(const float *D, const void *pre, int32_t pre_code, int64_t n,
 
 static inline int64_t itemsize(int32_t code) { return code == F32 ? 4 : 2; }
 
-static inline float load(const void *x, int32_t code, int64_t i) {
-    if (code == F32)
-        return ((const float *)x)[i];
-    if (code == BF16) {
-        uint32_t b = (uint32_t)((const uint16_t *)x)[i] << 16;
-        float f;
-        memcpy(&f, &b, sizeof f);
-        return f;
-    }
-    return (float)((const _Float16 *)x)[i];
-}
-
 static inline uint32_t abs_delta_bits(float d) {
     uint32_t b;
     memcpy(&b, &d, sizeof b);
@@ -58,7 +46,8 @@ int64_t pact_ties_merge_raw(const void *pre, int32_t pre_code, const void *const
     return bad;
 }
 
-/* The entries of θt − θ0 (n raw entries) whose |Δ| has the bit pattern v: a threshold's ties. */
+/* The entries of θt − θ0 (n raw entries) whose |Δ| has the bit pattern v: a threshold's ties.
+ * Other dtypes than float32 go through pact_deltas a BLOCK at a time. */
 int64_t pact_count_ties(const void *pre, int32_t pre_code, const void *x, int32_t code, int64_t n, int64_t v) {
     uint32_t w = (uint32_t)v;
     int64_t c = 0;
@@ -68,8 +57,15 @@ int64_t pact_count_ties(const void *pre, int32_t pre_code, const void *x, int32_
             c += abs_delta_bits(xf[i] - pf[i]) == w;
         return c;
     }
-    for (int64_t i = 0; i < n; i++)
-        c += abs_delta_bits(load(x, code, i) - load(pre, pre_code, i)) == w;
+    float d[BLOCK];
+    uint8_t seen;
+    for (int64_t a = 0; a < n; a += BLOCK) {
+        int64_t m = n - a < BLOCK ? n - a : BLOCK;
+        const void *xa = (const char *)x + a * itemsize(code);
+        pact_deltas((const char *)pre + a * itemsize(pre_code), pre_code, &xa, &code, 1, m, d, &seen, 0, 0);
+        for (int64_t i = 0; i < m; i++)
+            c += abs_delta_bits(d[i]) == w;
+    }
     return c;
 }
 
