@@ -133,6 +133,9 @@ def test_what_it_does_not_take_goes_to_the_torch_path(tmp_path, monkeypatch, cap
     assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is not None
     assert fastpath.plan(parse("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=30")) is not None
     assert fastpath.plan(parse("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=per_key"))
+    with monkeypatch.context() as m:
+        m.setattr(fastpath, "_libc", None)  # not a POSIX system: no mmap(2) of a range
+        assert fastpath.plan(parse("--method", "task_arithmetic", "--alpha", "1", "--finetuned", *fts)) is None
     for refused in (("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "scope=both"),
                     ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "k=0"),
                     ("--method", "ties", "--alpha", "1", "--finetuned", *fts, "--set", "other=1"),

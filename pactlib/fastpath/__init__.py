@@ -35,9 +35,10 @@ anything is written and ``pact merge`` runs the torch path, which also gives eve
 - θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
   describe them exactly (:func:`pactlib.safetensors_io.read_entries`), with the same keys,
   shapes and dtypes; floating keys in float32, bfloat16 or float16, and at least one;
-- the compiled library (:func:`pactlib.native.compiled`; the first run after an install or an
-  edit of the C files builds it and probes it against torch, :func:`pactlib.native.library`,
-  so that one imports torch).
+- a POSIX system and the compiled library (:func:`pactlib.native.compiled`; the first run after
+  an install or an edit of the C files builds it and probes it against torch,
+  :func:`pactlib.native.library`, so that one imports torch); for TIES also the fast path's own
+  loops (:func:`pactlib.fastpath.kernels.library`, checked against native's in each process).
 
 When a merged value is not finite (NaN / Inf in an input, or an overflow of θ0's dtype), the
 output is discarded and the torch path runs, raising the error that names the file and key.
@@ -63,10 +64,11 @@ from . import kernels
 
 __all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # mmap(2) of a range: POSIX only
+if _libc is not None:
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the window's pages mapped in the one call
 
@@ -107,7 +109,7 @@ def plan(args) -> _Plan | None:
     """The fast merge of the parsed ``pact merge`` arguments ``args``, or None when it does not
     take them (module docstring). Reads the headers only; raises nothing (a refusal is None)."""
     try:
-        if (args.config is not None or args.lora_adapters or args.pact is not None
+        if (_libc is None or args.config is not None or args.lora_adapters or args.pact is not None
                 or args.method not in ("task_arithmetic", "ties") or args.alpha is None or not args.pretrained
                 or not args.finetuned or args.device not in (None, "cpu") or is_folder_output(args.out)
                 or check_out_suffix(args.out, args.max_shard_size) == "torch"):
