@@ -282,7 +282,7 @@ def _merge(args) -> int:
         raise rc.RecipeError(f"{args.config or 'recipe'}: dtype: {r.dtype}, but the pre-trained checkpoint's "
                              f"weights are {', '.join(dtypes)}; pact merge writes θ0's dtypes and does not cast")
     if folder is not None or r.sha256:  # inputs pinned by the recipe are checked before merging
-        r = dataclasses.replace(r, sha256=rc.check_sha256(r, where=args.config or "recipe"),
+        r = dataclasses.replace(r, sha256=rc.check_sha256(r, where=args.config or "recipe", workers=workers),
                                 dtype=dtypes[0] if len(dtypes) == 1 else None)
     rule = r.rule
     if rule == "auto":  # from θ0's key names

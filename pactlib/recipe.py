@@ -55,12 +55,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import merges
 from .checks import CheckpointError
 from .io import atomic_write
 from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, parse_size  # noqa: F401 (is_folder_output: here too)
 from .matrix import PRESETS
-from .pact import MODES, PactOptions
 
 #: The recipe's file name in a model folder.
 RECIPE_NAME = "pact_recipe.yaml"
@@ -114,15 +112,17 @@ class Recipe:
     lora_extra: str = "error"
     sha256: dict = field(default_factory=dict)
 
-    def split_params(self) -> tuple[dict, dict]:
-        """(method parameters, PACT options) of :attr:`params`, by name."""
-        m = merges.get(self.merge_method)
+    def split_params(self, method=None) -> tuple[dict, dict]:
+        """(method parameters, PACT options) of :attr:`params`, by name. ``method``: the merge
+        method's registry entry (its ``params``), default ``pactlib.merges.get(merge_method)``."""
+        m = method or _method(self.merge_method)
         return ({k: v for k, v in self.params.items() if k in m.params},
                 {k: v for k, v in self.params.items() if k not in m.params})
 
-    def to_yaml(self) -> str:
-        """The recipe file's text (deterministic: the same recipe gives the same bytes)."""
-        mparams, popts = self.split_params()
+    def to_yaml(self, method=None) -> str:
+        """The recipe file's text (deterministic: the same recipe gives the same bytes); ``method``
+        as for :meth:`split_params`."""
+        mparams, popts = self.split_params(method)
         role = "lora_adapter" if self.lora else "model"
         models = [{role: p, **({"sha256": self.sha256[p]} if p in self.sha256 else {})} for p in self.models]
         data = {"merge_method": self.merge_method, "base_model": self.base_model}
@@ -140,6 +140,15 @@ class Recipe:
         return ("# pact merge recipe: redo this merge with: pact merge --config pact_recipe.yaml --out DIR/\n"
                 "# Fields as mergekit's where they mean the same (merge_method, base_model, models, parameters,\n"
                 "# dtype); alpha scales the merged update: theta = theta0 + alpha * D.\n" + dump_yaml(data))
+
+
+def _method(name: str):
+    """The registry entry of merge method ``name`` (``params``, ``pretty``, ``reference``); the
+    registry imports torch, so callers without it pass an entry of their own
+    (:data:`pactlib.fastpath.METHODS`)."""
+    from . import merges
+
+    return merges.get(name)
 
 
 def input_sha256(path: str | os.PathLike, *, lora: bool = False) -> str:
@@ -359,6 +368,9 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
             out of range (each message names the file and the field, e.g. ``models[1].model``).
         FileNotFoundError: no such file.
     """
+    from . import merges  # the registry and PACT's options import torch
+    from .pact import MODES, PactOptions
+
     path = Path(path)
     where = str(path)
     data = parse_yaml(path.read_text(encoding="utf-8"), name=where)
@@ -469,17 +481,21 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
                   lora_extra, sha)
 
 
-def check_sha256(recipe: Recipe, *, where: str = "recipe") -> dict[str, str]:
-    """Hash every input (:func:`input_sha256`) and compare with the recipe's digests; returns
-    {path: digest} of all inputs (θ0 first).
+def check_sha256(recipe: Recipe, *, where: str = "recipe", workers: int = 1) -> dict[str, str]:
+    """Hash every input (:func:`input_sha256`, ``workers`` files at a time) and compare with the
+    recipe's digests; returns {path: digest} of all inputs (θ0 first).
 
     Raises:
         RecipeError: an input whose digest differs from the recipe's (the field named).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = (recipe.base_model, *recipe.models)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashlib releases the GIL
+        digests = list(pool.map(lambda ip: input_sha256(ip[1], lora=recipe.lora and ip[0] > 0), enumerate(paths)))
     out = {}
-    for i, p in enumerate((recipe.base_model, *recipe.models)):
-        lora = recipe.lora and i > 0
-        out[p] = input_sha256(p, lora=lora)
+    for i, (p, digest) in enumerate(zip(paths, digests)):
+        out[p] = digest
         want = recipe.sha256.get(p)
         if want is not None and want != out[p]:
             fld = "base_model_sha256" if i == 0 else f"models[{i - 1}].sha256"
@@ -533,12 +549,13 @@ def _copy_atomic(src: Path, dst: Path) -> None:
     atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
-def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None, weights: Sequence[str]) -> str:
+def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None, weights: Sequence[str],
+              method=None) -> str:
     """The model card: YAML front matter (``base_model``, ``tags``, ``library_name`` and pact's
     record of the merge: method, α, parameters, PACT mode and options, each input's sha256), then
-    a short text and the recipe."""
-    m = merges.get(recipe.merge_method)
-    mparams, popts = recipe.split_params()
+    a short text and the recipe. ``method``: as for :meth:`Recipe.split_params`."""
+    m = method or _method(recipe.merge_method)
+    mparams, popts = recipe.split_params(m)
     front = {"base_model": recipe.base_model, "tags": ["merge", "pact"]}
     if library:
         front["library_name"] = library
@@ -560,11 +577,11 @@ def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None,
             f"Weights: {', '.join(f'`{w}`' for w in weights)}.\n\n"
             f"| role | input | sha256 |\n|---|---|---|\n{rows}\n\n"
             f"## Recipe\n\nRedo it with `pact merge --config {RECIPE_NAME} --out DIR/`:\n\n"
-            f"```yaml\n{recipe.to_yaml()}```\n")
+            f"```yaml\n{recipe.to_yaml(m)}```\n")
 
 
 def write_model_folder(folder: str | os.PathLike, recipe: Recipe, *, sha256: Mapping[str, str],
-                       weights: Sequence[str | os.PathLike]) -> list[Path]:
+                       weights: Sequence[str | os.PathLike], method=None) -> list[Path]:
     """Complete a folder output whose weights are written: copy θ0's folder's
     :data:`SUPPORT_FILES` as they are, write the recipe (:data:`RECIPE_NAME`) and the card
     (:data:`CARD_NAME`, last), each atomically. Returns the files written besides the weights.
@@ -585,9 +602,9 @@ def write_model_folder(folder: str | os.PathLike, recipe: Recipe, *, sha256: Map
             library = "open_clip"
         elif (src / "config.json").is_file():
             library = "transformers"
-    atomic_write(folder / RECIPE_NAME, lambda p: p.write_text(recipe.to_yaml(), encoding="utf-8"))
+    atomic_write(folder / RECIPE_NAME, lambda p: p.write_text(recipe.to_yaml(method), encoding="utf-8"))
     written.append(folder / RECIPE_NAME)
-    card = card_text(recipe, sha256=sha256, library=library, weights=[Path(w).name for w in weights])
+    card = card_text(recipe, sha256=sha256, library=library, weights=[Path(w).name for w in weights], method=method)
     atomic_write(folder / CARD_NAME, lambda p: p.write_text(card, encoding="utf-8"))
     written.append(folder / CARD_NAME)
     return written

@@ -76,13 +76,14 @@ def test_sharded_output_and_its_index_are_the_same_files(tmp_path, monkeypatch, 
     assert fast[1]["out"].endswith(".index.json")
 
 
-def test_merge_runs_without_torch(tmp_path):
+@pytest.mark.parametrize("folder", [False, True])
+def test_merge_runs_without_torch(tmp_path, folder):
     base, fts = write(tmp_path, T=3)
-    out = tmp_path / "merged.safetensors"
+    out = tmp_path / ("merged/" if folder else "merged.safetensors")
     code = ("import sys; sys.modules['torch'] = None\n"  # any import of torch fails
             "from pactlib.cli import main\n"
             f"sys.exit(main(['merge', '--method', 'task_arithmetic', '--alpha', '0.5', '--pretrained', {base!r}, "
-            f"'--finetuned', *{fts!r}, '--out', {str(out)!r}]))")
+            f"'--finetuned', *{fts!r}, '--out', {str(out) + ('/' if folder else '')!r}]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT), native.ENV: "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -90,8 +91,12 @@ def test_merge_runs_without_torch(tmp_path):
 
     pre, fts_sd = make_checkpoints(3)
     want = merge("task_arithmetic", pre, fts_sd, alpha=0.5)
-    got = __import__("safetensors.torch", fromlist=["load_file"]).load_file(out)
+    got = __import__("safetensors.torch", fromlist=["load_file"]).load_file(out / "model.safetensors" if folder
+                                                                             else out)
     assert all(torch.equal(got[k], want[k]) for k in want)
+    if folder:  # the model folder: weights, recipe and card (θ0 is a file: no support files)
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["folder"] == str(out)
+        assert {f.name for f in out.iterdir()} == {"model.safetensors", "pact_recipe.yaml", "README.md"}
 
 
 def test_identical_and_all_zero_task_vectors_warn_alike(tmp_path, monkeypatch, capsys):
@@ -290,3 +295,45 @@ def test_the_fast_paths_loops_are_checked_against_native_ones(tmp_path, monkeypa
     assert fastpath.plan(args) is None
     (fast, slow), (a, b) = both(tmp_path, monkeypatch, capsys, pre, fts, method="ties", fallback=True)
     assert fast[0] == slow[0] == 0 and a == b
+
+
+def test_the_method_entries_are_the_registrys():
+    """fastpath.METHODS (what a folder output's card and recipe need, without torch) equals the
+    merge methods' registry."""
+    from pactlib import fastpath, merges
+
+    for name, entry in fastpath.METHODS.items():
+        m = merges.get(name)
+        assert (entry.params, entry.pretty, entry.reference) == (m.params, m.pretty, m.reference), name
+
+
+@pytest.mark.parametrize("method,extra", [("task_arithmetic", ()), ("ties", ("--set", "k=35", "scope=per_key")),
+                                          ("ties", ("--max-shard-size", "200B"))])
+def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys, method, extra):
+    """``--out DIR/`` on the fast path: the torch path's model folder byte for byte (weights, the
+    base folder's config and tokenizer files, recipe, card), the same JSON line; torch not run."""
+    pre, fts = make_checkpoints(3, seed=5)
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file(pre, base / "model.safetensors")
+    (base / "config.json").write_text('{"model_type": "toy"}\n')
+    (base / "tokenizer.json").write_text('{"version": "1.0"}\n')
+    paths = []
+    for t, ft in enumerate(fts):
+        save_file(ft, tmp_path / f"ft{t}.safetensors")
+        paths.append(str(tmp_path / f"ft{t}.safetensors"))
+    results, folders = [], []
+    for fast in (True, False):
+        out = tmp_path / ("fast" if fast else "torch") / "merged"
+        argv = ["--method", method, "--alpha", "0.4", "--pretrained", str(base), "--finetuned", *paths,
+                "--out", f"{out}/", *extra]
+        rc, line, err = run(argv, monkeypatch, capsys, fast=fast)
+        assert rc == 0, err
+        results.append({**line, "out": Path(line["out"]).name, "folder": Path(line["folder"]).name,
+                        "files": sorted(Path(f).name for f in line["files"])})
+        folders.append(sorted((f.name, f.read_bytes()) for f in out.iterdir()))
+    assert results[0] == results[1] and folders[0] == folders[1]
+    names = [n for n, _ in folders[0]]
+    assert {"config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} <= set(names)
+    sharded = "--max-shard-size" in extra
+    assert ("model.safetensors.index.json" in names) == sharded and ("model.safetensors" in names) != sharded

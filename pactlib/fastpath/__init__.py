@@ -30,8 +30,10 @@ anything is written and ``pact merge`` runs the torch path, which also gives eve
 
 - ``--method task_arithmetic``, or ``ties`` (``--set`` of ``k`` and ``scope`` only, at most 255
   tasks); no ``--pact``, ``--config`` or ``--lora-adapters``,
-  ``--device`` unset or ``cpu``, ``--out`` a ``.safetensors`` file or index (not a folder or a
-  ``.pt``);
+  ``--device`` unset or ``cpu``, ``--out`` a ``.safetensors`` file or index (not a ``.pt``), or a
+  folder: then the model folder the torch path writes (its inputs hashed, the weights, θ0's
+  folder's support files, the recipe and the card: :func:`pactlib.recipe.write_model_folder`,
+  with :data:`METHODS` for the registry's entries);
 - θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
   describe them exactly (:func:`pactlib.safetensors_io.read_entries`), with the same keys,
   shapes and dtypes; floating keys in float32, bfloat16 or float16, and at least one;
@@ -52,17 +54,20 @@ import mmap
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import native
 from ..checks import check_alpha, task_set_warnings
 from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
                     is_folder_output, output_lock, parse_size)
 from ..matrix import detect_preset, split_attention_note
+from ..recipe import DEFAULT_SHARD_SIZE, check_folder_target, check_sha256, weights_name, write_model_folder
 from ..safetensors_io import FLOATS, ITEMSIZE, read_entries
 from . import kernels
 
-__all__ = ["BUDGET_BYTES", "plan", "trim_count", "try_merge"]
+__all__ = ["BUDGET_BYTES", "METHODS", "plan", "trim_count", "try_merge"]
 
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # mmap(2) of a range: POSIX only
 if _libc is not None:
@@ -71,6 +76,20 @@ if _libc is not None:
     _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the window's pages mapped in the one call
+
+class Method(NamedTuple):
+    """What a model card and a recipe take from the merge methods' registry."""
+    params: dict
+    pretty: str
+    reference: str
+
+
+#: the registry's entries (:func:`pactlib.merges.get`, which imports torch) of the methods this
+#: module merges, for folder outputs (tests/test_fastpath.py holds them equal)
+METHODS = {"task_arithmetic": Method({}, "Task Arithmetic", "Ilharco et al., ICLR 2023"),
+           "ties": Method({"k": 20.0, "scope": "global"}, "TIES", "Yadav et al., NeurIPS 2023")}
+#: torch's names of the float dtypes the module merges, for a recipe's ``dtype``
+TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 #: bytes a merged block holds together, whatever T: its windows of the T + 1 inputs and the two
 #: output buffers
@@ -81,8 +100,11 @@ class _Plan:
     """What :func:`plan` found: the files, θ0's entries (in the order of its data: key -> (shape,
     dtype name, offset)), each file's offsets, the method's parameters and the library."""
 
-    def __init__(self, args, files: list[Path], heads: list[dict], params: dict, lib, fast=None):
+    def __init__(self, args, files: list[Path], heads: list[dict], params: dict, lib, fast=None,
+                 folder: Path | None = None, out: str | None = None, max_shard_size=None):
         self.args, self.pre, self.fts, self.lib, self.fast = args, files[0], files[1:], lib, fast
+        # a folder output: the folder, its weights file and its shard size (as the torch path's)
+        self.folder, self.out, self.max_shard_size = folder, out or args.out, max_shard_size
         self.entries = heads[0]
         self.offsets = [{k: v[2] for k, v in h.items()} for h in heads]
         self.params = params  # as given (--set), for the JSON line
@@ -96,10 +118,11 @@ def _one_file(path: str) -> Path | None:
 
 def _ties_params(params: dict) -> tuple[float, str] | None:
     """TIES' (k, scope) from ``--set``, when the fast path takes them (``k`` and ``scope`` only)."""
-    scope = params.get("scope", "global")
+    defaults = METHODS["ties"].params
+    scope = params.get("scope", defaults["scope"])
     if not set(params) <= {"k", "scope"} or scope not in ("global", "per_key"):
         return None
-    k = params.get("k", 20.0)
+    k = params.get("k", defaults["k"])
     if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= 100:
         return None
     return float(k), scope
@@ -111,8 +134,12 @@ def plan(args) -> _Plan | None:
     try:
         if (_libc is None or args.config is not None or args.lora_adapters or args.pact is not None
                 or args.method not in ("task_arithmetic", "ties") or args.alpha is None or not args.pretrained
-                or not args.finetuned or args.device not in (None, "cpu") or is_folder_output(args.out)
-                or check_out_suffix(args.out, args.max_shard_size) == "torch"):
+                or not args.finetuned or args.device not in (None, "cpu")):
+            return None
+        folder = Path(args.out) if is_folder_output(args.out) else None
+        shard = args.max_shard_size if folder is None or args.max_shard_size is not None else DEFAULT_SHARD_SIZE
+        out = str(folder / weights_name(args.pretrained)) if folder is not None else args.out
+        if check_out_suffix(out, shard) == "torch":
             return None
         from ..cli import parse_set
 
@@ -121,8 +148,8 @@ def plan(args) -> _Plan | None:
                 or args.method == "ties" and (_ties_params(params) is None or len(args.finetuned) > 255)):
             return None
         check_alpha(args.alpha)
-        if args.max_shard_size is not None:
-            parse_size(args.max_shard_size)
+        if shard is not None:
+            parse_size(shard)
         if args.threads is not None and not 1 <= args.threads <= 4096 or args.workers is not None and args.workers < 1:
             return None
         files = [_one_file(p) for p in (args.pretrained, *args.finetuned)]
@@ -132,7 +159,9 @@ def plan(args) -> _Plan | None:
         lib = native.compiled() or native.library()
         if lib is None:
             return None
-        check_out_target(args.out, [args.pretrained, *args.finetuned], name="--out")
+        if folder is not None:
+            check_folder_target(folder, [args.pretrained, *args.finetuned])
+        check_out_target(out, [args.pretrained, *args.finetuned], name="--out")
         heads = [read_entries(f)[0] for f in files]
         layout = {k: v[:2] for k, v in heads[0].items()}
         if not any(dt in FLOATS for _, dt in layout.values()) or any(
@@ -143,7 +172,7 @@ def plan(args) -> _Plan | None:
         fast = kernels.library(lib) if args.method == "ties" else None
         if args.method == "ties" and fast is None:
             return None
-        return _Plan(args, files, heads, params, lib, fast)
+        return _Plan(args, files, heads, params, lib, fast, folder, out, shard)
     except Exception:
         return None
 
@@ -630,19 +659,31 @@ def try_merge(args) -> int | None:
     if note:
         warnings.warn(note, UserWarning, stacklevel=2)
     names = [os.path.abspath(f) for f in a.finetuned]  # as the torch path names them (pact merge's recipe)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with output_lock(a.out):
+    recipe = None
+    if p.folder is not None:  # the recipe of the merge, its inputs hashed first (as the torch path)
+        from ..cli import recipe_of
+
+        recipe = recipe_of(a)
+        dtypes = sorted({TORCH_NAMES[dt] for _, dt, _ in p.entries.values() if dt in FLOATS})
+        recipe = replace(recipe, sha256=check_sha256(recipe, where="recipe", workers=_workers(a)),
+                         dtype=dtypes[0] if len(dtypes) == 1 else None)
+    Path(p.out).parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(p.out):
         entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
-        with CheckpointWriter(a.out, entries, max_shard_size=a.max_shard_size) as writer:
+        with CheckpointWriter(p.out, entries, max_shard_size=p.max_shard_size) as writer:
             found = (_task_arithmetic if a.method == "task_arithmetic" else _ties)(p, writer)
             if found is None:
                 return None  # the writer removes its temporary files; the torch path names the cause
             for message in task_set_warnings(names, *found):
                 warnings.warn(message, stacklevel=2)
             files = writer.commit()
-        finish_output(a.out, files)
+        finish_output(p.out, files)
+    if p.folder is not None:
+        files += write_model_folder(p.folder, recipe, sha256=recipe.sha256, method=METHODS[a.method],
+                                    weights=[f for f in files if f.name.endswith(".safetensors")])
     rule = a.rule or "auto"
     print(json.dumps({"out": str(writer.path), "method": a.method, "pact": None, "alpha": a.alpha,
                       "tasks": len(names), "rule": detect_preset(p.entries) if rule == "auto" else rule,
-                      "params": p.params, "files": [str(f) for f in files]}))
+                      "params": p.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
+                      "files": [str(f) for f in files]}))
     return 0
