@@ -175,12 +175,13 @@ RECIPE_FLAGS = {"method": "--method", "pact": "--pact", "alpha": "--alpha", "pre
                 "lora_extra": "--lora-extra", "set": "--set", "rule": "--rule", "max_shard_size": "--max-shard-size"}
 
 
-def recipe_of(args):
+def recipe_of(args, **read):
     """The merge ``args`` ask for, as a :class:`pactlib.recipe.Recipe`: read from ``--config`` (then
     the flags that define a merge are refused: edit the recipe instead; ``--out``, ``--workers``,
     ``--threads``, ``--device`` and ``--trust-pickle`` stay command-line choices), else from the
     flags. Paths are made absolute (from the working directory), so that a recipe written into a
-    model folder names its inputs wherever it is read from.
+    model folder names its inputs wherever it is read from. ``read``: keywords of
+    :func:`pactlib.recipe.read_recipe` (its ``methods`` and ``check``).
 
     Raises:
         ValueError: a flag beside ``--config``; a required flag missing without it.
@@ -196,7 +197,7 @@ def recipe_of(args):
         if given:
             raise ValueError(f"--config {args.config} gives the merge; {', '.join(given)} cannot be given beside it "
                              "(edit the recipe, or give the flags without --config)")
-        r = read_recipe(args.config)
+        r = read_recipe(args.config, **read)
     else:
         missing = [f for a, f in (("method", "--method"), ("alpha", "--alpha"), ("pretrained", "--pretrained"))
                    if getattr(args, a) is None]

@@ -360,17 +360,23 @@ def _key(s: str):
 
 # -- reading a recipe ----------------------------------------------------------------------------
 
-def read_recipe(path: str | os.PathLike) -> Recipe:
+def read_recipe(path: str | os.PathLike, *, methods: Mapping | None = None, check=None) -> Recipe:
     """The :class:`Recipe` in the file ``path`` (module docstring), checked field by field.
+
+    ``methods`` ({name: registry entry}) and ``check`` (``check(method, pact, kwargs)``, raising
+    ValueError or TypeError) default to the merge methods' registry and
+    :func:`pactlib.api.resolve_kwargs`, which import torch; a caller without torch passes its own
+    (:mod:`pactlib.fastpath`, for the merges it takes).
 
     Raises:
         RecipeError: an unreadable file, a missing or unknown field, a value of the wrong type or
             out of range (each message names the file and the field, e.g. ``models[1].model``).
         FileNotFoundError: no such file.
     """
-    from . import merges  # the registry and PACT's options import torch
-    from .pact import MODES, PactOptions
+    if methods is None:
+        from . import merges  # the registry imports torch
 
+        methods = {name: merges.get(name) for name in merges.names()}
     path = Path(path)
     where = str(path)
     data = parse_yaml(path.read_text(encoding="utf-8"), name=where)
@@ -387,8 +393,8 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
         if data.get(req) is None:
             fail(req, "missing (required)")
     method = data["merge_method"]
-    if not isinstance(method, str) or method not in merges.names():
-        fail("merge_method", f"unknown merge method {method!r}; known: {', '.join(merges.names())}")
+    if not isinstance(method, str) or method not in methods:
+        fail("merge_method", f"unknown merge method {method!r}; known: {', '.join(methods)}")
     if not isinstance(data["base_model"], str) or not data["base_model"]:
         fail("base_model", f"expected a path, got {data['base_model']!r}")
     sha = {}
@@ -435,13 +441,15 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
     alpha = params.pop("alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         fail("parameters.alpha", f"expected a finite number, got {alpha!r}")
-    m = merges.get(method)
+    m = methods[method]
     for k in params:
         if k not in m.params:
             known = ", ".join(["alpha", *m.params])
             fail(f"parameters.{k}", f"not a parameter of {method} (known: {known}; PACT options go under pact)")
     pact, popts = data.get("pact"), {}
     if pact is not None:
+        from .pact import MODES, PactOptions  # imports torch
+
         if isinstance(pact, str):
             pact = {"mode": pact}
         if not isinstance(pact, Mapping) or pact.get("mode") not in MODES:
@@ -453,10 +461,10 @@ def read_recipe(path: str | os.PathLike) -> Recipe:
                 fail(f"pact.{k}", f"not a PACT option (known: {', '.join(sorted(PactOptions.field_names()))})")
         pact = pact["mode"]
     kw = {**params, **popts}
-    from .api import resolve_kwargs
-
+    if check is None:
+        from .api import resolve_kwargs as check
     try:
-        resolve_kwargs(method, pact, kw)
+        check(method, pact, kw)
     except (TypeError, ValueError) as e:
         raise RecipeError(f"{where}: parameters / pact: {e}") from None
     dtype = data.get("dtype")

@@ -311,7 +311,8 @@ def test_the_method_entries_are_the_registrys():
                                           ("ties", ("--max-shard-size", "200B"))])
 def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys, method, extra):
     """``--out DIR/`` on the fast path: the torch path's model folder byte for byte (weights, the
-    base folder's config and tokenizer files, recipe, card), the same JSON line; torch not run."""
+    base folder's config and tokenizer files, recipe, card), the same JSON line; torch not run.
+    ``--config`` of its recipe gives the same folder, on the fast path too."""
     pre, fts = make_checkpoints(3, seed=5)
     base = tmp_path / "base"
     base.mkdir()
@@ -337,3 +338,8 @@ def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys
     assert {"config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} <= set(names)
     sharded = "--max-shard-size" in extra
     assert ("model.safetensors.index.json" in names) == sharded and ("model.safetensors" in names) != sharded
+    again = tmp_path / "again"  # the recipe replayed, on the fast path too: the same folder
+    rc, line, err = run(["--config", str(tmp_path / "fast" / "merged" / "pact_recipe.yaml"), "--out", f"{again}/"],
+                        monkeypatch, capsys, fast=True)
+    assert rc == 0, err
+    assert sorted((f.name, f.read_bytes()) for f in again.iterdir()) == folders[0]

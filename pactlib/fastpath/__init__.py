@@ -28,12 +28,12 @@ not to change while it reads them.
 It takes a merge when all of these hold; otherwise :func:`try_merge` returns None before
 anything is written and ``pact merge`` runs the torch path, which also gives every error:
 
-- ``--method task_arithmetic``, or ``ties`` (``--set`` of ``k`` and ``scope`` only, at most 255
-  tasks); no ``--pact``, ``--config`` or ``--lora-adapters``,
-  ``--device`` unset or ``cpu``, ``--out`` a ``.safetensors`` file or index (not a ``.pt``), or a
-  folder: then the model folder the torch path writes (its inputs hashed, the weights, θ0's
-  folder's support files, the recipe and the card: :func:`pactlib.recipe.write_model_folder`,
-  with :data:`METHODS` for the registry's entries);
+- Task Arithmetic, or TIES with ``k`` and ``scope`` only and at most 255 tasks, from the flags
+  or from a recipe (``--config``, read with :data:`METHODS` for the registry); no PACT, no LoRA
+  adapters, ``--device`` unset or ``cpu``; ``--out`` a ``.safetensors`` file or index (not a
+  ``.pt``), or a folder: then the model folder the torch path writes (its inputs hashed, the
+  weights, θ0's folder's support files, the recipe and the card:
+  :func:`pactlib.recipe.write_model_folder`);
 - θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
   describe them exactly (:func:`pactlib.safetensors_io.read_entries`), with the same keys,
   shapes and dtypes; floating keys in float32, bfloat16 or float16, and at least one;
@@ -97,17 +97,18 @@ BUDGET_BYTES = 24 << 20
 
 
 class _Plan:
-    """What :func:`plan` found: the files, θ0's entries (in the order of its data: key -> (shape,
-    dtype name, offset)), each file's offsets, the method's parameters and the library."""
+    """What :func:`plan` found: the merge (a :class:`pactlib.recipe.Recipe`), the files, θ0's
+    entries (in the order of its data: key -> (shape, dtype name, offset)), each file's offsets,
+    the method's parameters and the libraries."""
 
-    def __init__(self, args, files: list[Path], heads: list[dict], params: dict, lib, fast=None,
-                 folder: Path | None = None, out: str | None = None, max_shard_size=None):
-        self.args, self.pre, self.fts, self.lib, self.fast = args, files[0], files[1:], lib, fast
-        # a folder output: the folder, its weights file and its shard size (as the torch path's)
-        self.folder, self.out, self.max_shard_size = folder, out or args.out, max_shard_size
+    def __init__(self, args, recipe, files: list[Path], heads: list[dict], lib, fast, folder: Path | None,
+                 out: str, max_shard_size):
+        self.args, self.recipe, self.pre, self.fts, self.lib, self.fast = args, recipe, files[0], files[1:], lib, fast
+        # the folder of a folder output, the weights file and their shard size (as the torch path's)
+        self.folder, self.out, self.max_shard_size = folder, out, max_shard_size
         self.entries = heads[0]
         self.offsets = [{k: v[2] for k, v in h.items()} for h in heads]
-        self.params = params  # as given (--set), for the JSON line
+        self.params = recipe.params  # as given (--set or the recipe), for the JSON line
         self.floats = [k for k, (_, dt, _) in self.entries.items() if dt in FLOATS]
 
 
@@ -128,31 +129,40 @@ def _ties_params(params: dict) -> tuple[float, str] | None:
     return float(k), scope
 
 
+def _takes(method: str, pact, params: dict) -> None:
+    """Raise ValueError unless the fast path takes the merge (``check`` of
+    :func:`pactlib.recipe.read_recipe`): the torch path then reads the recipe again and names what
+    is wrong with it."""
+    if (method not in METHODS or pact is not None or method == "task_arithmetic" and params
+            or method == "ties" and _ties_params(params) is None):
+        raise ValueError(f"{method}: not a merge of the fast path")
+
+
 def plan(args) -> _Plan | None:
-    """The fast merge of the parsed ``pact merge`` arguments ``args``, or None when it does not
-    take them (module docstring). Reads the headers only; raises nothing (a refusal is None)."""
+    """The fast merge of the parsed ``pact merge`` arguments ``args`` (flags or ``--config``), or
+    None when it does not take them (module docstring). Reads the recipe and the headers only;
+    raises nothing (a refusal is None)."""
     try:
-        if (_libc is None or args.config is not None or args.lora_adapters or args.pact is not None
-                or args.method not in ("task_arithmetic", "ties") or args.alpha is None or not args.pretrained
-                or not args.finetuned or args.device not in (None, "cpu")):
+        if _libc is None or args.lora_adapters or args.device not in (None, "cpu"):
+            return None
+        from ..cli import recipe_of
+
+        r = recipe_of(args, methods=METHODS, check=_takes)  # paths made absolute, as the torch path's
+        _takes(r.merge_method, r.pact, r.params)
+        if r.lora or len(r.models) > 255:
             return None
         folder = Path(args.out) if is_folder_output(args.out) else None
-        shard = args.max_shard_size if folder is None or args.max_shard_size is not None else DEFAULT_SHARD_SIZE
-        out = str(folder / weights_name(args.pretrained)) if folder is not None else args.out
+        shard = r.max_shard_size if folder is None or r.max_shard_size is not None else DEFAULT_SHARD_SIZE
+        out = str(folder / weights_name(r.base_model)) if folder is not None else args.out
         if check_out_suffix(out, shard) == "torch":
             return None
-        from ..cli import parse_set
-
-        params = parse_set(args.set)
-        if (args.method == "task_arithmetic" and params
-                or args.method == "ties" and (_ties_params(params) is None or len(args.finetuned) > 255)):
-            return None
-        check_alpha(args.alpha)
+        check_alpha(r.alpha)
         if shard is not None:
             parse_size(shard)
         if args.threads is not None and not 1 <= args.threads <= 4096 or args.workers is not None and args.workers < 1:
             return None
-        files = [_one_file(p) for p in (args.pretrained, *args.finetuned)]
+        inputs = [r.base_model, *r.models]
+        files = [_one_file(p) for p in inputs]
         if None in files:
             return None
         # not probed yet (a first run, or new C sources): probe it now, with torch, once per machine
@@ -160,8 +170,8 @@ def plan(args) -> _Plan | None:
         if lib is None:
             return None
         if folder is not None:
-            check_folder_target(folder, [args.pretrained, *args.finetuned])
-        check_out_target(out, [args.pretrained, *args.finetuned], name="--out")
+            check_folder_target(folder, inputs)
+        check_out_target(out, inputs, name="--out")
         heads = [read_entries(f)[0] for f in files]
         layout = {k: v[:2] for k, v in heads[0].items()}
         if not any(dt in FLOATS for _, dt in layout.values()) or any(
@@ -169,10 +179,12 @@ def plan(args) -> _Plan | None:
             return None
         if any({k: v[:2] for k, v in h.items()} != layout for h in heads[1:]):
             return None
-        fast = kernels.library(lib) if args.method == "ties" else None
-        if args.method == "ties" and fast is None:
+        if r.dtype is not None and sorted({TORCH_NAMES[dt] for _, dt in layout.values() if dt in FLOATS}) != [r.dtype]:
+            return None  # the recipe's dtype is not θ0's: the torch path says so
+        fast = kernels.library(lib) if r.merge_method == "ties" else None
+        if r.merge_method == "ties" and fast is None:
             return None
-        return _Plan(args, files, heads, params, lib, fast, folder, out, shard)
+        return _Plan(args, r, files, heads, lib, fast, folder, out, shard)
     except Exception:
         return None
 
@@ -336,7 +348,7 @@ def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
     """Merge every key into ``writer``: (nonzero per task, identical pairs), or None when a
     merged value is not finite (nothing more is written)."""
     b = _Maps(p)
-    T, alpha = b.T, float(p.args.alpha)
+    T, alpha = b.T, float(p.recipe.alpha)
     flags = _Flags(T)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
@@ -605,7 +617,7 @@ class _Ties:
 
 def _ties(p: _Plan, writer: CheckpointWriter):
     """TIES into ``writer`` (module docstring), global or per key: as :func:`_task_arithmetic`."""
-    T, alpha = len(p.fts), float(p.args.alpha)
+    T, alpha = len(p.fts), float(p.recipe.alpha)
     k, scope = _ties_params(p.params)
     b = _Maps(p)
     try:
@@ -654,36 +666,30 @@ def try_merge(args) -> int | None:
     p = plan(args)
     if p is None:
         return None
-    a = p.args
-    note = split_attention_note(p.entries, where=f"{a.method}: ")
+    a, r = p.args, p.recipe
+    note = split_attention_note(p.entries, where=f"{r.merge_method}: ")
     if note:
         warnings.warn(note, UserWarning, stacklevel=2)
-    names = [os.path.abspath(f) for f in a.finetuned]  # as the torch path names them (pact merge's recipe)
-    recipe = None
-    if p.folder is not None:  # the recipe of the merge, its inputs hashed first (as the torch path)
-        from ..cli import recipe_of
-
-        recipe = recipe_of(a)
+    if p.folder is not None or r.sha256:  # the inputs hashed (and checked against the recipe's) first
         dtypes = sorted({TORCH_NAMES[dt] for _, dt, _ in p.entries.values() if dt in FLOATS})
-        recipe = replace(recipe, sha256=check_sha256(recipe, where="recipe", workers=_workers(a)),
-                         dtype=dtypes[0] if len(dtypes) == 1 else None)
+        r = replace(r, sha256=check_sha256(r, where=a.config or "recipe", workers=_workers(a)),
+                    dtype=dtypes[0] if len(dtypes) == 1 else None)
     Path(p.out).parent.mkdir(parents=True, exist_ok=True)
     with output_lock(p.out):
         entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
         with CheckpointWriter(p.out, entries, max_shard_size=p.max_shard_size) as writer:
-            found = (_task_arithmetic if a.method == "task_arithmetic" else _ties)(p, writer)
+            found = (_task_arithmetic if r.merge_method == "task_arithmetic" else _ties)(p, writer)
             if found is None:
                 return None  # the writer removes its temporary files; the torch path names the cause
-            for message in task_set_warnings(names, *found):
+            for message in task_set_warnings(list(r.models), *found):
                 warnings.warn(message, stacklevel=2)
             files = writer.commit()
         finish_output(p.out, files)
     if p.folder is not None:
-        files += write_model_folder(p.folder, recipe, sha256=recipe.sha256, method=METHODS[a.method],
+        files += write_model_folder(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method],
                                     weights=[f for f in files if f.name.endswith(".safetensors")])
-    rule = a.rule or "auto"
-    print(json.dumps({"out": str(writer.path), "method": a.method, "pact": None, "alpha": a.alpha,
-                      "tasks": len(names), "rule": detect_preset(p.entries) if rule == "auto" else rule,
-                      "params": p.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
+    print(json.dumps({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
+                      "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
+                      "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
                       "files": [str(f) for f in files]}))
     return 0
