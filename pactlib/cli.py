@@ -216,8 +216,12 @@ def recipe_of(args, **read):
 
 
 def cmd_merge(args) -> int:
-    """``pact merge``; a model folder this run created is removed again when the merge fails.
-    Task Arithmetic on safetensors files runs without torch when :mod:`pactlib.fastpath` takes it."""
+    """``pact merge``; a model folder this run created is removed again, with all it holds, when
+    the merge fails (also after its weights were written: a support file that cannot be copied).
+    Task Arithmetic and TIES on safetensors files run without torch when :mod:`pactlib.fastpath`
+    takes them."""
+    import shutil
+
     from .lazy import is_folder_output
 
     folder = Path(args.out) if is_folder_output(args.out) else None
@@ -225,11 +229,11 @@ def cmd_merge(args) -> int:
     try:
         from .fastpath import try_merge
 
-        status = try_merge(args)  # Task Arithmetic on safetensors files: without torch
+        status = try_merge(args)  # without torch, when the fast path takes the merge
         return _merge(args) if status is None else status
     except BaseException:
-        if new_folder and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()  # nothing of this run is left behind
+        if new_folder and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)  # nothing of this run is left behind
         raise
 
 

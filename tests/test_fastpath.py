@@ -343,3 +343,34 @@ def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys
                         monkeypatch, capsys, fast=True)
     assert rc == 0, err
     assert sorted((f.name, f.read_bytes()) for f in again.iterdir()) == folders[0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_folder_that_fails_after_its_weights_is_removed(tmp_path, monkeypatch, capsys, fast):
+    """A support file of θ0's folder that cannot be read fails the merge after the weights are
+    written: the folder this run created is removed with them, on both paths; an existing folder
+    keeps what it held."""
+    from pactlib import recipe
+
+    pre, fts = make_checkpoints(2, seed=3)
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file(pre, base / "model.safetensors")
+    (base / "config.json").write_text("{}")
+    paths = []
+    for t, ft in enumerate(fts):
+        save_file(ft, tmp_path / f"ft{t}.safetensors")
+        paths.append(str(tmp_path / f"ft{t}.safetensors"))
+    argv = ["--method", "task_arithmetic", "--alpha", "0.5", "--pretrained", str(base), "--finetuned", *paths]
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+
+    def unreadable(src, dst):
+        raise OSError(5, "Input/output error", str(src))
+
+    monkeypatch.setattr(recipe, "_copy_atomic", unreadable)  # the config cannot be copied
+    assert main(["merge", *argv, "--out", f"{tmp_path / 'new'}/"]) != 0
+    assert "Input/output error" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "keep.txt").write_text("mine")
+    assert main(["merge", *argv, "--out", f"{tmp_path / 'old'}/"]) != 0
+    assert (tmp_path / "old" / "keep.txt").read_text() == "mine"
