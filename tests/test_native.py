@@ -179,13 +179,11 @@ def test_streamed_ties_is_the_same_with_and_without_native(tmp_path, monkeypatch
             assert torch.equal(_bits(got[key]), _bits(mem[key])), (key, use, chunk_bytes, workers)
 
 
+@needs_lib
 @pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
 def test_deltas_of_raw_bytes_are_torchs_with_value_equality_for_identical_pairs(dtype, code):
     import ctypes
 
-    lib = native.library()
-    if lib is None:
-        pytest.skip("no C compiler")
     g = torch.Generator().manual_seed(5)
     pre = torch.randn(1000, generator=g).to(dtype)
     fts = [(pre.float() + 0.1 * torch.randn(1000, generator=g)).to(dtype) for _ in range(3)]
@@ -209,14 +207,12 @@ def test_deltas_of_raw_bytes_are_torchs_with_value_equality_for_identical_pairs(
     assert not any(same[i * T + k] for i in range(T) for k in range(i + 1, T))
 
 
+@needs_lib
 @pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
 def test_apply_is_task_vector_apply_to_and_counts_overflows(dtype, code):
     from pactlib.checks import MergeOverflowError
     from pactlib.taskvector import TaskVector
 
-    lib = native.library()
-    if lib is None:
-        pytest.skip("no C compiler")
     g = torch.Generator().manual_seed(6)
     pre = torch.randn(3000, generator=g).to(dtype)
     D = torch.randn(3000, generator=g) * torch.exp(2 * torch.randn(3000, generator=g))
@@ -232,15 +228,13 @@ def test_apply_is_task_vector_apply_to_and_counts_overflows(dtype, code):
             TaskVector._wrap({"w": D.clone()}).apply_to({"w": pre}, 0.7)
 
 
+@needs_lib
 @pytest.mark.parametrize("dtype,code", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
 def test_radix_passes_on_raw_task_vectors_find_global_thresholds_thresholds(dtype, code):
     """pact_digit_hist_delta counts |θt − θ0| as GlobalThreshold.observe counts Δt, and
     pact_select_digit picks the digit GlobalThreshold.end_pass picks, ties and all."""
     import ctypes
 
-    lib = native.library()
-    if lib is None:
-        pytest.skip("no C compiler")
     g = torch.Generator().manual_seed(8)
     pre = torch.randn(20000, generator=g).to(dtype)
     ft = (pre.float() + (torch.randint(-4, 5, (20000,), generator=g) * 0.0625)).to(dtype)  # many ties
