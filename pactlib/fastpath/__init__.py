@@ -110,6 +110,7 @@ class _Plan:
         self.offsets = [{k: v[2] for k, v in h.items()} for h in heads]
         self.params = recipe.params  # as given (--set or the recipe), for the JSON line
         self.floats = [k for k, (_, dt, _) in self.entries.items() if dt in FLOATS]
+        self.dtypes = sorted({TORCH_NAMES[self.entries[k][1]] for k in self.floats})  # torch's names, as a recipe
 
 
 def _one_file(path: str) -> Path | None:
@@ -179,12 +180,13 @@ def plan(args) -> _Plan | None:
             return None
         if any({k: v[:2] for k, v in h.items()} != layout for h in heads[1:]):
             return None
-        if r.dtype is not None and sorted({TORCH_NAMES[dt] for _, dt in layout.values() if dt in FLOATS}) != [r.dtype]:
-            return None  # the recipe's dtype is not θ0's: the torch path says so
         fast = kernels.library(lib) if r.merge_method == "ties" else None
         if r.merge_method == "ties" and fast is None:
             return None
-        return _Plan(args, r, files, heads, lib, fast, folder, out, shard)
+        p = _Plan(args, r, files, heads, lib, fast, folder, out, shard)
+        if r.dtype is not None and p.dtypes != [r.dtype]:
+            return None  # the recipe's dtype is not θ0's: the torch path says so
+        return p
     except Exception:
         return None
 
@@ -671,9 +673,8 @@ def try_merge(args) -> int | None:
     if note:
         warnings.warn(note, UserWarning, stacklevel=2)
     if p.folder is not None or r.sha256:  # the inputs hashed (and checked against the recipe's) first
-        dtypes = sorted({TORCH_NAMES[dt] for _, dt, _ in p.entries.values() if dt in FLOATS})
         r = replace(r, sha256=check_sha256(r, where=a.config or "recipe", workers=_workers(a)),
-                    dtype=dtypes[0] if len(dtypes) == 1 else None)
+                    dtype=p.dtypes[0] if len(p.dtypes) == 1 else None)
     Path(p.out).parent.mkdir(parents=True, exist_ok=True)
     with output_lock(p.out):
         entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
