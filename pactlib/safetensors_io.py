@@ -114,9 +114,32 @@ def header_bytes(entries: Sequence[tuple[str, Sequence[int], torch.dtype | str]]
     return struct.pack("<Q", len(raw)) + raw
 
 
+def _header(path: str | os.PathLike) -> tuple[int, dict, int]:
+    """(header length in bytes, the parsed JSON header, file size in bytes) of a safetensors file.
+
+    Raises:
+        OSError, ValueError, struct.error: the file cannot be read, or its header is not JSON or
+            longer than the file (the callers name the file).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > size - 8:
+            raise ValueError(f"a header of {n} bytes in a file of {size}")
+        return n, json.loads(f.read(n)), size
+
+
+def _data_order(header: dict) -> list[str]:
+    """The header's keys in the order of their data: by (begin, end, key). Empty tensors share
+    an offset with their neighbour, and safetensors' own order (``offset_keys``) breaks such ties
+    in a per-process hash order; the key breaks them here, the same in every run."""
+    spans = {k: tuple(int(o) for o in v["data_offsets"]) for k, v in header.items() if k != "__metadata__"}
+    return sorted(spans, key=lambda k: (*spans[k], k))
+
+
 def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
-    """({key: (shape, dtype)} in the order of the data, metadata) of a safetensors file, from its
-    header (``safe_open``, which checks the header against the file).
+    """({key: (shape, dtype)} in the order of the data, by (begin, end, key); metadata) of a
+    safetensors file, from its header (``safe_open``, which checks the header against the file).
 
     Raises:
         CheckpointError: not a readable safetensors file, or a dtype torch has no name for here
@@ -128,7 +151,7 @@ def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             layout: Layout = {}
-            for key in f.offset_keys():
+            for key in _data_order(_header(path)[1]):
                 sl = f.get_slice(key)
                 dtype = torch_tables()[1].get(sl.get_dtype())
                 if dtype is None:
@@ -148,9 +171,7 @@ def read_offsets(path: str | os.PathLike) -> dict[str, int]:
         CheckpointError: the header cannot be read (naming the file).
     """
     try:
-        with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
+        n, header, _ = _header(path)
     except (OSError, ValueError, struct.error) as e:
         raise CheckpointError(f"{path}: cannot read checkpoint header ({type(e).__name__}: {str(e)[:200]})") from e
     return {k: 8 + n + int(v["data_offsets"][0]) for k, v in header.items() if k != "__metadata__"}
@@ -167,15 +188,10 @@ def read_entries(path: str | os.PathLike) -> tuple[dict[str, tuple[tuple[int, ..
             file; :func:`read_layout` reads what this refuses, through safetensors' own reader).
     """
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            n = struct.unpack("<Q", f.read(8))[0]
-            if n > size - 8:
-                raise ValueError(f"a header of {n} bytes in a file of {size}")
-            header = json.loads(f.read(n))
+        n, header, size = _header(path)
         meta = header.pop("__metadata__", None) or {}
-        entries = sorted(((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k, tuple(int(d) for d in v["shape"]),
-                           v["dtype"]) for k, v in header.items()), key=lambda e: e[:2])
+        entries = [(*(int(o) for o in header[k]["data_offsets"]), k, tuple(int(d) for d in header[k]["shape"]),
+                    header[k]["dtype"]) for k in _data_order(header)]
         at = 0
         for begin, end, k, shape, dtype in entries:
             if dtype not in ITEMSIZE or begin != at or end - begin != math.prod(shape) * ITEMSIZE[dtype] or end == begin:

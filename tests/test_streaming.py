@@ -3,6 +3,7 @@ in-memory path, bit for bit, for every method with and without PACT / S-PACT, on
 sharded and pickled inputs, whole or in chunks, into one file or shards; exact TIES trimming;
 lazy reading, the writer, and errors that name the file and the key and leave no output."""
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -805,3 +806,35 @@ def test_streamed_merge_keeps_the_small_real_directions_of_a_full_rank_layer(tmp
         res = pactlib.merge_files(method, p0, ps, tmp_path / "g.safetensors", alpha=1.0, device=dev)
     _assert_identical(load_file(str(res.path)), here)
     torch.testing.assert_close(here["lin.weight"], want["lin.weight"], rtol=0, atol=1e-6)
+
+
+def test_empty_tensors_come_in_one_order_in_every_run(tmp_path):
+    """Empty tensors share their offset with a neighbour; safetensors orders such ties in a
+    per-process hash order, read_layout by (begin, end, key): merged files are the same bytes in
+    every run (a run of six empties has 720 orders, so a hash order passes by chance rarely)."""
+    import subprocess
+    import sys
+
+    from pactlib.safetensors_io import read_layout
+
+    g = torch.Generator().manual_seed(0)
+    pre = {"w": torch.randn(50, 3, generator=g), **{f"e{i}": torch.zeros(0) for i in (5, 1, 4, 0, 3, 2)},
+           "z": torch.zeros(3, 0)}
+    save_file(pre, str(tmp_path / "pre.safetensors"))
+    layout, _ = read_layout(tmp_path / "pre.safetensors")
+    with open(tmp_path / "pre.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    spans = {k: tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__"}
+    assert list(layout) == sorted(spans, key=lambda k: (*spans[k], k))
+    for t in range(3):
+        save_file({k: v + 0.1 * (t + 1) for k, v in pre.items()}, str(tmp_path / f"ft{t}.safetensors"))
+    outs = []
+    for run in range(2):  # two processes: two hash seeds in safetensors
+        out = tmp_path / f"m{run}.safetensors"
+        subprocess.run([sys.executable, "-m", "pactlib.cli", "merge", "--method", "task_arithmetic",
+                        "--pretrained", str(tmp_path / "pre.safetensors"), "--alpha", "0.3", "--out", str(out),
+                        "--finetuned", *(str(tmp_path / f"ft{t}.safetensors") for t in range(3))],
+                       check=True, capture_output=True, env={**os.environ, "PACT_NATIVE": "0"})
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert list(read_layout(tmp_path / "m0.safetensors")[0]) == list(layout)
