@@ -1,9 +1,9 @@
 """The fast path's own C loops for TIES (``kernels.c``), loaded without torch.
 
 ``kernels.c`` calls three functions of :mod:`pactlib.native` (``pact_deltas``,
-``pact_ties_merge_f32``, ``pact_apply``), so it is compiled together with native's sources, with
-native's compiler, flags and cache (:func:`pactlib.paths.cache_dir` ``/native``, named by the hash
-of all the sources, the compiler and the CPU; written atomically). Before use, each process
+``pact_ties_merge_f32``, ``pact_apply``), so it is compiled together with native's sources by
+:func:`pactlib.native.build` (native's compiler, flags and cache; named by the hash of all the
+sources, the compiler and the CPU). Before use, each process
 checks the loops against the native library they stand for (itself checked against torch by
 :func:`pactlib.native.library`) on a small probe with ties, in float32, bfloat16 and float16:
 
@@ -21,17 +21,14 @@ check fails; :mod:`pactlib.fastpath` then leaves TIES to the torch path.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import random
 import struct
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 from .. import native
-from ..paths import cache_dir
 
 __all__ = ["SOURCE", "library", "workspace_size"]
 
@@ -47,25 +44,6 @@ def workspace_size(tasks: int) -> int:
     return (tasks + 1) * native.BLOCK + native.workspace_size(tasks)
 
 
-def _build(cc: str) -> Path:
-    sources = (*native.SOURCES, SOURCE)
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    blob = b"".join(f.read_bytes() for f in sources) + version.encode() + " ".join(native.FLAGS).encode()
-    lib = cache_dir("native") / f"fastpath-{hashlib.sha256(blob + native._cpu().encode()).hexdigest()[:16]}.so"
-    if lib.is_file():
-        return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fastpath-", suffix=".so", dir=lib.parent)
-    os.close(fd)
-    try:
-        subprocess.run([cc, *native.FLAGS, *map(str, sources), "-o", tmp], capture_output=True, text=True, check=True)
-        os.replace(tmp, lib)  # atomic: a concurrent build writes the same bytes under its own name
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, i32, p = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     lib.pact_ties_merge_raw.argtypes = [p, i32, p, p, i64, i64, p, p, ctypes.c_float, p, p, p, p]
@@ -74,7 +52,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pact_count_ties.restype = i64
     lib.pact_hist_low_f32.argtypes = [p, p, i64, i64, p]
     lib.pact_hist_low_f32.restype = i32
-    return native._declare(lib)
+    return native.declare(lib)
 
 
 def library(base: ctypes.CDLL | None) -> ctypes.CDLL | None:
@@ -86,9 +64,9 @@ def library(base: ctypes.CDLL | None) -> ctypes.CDLL | None:
         if not _lib:
             lib = None
             try:
-                cc = native._compiler()
+                cc = native.compiler()
                 if cc is not None:
-                    lib = _declare(ctypes.CDLL(str(_build(cc))))
+                    lib = _declare(ctypes.CDLL(str(native.build(cc, (*native.SOURCES, SOURCE), "fastpath"))))
                     lib = lib if _agrees(lib, base) else None
             except (OSError, subprocess.CalledProcessError):
                 lib = None

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 from ..paths import cache_dir
 
-__all__ = ["ENV", "BLOCK", "CODES", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
+__all__ = ["ENV", "BLOCK", "CODES", "SOURCES", "FLAGS", "compiler", "build", "declare", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
            "workspace_size", "task_arithmetic", "apply", "digit_hist_delta", "select_digit"]
 
 ENV = "PACT_NATIVE"
@@ -55,7 +55,8 @@ _lib: list = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
 _plain: list = []  # the same for compiled(): the marked library, loaded without the probe
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The path of the C compiler (``$CC``, else ``cc``), or None when there is none."""
     cc = os.environ.get("CC") or "cc"
     return shutil.which(cc)
 
@@ -70,25 +71,30 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(ln for ln in info if ln.split(":")[0].strip() in ("model name", "flags")))
 
 
-def _path(cc: str) -> Path:
+def _path(cc: str, sources: tuple[Path, ...], stem: str) -> Path:
     """Where the library of these sources, this compiler, these flags and this CPU lives."""
-    src = b"".join(f.read_bytes() for f in SOURCES)
+    src = b"".join(f.read_bytes() for f in sources)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(src + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
-    return cache_dir("native") / f"ties-{key}.so"
+    return cache_dir("native") / f"{stem}-{key}.so"
 
 
-def _build(cc: str) -> Path:
-    """Compile the C files into the cache (once per source and compiler) and return the library."""
-    lib = _path(cc)
+def build(cc: str, sources: tuple[Path, ...] = SOURCES, stem: str = "ties") -> Path:
+    """Compile ``sources`` with ``cc`` and :data:`FLAGS` into the cache (once per source, compiler
+    and CPU; written atomically) and return the library: ``<stem>-<hash>.so``.
+
+    Raises:
+        OSError: the cache cannot be written; subprocess.CalledProcessError: compiling failed.
+    """
+    lib = _path(cc, sources, stem)
     if lib.is_file():
         return lib
     folder = lib.parent
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ties-", suffix=".so", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, check=True)
+        subprocess.run([cc, *FLAGS, *map(str, sources), "-o", tmp], capture_output=True, text=True, check=True)
         os.replace(tmp, lib)  # atomic: a concurrent build writes the same bytes under its own name
     finally:
         if os.path.exists(tmp):
@@ -96,8 +102,8 @@ def _build(cc: str) -> Path:
     return lib
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the argument and result types of the library's functions."""
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of the functions of :data:`SOURCES` in ``lib``; returns ``lib``."""
     i64, i32, p = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     lib.pact_digit_hist_f32.argtypes = [p, i64, i64, i32, p]
     lib.pact_digit_hist_f32.restype = None
@@ -225,9 +231,9 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if not _lib:
             try:
-                cc = _compiler()
-                path = _build(cc) if cc else None
-                lib = _declare(ctypes.CDLL(str(path))) if path else None
+                cc = compiler()
+                path = build(cc) if cc else None
+                lib = declare(ctypes.CDLL(str(path))) if path else None
             except (OSError, subprocess.CalledProcessError):
                 lib = None
             if lib is not None:
@@ -260,10 +266,10 @@ def compiled() -> ctypes.CDLL | None:
         if not _plain:
             lib = None
             try:
-                cc = _compiler()
-                path = _path(cc) if cc else None
+                cc = compiler()
+                path = _path(cc, SOURCES, "ties") if cc else None
                 if path is not None and path.is_file() and _marker(path).is_file():
-                    lib = _declare(ctypes.CDLL(str(path)))
+                    lib = declare(ctypes.CDLL(str(path)))
             except (OSError, subprocess.CalledProcessError):
                 lib = None
             _plain.append(lib)

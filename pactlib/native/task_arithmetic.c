@@ -59,6 +59,57 @@ static int64_t apply(const float *d, const float *p, int64_t m, float alpha, voi
     return bad;
 }
 
+/* Clear every set flag same[i·T + k] (i < k) whose pair differs(i, k, ctx) says differs. */
+static void clear_differing(int64_t T, uint8_t *same, int (*differs)(int64_t, int64_t, const void *),
+                            const void *ctx) {
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t k = i + 1; k < T; k++)
+            if (same[i * T + k] && differs(i, k, ctx))
+                same[i * T + k] = 0;
+}
+
+/* m entries from a of raw inputs and θ0's float32 values p of those entries. */
+struct raw_chunk {
+    const void *const *fts;
+    const int32_t *codes;
+    const float *p;
+    int64_t a, m;
+};
+
+/* Whether Δi and Δk (θ − θ0 of the raw inputs) differ in some bit on the chunk. */
+static int raw_differ(int64_t i, int64_t k, const void *ctx) {
+    const struct raw_chunk *c = ctx;
+    for (int64_t j = 0; j < c->m; j++) {
+        float di = load(c->fts[i], c->codes[i], c->a + j) - c->p[j];
+        float dk = load(c->fts[k], c->codes[k], c->a + j) - c->p[j];
+        if (memcmp(&di, &dk, sizeof di))
+            return 1;
+    }
+    return 0;
+}
+
+/* A (T, n) float32 stack of task vectors. */
+struct rows {
+    const float *stack;
+    int64_t n;
+};
+
+/* Whether rows i and k differ in some bit. */
+static int rows_differ_bits(int64_t i, int64_t k, const void *ctx) {
+    const struct rows *r = ctx;
+    return memcmp(r->stack + i * r->n, r->stack + k * r->n, (size_t)r->n * sizeof *r->stack) != 0;
+}
+
+/* Whether rows i and k differ as values (torch.equal: a NaN differs from everything, −0 equals 0). */
+static int rows_differ_values(int64_t i, int64_t k, const void *ctx) {
+    const struct rows *r = ctx;
+    const float *a = r->stack + i * r->n, *b = r->stack + k * r->n;
+    for (int64_t j = 0; j < r->n; j++)
+        if (!(a[j] == b[j]))
+            return 1;
+    return 0;
+}
+
 /* θ = θ0 + α·Σt (θt − θ0) on n entries. pre: θ0 (dtype pre_code, also the output's); fts: T
  * pointers to the θt (dtypes codes[t]); out: n entries of pre_code. nonzero[t] is set to 1 when
  * some Δt != 0. same: T·T flags; while check_same, every set flag same[i·T + j] (i < j) is cleared
@@ -101,19 +152,10 @@ int64_t pact_task_arithmetic(const void *pre, int32_t pre_code, const void *cons
             if (nz)
                 nonzero[t] = 1;
         }
-        if (check_same)
-            for (int64_t i = 0; i < T; i++)
-                for (int64_t k = i + 1; k < T; k++) {
-                    if (!same[i * T + k])
-                        continue;
-                    for (int64_t j = 0; j < m; j++) {
-                        float di = load(fts[i], codes[i], a + j) - p[j], dk = load(fts[k], codes[k], a + j) - p[j];
-                        if (memcmp(&di, &dk, sizeof di)) {
-                            same[i * T + k] = 0;
-                            break;
-                        }
-                    }
-                }
+        if (check_same) {
+            struct raw_chunk c = {fts, codes, p, a, m};
+            clear_differing(T, same, raw_differ, &c);
+        }
         bad += apply(s, p, m, alpha, out, pre_code, a);
     }
     return bad;
@@ -145,23 +187,10 @@ void pact_deltas(const void *pre, int32_t pre_code, const void *const *fts, cons
         if (nz)
             nonzero[t] = 1;
     }
-    if (check_same)
-        for (int64_t i = 0; i < T; i++)
-            for (int64_t k = i + 1; k < T; k++) {
-                if (!same[i * T + k])
-                    continue;
-                const float *a = stack + i * n, *b = stack + k * n;
-                if (check_same == 2) {
-                    if (memcmp(a, b, (size_t)n * sizeof *a))
-                        same[i * T + k] = 0;
-                    continue;
-                }
-                for (int64_t j = 0; j < n; j++)
-                    if (!(a[j] == b[j])) {
-                        same[i * T + k] = 0;
-                        break;
-                    }
-            }
+    if (check_same) {
+        struct rows r = {stack, n};
+        clear_differing(T, same, check_same == 2 ? rows_differ_bits : rows_differ_values, &r);
+    }
 }
 
 /* θ = θ0 + α·D on n entries (book/method.md, merges: θ0 + α·D of any method; TaskVector.apply_to):
