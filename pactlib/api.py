@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import merges
+from .merges.driver import passes_of
 from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
                      task_names, task_set_warnings)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
@@ -259,6 +260,11 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
                 looked = True
             nonzero[t] = nonzero[t] or bool(s != 0) or bool(d.any())
             reducer.add(rule.view(k, d) if matrix else d)  # the reducer keeps d
+        if passes_of(reducer) == 2:  # Iso-CTS: each Δt again, against the sum
+            reducer.next_pass()
+            for ft in finetuned:
+                d = ft[k].to(dtype) - pre
+                reducer.add(rule.view(k, d) if matrix else d)
         r = reducer.result()
         D[k] = rule.unview(k, r, pre.shape) if matrix else r
     same = [(i, j) for i in range(T) for j in range(i + 1, T)

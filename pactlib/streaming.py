@@ -12,12 +12,13 @@ entry-wise method, :attr:`MergeMethod.elementwise`) and TIES stream large keys i
 so that their peak does not grow with T either.
 
 **Methods with a per-task reducer** (:attr:`MergeMethod.reducer`: Task Arithmetic and Iso-C, a
-running sum; TSV-M, each task's top singular triplets) need no stack at all:
-:func:`reduced_update` reads one task's delta at a time and hands it to the reducer, in task
-order (the in-memory kernels reduce in that order too, e.g.
-:func:`pactlib.merges.driver.task_sum`, so the numbers stay the same). With PACT, each selected
-layer is filtered by :func:`pactlib.pact.filter_tasks` in two passes over the tasks (subspaces,
-then filtering; each Δt is read twice), so memory is a few copies of the layer, whatever T.
+running sum; TSV-M, each task's top singular triplets; Iso-CTS, the sum, then each task against
+it in a second pass) need no stack at all: :func:`reduced_update` reads one task's delta at a
+time and hands it to the reducer, in task order (the in-memory kernels reduce in that order too,
+e.g. :func:`pactlib.merges.driver.task_sum`, so the numbers stay the same). With PACT, each
+selected layer is filtered by :func:`pactlib.pact.filter_tasks` in two passes over the tasks
+(subspaces, then filtering; each Δt is read twice), so memory is a few copies of the layer,
+whatever T; Iso-CTS with PACT keeps the T filtered deltas of a layer for its second pass.
 
 **Per-key methods** (:meth:`MergeMethod.is_per_key`: Task Arithmetic, TSV-M, Iso-C, Iso-CTS,
 TIES with ``scope="per_key"``, and any method written with ``map_layers``) are called on T
@@ -71,7 +72,7 @@ from .checks import (CheckpointError, all_finite, check_alpha, check_compatible,
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
                    finish_output, open_checkpoint, output_lock, spill_prefix)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
-from .merges.driver import RunningSum
+from .merges.driver import RunningSum, passes_of
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
@@ -278,7 +279,7 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
                    options: PactOptions | None = None, read: Callable[[int, bool], Tensor] | None = None,
                    checks: _TaskChecks | None = None, dev: torch.device | None = None) -> tuple[Tensor, object]:
     """``(D, layer report or None)`` of a method with a per-task reducer
-    (:attr:`pactlib.merges.MergeMethod.reducer`: Task Arithmetic, TSV-M, Iso-C) on one key (or its
+    (:attr:`pactlib.merges.MergeMethod.reducer`: Task Arithmetic, TSV-M, Iso-C, Iso-CTS) on one key (or its
     ``rows``), reading one task at a time: each Δt (PACT/S-PACT-filtered when ``pact`` is given,
     :func:`pactlib.pact.filter_tasks`, which reads each Δt twice) goes to the reducer (a running
     sum; TSV-M's top triplets) instead of a (T, m, n) stack. The same values as the method on the
@@ -301,11 +302,30 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
     matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
     reducer = m.reducer(inputs.T, matrix, **params)
     add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
+    # a two-pass reducer (Iso-CTS) reads each Δt again; PACT's filtered Δ̃t are kept for the second
+    # pass instead (filtering again would redo PACT's SVDs)
+    twice = passes_of(reducer) == 2
+    kept: list[Tensor] | None = [] if twice and pact is not None else None
+    if kept is not None:
+        first = add
+
+        def add(t: int, d: Tensor) -> None:
+            kept.append(d)
+            first(t, d)
     # a running sum of unfiltered deltas is checked once: a NaN or ±Inf in any θt makes Δt and then
     # the sum non-finite (θ0 is checked finite), so a finite sum clears every θt of the key
     once = read is None and pact is None and isinstance(reducer, RunningSum)
     lr = feed_tasks(inputs, key, rows, pre, add, pact=pact, options=options, rule=rule, read=read, checks=checks,
                     dev=dev, check=not once)
+    if twice:
+        reducer.next_pass()
+        if kept is not None:
+            for d in kept:
+                reducer.add(rule.view(key, d) if matrix else d)
+            kept.clear()
+        else:  # read again: θt checked finite, checks fed, on the first pass
+            feed_tasks(inputs, key, rows, pre, add, pact=None, options=options, rule=rule, read=read, dev=dev,
+                       check=False)
     if once and reducer.total is not None and not all_finite(reducer.total):
         pre_c = pre.to(inputs.dtype)
         for t in range(inputs.T):  # which θt: the first by task order raises, naming its file

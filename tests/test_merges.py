@@ -235,7 +235,7 @@ def test_reducer_equals_the_method_bit_for_bit(name, null_space, gen):
     from pactlib.merges.driver import reduce_stack
 
     m = merges.get(name)
-    assert name in ("task_arithmetic", "tsv_m", "iso_c")
+    assert name in ("task_arithmetic", "tsv_m", "iso_c", "iso_cts")
     params = {} if name == "task_arithmetic" else {"null_space": null_space}
     u = torch.randn(12, 1, generator=gen)
     tvs = [TaskVector._wrap({"w": torch.randn(12, 9, generator=gen), "low": u @ torch.randn(1, 9, generator=gen) * (t + 1),
@@ -249,7 +249,7 @@ def test_reducer_equals_the_method_bit_for_bit(name, null_space, gen):
         before = stack.clone()
         assert torch.equal(reduce_stack(m.reducer(3, matrix, **params), stack), D[key]), key
         assert torch.equal(stack, before)  # the rows were copied
-    assert not D["zero"].any() and (name == "tsv_m" or not D["gone"].any())
+    assert not D["zero"].any() and (name in ("tsv_m", "iso_cts") or not D["gone"].any())
     with pytest.raises(ValueError, match="no task"):
         merges.get("iso_c").reducer(3, True).result()
 
@@ -322,3 +322,24 @@ def test_task_arithmetic_merge_warns_on_zero_and_identical_tasks(ckpts):
     assert any("'z' is all zero" in m for m in msgs)
     assert any("'a' and 'b' are identical" in m for m in msgs)
     assert not any("'z' and" in m for m in msgs)
+
+
+def test_iso_cts_reducer_takes_the_deltas_twice_and_keeps_them(gen):
+    """Iso-CTS's reducer: the sum on the first pass, each task against it on the second; it checks
+    the passes' counts and leaves the deltas as they were (a caller keeps them between passes)."""
+    r = merges.get("iso_cts").reducer(2, True)
+    with pytest.raises(ValueError, match="no task"):
+        r.next_pass()
+    d = [torch.randn(6, 5, generator=gen) for _ in range(2)]
+    before = [x.clone() for x in d]
+    for x in d:
+        r.add(x)
+    r.next_pass()
+    r.add(d[0])
+    with pytest.raises(ValueError, match="1 of 2"):
+        r.result()
+    r.add(d[1])
+    with pytest.raises(ValueError, match="more than 2"):
+        r.add(d[1])
+    assert torch.equal(r.result(), iso_cts_kernel(torch.stack(d)))
+    assert all(torch.equal(a, b) for a, b in zip(d, before))

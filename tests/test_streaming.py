@@ -671,11 +671,14 @@ def test_merge_files_warns_on_hugging_face_attention_layout_as_merge_does(tmp_pa
 
 
 @pytest.mark.parametrize("method,pact", [("task_arithmetic", None), ("task_arithmetic", "pact"), ("tsv_m", None),
-                                         ("tsv_m", "pact"), ("iso_c", None), ("iso_c", "pact"), ("iso_c", "s-pact")])
+                                         ("tsv_m", "pact"), ("iso_c", None), ("iso_c", "pact"), ("iso_c", "s-pact"),
+                                         ("iso_cts", None), ("iso_cts", "pact")])
 def test_reducer_methods_read_one_task_at_a_time(tmp_path, ckpts, monkeypatch, method, pact):
-    """Task Arithmetic and Iso-C (a running sum) and TSV-M (each task's top triplets) take the tasks
-    one at a time: the streamed merge never builds a (T, m, n) stack of deltas, and PACT reads each
-    task's delta twice (subspaces, then filtering); the result is still the in-memory one, bit for bit."""
+    """Task Arithmetic and Iso-C (a running sum), TSV-M (each task's top triplets) and Iso-CTS (the
+    sum, then each task against it) take the tasks one at a time: the streamed merge never builds a
+    (T, m, n) stack of deltas. PACT reads each task's delta twice (subspaces, then filtering);
+    Iso-CTS reads each matrix's deltas twice, or keeps PACT's filtered ones for its second pass.
+    The result is still the in-memory one, bit for bit."""
     from pactlib.streaming import DeltaReader
 
     pre, fts = ckpts
@@ -700,16 +703,15 @@ def test_reducer_methods_read_one_task_at_a_time(tmp_path, ckpts, monkeypatch, m
     matrices = {k for k, v in pre.items() if MatrixRule().kind(k, v) == "matrix"}
     for key in (k for k in pre if torch.is_floating_point(pre[k])):
         order = [t for k, t in reads if k == key]
-        twice = pact is not None and key in matrices
+        twice = (pact is not None or method == "iso_cts") and key in matrices
         assert order == (list(range(T)) * (2 if twice else 1)), key
 
 
 def test_a_method_without_a_reducer_still_stacks(tmp_path, ckpts, monkeypatch):
-    """Iso-CTS needs the sum before each task's own part: the (T, m, n) stack path (the check
-    above can fail)."""
+    """TIES per key trims each key's stack: the (T, m, n) stack path (the check above can fail)."""
     from pactlib.streaming import DeltaReader
 
-    assert merges.get("iso_cts").reducer is None and merges.get("ties").reducer is None
+    assert merges.get("ties").reducer is None
     pre, fts = ckpts
     p0, ps = _files(tmp_path, pre, fts)
 
@@ -718,7 +720,7 @@ def test_a_method_without_a_reducer_still_stacks(tmp_path, ckpts, monkeypatch):
 
     monkeypatch.setattr(DeltaReader, "deltas", no_stack)
     with pytest.raises(AssertionError, match="stacked"):
-        pactlib.merge_files("iso_cts", p0, ps, tmp_path / "out.safetensors", alpha=0.7)
+        pactlib.merge_files("ties", p0, ps, tmp_path / "out.safetensors", alpha=0.7, scope="per_key")
 
 
 _RETAIN = """

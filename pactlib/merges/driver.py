@@ -76,11 +76,20 @@ def task_sum(stack: Tensor) -> Tensor:
 class TaskReducer(Protocol):
     """A merge method's D for one key from the tasks' deltas given one at a time, in task order
     (:attr:`pactlib.merges.MergeMethod.reducer`): ``add(Δt)`` T times, then ``result()``. ``add``
-    may keep and modify the tensor it is given (the caller gives it up)."""
+    may keep and modify the tensor it is given (the caller gives it up).
+
+    A reducer with ``passes = 2`` (Iso-CTS: the sum first, then each task against it) takes the
+    T deltas twice, in task order each time, with ``next_pass()`` between; it does not modify
+    them (a caller may keep them for the second pass). Without the attribute: one pass."""
 
     def add(self, delta: Tensor) -> None: ...
 
     def result(self) -> Tensor: ...
+
+
+def passes_of(reducer: TaskReducer) -> int:
+    """How many times ``reducer`` takes the T deltas (:class:`TaskReducer`): 1 or 2."""
+    return getattr(reducer, "passes", 1)
 
 
 class RunningSum:
@@ -105,9 +114,13 @@ class RunningSum:
 
 
 def reduce_stack(reducer: TaskReducer, stack: Tensor) -> Tensor:
-    """``reducer`` fed the rows of a (T, …) stack (copies: the stack is not modified); its result."""
-    for t in range(stack.shape[0]):
-        reducer.add(stack[t].clone())
+    """``reducer`` fed the rows of a (T, …) stack, once per pass (copies: the stack is not
+    modified); its result."""
+    for i in range(passes_of(reducer)):
+        if i:
+            reducer.next_pass()
+        for t in range(stack.shape[0]):
+            reducer.add(stack[t].clone())
     return reducer.result()
 
 

@@ -12,7 +12,7 @@ from ..linalg import Triplets, as_float64, leading_triplets, svd
 from ..matrix import MatrixRule
 from ..taskvector import TaskVector
 from .blocks import NullSpace, check_null_space, combine_blocks, in_range, kept_rank
-from .driver import RunningSum, map_layers, mean_of, task_sum
+from .driver import RunningSum, map_layers, mean_of, reduce_stack, task_sum
 from .registry import alpha_grid, register
 
 
@@ -64,7 +64,7 @@ def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
 
 def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpace = "drop",
                    rank_rtol: float | None = None) -> Tensor:
-    """(T, m, n) -> (m, n): Iso-CTS (M5).
+    """(T, m, n) -> (m, n): Iso-CTS (M5): :class:`IsoCTS` fed the T deltas (task order, two passes).
 
     Top-k common directions of ΣΔt; each task adds (d − k)/T directions from the SVD of its update
     with the common *left* subspace projected out; stack, polar-orthogonalise U and V, and set every
@@ -80,40 +80,92 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
     of any task's residual) in the task blocks. ``"literal"`` keeps k and (d − k)/T directions
     whatever their values (zeros included in the mean), as the reference code.
     """
-    T, m, n = deltas.shape
-    d = min(m, n)
-    k, per = iso_cts_split(d, T, common_frac)
-    total = deltas.sum(0)  # (m, n)
-    # the common subspace from the float64 SVD of the sum, and the residuals formed in float64: in
-    # float32 the SVD's error in Uc would leak a rounding-sized part of Δt into its residual, where
-    # it would look like task-specific directions (LoRA: Δt lies in the sum's range, its residual is 0)
-    U, S, Vh = svd(as_float64(total))
-    top = float(S[0]) if S.numel() else 0.0
-    drop = null_space == "drop"
-    if drop:  # the common block stops at the directions the sum resolves
-        k = min(k, kept_rank(total, S, rank_rtol))
-    Uc = U[:, :k]  # (m, k) float64
-    dt = deltas.dtype
-    to = dict(device=total.device, dtype=dt)  # as_float64 computes on the CPU for MPS
-    blocks = [Triplets(Uc.to(**to), S[:k].to(**to), Vh[:k].mT.to(**to))]
-    if per > 0:
-        for delta in deltas:
-            d64 = as_float64(delta)
-            resid = (d64 - Uc @ (Uc.mT @ d64)).to(**to)  # task-specific part (m, n)
-            Ur, Sr, Vhr = svd(resid)
-            r = per
-            if drop and rank_rtol is None:  # directions above the rounding noise of Δt
-                r = kept_rank(resid, Sr, None, norm=float(torch.linalg.vector_norm(d64)), limit=per)
-            blocks.append(leading_triplets(Ur, Sr, Vhr, r))
-            del d64, resid, Ur, Sr, Vhr
-    if drop and rank_rtol is not None:  # task blocks: values above rank_rtol × the layer's scale
-        scale = max([top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
-        blocks = blocks[:1] + [in_range(b, float(rank_rtol) * scale) for b in blocks[1:]]
-    values = torch.cat([b.S for b in blocks])
-    if values.numel() == 0:
-        return torch.zeros_like(deltas[0])
-    return combine_blocks(blocks, values=torch.full_like(values, float(values.mean())),
-                          literal=null_space == "literal")
+    return reduce_stack(IsoCTS(deltas.shape[0], common_frac, null_space, rank_rtol), deltas)
+
+
+class IsoCTS:
+    """Iso-CTS's D of one matrix key (M5; :func:`iso_cts_kernel`) from the T deltas given twice,
+    one at a time (a two-pass :class:`pactlib.merges.driver.TaskReducer`): the first pass adds up
+    ΣΔt in task order (:func:`pactlib.merges.driver.task_sum`), ``next_pass`` takes its float64
+    SVD and the common block, the second pass keeps each task's leading residual triplets. Memory:
+    the sum, its SVD and one task's residual, whatever T. The deltas are not modified.
+
+    Raises:
+        ValueError: ``common_frac`` outside (0, 1]; ``add`` after the second pass's T deltas,
+            ``result`` before it.
+    """
+
+    passes = 2
+
+    def __init__(self, T: int, common_frac: float = 0.8, null_space: NullSpace = "drop",
+                 rank_rtol: float | None = None):
+        self.T, self.common_frac, self.null_space, self.rank_rtol = T, common_frac, null_space, rank_rtol
+        iso_cts_split(1, T, common_frac)  # checks common_frac
+        self.total: Tensor | None = None
+        self.seen = 0
+        self.Uc: Tensor | None = None
+        self.blocks: list[Triplets] = []
+        self.top = 0.0
+        self.per = 0
+
+    def add(self, delta: Tensor) -> None:
+        if self.Uc is None:  # first pass: ΣΔt in task order
+            if self.total is None:
+                self.total = delta.clone()
+            else:
+                self.total += delta
+            return
+        if self.seen >= self.T:
+            raise ValueError(f"Iso-CTS: more than {self.T} deltas in the second pass")
+        self.seen += 1
+        if self.per == 0:
+            return
+        d64 = as_float64(delta)
+        resid = (d64 - self.Uc @ (self.Uc.mT @ d64)).to(device=self.total.device, dtype=self.total.dtype)
+        Ur, Sr, Vhr = svd(resid)  # the task-specific part (m, n)
+        r = self.per
+        if self.null_space == "drop" and self.rank_rtol is None:  # directions above the rounding noise of Δt
+            r = kept_rank(resid, Sr, None, norm=float(torch.linalg.vector_norm(d64)), limit=self.per)
+        self.blocks.append(leading_triplets(Ur, Sr, Vhr, r))
+
+    def next_pass(self) -> None:
+        """The common block from the float64 SVD of ΣΔt (the first pass must be complete)."""
+        if self.total is None:
+            raise ValueError("no task was added")
+        total = self.total
+        m, n = total.shape
+        d = min(m, n)
+        k, self.per = iso_cts_split(d, self.T, self.common_frac)
+        # the common subspace from the float64 SVD of the sum, and the residuals formed in float64: in
+        # float32 the SVD's error in Uc would leak a rounding-sized part of Δt into its residual, where
+        # it would look like task-specific directions (LoRA: Δt lies in the sum's range, its residual is 0)
+        U, S, Vh = svd(as_float64(total))
+        self.top = float(S[0]) if S.numel() else 0.0
+        if self.null_space == "drop":  # the common block stops at the directions the sum resolves
+            k = min(k, kept_rank(total, S, self.rank_rtol))
+        self.Uc = U[:, :k]  # (m, k) float64
+        to = dict(device=total.device, dtype=total.dtype)  # as_float64 computes on the CPU for MPS
+        self.blocks = [Triplets(self.Uc.to(**to), S[:k].to(**to), Vh[:k].mT.to(**to))]
+
+    def result(self) -> Tensor:
+        if self.Uc is None or self.seen < self.T:
+            raise ValueError(f"Iso-CTS: {self.seen} of {self.T} deltas in the second pass")
+        blocks = self.blocks
+        if self.null_space == "drop" and self.rank_rtol is not None:  # task blocks: values above rank_rtol × scale
+            scale = max([self.top] + [float(b.S[0]) for b in blocks[1:] if b.S.numel()])
+            blocks = blocks[:1] + [in_range(b, float(self.rank_rtol) * scale) for b in blocks[1:]]
+        values = torch.cat([b.S for b in blocks])
+        if values.numel() == 0:
+            return torch.zeros_like(self.total)
+        return combine_blocks(blocks, values=torch.full_like(values, float(values.mean())),
+                              literal=self.null_space == "literal")
+
+
+def _iso_cts_reducer(T: int, matrix: bool, *, common_frac: float = 0.8, null_space: NullSpace = "drop",
+                     rank_rtol: float | None = None):
+    """Iso-CTS's reducer for one key (:attr:`pactlib.merges.MergeMethod.reducer`): :class:`IsoCTS`
+    on a matrix key, the mean of Δt on any other."""
+    return IsoCTS(T, common_frac, null_space, rank_rtol) if matrix else RunningSum(lambda S: S / T)
 
 
 @register("iso_c", pretty="Iso-C", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
@@ -134,7 +186,8 @@ def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullS
     return map_layers(task_vectors, rule, lambda x: iso_c_kernel(x, null_space, rank_rtol), mean_of)
 
 
-@register("iso_cts", pretty="Iso-CTS", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1))
+@register("iso_cts", pretty="Iso-CTS", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
+          reducer=_iso_cts_reducer)
 def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: float = 0.8,
             null_space: NullSpace = "drop", rank_rtol: float | None = None) -> TaskVector:
     """Iso-CTS (M5) on matrix layers with common fraction ``common_frac`` (c, default 0.8);
