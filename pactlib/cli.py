@@ -301,13 +301,18 @@ def _merge(args) -> int:
         names = list(adapters)
     else:
         finetuned = names = list(r.models)
-    res = merge_files(r.merge_method, r.base_model, finetuned, out, alpha=r.alpha, pact=r.pact,
-                      names=names, rule=MatrixRule.preset(rule), max_shard_size=max_shard_size,
-                      loader=loader, workers=workers, device=args.device, **kw)
-    files = list(res.files)
-    if folder is not None:
-        files += rc.write_model_folder(folder, r, sha256=r.sha256,
-                                       weights=[f for f in res.files if f.name.endswith(".safetensors")])
+    folder_files = contextlib.nullcontext()
+    if folder is not None:  # the folder's other files are written before the weights are published, renamed after
+        from .lazy import CheckpointWriter
+
+        shards = CheckpointWriter(out, [(k, v.shape, v.dtype) for k, v in base.meta().items()],
+                                  max_shard_size=max_shard_size).files  # the names merge_files will write
+        folder_files = rc.FolderFiles(folder, r, sha256=r.sha256, weights=[f.path.name for f in shards])
+    with folder_files:
+        res = merge_files(r.merge_method, r.base_model, finetuned, out, alpha=r.alpha, pact=r.pact,
+                          names=names, rule=MatrixRule.preset(rule), max_shard_size=max_shard_size,
+                          loader=loader, workers=workers, device=args.device, **kw)
+        files = list(res.files) + (folder_files.publish() if folder is not None else [])
     extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
     print(json.dumps({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
                       "tasks": res.tasks, "rule": rule, "params": kw, **extra,

@@ -34,7 +34,7 @@ writes block-style YAML with JSON-quoted strings, which any YAML reader takes, a
 form back, plus plain scalars, ``[a, b]`` lists and ``#`` comments; anchors, multi-line strings
 and other YAML features are refused with the line named (:func:`parse_yaml`).
 
-A **model folder** (:func:`write_model_folder`) holds what ``save_pretrained`` writes: the
+A **model folder** (:class:`FolderFiles` beside the weights) holds what ``save_pretrained`` writes: the
 weights (``model.safetensors``, or shards and ``model.safetensors.index.json``; an open_clip
 base's name ``open_clip_model.safetensors`` for open_clip's loader), the base folder's non-weight
 files copied byte for byte (:data:`SUPPORT_FILES`), the recipe (:data:`RECIPE_NAME`) and a model
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import CheckpointError
-from .io import atomic_write
+from .io import close_quietly, new_temp, output_error
 from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, parse_size  # noqa: F401 (is_folder_output: here too)
 from .matrix import PRESETS
 
@@ -553,10 +553,6 @@ def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.Pat
                                  "would overwrite its files; choose another folder")
 
 
-def _copy_atomic(src: Path, dst: Path) -> None:
-    atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
-
-
 def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None, weights: Sequence[str],
               method=None) -> str:
     """The model card: YAML front matter (``base_model``, ``tags``, ``library_name`` and pact's
@@ -588,31 +584,81 @@ def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None,
             f"```yaml\n{recipe.to_yaml(m)}```\n")
 
 
-def write_model_folder(folder: str | os.PathLike, recipe: Recipe, *, sha256: Mapping[str, str],
-                       weights: Sequence[str | os.PathLike], method=None) -> list[Path]:
-    """Complete a folder output whose weights are written: copy θ0's folder's
-    :data:`SUPPORT_FILES` as they are, write the recipe (:data:`RECIPE_NAME`) and the card
-    (:data:`CARD_NAME`, last), each atomically. Returns the files written besides the weights.
+class FolderFiles:
+    """The files of a folder output besides its weights: θ0's folder's :data:`SUPPORT_FILES` as
+    they are, the recipe (:data:`RECIPE_NAME`) and the card (:data:`CARD_NAME`, naming ``weights``,
+    the weight files' names). Entering writes each as a locked temporary file beside its name
+    (:func:`pactlib.io.new_temp`); :meth:`publish`, called once the weights are published, renames
+    them (the card last). Leaving the block without :meth:`publish` (a support file that cannot
+    be read, a full disk, a failed merge) removes the temporary files, so a failure before the
+    weights are published leaves an existing folder as it was. ``method``: as for
+    :meth:`Recipe.split_params`.
 
     Raises:
-        OSError: a file that cannot be read or written.
+        OSError: a support file cannot be read; OutputError: a file cannot be written (named).
     """
-    folder = Path(folder)
-    written = []
-    src = base_folder(recipe.base_model)
-    library = None
-    if src is not None and src.resolve() != folder.resolve():
-        for name in SUPPORT_FILES:
-            if (src / name).is_file():
-                _copy_atomic(src / name, folder / name)
-                written.append(folder / name)
-        if (src / "open_clip_config.json").is_file():
-            library = "open_clip"
-        elif (src / "config.json").is_file():
-            library = "transformers"
-    atomic_write(folder / RECIPE_NAME, lambda p: p.write_text(recipe.to_yaml(method), encoding="utf-8"))
-    written.append(folder / RECIPE_NAME)
-    card = card_text(recipe, sha256=sha256, library=library, weights=[Path(w).name for w in weights], method=method)
-    atomic_write(folder / CARD_NAME, lambda p: p.write_text(card, encoding="utf-8"))
-    written.append(folder / CARD_NAME)
-    return written
+
+    def __init__(self, folder: str | os.PathLike, recipe: Recipe, *, sha256: Mapping[str, str],
+                 weights: Sequence[str], method=None):
+        self.folder, self.recipe, self.sha256, self.weights, self.method = \
+            Path(folder), recipe, sha256, list(weights), method
+        self._staged: list[tuple[Path, Path, object]] = []  # (temporary file, its name, open file)
+
+    def _stage(self, name: str, write) -> None:
+        tmp, f = new_temp(self.folder / name)
+        self._staged.append((tmp, self.folder / name, f))
+        try:
+            write(f)
+            f.flush()
+        except OSError as e:
+            raise output_error(self.folder / name, e) from e
+
+    def __enter__(self) -> FolderFiles:
+        try:
+            src = base_folder(self.recipe.base_model)
+            library = None
+            if src is not None and src.resolve() != self.folder.resolve():
+                for name in SUPPORT_FILES:
+                    if (src / name).is_file():
+                        with open(src / name, "rb") as fin:
+                            self._stage(name, lambda f, fin=fin: shutil.copyfileobj(fin, f))
+                if (src / "open_clip_config.json").is_file():
+                    library = "open_clip"
+                elif (src / "config.json").is_file():
+                    library = "transformers"
+            self._stage(RECIPE_NAME, lambda f: f.write(self.recipe.to_yaml(self.method).encode("utf-8")))
+            card = card_text(self.recipe, sha256=self.sha256, library=library, weights=self.weights,
+                             method=self.method)
+            self._stage(CARD_NAME, lambda f: f.write(card.encode("utf-8")))
+        except BaseException:
+            self._discard()
+            raise
+        return self
+
+    def publish(self) -> list[Path]:
+        """Rename the temporary files to their names, the card last; return those names.
+
+        Raises:
+            OutputError: a rename failed (naming the file).
+        """
+        done = []
+        try:
+            for tmp, path, f in self._staged:
+                try:
+                    os.replace(tmp, path)
+                except OSError as e:
+                    raise output_error(path, e) from e
+                close_quietly(f)
+                done.append(path)
+        finally:
+            self._staged = self._staged[len(done):]
+        return done
+
+    def _discard(self) -> None:
+        for tmp, _, f in self._staged:
+            close_quietly(f)
+            tmp.unlink(missing_ok=True)
+        self._staged = []
+
+    def __exit__(self, *exc) -> None:
+        self._discard()

@@ -338,6 +338,9 @@ def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys
     assert {"config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} <= set(names)
     sharded = "--max-shard-size" in extra
     assert ("model.safetensors.index.json" in names) == sharded and ("model.safetensors" in names) != sharded
+    card = dict(folders[0])["README.md"].decode()  # names the weight files written (staged before them)
+    weights = [n for n in names if n.endswith(".safetensors")]
+    assert len(weights) > sharded and f"Weights: {', '.join(f'`{n}`' for n in weights)}." in card
     again = tmp_path / "again"  # the recipe replayed, on the fast path too: the same folder
     rc, line, err = run(["--config", str(tmp_path / "fast" / "merged" / "pact_recipe.yaml"), "--out", f"{again}/"],
                         monkeypatch, capsys, fast=True)
@@ -346,10 +349,13 @@ def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_a_folder_that_fails_after_its_weights_is_removed(tmp_path, monkeypatch, capsys, fast):
-    """A support file of θ0's folder that cannot be read fails the merge after the weights are
-    written: the folder this run created is removed with them, on both paths; an existing folder
-    keeps what it held."""
+def test_a_folder_whose_support_file_fails_is_left_as_it_was(tmp_path, monkeypatch, capsys, fast):
+    """A support file of θ0's folder that cannot be read fails the merge, after the weights are
+    written and before they are published: the folder this run created is removed, and an
+    existing folder keeps what it held, byte for byte (an earlier merge's weights included), with
+    no new file and no temporary one, on both paths."""
+    import builtins
+
     from pactlib import recipe
 
     pre, fts = make_checkpoints(2, seed=3)
@@ -363,14 +369,21 @@ def test_a_folder_that_fails_after_its_weights_is_removed(tmp_path, monkeypatch,
         paths.append(str(tmp_path / f"ft{t}.safetensors"))
     argv = ["--method", "task_arithmetic", "--alpha", "0.5", "--pretrained", str(base), "--finetuned", *paths]
     monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    (tmp_path / "old").mkdir()
+    assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{tmp_path / 'old'}/"]) == 0  # an earlier merge
+    (tmp_path / "old" / "keep.txt").write_text("mine")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "old").iterdir()}
+    capsys.readouterr()
 
-    def unreadable(src, dst):
-        raise OSError(5, "Input/output error", str(src))
+    def unreadable(file, *a, **k):
+        if str(file).endswith("config.json") and Path(file).parent == base:
+            raise OSError(5, "Input/output error", str(file))
+        return builtins.open(file, *a, **k)
 
-    monkeypatch.setattr(recipe, "_copy_atomic", unreadable)  # the config cannot be copied
+    monkeypatch.setattr(recipe, "open", unreadable, raising=False)  # the config cannot be copied
     assert main(["merge", *argv, "--out", f"{tmp_path / 'new'}/"]) != 0
     assert "Input/output error" in capsys.readouterr().err and not (tmp_path / "new").exists()
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "keep.txt").write_text("mine")
     assert main(["merge", *argv, "--out", f"{tmp_path / 'old'}/"]) != 0
-    assert (tmp_path / "old" / "keep.txt").read_text() == "mine"
+    assert "Input/output error" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in (tmp_path / "old").iterdir()} == before
+    assert {"model.safetensors", "config.json", "pact_recipe.yaml", "README.md", "keep.txt"} == set(before)

@@ -33,7 +33,7 @@ anything is written and ``pact merge`` runs the torch path, which also gives eve
   adapters, ``--device`` unset or ``cpu``; ``--out`` a ``.safetensors`` file or index (not a
   ``.pt``), or a folder: then the model folder the torch path writes (its inputs hashed, the
   weights, θ0's folder's support files, the recipe and the card:
-  :func:`pactlib.recipe.write_model_folder`);
+  :class:`pactlib.recipe.FolderFiles`);
 - θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
   describe them exactly (:func:`pactlib.safetensors_io.read_entries`), with the same keys,
   shapes and dtypes; floating keys in float32, bfloat16 or float16, and at least one;
@@ -47,6 +47,7 @@ output is discarded and the torch path runs, raising the error that names the fi
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
@@ -63,7 +64,7 @@ from ..checks import check_alpha, task_set_warnings
 from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
                     is_folder_output, output_lock, parse_size)
 from ..matrix import detect_preset, split_attention_note
-from ..recipe import DEFAULT_SHARD_SIZE, check_folder_target, check_sha256, weights_name, write_model_folder
+from ..recipe import DEFAULT_SHARD_SIZE, FolderFiles, check_folder_target, check_sha256, weights_name
 from ..safetensors_io import FLOATS, ITEMSIZE, read_entries
 from . import kernels
 
@@ -684,11 +685,14 @@ def try_merge(args) -> int | None:
                 return None  # the writer removes its temporary files; the torch path names the cause
             for message in task_set_warnings(list(r.models), *found):
                 warnings.warn(message, stacklevel=2)
-            files = writer.commit()
+            # the folder's other files are written before the weights are published, renamed after
+            with (FolderFiles(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method],
+                              weights=[f.path.name for f in writer.files])
+                  if p.folder is not None else contextlib.nullcontext()) as folder_files:
+                files = writer.commit()
+                extra = folder_files.publish() if folder_files is not None else []
         finish_output(p.out, files)
-    if p.folder is not None:
-        files += write_model_folder(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method],
-                                    weights=[f for f in files if f.name.endswith(".safetensors")])
+        files += extra
     print(json.dumps({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
                       "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
                       "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
