@@ -343,3 +343,21 @@ def test_iso_cts_reducer_takes_the_deltas_twice_and_keeps_them(gen):
         r.add(d[1])
     assert torch.equal(r.result(), iso_cts_kernel(torch.stack(d)))
     assert all(torch.equal(a, b) for a, b in zip(d, before))
+
+
+def test_iso_cts_of_tasks_that_cancel_keeps_no_common_noise(gen):
+    """Tasks that cancel (Δ0, −Δ0, Δ1, −Δ1) leave a sum of rounding noise: ``drop`` keeps none
+    of its directions (their σ̄ would be the task blocks' O(1) mean), so D is the task blocks'
+    alone, the same for every task order."""
+    import itertools
+
+    d0, d1 = (torch.randn(37, 53, generator=gen) for _ in range(2))
+    tasks = [d0, -d0, d1, -d1]
+    outs = [iso_cts_kernel(torch.stack([tasks[i] for i in order])) for order in itertools.permutations(range(4))]
+    r = merges.get("iso_cts").reducer(4, True)
+    for x in tasks:
+        r.add(x)
+    r.next_pass()
+    assert r.Uc.shape[1] == 0  # no common direction
+    for D in outs[1:]:
+        torch.testing.assert_close(D, outs[0], rtol=0, atol=1e-5)

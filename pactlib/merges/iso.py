@@ -73,8 +73,10 @@ def iso_cts_kernel(deltas: Tensor, common_frac: float = 0.8, null_space: NullSpa
     common subspace is then zero to the rounding of its values, not to the float32 SVD's accuracy.
 
     ``null_space="drop"`` (default) keeps common directions only up to the number of directions
-    ΣΔt resolves, and in each task's block only the directions its residual resolves above the
-    rounding noise of Δt, which the residual inherits (:func:`pactlib.merges.blocks.kept_rank`);
+    ΣΔt resolves above the rounding noise it inherits from the tasks (of norm Σt‖Δt‖_F: the sum
+    of tasks that cancel is that noise, and keeps none), and in each task's block only the
+    directions its residual resolves above the rounding noise of Δt, which the residual inherits
+    (:func:`pactlib.merges.blocks.kept_rank`);
     σ̄ is the mean over those. With ``rank_rtol``: values above ``rank_rtol``·σ_max(ΣΔt) in the
     common block and above ``rank_rtol`` × the layer's scale (the largest singular value of ΣΔt or
     of any task's residual) in the task blocks. ``"literal"`` keeps k and (d − k)/T directions
@@ -102,6 +104,7 @@ class IsoCTS:
         self.T, self.common_frac, self.null_space, self.rank_rtol = T, common_frac, null_space, rank_rtol
         iso_cts_split(1, T, common_frac)  # checks common_frac
         self.total: Tensor | None = None
+        self.norm = 0.0  # Σt ‖Δt‖_F: the scale of the sum's rounding noise
         self.seen = 0
         self.Uc: Tensor | None = None
         self.blocks: list[Triplets] = []
@@ -110,6 +113,7 @@ class IsoCTS:
 
     def add(self, delta: Tensor) -> None:
         if self.Uc is None:  # first pass: ΣΔt in task order
+            self.norm += float(torch.linalg.vector_norm(delta, dtype=torch.float64))
             if self.total is None:
                 self.total = delta.clone()
             else:
@@ -141,8 +145,9 @@ class IsoCTS:
         # it would look like task-specific directions (LoRA: Δt lies in the sum's range, its residual is 0)
         U, S, Vh = svd(as_float64(total))
         self.top = float(S[0]) if S.numel() else 0.0
-        if self.null_space == "drop":  # the common block stops at the directions the sum resolves
-            k = min(k, kept_rank(total, S, self.rank_rtol))
+        if self.null_space == "drop":  # the common block stops at the directions the sum resolves: its
+            # values carry the rounding of the tasks' (a sum of tasks that cancel is rounding noise)
+            k = min(k, kept_rank(total, S, self.rank_rtol, norm=self.norm))
         self.Uc = U[:, :k]  # (m, k) float64
         to = dict(device=total.device, dtype=total.dtype)  # as_float64 computes on the CPU for MPS
         self.blocks = [Triplets(self.Uc.to(**to), S[:k].to(**to), Vh[:k].mT.to(**to))]
