@@ -50,7 +50,6 @@ import json
 import math
 import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -584,6 +583,24 @@ def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None,
             f"```yaml\n{recipe.to_yaml(m)}```\n")
 
 
+def _support_file(path: Path) -> bytes | None:
+    """The bytes of a support file of θ0's folder, None when there is none by that name.
+
+    Raises:
+        CheckpointError: the name is there but is not a readable regular file (a dangling link,
+            a folder, a FIFO; an I/O error), naming it.
+    """
+    if not os.path.lexists(path):
+        return None
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file; pact merge copies the pre-trained folder's "
+                              f"{path.name} into the model folder as it is")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read the pre-trained folder's {path.name} ({e.strerror or e})") from e
+
+
 class FolderFiles:
     """The files of a folder output besides its weights: θ0's folder's :data:`SUPPORT_FILES` as
     they are, the recipe (:data:`RECIPE_NAME`) and the card (:data:`CARD_NAME`, naming ``weights``,
@@ -595,7 +612,8 @@ class FolderFiles:
     :meth:`Recipe.split_params`.
 
     Raises:
-        OSError: a support file cannot be read; OutputError: a file cannot be written (named).
+        CheckpointError: a support file's name in θ0's folder is not a readable regular file;
+        OutputError: a file cannot be written (both named).
     """
 
     def __init__(self, folder: str | os.PathLike, recipe: Recipe, *, sha256: Mapping[str, str],
@@ -619,9 +637,9 @@ class FolderFiles:
             library = None
             if src is not None and src.resolve() != self.folder.resolve():
                 for name in SUPPORT_FILES:
-                    if (src / name).is_file():
-                        with open(src / name, "rb") as fin:
-                            self._stage(name, lambda f, fin=fin: shutil.copyfileobj(fin, f))
+                    data = _support_file(src / name)
+                    if data is not None:
+                        self._stage(name, lambda f, data=data: f.write(data))
                 if (src / "open_clip_config.json").is_file():
                     library = "open_clip"
                 elif (src / "config.json").is_file():

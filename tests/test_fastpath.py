@@ -348,16 +348,14 @@ def test_a_folder_output_is_the_torch_paths_folder(tmp_path, monkeypatch, capsys
     assert sorted((f.name, f.read_bytes()) for f in again.iterdir()) == folders[0]
 
 
+@pytest.mark.parametrize("broken", ["unreadable", "dangling", "folder"])
 @pytest.mark.parametrize("fast", [True, False])
-def test_a_folder_whose_support_file_fails_is_left_as_it_was(tmp_path, monkeypatch, capsys, fast):
-    """A support file of θ0's folder that cannot be read fails the merge, after the weights are
-    written and before they are published: the folder this run created is removed, and an
-    existing folder keeps what it held, byte for byte (an earlier merge's weights included), with
-    no new file and no temporary one, on both paths."""
-    import builtins
-
-    from pactlib import recipe
-
+def test_a_folder_whose_support_file_fails_is_left_as_it_was(tmp_path, monkeypatch, capsys, fast, broken):
+    """A support file of θ0's folder that cannot be read (an I/O error), or a name there that is
+    not a regular file, fails the merge naming it, after the weights are written and before they
+    are published: the folder this run created is removed, and an existing folder keeps what it
+    held, byte for byte (an earlier merge's weights included), with no new file and no temporary
+    one, on both paths."""
     pre, fts = make_checkpoints(2, seed=3)
     base = tmp_path / "base"
     base.mkdir()
@@ -374,16 +372,19 @@ def test_a_folder_whose_support_file_fails_is_left_as_it_was(tmp_path, monkeypat
     (tmp_path / "old" / "keep.txt").write_text("mine")
     before = {f.name: f.read_bytes() for f in (tmp_path / "old").iterdir()}
     capsys.readouterr()
-
-    def unreadable(file, *a, **k):
-        if str(file).endswith("config.json") and Path(file).parent == base:
-            raise OSError(5, "Input/output error", str(file))
-        return builtins.open(file, *a, **k)
-
-    monkeypatch.setattr(recipe, "open", unreadable, raising=False)  # the config cannot be copied
+    (base / "config.json").unlink()
+    if broken == "unreadable":
+        (base / "config.json").symlink_to("/proc/self/mem")  # a regular file whose reads fail (EIO)
+        said = "cannot read the pre-trained folder's config.json"
+    elif broken == "dangling":
+        (base / "config.json").symlink_to(base / "gone.json")
+        said = "config.json: not a regular file"
+    else:
+        (base / "config.json").mkdir()
+        said = "config.json: not a regular file"
     assert main(["merge", *argv, "--out", f"{tmp_path / 'new'}/"]) != 0
-    assert "Input/output error" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    assert said in capsys.readouterr().err and not (tmp_path / "new").exists()
     assert main(["merge", *argv, "--out", f"{tmp_path / 'old'}/"]) != 0
-    assert "Input/output error" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
     assert {f.name: f.read_bytes() for f in (tmp_path / "old").iterdir()} == before
     assert {"model.safetensors", "config.json", "pact_recipe.yaml", "README.md", "keep.txt"} == set(before)
