@@ -622,11 +622,11 @@ class FolderFiles:
             Path(folder), recipe, sha256, list(weights), method
         self._staged: list[tuple[Path, Path, object]] = []  # (temporary file, its name, open file)
 
-    def _stage(self, name: str, write) -> None:
+    def _stage(self, name: str, data: bytes) -> None:
         tmp, f = new_temp(self.folder / name)
         self._staged.append((tmp, self.folder / name, f))
         try:
-            write(f)
+            f.write(data)
             f.flush()
         except OSError as e:
             raise output_error(self.folder / name, e) from e
@@ -634,20 +634,17 @@ class FolderFiles:
     def __enter__(self) -> FolderFiles:
         try:
             src = base_folder(self.recipe.base_model)
-            library = None
             if src is not None and src.resolve() != self.folder.resolve():
                 for name in SUPPORT_FILES:
                     data = _support_file(src / name)
                     if data is not None:
-                        self._stage(name, lambda f, data=data: f.write(data))
-                if (src / "open_clip_config.json").is_file():
-                    library = "open_clip"
-                elif (src / "config.json").is_file():
-                    library = "transformers"
-            self._stage(RECIPE_NAME, lambda f: f.write(self.recipe.to_yaml(self.method).encode("utf-8")))
-            card = card_text(self.recipe, sha256=self.sha256, library=library, weights=self.weights,
-                             method=self.method)
-            self._stage(CARD_NAME, lambda f: f.write(card.encode("utf-8")))
+                        self._stage(name, data)
+            copied = {path.name for _, path, _ in self._staged}
+            library = ("open_clip" if "open_clip_config.json" in copied else
+                       "transformers" if "config.json" in copied else None)
+            self._stage(RECIPE_NAME, self.recipe.to_yaml(self.method).encode("utf-8"))
+            self._stage(CARD_NAME, card_text(self.recipe, sha256=self.sha256, library=library, weights=self.weights,
+                                             method=self.method).encode("utf-8"))
         except BaseException:
             self._discard()
             raise
@@ -660,16 +657,15 @@ class FolderFiles:
             OutputError: a rename failed (naming the file).
         """
         done = []
-        try:
-            for tmp, path, f in self._staged:
-                try:
-                    os.replace(tmp, path)
-                except OSError as e:
-                    raise output_error(path, e) from e
-                close_quietly(f)
-                done.append(path)
-        finally:
-            self._staged = self._staged[len(done):]
+        while self._staged:  # each renamed file leaves the list: a failure discards only the rest
+            tmp, path, f = self._staged[0]
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise output_error(path, e) from e
+            del self._staged[0]
+            close_quietly(f)
+            done.append(path)
         return done
 
     def _discard(self) -> None:
