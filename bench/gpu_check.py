@@ -67,6 +67,18 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+def _head() -> str | None:
+    """git's HEAD of this checkout (short), or None where there is no git or no repository (a
+    copy of the working tree on a GPU machine: give ``--commit``)."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
 #: A tiny ViT CLIP for --cpu-smoke (width 64, 2 layers, patch 8, 32 px images).
 TINY = dict(embed_dim=32, vision_cfg=dict(image_size=32, layers=2, width=64, patch_size=8, head_width=32),
             text_cfg=dict(context_length=77, vocab_size=49408, width=32, heads=2, layers=1))
@@ -290,6 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU comparisons")
     p.add_argument("--out", default=None, help="folder of gpu_check.json (default $OUT, else results/)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--commit", default=None,
+                   help="the code's commit, recorded (default: git's HEAD here, when this is a checkout)")
     args = p.parse_args(argv)
 
     smoke = args.cpu_smoke
@@ -312,7 +326,8 @@ def main(argv=None) -> int:
     timer = Timer(args.budget_s)
     info = dict(mode="cpu-smoke" if smoke else "gpu", torch=torch.__version__, python=platform.python_version(),
                 cpu_threads=torch.get_num_threads(), tasks=T, images_per_task=n_img, batch=args.batch,
-                seed=args.seed, arch="tiny ViT (TINY)" if smoke else "ViT-B-32 (random init)")
+                seed=args.seed, arch="tiny ViT (TINY)" if smoke else "ViT-B-32 (random init)",
+                commit=args.commit or _head(), measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if not smoke:
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_total_bytes"] = int(torch.cuda.get_device_properties(0).total_memory)
