@@ -216,25 +216,31 @@ def recipe_of(args, **read):
 
 
 def cmd_merge(args) -> int:
-    """``pact merge``; a model folder this run created is removed again, with all it holds, when
-    the merge fails (also after its weights were written: a support file that cannot be copied).
-    Task Arithmetic and TIES on safetensors files run without torch when :mod:`pactlib.fastpath`
-    takes them."""
+    """``pact merge``. A model folder is held whole for the run (:func:`pactlib.lazy.output_lock`):
+    a second run into it fails, naming this one. A folder this run created is removed again, with
+    all it holds, when the merge fails before its files are published. Task Arithmetic and TIES on
+    safetensors files run without torch when :mod:`pactlib.fastpath` takes them."""
     import shutil
 
-    from .lazy import is_folder_output
+    from .lazy import is_folder_output, output_lock
 
-    folder = Path(args.out) if is_folder_output(args.out) else None
-    new_folder = folder is not None and not folder.exists()
-    try:
+    def run() -> int:
         from .fastpath import try_merge
 
         status = try_merge(args)  # without torch, when the fast path takes the merge
         return _merge(args) if status is None else status
-    except BaseException:
-        if new_folder and folder.is_dir():
-            shutil.rmtree(folder, ignore_errors=True)  # nothing of this run is left behind
-        raise
+
+    if not is_folder_output(args.out):
+        return run()
+    folder = Path(args.out)
+    with output_lock(folder, folder=True):
+        new_folder = not folder.exists()
+        try:
+            return run()
+        except BaseException as e:
+            if new_folder and folder.is_dir() and not getattr(e, "published", None):
+                shutil.rmtree(folder, ignore_errors=True)  # nothing of this run is left behind
+            raise
 
 
 def _merge(args) -> int:
@@ -311,14 +317,24 @@ def _merge(args) -> int:
     with folder_files:
         res = merge_files(r.merge_method, r.base_model, finetuned, out, alpha=r.alpha, pact=r.pact,
                           names=names, rule=MatrixRule.preset(rule), max_shard_size=max_shard_size,
-                          loader=loader, workers=workers, device=args.device, **kw)
-        files = list(res.files) + (folder_files.publish() if folder is not None else [])
+                          loader=loader, workers=workers, device=args.device,
+                          on_publish=folder_files.publish if folder is not None else None, **kw)
     extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
-    print(json.dumps({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
-                      "tasks": res.tasks, "rule": rule, "params": kw, **extra,
-                      **({"folder": str(folder)} if folder is not None else {}),
-                      "files": [str(f) for f in files]}))
+    report_published(res.files, {"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
+                                 "tasks": res.tasks, "rule": rule, "params": kw, **extra,
+                                 **({"folder": str(folder)} if folder is not None else {})})
     return 0
+
+
+def report_published(files, line: dict) -> None:
+    """Print ``pact merge``'s JSON line for the published ``files``; a signal that stops the
+    run meanwhile says that they were published (its exception's ``published``, as
+    :func:`pactlib.io.signals_held`)."""
+    try:
+        print(json.dumps({**line, "files": [str(f) for f in files]}))
+    except BaseException as e:
+        e.published = list(files)
+        raise
 
 
 #: torch's thread count before ``--threads`` changed it (:func:`set_threads`, :func:`main`)
@@ -490,7 +506,8 @@ def _terminate_unwinds():
 def main(argv: list[str] | None = None) -> int:
     """Run ``pact`` with ``argv``; the exit status: 0, 2 for an input error (``pact: error: …``),
     128 + the signal on Ctrl-C (130), SIGTERM (143) and SIGHUP (129), with the temporary files
-    removed and nothing published."""
+    removed and nothing published; a signal that arrives while the output is published stops the
+    run once all of it is, and the message says so."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
@@ -498,13 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     _threads.clear()  # --threads is the command's: restored for a caller in the same process
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
-        signum = None
+        signum, published = None, None
         try:
             with _terminate_unwinds():
                 try:
                     return args.func(args)
                 except (KeyboardInterrupt, Terminated) as e:
                     signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+                    published = getattr(e, "published", None)
                 # what garbage collection cleans up (spill folders' finalizers) goes now, while a
                 # second signal is still ignored, not at interpreter exit where it would interrupt it
                 gc.collect()
@@ -517,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 torch.set_num_threads(_threads.pop("before"))
     how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
-    print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
+    if published:  # the signal came while the output was published: it was held until all of it was
+        print(f"pact: {how} once the output was published, whole: {', '.join(map(str, published))}",
+              file=sys.stderr)
+    else:
+        print(f"pact: {how}; no output was published and its temporary files were removed", file=sys.stderr)
     return 128 + int(signum)
 
 

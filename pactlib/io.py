@@ -10,7 +10,9 @@ byte what ``safetensors.torch.save_file`` writes, without numpy.
 
 Every output goes through :func:`new_temp` (a locked temporary file beside it) and is renamed into
 place when complete (:func:`atomic_output`, :func:`atomic_write`); a failed write (a full disk)
-raises :class:`OutputError`, which names the output, and leaves nothing behind.
+raises :class:`OutputError`, which names the output, and leaves nothing behind. An output of
+several files (shards and their index, a model folder) is published inside :func:`signals_held`,
+so that a Ctrl-C or SIGTERM cannot stop it half published.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import fcntl
 import os
 import pickle
 import pickletools
+import signal
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -237,6 +241,54 @@ def new_temp(path: str | os.PathLike) -> tuple[Path, BinaryIO]:
         os.close(fd)
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: The signals :func:`signals_held` holds back
+HELD_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_hold: dict = {"depth": 0, "pending": [], "published": []}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[Path]]:
+    """Hold SIGINT, SIGTERM and SIGHUP back while the block publishes an output, so that it is
+    published whole or not at all. A signal that arrives in the block is delivered when the block
+    ends: the handler in place before it runs then (Python's raises ``KeyboardInterrupt``). The
+    block appends the paths it published to the list it is given; when it ended normally, the
+    exception that the held signal raises carries that list as its ``published`` attribute, so a
+    caller can say that the output was published before the run stopped.
+
+    Nested blocks share the outermost block's hold and list. Outside the main thread (where no
+    handler can be set) the block runs with the signals as they are.
+    """
+    if _hold["depth"]:
+        _hold["depth"] += 1
+        try:
+            yield _hold["published"]
+        finally:
+            _hold["depth"] -= 1
+        return
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    pending: list[int] = []
+    published: list[Path] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in HELD_SIGNALS}
+    _hold.update(depth=1, pending=pending, published=published)
+    completed = False
+    try:
+        yield published
+        completed = True
+    finally:
+        _hold.update(depth=0, pending=[], published=[])
+        for sig, h in previous.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
+        if pending:
+            try:
+                signal.raise_signal(pending[0])  # the previous handler runs now
+            except BaseException as e:
+                if completed:
+                    e.published = list(published)
+                raise
 
 
 def close_quietly(f) -> None:

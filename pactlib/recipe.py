@@ -50,6 +50,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -651,12 +652,17 @@ class FolderFiles:
         return self
 
     def publish(self) -> list[Path]:
-        """Rename the temporary files to their names, the card last; return those names.
+        """Rename the temporary files to their names, the card last; return those names. In a
+        folder an earlier merge wrote (it holds :data:`RECIPE_NAME`), the :data:`SUPPORT_FILES`
+        that θ0's folder does not have are then removed, with a warning naming each: they came
+        from an earlier θ0 and would describe another model. A θ0 that is one file, not a folder,
+        leaves them.
 
         Raises:
             OutputError: a rename failed (naming the file).
         """
         done = []
+        stale = self._stale_support_files()
         while self._staged:  # each renamed file leaves the list: a failure discards only the rest
             tmp, path, f = self._staged[0]
             try:
@@ -666,7 +672,24 @@ class FolderFiles:
             del self._staged[0]
             close_quietly(f)
             done.append(path)
+        for path in stale:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:  # the output is published: say so, do not fail
+                warnings.warn(f"{self.folder}: could not remove {path.name}, left by an earlier merge from another "
+                              f"θ0 ({e.strerror}); remove it by hand", stacklevel=2)
+                continue
+            warnings.warn(f"{self.folder}: removed {path.name}, left by an earlier merge from another θ0 "
+                          "(this θ0's folder has none)", stacklevel=2)
         return done
+
+    def _stale_support_files(self) -> list[Path]:
+        src = base_folder(self.recipe.base_model)
+        if src is None or not (self.folder / RECIPE_NAME).is_file():
+            return []
+        staged = {path.name for _, path, _ in self._staged}
+        return [self.folder / n for n in SUPPORT_FILES
+                if n not in staged and ((self.folder / n).is_file() or (self.folder / n).is_symlink())]
 
     def _discard(self) -> None:
         for tmp, _, f in self._staged:

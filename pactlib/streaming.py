@@ -69,6 +69,7 @@ from . import merges, native
 from .api import resolve_kwargs
 from .checks import (CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite,
                      check_state_dict, task_set_warnings)
+from .io import signals_held
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
                    finish_output, open_checkpoint, output_lock, spill_prefix)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
@@ -578,7 +579,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | torch.device | None = None,
-                **kw) -> MergedFiles:
+                on_publish: Callable[[], Sequence[Path]] | None = None, **kw) -> MergedFiles:
     """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (book/method.md, merges), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).
@@ -617,10 +618,18 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             update comes back before θ0 + α·D is formed. TIES with ``scope="global"`` filters
             (PACT) on the device and trims, elects and averages on the CPU (entry-wise passes
             over chunks).
+        on_publish: called right after the weights are published, before the files of an
+            earlier output are removed; it publishes files that belong with them (a model
+            folder's card) and returns their paths, which join ``files``.
         **kw: method parameters and PACT options, routed by name (as :func:`pactlib.merge`).
 
     Returns:
         :class:`MergedFiles` (the output path, the files, PACT's report).
+
+    The output is published with SIGINT, SIGTERM and SIGHUP held back
+    (:func:`pactlib.io.signals_held`), ``on_publish`` and the removal of an earlier output's
+    files included: a signal that arrives then is raised once all is published, and its
+    exception's ``published`` attribute lists the files.
 
     Raises:
         TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
@@ -701,9 +710,12 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             if report is not None:
                 warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
                 log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
-            files = writer.commit()
-        finish_output(out, files)  # an earlier output's files, TIES' spill folders of killed runs
-        return MergedFiles(writer.path, files, inputs.T, report)
+            with signals_held() as held:
+                files = writer.commit()
+                extra = list(on_publish()) if on_publish is not None else []
+                held += extra
+                finish_output(out, files)  # an earlier output's files, TIES' spill folders of killed runs
+        return MergedFiles(writer.path, files + extra, inputs.T, report)
 
 
 def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,

@@ -388,3 +388,115 @@ def test_a_folder_whose_support_file_fails_is_left_as_it_was(tmp_path, monkeypat
     assert said in capsys.readouterr().err
     assert {f.name: f.read_bytes() for f in (tmp_path / "old").iterdir()} == before
     assert {"model.safetensors", "config.json", "pact_recipe.yaml", "README.md", "keep.txt"} == set(before)
+
+
+def _folder_inputs(tmp_path, support=("config.json", "tokenizer.json"), name="base", seed=3):
+    pre, fts = make_checkpoints(2, seed=seed)
+    base = tmp_path / name
+    base.mkdir()
+    save_file(pre, base / "model.safetensors")
+    for n in support:
+        (base / n).write_text(f'{{"from": "{name}"}}\n')
+    paths = []
+    for t, ft in enumerate(fts):
+        save_file(ft, tmp_path / f"{name}_ft{t}.safetensors")
+        paths.append(str(tmp_path / f"{name}_ft{t}.safetensors"))
+    return ["--method", "task_arithmetic", "--alpha", "0.5", "--pretrained", str(base), "--finetuned", *paths]
+
+
+#: `pact merge` in a child process whose first weight file, when published, first sends it SIGTERM
+_SIGNAL_AT_PUBLISH = """
+import os, signal, sys
+from pactlib import safetensors_io
+publish = safetensors_io.StreamedFile.publish
+def signalled(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    publish(self)
+safetensors_io.StreamedFile.publish = signalled
+from pactlib.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_signal_while_a_folder_is_published_stops_the_run_once_it_is_whole(tmp_path, monkeypatch, capsys,
+                                                                              fast, earlier):
+    """SIGTERM between the weights' rename and the card's (sent as the first weight file is
+    published) is held until the whole folder is published: the folder is the one a run without
+    the signal writes, byte for byte (an earlier merge's folder replaced whole, a new folder not
+    removed), the run exits 143 and says the output was published, naming its files."""
+    import signal
+
+    argv = _folder_inputs(tmp_path)
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    ref = tmp_path / "ref"
+    assert main(["merge", *argv, "--out", f"{ref}/"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    if earlier:  # an earlier merge into the folder, at another α
+        assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{out}/"]) == 0
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_AT_PUBLISH, "merge", *argv, "--out", f"{out}/"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, native.ENV: "1" if fast else "0"},
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert "pact: terminated (SIGTERM) once the output was published, whole: " in proc.stderr
+    assert str(out / "model.safetensors") in proc.stderr and str(out / "README.md") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    files = sorted((f.name, f.read_bytes()) for f in out.iterdir())
+    assert files == sorted((f.name, f.read_bytes()) for f in ref.iterdir())
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} == set(dict(files))
+    assert not any(f.name.startswith(".") for f in tmp_path.iterdir())  # no lock file left
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_support_files_of_an_earlier_base_are_removed_from_a_reused_folder(tmp_path, monkeypatch, capsys, fast):
+    """A folder merged from a θ0 with a tokenizer, merged again from a θ0 without one: the earlier
+    tokenizer goes (with a warning naming it), config.json is the new θ0's, a user's own file
+    stays. A θ0 that is one file, not a folder, leaves the support files as they are."""
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    first = _folder_inputs(tmp_path, ("config.json", "tokenizer.json", "vocab.txt"), name="a")
+    second = _folder_inputs(tmp_path, ("config.json",), name="b", seed=4)
+    out = tmp_path / "out"
+    assert main(["merge", *first, "--out", f"{out}/"]) == 0
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["merge", *second, "--out", f"{out}/"]) == 0
+    err = capsys.readouterr().err
+    assert "removed tokenizer.json, left by an earlier merge from another θ0" in err and "removed vocab.txt" in err
+    assert sorted(f.name for f in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "notes.txt",
+                                                     "pact_recipe.yaml"]
+    assert (out / "config.json").read_text() == '{"from": "b"}\n'
+    (tmp_path / "b" / "model.safetensors").rename(tmp_path / "b.safetensors")  # a file of no model folder
+    single = [*second[:5], str(tmp_path / "b.safetensors"), *second[6:]]
+    (out / "tokenizer.json").write_text("put back by hand")
+    assert main(["merge", *single, "--out", f"{out}/"]) == 0
+    assert "removed" not in capsys.readouterr().err
+    assert (out / "tokenizer.json").read_text() == "put back by hand" and (out / "config.json").is_file()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_folder_output_is_held_whole_by_one_run(tmp_path, monkeypatch, capsys, fast):
+    """While one run holds a model folder, a second into it fails naming the first, whatever
+    weight names its θ0 would give (the lock is the folder's, not its weight files'), and
+    leaves the folder as it was."""
+    from pactlib.lazy import output_lock
+
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    argv = _folder_inputs(tmp_path)
+    out = tmp_path / "out"
+    assert main(["merge", *argv, "--out", f"{out}/"]) == 0
+    before = sorted((f.name, f.read_bytes()) for f in out.iterdir())
+    capsys.readouterr()
+    with output_lock(out, folder=True) as lock:
+        assert lock == tmp_path / ".out.lock"
+        assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{out}/"]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: another run is writing this output (process {os.getpid()}" in err
+        new = tmp_path / "new"  # a folder another run is making: not made, not removed
+        with output_lock(new, folder=True):
+            assert main(["merge", *argv, "--out", f"{new}/"]) == 2
+            assert not new.exists()
+    assert sorted((f.name, f.read_bytes()) for f in out.iterdir()) == before
+    assert not (tmp_path / ".out.lock").exists()

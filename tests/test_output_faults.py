@@ -208,3 +208,47 @@ def test_a_failed_folder_merge_leaves_no_folder(tmp_path, capsys):
     args[args.index("--finetuned") + 1] = missing
     rc = main(args)
     assert rc != 0 and f"checkpoint not found: {missing}" in capsys.readouterr().err and not out.exists()
+
+
+class _Stop(BaseException):
+    pass
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
+def test_signals_held_deliver_after_the_block_with_what_it_published(tmp_path):
+    """A SIGTERM raised inside :func:`signals_held` runs the handler in place before it only
+    once the block has ended (the block's later statements ran), and its exception carries
+    the paths the block published, nested blocks' included; a block that fails gets the
+    signal's exception without them; the handlers are restored."""
+    from pactlib.io import signals_held
+
+    seen = []
+
+    def handler(signum, frame):
+        seen.append(signum)
+        raise _Stop()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(_Stop) as e:
+            with signals_held() as held:
+                signal.raise_signal(signal.SIGTERM)
+                assert seen == []
+                held.append(tmp_path / "a")
+                with signals_held() as inner:
+                    inner.append(tmp_path / "b")
+                    signal.raise_signal(signal.SIGTERM)
+                assert seen == []
+        assert seen == [signal.SIGTERM] and e.value.published == [tmp_path / "a", tmp_path / "b"]
+        assert signal.getsignal(signal.SIGTERM) is handler
+        with pytest.raises(_Stop) as e:
+            with signals_held() as held:
+                held.append(tmp_path / "c")
+                signal.raise_signal(signal.SIGTERM)
+                raise OSError("a rename failed")
+        assert not hasattr(e.value, "published") and isinstance(e.value.__context__, OSError)
+        with signals_held() as held:  # no signal: nothing raised
+            held.append(tmp_path / "d")
+        assert len(seen) == 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)

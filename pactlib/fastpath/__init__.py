@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import math
 import mmap
 import os
@@ -61,6 +60,7 @@ from typing import NamedTuple
 
 from .. import native
 from ..checks import check_alpha, task_set_warnings
+from ..io import signals_held
 from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
                     is_folder_output, output_lock, parse_size)
 from ..matrix import detect_preset, split_attention_note
@@ -689,12 +689,15 @@ def try_merge(args) -> int | None:
             with (FolderFiles(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method],
                               weights=[f.path.name for f in writer.files])
                   if p.folder is not None else contextlib.nullcontext()) as folder_files:
-                files = writer.commit()
-                extra = folder_files.publish() if folder_files is not None else []
-        finish_output(p.out, files)
-        files += extra
-    print(json.dumps({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
-                      "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
-                      "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
-                      "files": [str(f) for f in files]}))
+                with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
+                    files = writer.commit()
+                    extra = folder_files.publish() if folder_files is not None else []
+                    held += extra
+                    finish_output(p.out, files)
+    from ..cli import report_published
+
+    report_published(files + extra, {"out": str(writer.path), "method": r.merge_method, "pact": None,
+                                     "alpha": r.alpha, "tasks": len(r.models),
+                                     "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
+                                     "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {})})
     return 0
