@@ -87,6 +87,17 @@ def test_iso_cts_split_and_flat_spectrum(gen):
     torch.testing.assert_close(nz, torch.full_like(nz, float(nz[0])))
 
 
+
+@pytest.mark.parametrize("c", [0.0, -0.5, 1.5, float("nan"), float("inf")])
+def test_iso_cts_refuses_common_frac_outside_0_1_everywhere(c):
+    """The split, the reducer and the method refuse c outside (0, 1] (NaN too) with one message."""
+    msg = rf"Iso-CTS common_frac must be in \(0, 1\], got {c}"
+    tvs = [TaskVector._wrap({"w": torch.ones(3, 2) * (t + 1)}, f"t{t}") for t in range(2)]
+    for call in (lambda: iso_cts_split(4, 2, c), lambda: merges.get("iso_cts").reducer(2, True, common_frac=c),
+                 lambda: merges.get("iso_cts")(tvs, rule=RULE, common_frac=c)):
+        with pytest.raises(ValueError, match=msg):
+            call()
+
 def test_ties_exact_counts_with_tied_magnitudes():
     x = torch.ones(10)
     assert int(trim_mask(x, 20).sum()) == 2

@@ -52,11 +52,24 @@ def _iso_c_reducer(T: int, matrix: bool, *, null_space: NullSpace = "drop",
     return RunningSum((lambda S: iso_c_of_sum(S, null_space, rank_rtol)) if matrix else (lambda S: S / T))
 
 
-def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
-    """(k common directions, per-task directions) for rank d and T tasks (M5):
-    k = d − round((d − ⌊c·d⌋)/T)·T, per task (d − k)/T."""
+def check_common_frac(common_frac: float) -> None:
+    """Refuse an Iso-CTS common fraction c outside (0, 1] (M5); NaN is outside.
+
+    Raises:
+        ValueError: ``common_frac`` outside (0, 1].
+    """
     if not (0 < common_frac <= 1):
         raise ValueError(f"Iso-CTS common_frac must be in (0, 1], got {common_frac}")
+
+
+def iso_cts_split(d: int, T: int, common_frac: float) -> tuple[int, int]:
+    """(k common directions, per-task directions) for rank d and T tasks (M5):
+    k = d − round((d − ⌊c·d⌋)/T)·T, per task (d − k)/T.
+
+    Raises:
+        ValueError: ``common_frac`` outside (0, 1] (:func:`check_common_frac`).
+    """
+    check_common_frac(common_frac)
     k = d - round((d - int(common_frac * d)) / T) * T
     k = min(max(k, 0), d)
     return k, (d - k) // T
@@ -102,7 +115,7 @@ class IsoCTS:
     def __init__(self, T: int, common_frac: float = 0.8, null_space: NullSpace = "drop",
                  rank_rtol: float | None = None):
         self.T, self.common_frac, self.null_space, self.rank_rtol = T, common_frac, null_space, rank_rtol
-        iso_cts_split(1, T, common_frac)  # checks common_frac
+        check_common_frac(common_frac)
         self.total: Tensor | None = None
         self.norm = 0.0  # Σt ‖Δt‖_F: the scale of the sum's rounding noise
         self.seen = 0
@@ -208,7 +221,6 @@ def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: fl
         ValueError: ``common_frac`` outside (0, 1], unknown ``null_space`` or bad ``rank_rtol``.
     """
     check_null_space(null_space, rank_rtol)
-    if not (0 < common_frac <= 1):
-        raise ValueError(f"Iso-CTS common_frac must be in (0, 1], got {common_frac}")
+    check_common_frac(common_frac)
     return map_layers(task_vectors, rule, lambda x: iso_cts_kernel(x, common_frac, null_space, rank_rtol),
                       mean_of)
