@@ -259,11 +259,46 @@ def test_reducer_equals_the_method_bit_for_bit(name, null_space, gen):
         matrix = RULE.kind(key, stack[0]) == "matrix"
         before = stack.clone()
         assert torch.equal(reduce_stack(m.reducer(3, matrix, **params), stack), D[key]), key
-        assert torch.equal(stack, before)  # the rows were copied
+        assert torch.equal(stack, before)  # the stack is not modified
     assert not D["zero"].any() and (name in ("tsv_m", "iso_cts") or not D["gone"].any())
     with pytest.raises(ValueError, match="no task"):
         merges.get("iso_c").reducer(3, True).result()
 
+
+
+@pytest.mark.parametrize("name", [n for n in merges.names() if merges.get(n).reducer is not None])
+def test_reducers_that_say_they_keep_their_input_keep_it(name, gen):
+    """A reducer with ``modifies_input = False`` is fed the stack's own rows by ``reduce_stack``:
+    it leaves them as they were, bit for bit, and gives the D it gives fed copies (full-rank,
+    rank-deficient, cancelling, zero and float64 layers; every null-space convention)."""
+    from pactlib.merges.driver import modifies_input, passes_of, reduce_stack
+
+    m = merges.get(name)
+    variants = [{}] if name == "task_arithmetic" else [
+        {"null_space": "drop"}, {"null_space": "literal"}, {"null_space": "drop", "rank_rtol": 1e-3}]
+    u = torch.randn(3, 11, 2, generator=gen)
+    layers = {"w": torch.randn(3, 11, 8, generator=gen), "wide": torch.randn(3, 5, 13, generator=gen).double(),
+              "low": u @ torch.randn(3, 2, 8, generator=gen), "shared": u[:1] @ torch.randn(3, 2, 8, generator=gen),
+              "cancel": torch.stack([torch.ones(6, 4), -torch.ones(6, 4), torch.zeros(6, 4)]),
+              "zero": torch.zeros(3, 6, 4), "b": torch.randn(3, 8, generator=gen)}
+    kept = 0
+    for params in variants:
+        for key, stack in layers.items():
+            matrix = stack.dim() == 3
+            if modifies_input(m.reducer(3, matrix, **params)):
+                continue
+            kept += 1
+            before = stack.clone()
+            D = reduce_stack(m.reducer(3, matrix, **params), stack)
+            assert torch.equal(stack, before), (key, params)
+            ref = m.reducer(3, matrix, **params)
+            for i in range(passes_of(ref)):
+                if i:
+                    ref.next_pass()
+                for t in range(3):
+                    ref.add(before[t].clone())
+            assert torch.equal(D, ref.result()), (key, params)
+    assert kept > 0 or name in ("task_arithmetic", "iso_c")
 
 def test_task_sum_adds_in_task_order(gen):
     from pactlib.merges.driver import mean_of, task_sum

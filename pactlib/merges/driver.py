@@ -76,7 +76,10 @@ def task_sum(stack: Tensor) -> Tensor:
 class TaskReducer(Protocol):
     """A merge method's D for one key from the tasks' deltas given one at a time, in task order
     (:attr:`pactlib.merges.MergeMethod.reducer`): ``add(Δt)`` T times, then ``result()``. ``add``
-    may keep and modify the tensor it is given (the caller gives it up).
+    may keep and modify the tensor it is given (the caller gives it up), unless the reducer says
+    ``modifies_input = False``: then ``add`` never writes into its argument, nor keeps a tensor
+    that shares its memory, and a caller may pass a tensor it still needs. Without the
+    attribute: it may modify it.
 
     A reducer with ``passes = 2`` (Iso-CTS: the sum first, then each task against it) takes the
     T deltas twice, in task order each time, with ``next_pass()`` between; it does not modify
@@ -92,10 +95,17 @@ def passes_of(reducer: TaskReducer) -> int:
     return getattr(reducer, "passes", 1)
 
 
+def modifies_input(reducer: TaskReducer) -> bool:
+    """Whether ``reducer``'s ``add`` may modify the tensor it is given (:class:`TaskReducer`)."""
+    return getattr(reducer, "modifies_input", True)
+
+
 class RunningSum:
     """S = Σt Δt in task order (as :func:`task_sum`), then ``finish(S)`` (default S itself): the
     reducer of Task Arithmetic (M1), of Iso-C (M4, ``finish`` its flat spectrum) and of every
-    mean over tasks (``finish`` = S / T)."""
+    mean over tasks (``finish`` = S / T). It modifies its input: the sum starts as Δ1 itself."""
+
+    modifies_input = True
 
     def __init__(self, finish: Callable[[Tensor], Tensor] | None = None):
         self.total: Tensor | None = None
@@ -114,13 +124,15 @@ class RunningSum:
 
 
 def reduce_stack(reducer: TaskReducer, stack: Tensor) -> Tensor:
-    """``reducer`` fed the rows of a (T, …) stack, once per pass (copies: the stack is not
-    modified); its result."""
+    """``reducer`` fed the rows of a (T, …) stack, once per pass; its result. The stack is not
+    modified: the rows are copies, or the rows themselves when the reducer does not modify its
+    input (:func:`modifies_input`)."""
+    copy = modifies_input(reducer)
     for i in range(passes_of(reducer)):
         if i:
             reducer.next_pass()
         for t in range(stack.shape[0]):
-            reducer.add(stack[t].clone())
+            reducer.add(stack[t].clone() if copy else stack[t])
     return reducer.result()
 
 

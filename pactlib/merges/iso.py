@@ -111,6 +111,7 @@ class IsoCTS:
     """
 
     passes = 2
+    modifies_input = False
 
     def __init__(self, T: int, common_frac: float = 0.8, null_space: NullSpace = "drop",
                  rank_rtol: float | None = None):

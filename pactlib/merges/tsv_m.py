@@ -37,7 +37,10 @@ class TsvBlocks:
     r = max(1, ⌊min(m, n)/T⌋) singular triplets (copies: r·(m + n + 1) values per task, about
     (m + n)·min(m, n) in all, whatever T); ``result()`` is :func:`tsv_m_kernel`'s D. With
     ``null_space="drop"`` an all-zero Δt needs no SVD (its triplets would all be dropped).
+    Δt is not modified.
     """
+
+    modifies_input = False
 
     def __init__(self, T: int, null_space: NullSpace = "drop", rank_rtol: float | None = None):
         self.T, self.null_space, self.rank_rtol = T, null_space, rank_rtol
