@@ -302,17 +302,19 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
     shape = tuple(inputs.meta[key].shape) if rows is None else (rows[1] - rows[0], *inputs.meta[key].shape[1:])
     matrix = rows is None and rule.kind(key, inputs.meta[key]) == "matrix"
     reducer = m.reducer(inputs.T, matrix, **params)
-    add = (lambda t, d: reducer.add(rule.view(key, d))) if matrix else (lambda t, d: reducer.add(d))
+
+    def feed(d: Tensor) -> None:
+        reducer.add(rule.view(key, d) if matrix else d)
+
     # a two-pass reducer (Iso-CTS) reads each Δt again; PACT's filtered Δ̃t are kept for the second
     # pass instead (filtering again would redo PACT's SVDs)
     twice = passes_of(reducer) == 2
     kept: list[Tensor] | None = [] if twice and pact is not None else None
-    if kept is not None:
-        first = add
 
-        def add(t: int, d: Tensor) -> None:
+    def add(t: int, d: Tensor) -> None:
+        if kept is not None:
             kept.append(d)
-            first(t, d)
+        feed(d)
     # a running sum of unfiltered deltas is checked once: a NaN or ±Inf in any θt makes Δt and then
     # the sum non-finite (θ0 is checked finite), so a finite sum clears every θt of the key
     once = read is None and pact is None and isinstance(reducer, RunningSum)
@@ -322,7 +324,7 @@ def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, 
         reducer.next_pass()
         if kept is not None:
             for d in kept:
-                reducer.add(rule.view(key, d) if matrix else d)
+                feed(d)
             kept.clear()
         else:  # read again: θt checked finite, checks fed, on the first pass
             feed_tasks(inputs, key, rows, pre, add, pact=None, options=options, rule=rule, read=read, dev=dev,
