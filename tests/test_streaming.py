@@ -840,3 +840,26 @@ def test_empty_tensors_come_in_one_order_in_every_run(tmp_path):
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert list(read_layout(tmp_path / "m0.safetensors")[0]) == list(layout)
+
+
+def test_read_layout_orders_by_begin_end_key_whatever_the_header_order(tmp_path):
+    """read_layout's order (from safe_open's, ties by key) is the header's entries sorted by
+    (begin, end, key), on headers written in a random order with empty entries among the others,
+    each file read several times (safetensors' hash order differs from one read to the next)."""
+    import random
+
+    from pactlib.safetensors_io import _data_order, _header, header_bytes, read_layout, tensor_bytes
+
+    rng = random.Random(0)
+    shapes = [(0,), (3, 0), (2, 3), (5,), (), (0, 4)]
+    dtypes = [torch.float32, torch.float16, torch.int64, torch.bool]
+    for i in range(40):
+        entries = [(f"k{rng.randrange(100)}_{j}", rng.choice(shapes), rng.choice(dtypes))
+                   for j in range(rng.randint(1, 12))]
+        path = tmp_path / f"f{i}.safetensors"
+        path.write_bytes(header_bytes(entries, None) + bytes(sum(tensor_bytes(s, d) for _, s, d in entries)))
+        want = _data_order(_header(path)[1])
+        for _ in range(3):
+            layout, _ = read_layout(path)
+            assert list(layout) == want
+            assert all(layout[k] == (s, d) for k, s, d in entries)
