@@ -15,7 +15,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,27 +137,9 @@ def _data_order(header: dict) -> list[str]:
     return sorted(spans, key=lambda k: (*spans[k], k))
 
 
-def _ties_by_key(keys: Sequence[str], empty: Callable[[str], bool]) -> list[str]:
-    """A checked file's keys by (begin, end), ties in any order (``safe_open``'s ``offset_keys``),
-    in the order of :func:`_data_order`, by (begin, end, key). ``safe_open`` has checked that the
-    entries lie back to back, each as long as its shape says: only empty entries tie, and a run
-    of consecutive empty entries (``empty(key)``) shares one offset, so each run is sorted by key."""
-    out: list[str] = []
-    run: list[str] = []
-    for k in keys:
-        if empty(k):
-            run.append(k)
-        else:
-            out += sorted(run)
-            out.append(k)
-            run = []
-    return out + sorted(run)
-
-
 def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
     """({key: (shape, dtype)} in the order of the data, by (begin, end, key); metadata) of a
-    safetensors file, from its header, read once, by ``safe_open``, which checks it against the
-    file (the order: :func:`_ties_by_key`).
+    safetensors file, from its header (``safe_open``, which checks the header against the file).
 
     Raises:
         CheckpointError: not a readable safetensors file, or a dtype torch has no name for here
@@ -168,10 +150,9 @@ def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            slices = {k: f.get_slice(k) for k in f.offset_keys()}
             layout: Layout = {}
-            for key in _ties_by_key(list(slices), lambda k: 0 in slices[k].get_shape()):
-                sl = slices[key]
+            for key in _data_order(_header(path)[1]):
+                sl = f.get_slice(key)
                 dtype = torch_tables()[1].get(sl.get_dtype())
                 if dtype is None:
                     raise ValueError(f"key {key!r}: unsupported dtype {sl.get_dtype()!r}")
