@@ -470,8 +470,8 @@ def test_chapter_8_reads_the_committed_io_floor_records():
     for method in ("ties_global", "ties_per_key"):  # the newest run re-measured TIES
         assert sorted(latest.loc[latest["method"] == method, "T"]) == [2, 8, 20], method
     assert sorted(now.loc[now["method"] == "task_arithmetic", "T"]) == [2, 8, 20]
-    # the synthetic, floor and memory benchmarks, the I/O floor's 3, fusion_bench
-    assert source.count('# %% tags=["bench-data"]') == 7
+    # the synthetic, floor and memory benchmarks, the I/O floor's 3, fusion_bench, the GPU check
+    assert source.count('# %% tags=["bench-data"]') == 8
     from pactlib.book import provenance
 
     # speed only reads and draws: editing it stales no chapter's records
@@ -786,7 +786,8 @@ def test_chapters_benchmark_sections_link_from_every_variant_page():
 
     for stem, titles in (("05_main_results", ["How α is searched", "Rank-deficient layers"]),
                          ("08_efficiency", ["The paper-sized benchmark", "PACT-Iso-C against Iso-C",
-                                            "Memory against the number of tasks", "Near the I/O floor?"])):
+                                            "Memory against the number of tasks", "Near the I/O floor?",
+                                            "On a GPU"])):
         nb = jupytext.read(ROOT / "notebooks" / f"{stem}.py")
         main = runplan.present_copy(nb, missing=False, changed={}, store="default", top="", chapter=stem)
         var = runplan.present_copy(nb, missing=False, changed={"testbed": "minilm-8"}, store="default", top="",
