@@ -23,6 +23,8 @@ Stages, each timed (cuda kernels synchronised) with its peak GPU memory
    task vectors;
 3. ``eval``: evaluation throughput of θ0 (:func:`pactlib.eval.clip_evaluate`) in images per
    second, batch ``--batch``;
+3b. ``svd`` (first, on the device only): the thin SVDs of the SVD-bound merges taken each way
+   torch offers (:func:`svd_checks`), timed per SVD with their error;
 4. ``paper path``: PACT (RSVD) + Iso-C, α chosen on validation over three values, test at the
    chosen α (:func:`pactlib.eval.select_alpha` with :func:`pactlib.eval.clip_evaluator`): the
    whole path, timed once (cuda only);
@@ -223,6 +225,65 @@ def chapter_checks(pre: dict, tvs, heads: dict, val: dict, test: dict, clf, devi
 FILE_MERGES = (("Iso-C", "iso_c", None), ("PACT-RSVD-Iso-C", "iso_c", "pact"), ("PACT-RSVD-TIES", "ties", "pact"))
 
 
+def svd_checks(tvs, device: str, timer: "Timer", *, shapes: int = 2, repeats: int = 3) -> None:
+    """Stage ``svd``: ways to take the thin SVDs the SVD-bound merges take, on the ``shapes``
+    largest matrix-view shapes of the task vectors (each task's Δ of one layer of that shape, on
+    ``device``), best of ``repeats``: the engine's :func:`pactlib.linalg.svd`, torch's default,
+    cuSOLVER's other drivers (``gesvdj``, ``gesvda``; cuda only), the T tasks as one batch, and
+    the eigendecomposition of the smaller Gram matrix (float32 and float64). Each row's note:
+    milliseconds per SVD and the largest error of the singular values over σ1 against float64
+    on the CPU."""
+    from pactlib import linalg
+    from pactlib.matrix import DEFAULT_RULE
+
+    layers: dict[tuple, str] = {}
+    for key in DEFAULT_RULE.matrix_keys(tvs[0]):
+        layers.setdefault(tuple(DEFAULT_RULE.view(key, tvs[0][key]).shape), key)
+    cuda = device.startswith("cuda")
+
+    def gram(X, dtype):
+        A = X.to(dtype)
+        A = A.mT if A.shape[0] < A.shape[1] else A
+        lam, Q = torch.linalg.eigh(A.mT @ A)
+        S = lam.flip(0).clamp(min=0).sqrt()
+        return A @ Q.flip(1) / S.clamp(min=torch.finfo(dtype).tiny), S, Q.flip(1).mT
+
+    for shape in sorted(layers, key=lambda sh: -sh[0] * sh[1])[:shapes]:
+        key = layers[shape]
+        Xs = [DEFAULT_RULE.view(key, tv[key]).float().to(device) for tv in tvs]
+        ref = [torch.linalg.svdvals(X.double().cpu()) for X in Xs]
+        ways = {"pactlib.linalg.svd": lambda X: linalg.svd(X),
+                "torch default": lambda X: torch.linalg.svd(X, full_matrices=False)}
+        if cuda:
+            for drv in ("gesvdj", "gesvda"):
+                ways[f"driver {drv}"] = lambda X, drv=drv: torch.linalg.svd(X, full_matrices=False, driver=drv)
+        ways["Gram eigh float32"] = lambda X: gram(X, torch.float32)
+        ways["Gram eigh float64"] = lambda X: gram(X, torch.float64)
+        name = f"{shape[0]}×{shape[1]}"
+        for way, fn in [*ways.items(), ("T as one batch", None)]:
+            out: list = []
+
+            def go(fn=fn, out=out):
+                out.clear()
+                if fn is None:
+                    S = torch.linalg.svd(torch.stack(Xs), full_matrices=False)[1]
+                    out.extend(S.unbind(0))
+                else:
+                    out.extend(fn(X)[1] for X in Xs)
+            runs = []
+            for _ in range(repeats):
+                timer.run("svd", f"{name} {way}", device, go)
+                runs.append(timer.rows.pop())
+            done = [r for r in runs if r["seconds"] is not None]
+            best = min(done, key=lambda r: r["seconds"]) if done else runs[-1]
+            timer.rows.append(best)
+            if best["seconds"] is not None and out:
+                err = max(float((S.double().cpu().sort(descending=True).values - r).abs().max() / r[0])
+                          for S, r in zip(out, ref))
+                best.update(ms_per_svd=1e3 * best["seconds"] / len(Xs), sigma_error=err,
+                            note=f"{1e3 * best['seconds'] / len(Xs):.1f} ms per SVD, σ error {err:.1e}")
+
+
 def write_checkpoints(pre: dict, tvs, folder: Path) -> tuple[str, list[str]]:
     """θ0 and θt = θ0 + Δt as safetensors files in ``folder`` (CPU tensors): the inputs of the
     ``files`` stage."""
@@ -376,6 +437,8 @@ def main(argv=None) -> int:
     for dev in devices:
         budget = dev == "cpu" and not smoke
         print(f"-- {dev}", flush=True)
+        if dev == device:  # the SVD-bound merges' own SVDs, each way (cheap: a few layers)
+            svd_checks(tvs, dev, timer)
         tvs_d, pre_d = (tvs, pre) if dev == "cpu" else to_device(tvs, pre, dev)
         on[dev] = (tvs_d, pre_d)
         filters = ("rsvd", "exact") if dev == device else ("rsvd",)  # the CPU's exact filter runs last

@@ -33,8 +33,13 @@ def test_cpu_smoke_runs_the_paper_path(tmp_path):
     want = {("filter", "pact (rsvd)"), ("filter", "pact (exact)"), ("eval", "θ0"), ("path", "PACT(rsvd)+Iso-C")} | \
         {("merge", m) for m in ("task_arithmetic", "ties", "tsv_m", "iso_c", "iso_cts")} | \
         {("chapter 3", "task 0 on the testbed"), ("chapter 10", "task 0 on the testbed")} | \
-        {("files", v) for v in ("Iso-C", "PACT-RSVD-Iso-C", "PACT-RSVD-TIES")}
+        {("files", v) for v in ("Iso-C", "PACT-RSVD-Iso-C", "PACT-RSVD-TIES")} | \
+        {("svd", f"{shape} {way}") for shape in ("256×64", "64×256")
+         for way in ("pactlib.linalg.svd", "torch default", "Gram eigh float32", "Gram eigh float64", "T as one batch")}
     assert set(rows) == want
+    for (stage, variant), r in rows.items():  # the SVD ways: each timed, its σ within float32's noise, or exact
+        if stage == "svd":
+            assert r["ms_per_svd"] > 0 and r["sigma_error"] < (1e-12 if "float64" in variant else 1e-5), r
     for r in rows.values():
         assert r["error"] is None and r["seconds"] > 0 and r["device"] == "cpu", r
     assert rows["eval", "θ0"]["images_per_second"] > 0
