@@ -53,6 +53,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import pickle
 import signal
 import sys
@@ -233,7 +234,7 @@ def cmd_merge(args) -> int:
     if not is_folder_output(args.out):
         return run()
     folder = Path(args.out)
-    with output_lock(folder, folder=True):
+    with output_lock(Path(os.path.abspath(folder)), folder=True):  # absolute: `--out ./` has a name too
         new_folder = not folder.exists()
         try:
             return run()

@@ -500,3 +500,16 @@ def test_a_folder_output_is_held_whole_by_one_run(tmp_path, monkeypatch, capsys,
             assert not new.exists()
     assert sorted((f.name, f.read_bytes()) for f in out.iterdir()) == before
     assert not (tmp_path / ".out.lock").exists()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_folder_output_named_dot_is_the_working_folder(tmp_path, monkeypatch, capsys, fast):
+    """``--out ./`` (run inside the folder to fill) writes the model folder there; its lock is
+    ``.NAME.lock`` beside it, removed after."""
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    argv = _folder_inputs(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["merge", *argv, "--out", "./"]) == 0, capsys.readouterr().err
+    assert {"model.safetensors", "config.json", "README.md", "pact_recipe.yaml"} <= {f.name for f in Path().iterdir()}
+    assert not (tmp_path / ".here.lock").exists()
