@@ -53,7 +53,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import pickle
 import signal
 import sys
@@ -62,7 +61,7 @@ import warnings
 from pathlib import Path
 
 from .checks import CheckpointError, check_alpha, check_device
-from .io import load_state_dict
+from .io import load_state_dict, published_outputs
 from .lazy import check_out_suffix, check_out_target, parse_size, trusted_reader
 from .matrix import PRESETS, MatrixRule, detect_preset
 
@@ -217,13 +216,16 @@ def recipe_of(args, **read):
 
 
 def cmd_merge(args) -> int:
-    """``pact merge``. A model folder is held whole for the run (:func:`pactlib.lazy.output_lock`):
-    a second run into it fails, naming this one. A folder this run created is removed again, with
-    all it holds, when the merge fails before its files are published. Task Arithmetic and TIES on
-    safetensors files run without torch when :mod:`pactlib.fastpath` takes them."""
+    """``pact merge``. A model folder is held whole for the run (:func:`pactlib.lazy.output_lock`,
+    a lock file inside it): a second run into it fails, naming this one. The folder and the
+    parents this run made are removed again, with all they hold, when the merge fails before its
+    output is published. Task Arithmetic and TIES on safetensors files run without torch when
+    :mod:`pactlib.fastpath` takes them."""
     import shutil
 
+    from .io import published_outputs
     from .lazy import is_folder_output, output_lock
+    from .recipe import check_folder_target
 
     def run() -> int:
         from .fastpath import try_merge
@@ -234,13 +236,26 @@ def cmd_merge(args) -> int:
     if not is_folder_output(args.out):
         return run()
     folder = Path(args.out)
-    with output_lock(Path(os.path.abspath(folder)), folder=True):  # absolute: `--out ./` has a name too
-        new_folder = not folder.exists()
+    check_folder_target(folder, [])  # a file is named as such, before anything is made
+    made = []  # the folders this run makes: the output and its missing parents, outermost first
+    for d in [*reversed(folder.parents), folder]:
+        if d.is_dir():
+            continue
+        try:
+            d.mkdir()
+            made.append(d)
+        except FileExistsError:
+            pass
+    mark = len(published_outputs())
+    with output_lock(folder, folder=True):
         try:
             return run()
-        except BaseException as e:
-            if new_folder and folder.is_dir() and not getattr(e, "published", None):
-                shutil.rmtree(folder, ignore_errors=True)  # nothing of this run is left behind
+        except BaseException:
+            if made and len(published_outputs()) == mark:  # nothing of this run is left behind
+                shutil.rmtree(made[-1], ignore_errors=True)
+                for d in reversed(made[:-1]):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
             raise
 
 
@@ -321,21 +336,11 @@ def _merge(args) -> int:
                           loader=loader, workers=workers, device=args.device,
                           on_publish=folder_files.publish if folder is not None else None, **kw)
     extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
-    report_published(res.files, {"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
-                                 "tasks": res.tasks, "rule": rule, "params": kw, **extra,
-                                 **({"folder": str(folder)} if folder is not None else {})})
+    print(json.dumps({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
+                      "tasks": res.tasks, "rule": rule, "params": kw, **extra,
+                      **({"folder": str(folder)} if folder is not None else {}),
+                      "files": [str(f) for f in res.files]}))
     return 0
-
-
-def report_published(files, line: dict) -> None:
-    """Print ``pact merge``'s JSON line for the published ``files``; a signal that stops the
-    run meanwhile says that they were published (its exception's ``published``, as
-    :func:`pactlib.io.signals_held`)."""
-    try:
-        print(json.dumps({**line, "files": [str(f) for f in files]}))
-    except BaseException as e:
-        e.published = list(files)
-        raise
 
 
 #: torch's thread count before ``--threads`` changed it (:func:`set_threads`, :func:`main`)
@@ -516,19 +521,21 @@ def main(argv: list[str] | None = None) -> int:
     _threads.clear()  # --threads is the command's: restored for a caller in the same process
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
-        signum, published = None, None
+        signum, mark = None, len(published_outputs())
         try:
             with _terminate_unwinds():
                 try:
                     return args.func(args)
                 except (KeyboardInterrupt, Terminated) as e:
                     signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-                    published = getattr(e, "published", None)
                 # what garbage collection cleans up (spill folders' finalizers) goes now, while a
                 # second signal is still ignored, not at interpreter exit where it would interrupt it
                 gc.collect()
         except (CheckpointError, OSError, ValueError, TypeError, KeyError) as e:
             print(f"pact: error: {e}", file=sys.stderr)
+            done = published_outputs()[mark:]
+            if done:  # e.g. the JSON line could not be written
+                print(f"pact: the output was published, whole: {', '.join(map(str, done))}", file=sys.stderr)
             return 2
         finally:
             if "before" in _threads:
@@ -536,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 torch.set_num_threads(_threads.pop("before"))
     how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    published = published_outputs()[mark:]
     if published:  # the signal came while the output was published: it was held until all of it was
         print(f"pact: {how} once the output was published, whole: {', '.join(map(str, published))}",
               file=sys.stderr)

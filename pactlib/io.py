@@ -245,17 +245,24 @@ def new_temp(path: str | os.PathLike) -> tuple[Path, BinaryIO]:
 
 #: The signals :func:`signals_held` holds back
 HELD_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-_hold: dict = {"depth": 0, "pending": [], "published": []}
+_hold: dict = {"depth": 0, "published": []}
+_outputs: list[Path] = []  # what signals_held blocks published in this process, in order
+
+
+def published_outputs() -> list[Path]:
+    """The paths that :func:`signals_held` blocks of this process published, in order (a copy):
+    a caller notes its length before a run and reads what the run published after, also when a
+    signal stopped it."""
+    return list(_outputs)
 
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[list[Path]]:
     """Hold SIGINT, SIGTERM and SIGHUP back while the block publishes an output, so that it is
-    published whole or not at all. A signal that arrives in the block is delivered when the block
-    ends: the handler in place before it runs then (Python's raises ``KeyboardInterrupt``). The
-    block appends the paths it published to the list it is given; when it ended normally, the
-    exception that the held signal raises carries that list as its ``published`` attribute, so a
-    caller can say that the output was published before the run stopped.
+    published whole or not at all. The block appends the paths it published to the list it is
+    given; when it ends normally they join :func:`published_outputs`. A signal that arrives in
+    the block is delivered when the block ends, to the handler in place before it (Python's
+    raises ``KeyboardInterrupt``); a signal that was ignored stays ignored.
 
     Nested blocks share the outermost block's hold and list. Outside the main thread (where no
     handler can be set) the block runs with the signals as they are.
@@ -267,28 +274,26 @@ def signals_held() -> Iterator[list[Path]]:
         finally:
             _hold["depth"] -= 1
         return
+    published: list[Path] = []
     if threading.current_thread() is not threading.main_thread():
-        yield []
+        yield published
+        _outputs.extend(published)
         return
     pending: list[int] = []
-    published: list[Path] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in HELD_SIGNALS}
-    _hold.update(depth=1, pending=pending, published=published)
-    completed = False
+    previous = {sig: signal.getsignal(sig) for sig in HELD_SIGNALS}
+    previous = {sig: h for sig, h in previous.items() if h is not signal.SIG_IGN}  # ignored: left so
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: pending.append(signum))
+    _hold.update(depth=1, published=published)
     try:
         yield published
-        completed = True
+        _outputs.extend(published)
     finally:
-        _hold.update(depth=0, pending=[], published=[])
+        _hold.update(depth=0, published=[])
         for sig, h in previous.items():
             signal.signal(sig, h if h is not None else signal.SIG_DFL)
-        if pending:
-            try:
-                signal.raise_signal(pending[0])  # the previous handler runs now
-            except BaseException as e:
-                if completed:
-                    e.published = list(published)
-                raise
+        for sig in dict.fromkeys(pending):  # each signal once, in the order they came
+            signal.raise_signal(sig)  # its handler runs now; one that raises ends the loop
 
 
 def close_quietly(f) -> None:

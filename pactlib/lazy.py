@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, save_state_dict, signals_held, write_atomic
+from .io import SAFETENSORS, TORCH, save_state_dict, write_atomic
 from .safetensors_io import StreamedFile, dtype_name, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
 
@@ -735,13 +735,19 @@ def _is_live(f: Path) -> bool:
         os.close(fd)
 
 
+#: The lock file of a model folder output, inside it (:func:`output_lock_path`)
+FOLDER_LOCK = ".pact-merge.lock"
+
+
 def output_lock_path(out: str | os.PathLike, *, folder: bool = False) -> Path:
     """The lock file of the output ``out``: ``.<name>.lock`` beside it, one for the whole family
     of names the output may write (``x.safetensors`` and ``x.safetensors.index.json`` share it);
-    ``folder``: ``out`` is a model folder, and the lock holds all of it (``.<folder>.lock`` in
-    its parent)."""
+    ``folder``: ``out`` is a model folder, held whole by :data:`FOLDER_LOCK` inside it (the
+    same file however the folder's path is spelled, through links too)."""
     out = Path(out)
-    fam = None if folder else _family_names(out)
+    if folder:
+        return out / FOLDER_LOCK
+    fam = _family_names(out)
     return out.with_name(f".{fam[0] if fam is not None else out.name}.lock")
 
 
@@ -749,7 +755,7 @@ def output_lock_path(out: str | os.PathLike, *, folder: bool = False) -> Path:
 def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Path]:
     """Hold the output name ``out`` for this run (an exclusive ``flock`` on
     :func:`output_lock_path`, holding the process id); the lock file is removed at the end.
-    ``folder``: ``out`` is a model folder, held whole (its parent is made if missing).
+    ``folder``: ``out`` is a model folder (which must exist), held whole.
 
     Raises:
         OutputError: another run holds it (naming the output, the lock file and its process).
@@ -758,8 +764,6 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
 
     out = Path(out)
     path = output_lock_path(out, folder=folder)
-    if folder:
-        path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -934,9 +938,8 @@ class CheckpointWriter:
 
     def commit(self) -> list[Path]:
         """Check that every key was written, then publish the files (index last); return them.
-        The files are published with SIGINT, SIGTERM and SIGHUP held back
-        (:func:`pactlib.io.signals_held`): a signal then stops the run after the output is
-        published, not between its shards.
+        A caller that publishes an output calls it inside :func:`pactlib.io.signals_held`, so
+        that a signal cannot stop it between two shards.
 
         Raises:
             ValueError: keys not (fully) written.
@@ -952,29 +955,25 @@ class CheckpointWriter:
             for k, shape, _ in self.entries:
                 parts = self._memory.pop(k)
                 sd[k] = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(shape)
-            with signals_held() as held:
-                save_state_dict(sd, self.out)
-                held.append(self.out)
+            save_state_dict(sd, self.out)
             self._committed = True
             return [self.out]
         for f in self.files[self._current if self._current >= 0 else 0:]:
             f.close()  # the open one, and empty shards never started (no keys left)
         published: list[Path] = []
-        with signals_held() as held:
-            try:
-                for f in self.files:
-                    f.publish()
-                    published.append(f.path)
-                if self.index is not None:
-                    data = {"metadata": {"total_size": self.total_size},
-                            "weight_map": {k: self.files[self._file_of[k]].path.name for k, _, _ in self.entries}}
-                    write_atomic(self.index, json.dumps(data, indent=2) + "\n")
-                    published.append(self.index)
-            except BaseException:  # a write error: nothing of this output stays published
-                for p in published:
-                    p.unlink(missing_ok=True)
-                raise
-            held += published
+        try:
+            for f in self.files:
+                f.publish()
+                published.append(f.path)
+            if self.index is not None:
+                data = {"metadata": {"total_size": self.total_size},
+                        "weight_map": {k: self.files[self._file_of[k]].path.name for k, _, _ in self.entries}}
+                write_atomic(self.index, json.dumps(data, indent=2) + "\n")
+                published.append(self.index)
+        except BaseException:
+            for p in published:
+                p.unlink(missing_ok=True)
+            raise
         self._committed = True
         return published
 

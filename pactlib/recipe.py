@@ -45,6 +45,8 @@ the card on the Hugging Face hub.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import json
 import math
@@ -57,7 +59,7 @@ from pathlib import Path
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
-from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, parse_size  # noqa: F401 (is_folder_output: here too)
+from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, parse_size  # noqa: F401 (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
@@ -524,14 +526,18 @@ def base_folder(pretrained: str | os.PathLike) -> Path | None:
     return p.parent if p.name in FOLDER_ORDER else None
 
 
+#: The weights' names a folder output may have (:func:`weights_name`)
+WEIGHT_NAMES = ("model.safetensors", "open_clip_model.safetensors")
+
+
 def weights_name(pretrained: str | os.PathLike) -> str:
     """The weights' file name in a folder output: ``open_clip_model.safetensors`` when θ0's
     folder is an open_clip one (read by ``open_clip.create_model("local-dir:…")``), else
     ``model.safetensors`` (``save_pretrained``'s)."""
     folder = base_folder(pretrained)
     if folder is not None and (folder / "open_clip_config.json").is_file():
-        return "open_clip_model.safetensors"
-    return "model.safetensors"
+        return WEIGHT_NAMES[1]
+    return WEIGHT_NAMES[0]
 
 
 def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
@@ -654,15 +660,17 @@ class FolderFiles:
     def publish(self) -> list[Path]:
         """Rename the temporary files to their names, the card last; return those names. In a
         folder an earlier merge wrote (it holds :data:`RECIPE_NAME`), the :data:`SUPPORT_FILES`
-        that θ0's folder does not have are then removed, with a warning naming each: they came
-        from an earlier θ0 and would describe another model. A θ0 that is one file, not a folder,
-        leaves them.
+        that θ0's folder does not have, and weights under the other name of
+        :data:`WEIGHT_NAMES`, are then removed, with a warning naming each: they came from an
+        earlier θ0 and would describe another model. A θ0 that is one file, not a folder, leaves
+        the support files. Temporary files a killed run left for these names are removed too.
 
         Raises:
             OutputError: a rename failed (naming the file).
         """
         done = []
-        stale = self._stale_support_files()
+        stale = self._stale_files()
+        self._remove_leftover_temps()
         while self._staged:  # each renamed file leaves the list: a failure discards only the rest
             tmp, path, f = self._staged[0]
             try:
@@ -680,16 +688,31 @@ class FolderFiles:
                               f"θ0 ({e.strerror}); remove it by hand", stacklevel=2)
                 continue
             warnings.warn(f"{self.folder}: removed {path.name}, left by an earlier merge from another θ0 "
-                          "(this θ0's folder has none)", stacklevel=2)
+                          "(this merge does not write it)", stacklevel=2)
         return done
 
-    def _stale_support_files(self) -> list[Path]:
-        src = base_folder(self.recipe.base_model)
-        if src is None or not (self.folder / RECIPE_NAME).is_file():
+    def _stale_files(self) -> list[Path]:
+        """In a folder an earlier merge wrote: the support files θ0's folder lacks, and the
+        weight files under the other weights name (:data:`WEIGHT_NAMES`, e.g. an earlier
+        open_clip θ0's), shards, index and temporary files included."""
+        if not (self.folder / RECIPE_NAME).is_file():
             return []
         staged = {path.name for _, path, _ in self._staged}
-        return [self.folder / n for n in SUPPORT_FILES
-                if n not in staged and ((self.folder / n).is_file() or (self.folder / n).is_symlink())]
+        names = [n for n in SUPPORT_FILES if n not in staged] if base_folder(self.recipe.base_model) else []
+        others = [output_family(self.folder / n) for n in WEIGHT_NAMES
+                  if self.weights and not output_family(self.folder / n)(self.weights[0])]
+        names += sorted(f.name for f in self.folder.iterdir() if any(member(f.name) for member in others))
+        return [self.folder / n for n in names if (self.folder / n).is_file() or (self.folder / n).is_symlink()]
+
+    def _remove_leftover_temps(self) -> None:
+        """Temporary files of this class's names that a killed run left (the folder's lock keeps
+        any other run out, so none is live)."""
+        ours = {tmp.name for tmp, _, _ in self._staged}
+        for name in (*SUPPORT_FILES, RECIPE_NAME, CARD_NAME):
+            for f in self.folder.glob(f".{glob.escape(name)}.*.tmp"):
+                if f.name not in ours:
+                    with contextlib.suppress(OSError):
+                        f.unlink()
 
     def _discard(self) -> None:
         for tmp, _, f in self._staged:

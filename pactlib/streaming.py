@@ -630,8 +630,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
 
     The output is published with SIGINT, SIGTERM and SIGHUP held back
     (:func:`pactlib.io.signals_held`), ``on_publish`` and the removal of an earlier output's
-    files included: a signal that arrives then is raised once all is published, and its
-    exception's ``published`` attribute lists the files.
+    files included: a signal that arrives then is raised once all is published, and the files
+    are in :func:`pactlib.io.published_outputs`.
 
     Raises:
         TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
@@ -714,6 +714,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
             with signals_held() as held:
                 files = writer.commit()
+                held += files
                 extra = list(on_publish()) if on_publish is not None else []
                 held += extra
                 finish_output(out, files)  # an earlier output's files, TIES' spill folders of killed runs

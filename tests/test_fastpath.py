@@ -404,30 +404,44 @@ def _folder_inputs(tmp_path, support=("config.json", "tokenizer.json"), name="ba
     return ["--method", "task_arithmetic", "--alpha", "0.5", "--pretrained", str(base), "--finetuned", *paths]
 
 
-#: `pact merge` in a child process whose first weight file, when published, first sends it SIGTERM
-_SIGNAL_AT_PUBLISH = """
-import os, signal, sys
-from pactlib import safetensors_io
-publish = safetensors_io.StreamedFile.publish
-def signalled(self):
-    os.kill(os.getpid(), signal.SIGTERM)
-    publish(self)
-safetensors_io.StreamedFile.publish = signalled
+#: `pact merge` in a child process that sends itself SIGTERM when it first calls argv[1]
+#: ("module:Class.method"), before the call
+_SIGNAL_AT = """
+import importlib, os, signal, sys
+where, name = sys.argv[1].split(":")
+cls, meth = name.split(".")
+owner = getattr(importlib.import_module(where), cls)
+original = getattr(owner, meth)
+def signalled(*a, **k):
+    if not getattr(signalled, "sent", False):
+        signalled.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+    return original(*a, **k)
+setattr(owner, meth, signalled)
 from pactlib.cli import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 
+def _signalled_run(at: str, argv: list, fast: bool) -> subprocess.CompletedProcess:
+    import signal
+
+    return subprocess.run([sys.executable, "-c", _SIGNAL_AT, at, *argv], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, native.ENV: "1" if fast else "0"},
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
+@pytest.mark.parametrize("at", ["pactlib.safetensors_io:StreamedFile.publish",  # between the weights and the card
+                                "pactlib.recipe:FolderFiles.__exit__"])  # just after all is published
 @pytest.mark.parametrize("earlier", [False, True])
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_signal_while_a_folder_is_published_stops_the_run_once_it_is_whole(tmp_path, monkeypatch, capsys,
-                                                                              fast, earlier):
-    """SIGTERM between the weights' rename and the card's (sent as the first weight file is
-    published) is held until the whole folder is published: the folder is the one a run without
-    the signal writes, byte for byte (an earlier merge's folder replaced whole, a new folder not
-    removed), the run exits 143 and says the output was published, naming its files."""
-    import signal
-
+                                                                              fast, earlier, at):
+    """SIGTERM between the weights' rename and the card's is held until the whole folder is
+    published; one just after it is published stops the run there. Either way the folder is
+    the one a run without the signal writes, byte for byte (an earlier merge's folder replaced
+    whole, a new folder not removed), the run exits 143 and says the output was published,
+    naming its files."""
     argv = _folder_inputs(tmp_path)
     monkeypatch.setenv(native.ENV, "1" if fast else "0")
     ref = tmp_path / "ref"
@@ -436,10 +450,7 @@ def test_a_signal_while_a_folder_is_published_stops_the_run_once_it_is_whole(tmp
     out = tmp_path / "out"
     if earlier:  # an earlier merge into the folder, at another α
         assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{out}/"]) == 0
-    proc = subprocess.run([sys.executable, "-c", _SIGNAL_AT_PUBLISH, "merge", *argv, "--out", f"{out}/"],
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, native.ENV: "1" if fast else "0"},
-                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    proc = _signalled_run(at, ["merge", *argv, "--out", f"{out}/"], fast)
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert "pact: terminated (SIGTERM) once the output was published, whole: " in proc.stderr
     assert str(out / "model.safetensors") in proc.stderr and str(out / "README.md") in proc.stderr
@@ -447,7 +458,19 @@ def test_a_signal_while_a_folder_is_published_stops_the_run_once_it_is_whole(tmp
     files = sorted((f.name, f.read_bytes()) for f in out.iterdir())
     assert files == sorted((f.name, f.read_bytes()) for f in ref.iterdir())
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} == set(dict(files))
-    assert not any(f.name.startswith(".") for f in tmp_path.iterdir())  # no lock file left
+
+
+def test_a_signal_while_a_spill_file_is_published_publishes_no_output(tmp_path):
+    """TIES with PACT spills its filtered task vectors to a file of its own, published by a
+    checkpoint writer too: a SIGTERM then is not "the output published". The run says no
+    output was published and removes the folder it made."""
+    argv = _folder_inputs(tmp_path)
+    argv[1], argv[3] = "ties", "0.7"
+    out = tmp_path / "sub" / "out"
+    proc = _signalled_run("pactlib.safetensors_io:StreamedFile.publish",
+                          ["merge", *argv, "--pact", "pact", "--out", f"{out}/"], fast=False)
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert "no output was published" in proc.stderr and not (tmp_path / "sub").exists()
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -468,6 +491,15 @@ def test_support_files_of_an_earlier_base_are_removed_from_a_reused_folder(tmp_p
     assert sorted(f.name for f in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "notes.txt",
                                                      "pact_recipe.yaml"]
     assert (out / "config.json").read_text() == '{"from": "b"}\n'
+    clip = _folder_inputs(tmp_path, ("open_clip_config.json",), name="c", seed=5)  # other weights' name
+    (out / ".tokenizer.json.abcd1234.tmp").write_text("left by a killed run")
+    assert main(["merge", *clip, "--out", f"{out}/"]) == 0
+    err = capsys.readouterr().err
+    assert "removed model.safetensors, left by an earlier merge" in err and "removed config.json" in err
+    assert sorted(f.name for f in out.iterdir()) == ["README.md", "notes.txt", "open_clip_config.json",
+                                                     "open_clip_model.safetensors", "pact_recipe.yaml"]
+    assert main(["merge", *second, "--out", f"{out}/"]) == 0  # and back
+    capsys.readouterr()
     (tmp_path / "b" / "model.safetensors").rename(tmp_path / "b.safetensors")  # a file of no model folder
     single = [*second[:5], str(tmp_path / "b.safetensors"), *second[6:]]
     (out / "tokenizer.json").write_text("put back by hand")
@@ -489,17 +521,32 @@ def test_a_folder_output_is_held_whole_by_one_run(tmp_path, monkeypatch, capsys,
     assert main(["merge", *argv, "--out", f"{out}/"]) == 0
     before = sorted((f.name, f.read_bytes()) for f in out.iterdir())
     capsys.readouterr()
+    (tmp_path / "link").symlink_to(out)
     with output_lock(out, folder=True) as lock:
-        assert lock == tmp_path / ".out.lock"
+        assert lock == out / ".pact-merge.lock"
         assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{out}/"]) == 2
         err = capsys.readouterr().err
         assert f"{out}: another run is writing this output (process {os.getpid()}" in err
-        new = tmp_path / "new"  # a folder another run is making: not made, not removed
+        assert main(["merge", *argv[:3], "0.25", *argv[4:], "--out", f"{tmp_path / 'link'}/"]) == 2  # the same folder
+        assert "another run is writing this output" in capsys.readouterr().err
+        new = tmp_path / "new"  # a folder another run has just made: not removed
+        new.mkdir()
         with output_lock(new, folder=True):
             assert main(["merge", *argv, "--out", f"{new}/"]) == 2
-            assert not new.exists()
+            assert new.is_dir()
     assert sorted((f.name, f.read_bytes()) for f in out.iterdir()) == before
-    assert not (tmp_path / ".out.lock").exists()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_failed_folder_merge_removes_the_parents_it_made(tmp_path, monkeypatch, capsys, fast):
+    """A folder output in folders that do not exist yet, refused after they were made (a bad
+    α): the folder and the parents the run made are gone, the ones that were there stay."""
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    argv = _folder_inputs(tmp_path)
+    (tmp_path / "q").mkdir()
+    assert main(["merge", *argv[:3], "nan", *argv[4:], "--out", f"{tmp_path / 'q' / 'r' / 's' / 'out'}/"]) == 2
+    assert "alpha" in capsys.readouterr().err
+    assert (tmp_path / "q").is_dir() and list((tmp_path / "q").iterdir()) == []
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -511,5 +558,5 @@ def test_a_folder_output_named_dot_is_the_working_folder(tmp_path, monkeypatch, 
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
     assert main(["merge", *argv, "--out", "./"]) == 0, capsys.readouterr().err
-    assert {"model.safetensors", "config.json", "README.md", "pact_recipe.yaml"} <= {f.name for f in Path().iterdir()}
-    assert not (tmp_path / ".here.lock").exists()
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} == \
+        {f.name for f in Path().iterdir()}

@@ -215,22 +215,26 @@ class _Stop(BaseException):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
-def test_signals_held_deliver_after_the_block_with_what_it_published(tmp_path):
+def test_signals_held_deliver_after_the_block_and_record_what_it_published(tmp_path):
     """A SIGTERM raised inside :func:`signals_held` runs the handler in place before it only
-    once the block has ended (the block's later statements ran), and its exception carries
-    the paths the block published, nested blocks' included; a block that fails gets the
-    signal's exception without them; the handlers are restored."""
-    from pactlib.io import signals_held
+    once the block has ended (the block's later statements ran); what the block published,
+    nested blocks' included, is in published_outputs by then; a block that fails publishes
+    nothing and still gets its signal; an ignored signal stays ignored and does not hide one
+    that came after it; the handlers are restored."""
+    from pactlib.io import published_outputs, signals_held
 
     seen = []
 
     def handler(signum, frame):
         seen.append(signum)
-        raise _Stop()
+        if signum == signal.SIGTERM:
+            raise _Stop()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, handler)
     try:
-        with pytest.raises(_Stop) as e:
+        mark = len(published_outputs())
+        with pytest.raises(_Stop):
             with signals_held() as held:
                 signal.raise_signal(signal.SIGTERM)
                 assert seen == []
@@ -239,16 +243,24 @@ def test_signals_held_deliver_after_the_block_with_what_it_published(tmp_path):
                     inner.append(tmp_path / "b")
                     signal.raise_signal(signal.SIGTERM)
                 assert seen == []
-        assert seen == [signal.SIGTERM] and e.value.published == [tmp_path / "a", tmp_path / "b"]
+        assert seen == [signal.SIGTERM] and published_outputs()[mark:] == [tmp_path / "a", tmp_path / "b"]
         assert signal.getsignal(signal.SIGTERM) is handler
         with pytest.raises(_Stop) as e:
             with signals_held() as held:
                 held.append(tmp_path / "c")
                 signal.raise_signal(signal.SIGTERM)
                 raise OSError("a rename failed")
-        assert not hasattr(e.value, "published") and isinstance(e.value.__context__, OSError)
-        with signals_held() as held:  # no signal: nothing raised
-            held.append(tmp_path / "d")
-        assert len(seen) == 2
+        assert isinstance(e.value.__context__, OSError) and published_outputs()[mark:] == [tmp_path / "a", tmp_path / "b"]
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+        signal.signal(signal.SIGINT, handler)  # a handler that returns: the next signal is delivered too
+        seen.clear()
+        with pytest.raises(_Stop):
+            with signals_held() as held:
+                for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+                    signal.raise_signal(sig)
+                held.append(tmp_path / "d")
+        assert seen == [signal.SIGINT, signal.SIGTERM] and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert published_outputs()[-1] == tmp_path / "d"
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import math
 import mmap
 import os
@@ -690,14 +691,14 @@ def try_merge(args) -> int | None:
                               weights=[f.path.name for f in writer.files])
                   if p.folder is not None else contextlib.nullcontext()) as folder_files:
                 with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
-                    files = writer.commit()
+                    weights = writer.commit()
+                    held += weights
                     extra = folder_files.publish() if folder_files is not None else []
                     held += extra
-                    finish_output(p.out, files)
-    from ..cli import report_published
-
-    report_published(files + extra, {"out": str(writer.path), "method": r.merge_method, "pact": None,
-                                     "alpha": r.alpha, "tasks": len(r.models),
-                                     "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
-                                     "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {})})
+                    finish_output(p.out, weights)
+    files = weights + extra
+    print(json.dumps({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
+                      "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
+                      "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
+                      "files": [str(f) for f in files]}))
     return 0
