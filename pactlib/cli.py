@@ -218,13 +218,13 @@ def recipe_of(args, **read):
 def cmd_merge(args) -> int:
     """``pact merge``. A model folder is held whole for the run (:func:`pactlib.lazy.output_lock`,
     a lock file inside it): a second run into it fails, naming this one. The folder and the
-    parents this run made are removed again, with all they hold, when the merge fails before its
-    output is published. Task Arithmetic and TIES on safetensors files run without torch when
-    :mod:`pactlib.fastpath` takes them."""
+    parents this run made are removed again, with all they hold, when the run fails or is
+    stopped before its output is published. Task Arithmetic and TIES on safetensors files run
+    without torch when :mod:`pactlib.fastpath` takes them."""
     import shutil
 
-    from .io import published_outputs
-    from .lazy import is_folder_output, output_lock
+    from .io import OutputError, output_error, published_outputs
+    from .lazy import FOLDER_LOCK, is_folder_output, output_lock
     from .recipe import check_folder_target
 
     def run() -> int:
@@ -237,26 +237,40 @@ def cmd_merge(args) -> int:
         return run()
     folder = Path(args.out)
     check_folder_target(folder, [])  # a file is named as such, before anything is made
-    made = []  # the folders this run makes: the output and its missing parents, outermost first
-    for d in [*reversed(folder.parents), folder]:
-        if d.is_dir():
-            continue
-        try:
-            d.mkdir()
-            made.append(d)
-        except FileExistsError:
-            pass
+    made: list[Path] = []  # the folders this run made: the output and its missing parents, outermost first
     mark = len(published_outputs())
-    with output_lock(folder, folder=True):
-        try:
-            return run()
-        except BaseException:
-            if made and len(published_outputs()) == mark:  # nothing of this run is left behind
-                shutil.rmtree(made[-1], ignore_errors=True)
-                for d in reversed(made[:-1]):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
-            raise
+    try:
+        for d in [*reversed(folder.parents), folder]:
+            if not d.is_dir():
+                with contextlib.suppress(FileExistsError):
+                    d.mkdir()
+                    made.append(d)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(output_lock(folder, folder=True))
+            except OutputError:  # another run holds it: named as it is
+                raise
+            except OSError as e:  # a folder this run cannot write into
+                raise output_error(folder / FOLDER_LOCK, e) from e
+            try:
+                return run()
+            except BaseException:
+                if made and len(published_outputs()) == mark:  # all but the lock, still held
+                    for child in list(folder.iterdir()):
+                        if child.name != FOLDER_LOCK:
+                            if child.is_dir() and not child.is_symlink():
+                                shutil.rmtree(child, ignore_errors=True)
+                            else:
+                                child.unlink(missing_ok=True)
+                raise
+    except BaseException:
+        if len(published_outputs()) == mark:  # the folders made, once empty: a run that took one since keeps it
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+        raise
 
 
 def _merge(args) -> int:

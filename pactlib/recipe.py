@@ -59,7 +59,7 @@ from pathlib import Path
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
-from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, parse_size  # noqa: F401 (is_folder_output: here too)
+from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, output_lock_path, parse_size  # noqa: F401 (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
@@ -694,25 +694,32 @@ class FolderFiles:
     def _stale_files(self) -> list[Path]:
         """In a folder an earlier merge wrote: the support files θ0's folder lacks, and the
         weight files under the other weights name (:data:`WEIGHT_NAMES`, e.g. an earlier
-        open_clip θ0's), shards, index and temporary files included."""
+        open_clip θ0's), shards and index included."""
         if not (self.folder / RECIPE_NAME).is_file():
             return []
         staged = {path.name for _, path, _ in self._staged}
         names = [n for n in SUPPORT_FILES if n not in staged] if base_folder(self.recipe.base_model) else []
         others = [output_family(self.folder / n) for n in WEIGHT_NAMES
                   if self.weights and not output_family(self.folder / n)(self.weights[0])]
-        names += sorted(f.name for f in self.folder.iterdir() if any(member(f.name) for member in others))
+        names += sorted(f.name for f in self.folder.iterdir()
+                        if not f.name.endswith(".tmp") and any(member(f.name) for member in others))
         return [self.folder / n for n in names if (self.folder / n).is_file() or (self.folder / n).is_symlink()]
 
     def _remove_leftover_temps(self) -> None:
-        """Temporary files of this class's names that a killed run left (the folder's lock keeps
-        any other run out, so none is live)."""
+        """What a killed run left (the folder's lock keeps any other run out, so none of it is
+        live): temporary files of this class's names, and the temporary files and lock file of
+        the weights under the other name of :data:`WEIGHT_NAMES`."""
         ours = {tmp.name for tmp, _, _ in self._staged}
-        for name in (*SUPPORT_FILES, RECIPE_NAME, CARD_NAME):
-            for f in self.folder.glob(f".{glob.escape(name)}.*.tmp"):
-                if f.name not in ours:
-                    with contextlib.suppress(OSError):
-                        f.unlink()
+        left = [f for name in (*SUPPORT_FILES, RECIPE_NAME, CARD_NAME)
+                for f in self.folder.glob(f".{glob.escape(name)}.*.tmp") if f.name not in ours]
+        for n in WEIGHT_NAMES:
+            if self.weights and not output_family(self.folder / n)(self.weights[0]):
+                member = output_family(self.folder / n)
+                left += [f for f in self.folder.iterdir() if f.name.endswith(".tmp") and member(f.name)]
+                left.append(output_lock_path(self.folder / n))
+        for f in left:
+            with contextlib.suppress(OSError):
+                f.unlink()
 
     def _discard(self) -> None:
         for tmp, _, f in self._staged:

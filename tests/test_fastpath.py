@@ -560,3 +560,69 @@ def test_a_folder_output_named_dot_is_the_working_folder(tmp_path, monkeypatch, 
     assert main(["merge", *argv, "--out", "./"]) == 0, capsys.readouterr().err
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pact_recipe.yaml"} == \
         {f.name for f in Path().iterdir()}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_failed_run_leaves_a_folder_another_run_took_since(tmp_path, monkeypatch, capsys, fast):
+    """A run that made the folder and failed empties it while it still holds the lock, keeps
+    its lock file until it lets go, and then removes the folder only if it is empty: another
+    run that took the folder's lock in between (its lock file in the folder) keeps the folder
+    and its lock."""
+    import contextlib
+
+    from pactlib import lazy
+
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    argv = _folder_inputs(tmp_path)
+    out = tmp_path / "out"
+    real = lazy.output_lock
+
+    @contextlib.contextmanager
+    def then_another(path, **kw):
+        try:
+            with real(path, **kw) as lock:
+                try:
+                    yield lock
+                finally:
+                    seen.append(sorted(f.name for f in out.iterdir()))  # as the failed run lets go
+        finally:
+            (out / lazy.FOLDER_LOCK).write_text("4242\n")  # another run takes the folder as this one lets go
+
+    seen = []
+
+    monkeypatch.setattr(lazy, "output_lock", then_another)
+    assert main(["merge", *argv[:3], "nan", *argv[4:], "--out", f"{out}/"]) == 2
+    assert seen == [[lazy.FOLDER_LOCK]]  # emptied, all but its lock
+    assert [f.name for f in out.iterdir()] == [lazy.FOLDER_LOCK] and (out / lazy.FOLDER_LOCK).read_text() == "4242\n"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_signal_before_the_folder_is_held_removes_the_folders_made(tmp_path, monkeypatch, capsys, fast):
+    """Ctrl-C while the run takes the folder's lock, in folders it made: they are all removed."""
+    from pactlib import lazy
+
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    argv = _folder_inputs(tmp_path)
+
+    def interrupted(path, **kw):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(lazy, "output_lock", interrupted)
+    assert main(["merge", *argv, "--out", f"{tmp_path / 'q' / 'r' / 's'}/"]) == 130
+    assert "no output was published" in capsys.readouterr().err and not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_what_a_killed_run_left_for_the_other_weights_name_is_removed(tmp_path, monkeypatch, capsys, fast):
+    """A run killed (SIGKILL) while writing `model.safetensors` into a new folder leaves its
+    temporary file and lock file; a merge there from an open_clip θ0 (whose weights are
+    `open_clip_model.safetensors`) removes both."""
+    monkeypatch.setenv(native.ENV, "1" if fast else "0")
+    clip = _folder_inputs(tmp_path, ("open_clip_config.json",), name="c")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".model.safetensors.k1ll3d00.tmp").write_bytes(b"\0" * 100)
+    (out / ".model.safetensors.lock").write_text("1234\n")
+    assert main(["merge", *clip, "--out", f"{out}/"]) == 0
+    assert sorted(f.name for f in out.iterdir()) == ["README.md", "open_clip_config.json",
+                                                     "open_clip_model.safetensors", "pact_recipe.yaml"]
