@@ -663,7 +663,9 @@ class FolderFiles:
         that θ0's folder does not have, and weights under the other name of
         :data:`WEIGHT_NAMES`, are then removed, with a warning naming each: they came from an
         earlier θ0 and would describe another model. A θ0 that is one file, not a folder, leaves
-        the support files. Temporary files a killed run left for these names are removed too.
+        the support files, but for an earlier open_clip θ0's ``open_clip_config.json`` (it names
+        weights the folder no longer has). Temporary files a killed run left for these names are
+        removed too.
 
         Raises:
             OutputError: a rename failed (naming the file).
@@ -699,6 +701,9 @@ class FolderFiles:
             return []
         staged = {path.name for _, path, _ in self._staged}
         names = [n for n in SUPPORT_FILES if n not in staged] if base_folder(self.recipe.base_model) else []
+        if "open_clip_config.json" not in staged and self.weights and \
+                output_family(self.folder / WEIGHT_NAMES[0])(self.weights[0]):
+            names.append("open_clip_config.json")  # it would make open_clip look for weights this folder no longer has
         others = [output_family(self.folder / n) for n in WEIGHT_NAMES
                   if self.weights and not output_family(self.folder / n)(self.weights[0])]
         names += sorted(f.name for f in self.folder.iterdir()

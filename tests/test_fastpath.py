@@ -477,7 +477,10 @@ def test_a_signal_while_a_spill_file_is_published_publishes_no_output(tmp_path):
 def test_support_files_of_an_earlier_base_are_removed_from_a_reused_folder(tmp_path, monkeypatch, capsys, fast):
     """A folder merged from a θ0 with a tokenizer, merged again from a θ0 without one: the earlier
     tokenizer goes (with a warning naming it), config.json is the new θ0's, a user's own file
-    stays. A θ0 that is one file, not a folder, leaves the support files as they are."""
+    stays. Then an open_clip θ0 (weights `open_clip_model.safetensors`): the earlier weights and
+    config go. Back from a θ0 that is one file: the open_clip config goes (it names weights the
+    folder no longer has). A θ0 that is one file, not a folder, leaves the other support files
+    as they are."""
     monkeypatch.setenv(native.ENV, "1" if fast else "0")
     first = _folder_inputs(tmp_path, ("config.json", "tokenizer.json", "vocab.txt"), name="a")
     second = _folder_inputs(tmp_path, ("config.json",), name="b", seed=4)
@@ -498,10 +501,13 @@ def test_support_files_of_an_earlier_base_are_removed_from_a_reused_folder(tmp_p
     assert "removed model.safetensors, left by an earlier merge" in err and "removed config.json" in err
     assert sorted(f.name for f in out.iterdir()) == ["README.md", "notes.txt", "open_clip_config.json",
                                                      "open_clip_model.safetensors", "pact_recipe.yaml"]
-    assert main(["merge", *second, "--out", f"{out}/"]) == 0  # and back
-    capsys.readouterr()
-    (tmp_path / "b" / "model.safetensors").rename(tmp_path / "b.safetensors")  # a file of no model folder
+    __import__("shutil").copyfile(tmp_path / "b" / "model.safetensors", tmp_path / "b.safetensors")  # no folder's
     single = [*second[:5], str(tmp_path / "b.safetensors"), *second[6:]]
+    assert main(["merge", *single, "--out", f"{out}/"]) == 0  # and back, from one file: no open_clip config left
+    assert "removed open_clip_config.json" in capsys.readouterr().err
+    assert sorted(f.name for f in out.iterdir()) == ["README.md", "model.safetensors", "notes.txt", "pact_recipe.yaml"]
+    assert main(["merge", *second[:5], str(tmp_path / "b"), *second[6:], "--out", f"{out}/"]) == 0
+    capsys.readouterr()
     (out / "tokenizer.json").write_text("put back by hand")
     assert main(["merge", *single, "--out", f"{out}/"]) == 0
     assert "removed" not in capsys.readouterr().err
