@@ -701,14 +701,17 @@ class FolderFiles:
             return []
         staged = {path.name for _, path, _ in self._staged}
         names = [n for n in SUPPORT_FILES if n not in staged] if base_folder(self.recipe.base_model) else []
-        if "open_clip_config.json" not in staged and self.weights and \
-                output_family(self.folder / WEIGHT_NAMES[0])(self.weights[0]):
+        others = self._other_weights()
+        if "open_clip_config.json" not in staged and WEIGHT_NAMES[1] in others:
             names.append("open_clip_config.json")  # it would make open_clip look for weights this folder no longer has
-        others = [output_family(self.folder / n) for n in WEIGHT_NAMES
-                  if self.weights and not output_family(self.folder / n)(self.weights[0])]
+        members = [output_family(self.folder / n) for n in others]
         names += sorted(f.name for f in self.folder.iterdir()
-                        if not f.name.endswith(".tmp") and any(member(f.name) for member in others))
+                        if not f.name.endswith(".tmp") and any(member(f.name) for member in members))
         return [self.folder / n for n in names if (self.folder / n).is_file() or (self.folder / n).is_symlink()]
+
+    def _other_weights(self) -> list[str]:
+        """The names of :data:`WEIGHT_NAMES` whose files this merge does not write."""
+        return [n for n in WEIGHT_NAMES if self.weights and not output_family(self.folder / n)(self.weights[0])]
 
     def _remove_leftover_temps(self) -> None:
         """What a killed run left (the folder's lock keeps any other run out, so none of it is
@@ -717,11 +720,10 @@ class FolderFiles:
         ours = {tmp.name for tmp, _, _ in self._staged}
         left = [f for name in (*SUPPORT_FILES, RECIPE_NAME, CARD_NAME)
                 for f in self.folder.glob(f".{glob.escape(name)}.*.tmp") if f.name not in ours]
-        for n in WEIGHT_NAMES:
-            if self.weights and not output_family(self.folder / n)(self.weights[0]):
-                member = output_family(self.folder / n)
-                left += [f for f in self.folder.iterdir() if f.name.endswith(".tmp") and member(f.name)]
-                left.append(output_lock_path(self.folder / n))
+        for n in self._other_weights():
+            member = output_family(self.folder / n)
+            left += [f for f in self.folder.iterdir() if f.name.endswith(".tmp") and member(f.name)]
+            left.append(output_lock_path(self.folder / n))
         for f in left:
             with contextlib.suppress(OSError):
                 f.unlink()
