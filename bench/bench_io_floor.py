@@ -56,7 +56,10 @@ Records: ``book/data/io_floor.jsonl`` (``--out``): one ``floor`` line per T, one
 method and T, and ``memory`` lines (peak RSS at the largest T over the smallest, per method).
 ``--label`` tags the records (e.g. ``before`` / ``after`` a change); ``--code DIR`` runs the merges
 with another checkout's pactlib (the ``startup`` line records its commit); ``--append`` adds to
-the file; ``--keep DIR`` keeps the checkpoints for the next run. The recorded runs:
+the file; ``--keep DIR`` keeps the checkpoints for the next run. ``--reread`` drops the inputs
+from the page cache and reads them back before each T (the ``startup`` line's ``page_cache``): a
+memory-mapped pass costs less kernel time over the large folios a read from disk leaves than
+over an aged cache (``bench/io_floor_profile.md``). The recorded runs:
 ``--code <main> --tasks 2 8 --methods task_arithmetic ties_global --label before`` and
 ``--tasks 2 8 20 --methods task_arithmetic ties_global --label after`` (and the per-key methods at
 T = 2 and 8, ``after-perkey``); ``--tasks 2 8 --methods task_arithmetic ties_global ties_per_key
@@ -179,6 +182,20 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None, 
     return {**rec, "stdout": out} if capture else rec
 
 
+def drop_cached(files: list[Path]) -> None:
+    """Flush each file and drop its pages from the page cache (``posix_fadvise(DONTNEED)``), so
+    that the ``cat`` after it fills the cache as a first read from disk does. How the pages came
+    into the cache sets the size of its folios, and with it what a memory-mapped pass costs in
+    the kernel (``bench/io_floor_profile.md``)."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages are not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def floor(files: list[Path], out_bytes: int, folder: Path, block: int = 4 << 20) -> dict:
     """Read every input once (``cat`` to /dev/null, its own process), then, in a reader process
     (:data:`READER`), read them all again with ``pread`` in ``block``-byte runs and write
@@ -255,6 +272,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "book" / "data" / "io_floor.jsonl")
     ap.add_argument("--append", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="write the checkpoints here and keep them (reused)")
+    ap.add_argument("--reread", action="store_true",
+                    help="drop the inputs from the page cache before warming it, as a first read from disk leaves it")
     ap.add_argument("--code", type=Path, default=ROOT,
                     help="the checkout whose pactlib the merges run (e.g. another branch's, for a before / after)")
     args = ap.parse_args(argv)
@@ -282,11 +301,14 @@ def main(argv=None) -> None:
         torch_too = subprocess.run([py, "-c", "import sys, pactlib.cli; print('torch' in sys.modules)"], env=env,
                                    cwd=code, capture_output=True, text=True).stdout.strip() == "True"
         rec = {"kind": "startup", "label": args.label, "code": str(args.code), "commit": commit, **start,
-               "torch": torch_too, "load1": round(os.getloadavg()[0], 2)}
+               "torch": torch_too, "page_cache": "reread" if args.reread else "as found",
+               "load1": round(os.getloadavg()[0], 2)}
         emit(rec)
         for T in sorted(args.tasks):
             files = [base] + [work / f"task{t:02d}.safetensors" for t in range(T)]
             size = base.stat().st_size
+            if args.reread:
+                drop_cached(files)
             subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
             floors, merges = [], {name: [] for name in args.methods}
             for rep in range(args.repeats):  # the floor and every method in turn, each round

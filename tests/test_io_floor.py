@@ -288,3 +288,44 @@ def test_bench_merge_record_ratios_and_kernel_floor():
     assert (rec["merge_kernel_share"], rec["merge_rss_mb"], rec["import_cpu_s"]) == (0.25, 100.0, 4.0)
     assert (rec["floor_kernel_share"], rec["merge_floor_kernel_share"], rec["kernel_excess_s"]) == (0.067, 0.2, 0.1)
     assert "floor_kernel_share" not in bench.merge_record(r, phases, {"floor_s": 2.0})  # a floor without CPU
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of ``path``'s pages the page cache holds (``mincore`` of a map of it)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        ptr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    try:
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ptr, size, vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec)
+    finally:
+        libc.munmap(ptr, size)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="posix_fadvise: Linux")
+def test_bench_drop_cached_empties_the_page_cache_of_written_files(tmp_path):
+    """``--reread``'s first step: a file just written (dirty pages) leaves the page cache whole,
+    its bytes unchanged; reading it brings it back."""
+    mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    fs = max((m for m in mounts if str(tmp_path).startswith(m[0])), key=lambda m: len(m[0]))[1]
+    if fs in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on {fs}: its pages are the file and cannot be dropped")
+    bench = _bench()
+    f = tmp_path / "in.bin"
+    data = bytes(range(256)) * 4096  # 1 MiB
+    pages = len(data) // __import__("mmap").PAGESIZE
+    f.write_bytes(data)
+    assert _resident_pages(f) == pages
+    bench.drop_cached([f])
+    assert _resident_pages(f) == 0
+    assert f.read_bytes() == data and _resident_pages(f) == pages
