@@ -133,10 +133,18 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
 
     Compute it once and apply it with several α (``D.apply_to(pretrained, alpha)``).
 
+    Args:
+        task_vectors: T :class:`TaskVector` (:func:`task_vectors_from`), not state dicts.
+        options: PACT options; or give them by name (``core_frac=0.1``), as :func:`merge` takes
+            them, not both.
+        **method_params: the method's parameters (e.g. ``k=20`` for TIES) and PACT options.
+
     Raises:
         UnknownMethodError: unknown ``method`` (lists the known names).
-        ValueError: unknown ``pact`` mode.
-        TypeError: unknown method parameter, or one of the wrong type (named).
+        ValueError: unknown ``pact`` mode, or an invalid PACT option value.
+        TypeError: a task vector that is not a :class:`TaskVector` (named by position); unknown
+            method parameter, or one of the wrong type (named); PACT options with ``pact=None``,
+            or given both as ``options`` and by name.
 
     Warns:
         UserWarning: PACT changed nothing (see :func:`pactlib.pact.pact_filter`); θ0 has Hugging
@@ -144,14 +152,24 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
             ``in_proj_weight`` (:func:`pactlib.matrix.split_attention_note`).
     """
     m = merges.get(method)
+    if isinstance(task_vectors, Mapping):
+        raise TypeError(f"task_vectors: expected a sequence of TaskVector, got one {type(task_vectors).__name__}")
+    for t, tv in enumerate(task_vectors):
+        if not isinstance(tv, TaskVector):
+            raise TypeError(f"task vector {t}: expected a TaskVector, got {type(tv).__name__} (from checkpoints: "
+                            "pactlib.task_vectors_from(pretrained, finetuned), or pactlib.merge)")
+    method_params, named = resolve_kwargs(method, pact, method_params)
+    if named is not None and options is not None:
+        raise TypeError("PACT options given both as options= and by name; give them one way")
+    if options is not None and pact is None:
+        raise TypeError("PACT options given (options=) but pact=None")
+    options = options or named
     check_method_params(method, method_params)
     note = split_attention_note(pretrained.keys(), where=f"{method}: ")
     if note:
         warnings.warn(note, UserWarning, stacklevel=2)
     report = None
     if pact is not None:
-        if pact not in MODES:
-            raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
         task_vectors, report = pact_filter(dict(pretrained), task_vectors, mode=pact,
                                            options=options or PactOptions(), rule=rule)
         log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())

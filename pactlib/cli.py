@@ -236,7 +236,7 @@ def cmd_merge(args) -> int:
     if not is_folder_output(args.out):
         return run()
     folder = Path(args.out)
-    check_folder_target(folder, [])  # a file is named as such, before anything is made
+    check_folder_target(folder, [], written=False)  # a file is named as such, before anything is made
     made: list[Path] = []  # the folders this run made: the output and its missing parents, outermost first
     mark = len(published_outputs())
     try:
@@ -433,9 +433,12 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     m.add_argument("--method", default=None, help="a merge method: task_arithmetic, ties, tsv_m, iso_c, iso_cts, ... (`pact methods` lists them)")
     m.add_argument("--pact", choices=["pact", "s-pact"], default=None, help="filter task vectors first")
     m.add_argument("--alpha", type=float, default=None, help="scaling coefficient α")
-    m.add_argument("--pretrained", default=None, help="θ0 checkpoint file or model folder")
+    m.add_argument("--pretrained", default=None,
+                   help="θ0: a checkpoint file (.safetensors, .pt, .bin), a sharded checkpoint's *.index.json, or "
+                        "a model folder")
     src = m.add_mutually_exclusive_group()
-    src.add_argument("--finetuned", nargs="+", help="fine-tuned checkpoint files")
+    src.add_argument("--finetuned", nargs="+",
+                     help="the fine-tuned checkpoints, each as --pretrained takes θ0 (file, *.index.json or folder)")
     src.add_argument("--lora-adapters", nargs="+", metavar="DIR",
                      help="PEFT LoRA adapter folders (adapter_model.safetensors + adapter_config.json) instead of "
                           "--finetuned: each task vector is scale·B·A per adapted weight (pactlib.peft)")
@@ -497,12 +500,13 @@ _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 
 
 @contextlib.contextmanager
-def _terminate_unwinds():
+def _terminate_unwinds(restore: bool = True):
     """While inside: the first SIGINT / SIGTERM / SIGHUP raises (KeyboardInterrupt /
     :class:`Terminated`) and the later ones are ignored, so that a second Ctrl-C cannot cut the
     clean-up short (with worker threads it ended in ``std::terminate``). Main thread only; the
-    previous handlers are restored after. A SIGINT the process was started ignoring (a background
-    job) stays ignored."""
+    previous handlers are restored after (``restore``; the ``pact`` process, which ends right
+    after, ignores the signals from then on). A SIGINT the process was started ignoring (a
+    background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -520,14 +524,18 @@ def _terminate_unwinds():
         yield
     finally:
         for sig, h in previous.items():
-            signal.signal(sig, h if h is not None else signal.SIG_DFL)
+            signal.signal(sig, (h if h is not None else signal.SIG_DFL) if restore else signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``pact`` with ``argv``; the exit status: 0, 2 for an input error (``pact: error: …``),
     128 + the signal on Ctrl-C (130), SIGTERM (143) and SIGHUP (129), with the temporary files
     removed and nothing published; a signal that arrives while the output is published stops the
-    run once all of it is, and the message says so."""
+    run once all of it is, and the message says so. Called as the ``pact`` process (``argv``
+    None), a command that returned ignores these signals from then on: its output is published
+    and said (or its failure), and a signal during the interpreter's exit would only add a
+    traceback or make a success look failed."""
+    process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(plugins=command not in BUILTIN).parse_args(argv)
@@ -537,9 +545,13 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         signum, mark = None, len(published_outputs())
         try:
-            with _terminate_unwinds():
+            with _terminate_unwinds(restore=not process):
                 try:
-                    return args.func(args)
+                    status = args.func(args)
+                    if process and status == 0:
+                        for sig in _SIGNALS:
+                            signal.signal(sig, signal.SIG_IGN)
+                    return status
                 except (KeyboardInterrupt, Terminated) as e:
                     signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
                 # what garbage collection cleans up (spill folders' finalizers) goes now, while a

@@ -55,15 +55,18 @@ def check_suffix(path: str | os.PathLike) -> str:
 
 
 def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Tensor]:
-    """Load a state dict from ``path``.
+    """Load a state dict from ``path``: a checkpoint file, a sharded checkpoint's
+    ``*.index.json`` (every shard it names), or a model folder (its checkpoint, as ``pact merge``
+    reads it: :func:`pactlib.lazy.folder_checkpoint`).
 
     Accepts a plain ``{name: tensor}`` dict, or one wrapped under ``"state_dict"``/``"model"``.
     With ``mmap`` a torch file's tensors are memory-mapped (``torch.load(mmap=True)``; a file in
     the legacy, non-zip format is read whole); safetensors files are read whole either way.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        CheckpointError: unknown extension, unreadable file, or content that is not a mapping of
+        FileNotFoundError: ``path`` does not exist, or is a folder without a checkpoint.
+        CheckpointError: a malformed index, a key in two shards or not in the shard the index
+            names; unknown extension, unreadable file, or content that is not a mapping of
             tensors (naming the file and the offending key). A torch file that is corrupt or not a
             torch file at all says it is "not a readable torch checkpoint"; one that is well formed
             but holds pickled Python objects the weights-only loader refuses gets "cannot read
@@ -71,8 +74,30 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     """
     import torch
     path = Path(path)
+    if path.is_dir():
+        from .lazy import folder_checkpoint
+
+        return load_state_dict(folder_checkpoint(path), mmap=mmap)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.name.endswith(".index.json"):
+        from .lazy import _read_index
+
+        weight_map, sd = _read_index(path), {}
+        for shard in sorted(set(weight_map.values())):
+            for k, v in load_state_dict(shard, mmap=mmap).items():
+                if k in sd:
+                    raise CheckpointError(f"{path}: key {k!r} is in two shards (one of them {shard.name})")
+                if weight_map.get(k) != shard:
+                    where = (f"the weight_map puts it in {weight_map[k].name}" if k in weight_map else
+                             "the weight_map does not name it")
+                    raise CheckpointError(f"{path}: key {k!r} is in the shard {shard.name}, but {where}")
+                sd[k] = v
+        missing = sorted(set(weight_map) - set(sd))
+        if missing:
+            raise CheckpointError(f"{path}: key {missing[0]!r} of the weight_map is not in its shard "
+                                  f"{weight_map[missing[0]].name}")
+        return sd
     suffix = check_suffix(path)
     try:
         if suffix in SAFETENSORS:

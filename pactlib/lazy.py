@@ -479,7 +479,10 @@ def folder_checkpoint(folder: str | os.PathLike) -> Path:
     for f in FOLDER_ORDER:
         if (folder / f).is_file():
             return folder / f
-    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}")
+    hint = ""
+    if (folder / "adapter_config.json").is_file():
+        hint = " (it holds a PEFT adapter: give it to pact merge --lora-adapters, or read it with pactlib.peft.load_adapter)"
+    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}{hint}")
 
 
 def is_folder_output(out: str | os.PathLike) -> bool:
@@ -673,26 +676,43 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
 
 def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLike]) -> list[Path]:
     """Delete the files of ``out``'s folder that belong to the output ``out``
-    (:func:`output_family`) other than ``keep`` (what was just published): the shards and index
-    of an earlier output under that name (read instead of the new file by a reader that prefers
-    the index) and temporary files an interrupted writer (SIGKILL) left. As Hugging Face's
-    ``save_pretrained`` cleans its folder. Returns the deleted paths."""
+    (:func:`output_family`) other than ``keep`` (what was just published): the single file, or
+    the shards and index, of an earlier output under that name (a reader that prefers the index
+    would read them instead of the new file), with a warning naming them, and the temporary files
+    an interrupted writer (SIGKILL) left. As Hugging Face's ``save_pretrained`` cleans its folder.
+    Returns the deleted paths."""
     out = Path(out)
     member = output_family(out)
     keep_names = {Path(k).name for k in keep}
-    removed = []
-    for f in out.parent.iterdir():
+    earlier, temps = [], []
+    for f in sorted(out.parent.iterdir()):
         if member(f.name) and f.name not in keep_names and (f.is_file() or f.is_symlink()):
-            if f.name.endswith(".tmp") and _is_live(f):
-                continue  # a writer of another run has it open
-            try:
-                f.unlink(missing_ok=True)
-            except OSError as e:  # the output is published: say so, do not fail
-                warnings.warn(f"{out}: could not remove {f.name}, a file of an earlier output under this name "
-                              f"({e.strerror}); a reader of the folder may read it", stacklevel=2)
-                continue
-            removed.append(f)
-    return sorted(removed)
+            if not f.name.endswith(".tmp"):
+                earlier.append(f)
+            elif not _is_live(f):  # a live one: a writer of another run has it open
+                temps.append(f)
+    why = "a file of an earlier output under this name; a reader of the folder may read it"
+    gone = remove_published(earlier, where=out, why=why)
+    if gone:
+        names = ", ".join(f.name for f in gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+        warnings.warn(f"{out}: removed {names}: an earlier output under this name, which a reader of the folder "
+                      "would take for this one", stacklevel=2)
+    return sorted(gone + remove_published(temps, where=out, why=why))
+
+
+def remove_published(paths: Sequence[Path], *, where, why: str) -> list[Path]:
+    """Remove ``paths`` once an output is published: one that cannot be removed is named in a
+    warning (``where``: the output; ``why``: what the file is), and the output stands. Returns
+    the removed paths."""
+    removed = []
+    for f in paths:
+        try:
+            f.unlink(missing_ok=True)
+        except OSError as e:
+            warnings.warn(f"{where}: could not remove {f.name}, {why} ({e.strerror}); remove it by hand", stacklevel=3)
+            continue
+        removed.append(f)
+    return removed
 
 
 def spill_prefix(out: str | os.PathLike) -> str:
@@ -758,14 +778,19 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
     ``folder``: ``out`` is a model folder (which must exist), held whole.
 
     Raises:
-        OutputError: another run holds it (naming the output, the lock file and its process).
+        OutputError: another run holds it (naming the output, the lock file and its process), or
+            the lock file cannot be made (naming the output, then the lock file, and why).
     """
     from .io import OutputError
 
     out = Path(out)
     path = output_lock_path(out, folder=folder)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise OutputError(e.errno or errno.EIO, f"cannot write the output {out} ({e.strerror}: its lock file "
+                                                    f"{path.name} cannot be made there); nothing was published") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

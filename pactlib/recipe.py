@@ -59,7 +59,8 @@ from pathlib import Path
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
-from .lazy import FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, output_lock_path, parse_size  # noqa: F401 (is_folder_output: here too)
+from .lazy import (FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, output_lock_path,  # noqa: F401
+                   parse_size, remove_published)  # (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
@@ -540,12 +541,16 @@ def weights_name(pretrained: str | os.PathLike) -> str:
     return WEIGHT_NAMES[0]
 
 
-def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
+def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.PathLike], *,
+                        written: bool = True) -> None:
     """Refuse a folder output in the folder of an input (its config, tokenizer or card would be
-    overwritten) or in a file.
+    overwritten), in a file, or in a folder that holds files no merge wrote (it has no
+    :data:`RECIPE_NAME`): its card, config and weights would be replaced. Names starting with
+    a dot (``.git``, a run's lock) do not count, so a new repository's folder takes a merge.
+    ``written=False`` skips that last check (the inputs' check comes first).
 
     Raises:
-        ValueError: the folder holds a file of an input (both named).
+        ValueError: the folder holds a file of an input, or files no merge wrote (named).
         CheckpointError: the path is a file.
     """
     folder = Path(folder)
@@ -557,6 +562,13 @@ def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.Pat
             if f.resolve().parent == target:
                 raise ValueError(f"--out {folder}/ is the folder of the input {p}: writing the model folder there "
                                  "would overwrite its files; choose another folder")
+    if written and folder.is_dir() and not (folder / RECIPE_NAME).exists():
+        foreign = sorted(f.name for f in folder.iterdir() if not f.name.startswith("."))
+        if foreign:
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise ValueError(f"--out {folder}/ holds files no pact merge wrote ({', '.join(foreign[:3])}{more}): "
+                             "a model folder goes into a new or empty folder, or one an earlier merge wrote; "
+                             "choose another folder")
 
 
 def card_text(recipe: Recipe, *, sha256: Mapping[str, str], library: str | None, weights: Sequence[str],
@@ -661,8 +673,9 @@ class FolderFiles:
         """Rename the temporary files to their names, the card last; return those names. In a
         folder an earlier merge wrote (it holds :data:`RECIPE_NAME`), the :data:`SUPPORT_FILES`
         that θ0's folder does not have, and weights under the other name of
-        :data:`WEIGHT_NAMES`, are then removed, with a warning naming each: they came from an
-        earlier θ0 and would describe another model. A θ0 that is one file, not a folder, leaves
+        :data:`WEIGHT_NAMES`, are then removed, with a warning naming each: this merge does not
+        write them (an earlier merge from another θ0 did, or a hand put them there), and they
+        would describe another model. A θ0 that is one file, not a folder, leaves
         the support files, but for an earlier open_clip θ0's ``open_clip_config.json`` (it names
         weights the folder no longer has). Temporary files a killed run left for these names are
         removed too.
@@ -682,15 +695,9 @@ class FolderFiles:
             del self._staged[0]
             close_quietly(f)
             done.append(path)
-        for path in stale:
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as e:  # the output is published: say so, do not fail
-                warnings.warn(f"{self.folder}: could not remove {path.name}, left by an earlier merge from another "
-                              f"θ0 ({e.strerror}); remove it by hand", stacklevel=2)
-                continue
-            warnings.warn(f"{self.folder}: removed {path.name}, left by an earlier merge from another θ0 "
-                          "(this merge does not write it)", stacklevel=2)
+        why = "which this merge does not write; it would describe another model"
+        for path in remove_published(stale, where=self.folder, why=why):
+            warnings.warn(f"{self.folder}: removed {path.name}, {why}", stacklevel=2)
         return done
 
     def _stale_files(self) -> list[Path]:

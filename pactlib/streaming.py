@@ -71,7 +71,7 @@ from .checks import (CheckpointError, all_finite, check_alpha, check_compatible,
                      check_state_dict, task_set_warnings)
 from .io import signals_held
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
-                   finish_output, open_checkpoint, output_lock, spill_prefix)
+                   finish_output, is_folder_output, open_checkpoint, output_lock, spill_prefix)
 from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
 from .merges.driver import RunningSum, passes_of
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
@@ -639,7 +639,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             name it may write a file of an input (:func:`pactlib.lazy.check_out_target`); a bad
             ``device`` or a GPU torch does not see.
         FileNotFoundError: a missing input.
-        CheckpointError: an unreadable input, a key missing or extra, a shape mismatch (named by
+        CheckpointError: ``out`` names a folder (a trailing ``/`` or an existing one), not a
+            file (both named, before any work); an unreadable input, a key missing or extra, a shape mismatch (named by
             file and key, before any data is read), NaN / Inf (file and key).
         MergeOverflowError: a merged value overflows θ0's dtype.
         OutputError (an ``OSError``, :class:`pactlib.io.OutputError`): another run is writing
@@ -655,6 +656,10 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     alpha = check_alpha(alpha)
     mparams, options = resolve_kwargs(method, pact, kw)
     m = merges.get(method)
+    if is_folder_output(out):  # named before its missing suffix is
+        raise CheckpointError(f"{out} is a folder; name the output file (e.g. {Path(out) / 'model.safetensors'}): "
+                              "merge_files writes one checkpoint; a model folder with config, tokenizer and card "
+                              "is pact merge --out DIR/")
     out = Path(out)
     check_out_suffix(out, max_shard_size)
     if max_shard_size is not None:

@@ -337,3 +337,28 @@ def test_cli_prints_warnings(files, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "pact: warning: pact: layers pattern(s) ['nomatch'] match no matrix layer" in err
     assert "pact: warning: pact changed no task vector" in err
+
+
+def test_merged_update_takes_task_vectors_and_pact_options_as_merge_does(ckpts):
+    """merged_update refuses state dicts (or one task vector) where task vectors belong, and takes
+    PACT options as merge does: by name, or as ``options=``, not both, never with pact=None."""
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    with pytest.raises(TypeError, match=r"task vector 0: expected a TaskVector, got dict .*task_vectors_from"):
+        pactlib.merged_update("ties", pre, fts)
+    with pytest.raises(TypeError, match="task vector 1: expected a TaskVector, got dict"):
+        pactlib.merged_update("task_arithmetic", pre, [tvs[0], dict(fts[1])])
+    with pytest.raises(TypeError, match="expected a sequence of TaskVector, got one TaskVector"):
+        pactlib.merged_update("iso_c", pre, tvs[0])
+    with pytest.raises(TypeError, match=r"PACT options given \(options=\) but pact=None"):
+        pactlib.merged_update("iso_c", pre, tvs, options=PactOptions(core_frac=0.1))
+    with pytest.raises(TypeError, match=r"PACT option\(s\) \['core_frac'\] given but pact=None"):
+        pactlib.merged_update("iso_c", pre, tvs, core_frac=0.1)
+    with pytest.raises(TypeError, match="both as options= and by name"):
+        pactlib.merged_update("iso_c", pre, tvs, pact="pact", core_frac=0.1, options=PactOptions())
+    by_name, rep = pactlib.merged_update("iso_c", pre, tvs, pact="pact", core_frac=0.3)
+    given, _ = pactlib.merged_update("iso_c", pre, tvs, pact="pact", options=PactOptions(core_frac=0.3))
+    default, _ = pactlib.merged_update("iso_c", pre, tvs, pact="pact")
+    _assert_same(dict(by_name), dict(given))
+    assert any(not torch.equal(by_name[k], default[k]) for k in default)  # the option took effect
+    _assert_same(by_name.apply_to(pre, 0.7), pactlib.merge("iso_c", pre, fts, alpha=0.7, pact="pact", core_frac=0.3))

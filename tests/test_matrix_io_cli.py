@@ -66,6 +66,36 @@ def test_load_errors_name_the_file(tmp_path):
         load_state_dict(tmp_path / "notensor.pt")
 
 
+def test_load_reads_what_pact_merge_reads_folders_and_indexes(tmp_path, ckpts):
+    """A user trial: load_state_dict refused a model folder ("checkpoint not found") and a sharded
+    checkpoint's index. Both now load whole, the same tensors as the files; a broken index and a
+    PEFT adapter's folder are named."""
+    import json
+
+    pre, fts = ckpts
+    out = pactlib.merge_files("task_arithmetic", save_state_dict(pre, tmp_path / "p.safetensors"),
+                              [save_state_dict(fts[0], tmp_path / "f.safetensors")],
+                              tmp_path / "m" / "model.safetensors", alpha=0.5, max_shard_size=300)
+    assert len(out.files) > 3  # shards and the index
+    want = pactlib.merge("task_arithmetic", pre, fts[:1], alpha=0.5)
+    for src in (tmp_path / "m", tmp_path / "m" / "model.safetensors.index.json"):
+        back = load_state_dict(src)
+        assert back.keys() == want.keys() and all(torch.equal(back[k], want[k]) for k in want), src
+    index = tmp_path / "m" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    key, shard = next(iter(data["weight_map"].items()))
+    other = next(v for v in data["weight_map"].values() if v != shard)
+    data["weight_map"][key] = other
+    index.write_text(json.dumps(data))
+    with pytest.raises(pactlib.CheckpointError, match=rf"key '{key}' is in the shard {shard}, but the weight_map "
+                                                      rf"puts it in {other}"):
+        load_state_dict(tmp_path / "m")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no checkpoint in folder .*holds a PEFT adapter.*--lora-adapters"):
+        load_state_dict(tmp_path / "adapter")
+
+
 def test_parse_set():
     assert parse_set(["k=20", "svd=rsvd", "core_frac=0.05", "layers=[a, b]"]) == \
         {"k": 20, "svd": "rsvd", "core_frac": 0.05, "layers": ["a", "b"]}

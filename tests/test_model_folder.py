@@ -263,3 +263,44 @@ def test_hand_written_recipe_reads_as_pyyaml_reads_it(tmp_path, bert):
     assert r.params == {"k": 30, "scope": "global", "layers": ["^encoder", "x"], "core_frac": 0.1}
     with pytest.raises(RecipeError, match="line 2: .*YAML feature"):
         parse_yaml("a: 1\nb: &anchor 2\n")
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "iso_c"])  # the fast path and the torch path
+def test_a_folder_no_merge_wrote_is_refused_and_kept(tmp_path, bert, method, capsys):
+    """Found in a user trial: ``--out DIR/`` into another model's folder (or one holding the
+    user's README) replaced its card and config and removed its shards, without a word. Such a
+    folder is refused before anything is written; one that holds only dot files (a new git
+    repository) takes the merge."""
+    _, base, fts, _ = bert
+    other = tmp_path / "other"
+    other.mkdir()
+    files = {"README.md": b"# my notes\n", "config.json": b"{}", "model-00001-of-00002.safetensors": b"x",
+             "model-00002-of-00002.safetensors": b"y", "model.safetensors.index.json": b"{}"}
+    for name, data in files.items():
+        (other / name).write_bytes(data)
+    assert _merge(base, fts, f"{other}/", method=method) == 2
+    err = capsys.readouterr().err
+    assert "holds files no pact merge wrote (README.md, config.json, model-00001-of-00002.safetensors and 2 more)" in err
+    assert {f.name: f.read_bytes() for f in other.iterdir()} == files  # as it was: no lock, no temporary file
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    assert _merge(base, fts, f"{repo}/", method=method) == 0
+    assert (repo / RECIPE_NAME).is_file() and (repo / ".git").is_dir()
+
+
+def test_moving_between_one_file_and_shards_in_a_folder_warns(tmp_path, bert, capsys):
+    """A later run that writes one file where shards were (or shards where one file was) removes
+    the earlier weights with a warning naming them (a user trial: it went without a word)."""
+    _, base, fts, _ = bert
+    out = f"{tmp_path / 'm'}/"
+    assert _merge(base, fts, out) == 0
+    capsys.readouterr()
+    assert _merge(base, fts, out, "--max-shard-size", "2KB") == 0
+    err = capsys.readouterr().err
+    assert "removed model.safetensors: an earlier output under this name" in err
+    shards = sorted(f.name for f in (tmp_path / "m").glob("model-*.safetensors"))
+    assert len(shards) > 3
+    assert _merge(base, fts, out) == 0
+    err = capsys.readouterr().err
+    assert f"removed {', '.join(shards[:3])} and {len(shards) - 2} more: an earlier output" in err
+    assert not list((tmp_path / "m").glob("model-*")) and not (tmp_path / "m" / "model.safetensors.index.json").exists()

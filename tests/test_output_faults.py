@@ -6,6 +6,7 @@ import os
 import resource
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +265,48 @@ def test_signals_held_deliver_after_the_block_and_record_what_it_published(tmp_p
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
+
+
+def test_the_pact_process_ignores_signals_once_its_command_returned(tmp_path, monkeypatch, capsys):
+    """A user trial: SIGINT a few ms after a merge had published and printed its summary gave an
+    "Exception ignored … KeyboardInterrupt" traceback with exit 0, or, later, death by the
+    signal. Run as the process (``argv`` None), pact ignores the signals once the command
+    returned; called in-process with ``argv``, it gives the caller its handlers back."""
+    import signal
+    import sys
+
+    from pactlib.cli import _SIGNALS, main
+
+    before = {s: signal.getsignal(s) for s in _SIGNALS}
+    try:
+        assert main(["methods"]) == 0
+        assert {s: signal.getsignal(s) for s in _SIGNALS} == before
+        monkeypatch.setattr(sys, "argv", ["pact", "methods"])
+        assert main() == 0
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in _SIGNALS)
+        for s in _SIGNALS:
+            signal.signal(s, before[s])
+        monkeypatch.setattr(sys, "argv", ["pact", "merge", "--method", "task_arithmetic", "--alpha", "1", "--pretrained",
+                                          str(tmp_path / "no.safetensors"), "--finetuned", str(tmp_path / "a.safetensors"),
+                                          "--out", str(tmp_path / "o.safetensors")])
+        assert main() == 2  # a failed command too: what it says is said
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in _SIGNALS)
+    finally:
+        for s in _SIGNALS:
+            signal.signal(s, before[s])
+    assert "task_arithmetic" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="a folder no file can be made in: Linux's /proc")
+@pytest.mark.parametrize("folder", [False, True])
+def test_an_output_whose_lock_cannot_be_made_is_named(tmp_path, ckpts, capsys, folder):
+    """A user trial: ``--out /proc/x.safetensors`` said "No such file or directory:
+    '/proc/.x.safetensors.lock'", naming only pact's own lock file. The output is named first."""
+    pre, fts = ckpts
+    p0 = str(save_state_dict(pre, tmp_path / "p.safetensors"))
+    ps = [str(save_state_dict(f, tmp_path / f"f{i}.safetensors")) for i, f in enumerate(fts)]
+    out = "/proc/self/" if folder else f"/proc/pact-{os.getpid()}.safetensors"
+    assert main(["merge", "--method", "task_arithmetic", "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
+                 "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert f"pact: error: cannot write the output {out.rstrip('/')} (" in err and "lock file" in err, err

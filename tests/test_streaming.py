@@ -585,7 +585,8 @@ def test_an_output_path_that_cannot_be_written_is_named_before_any_work(tmp_path
 def test_a_new_output_removes_the_stale_files_of_an_earlier_one_under_its_name(tmp_path, ckpts):
     """Found in a user trial: a single-file output written where a sharded one had been kept the
     old shards and index, and a reader of the folder (which prefers the index) read the old
-    model. Now the folder holds only the new output (and what is not the output's)."""
+    model. Now the folder holds only the new output (and what is not the output's), and a
+    warning names what was removed (a later trial: it went without a word)."""
     pre, fts = ckpts
     p0, ps = _files(tmp_path, pre, fts)
     out = tmp_path / "st" / "model.safetensors"
@@ -595,11 +596,16 @@ def test_a_new_output_removes_the_stale_files_of_an_earlier_one_under_its_name(t
     (out.parent / "other.safetensors").write_bytes(b"x")  # not the output's
     (out.parent / ".model.safetensors.abc.tmp").write_bytes(b"left by a killed run")
     (out.parent / ".model.safetensors.spill-xyz").mkdir()
-    res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1, max_shard_size=600)  # fewer shards
+    with pytest.warns(UserWarning, match=rf"removed model-00001-of-0*{n_first - 1}.safetensors, .* and \d+ more: "
+                      "an earlier output under this name") as got:  # fewer shards
+        res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1, max_shard_size=600)
+    assert not any(".tmp" in str(w.message) for w in got)  # a killed run's file goes without a word
     names = sorted(f.name for f in out.parent.iterdir())
     assert names == sorted(["other.safetensors", *(f.name for f in res.files)])
-    res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1)  # one file
-    assert sorted(f.name for f in out.parent.iterdir()) == ["model.safetensors", "other.safetensors"]
+    n = len(res.files) - 1  # the shards, and the index
+    with pytest.warns(UserWarning, match="removed model-00001-of-.* and .* more: an earlier output"):
+        pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1)  # one file
+    assert n > 2 and sorted(f.name for f in out.parent.iterdir()) == ["model.safetensors", "other.safetensors"]
     _assert_identical(_read(out.parent), pactlib.merge("iso_c", pre, fts, alpha=0.1))
 
 
@@ -863,3 +869,16 @@ def test_read_layout_orders_by_begin_end_key_whatever_the_header_order(tmp_path)
             layout, _ = read_layout(path)
             assert list(layout) == want
             assert all(layout[k] == (s, d) for k, s, d in entries)
+
+
+def test_merge_files_to_a_folder_says_it_writes_a_file(tmp_path, ckpts):
+    """A user trial: ``merge_files(..., "dir/")`` failed with "unknown checkpoint extension
+    '(none)'", the slash dropped. A folder is named as such, with the file to give instead."""
+    pre, fts = ckpts
+    p0, ps = _files(tmp_path, pre, fts)
+    (tmp_path / "there").mkdir()
+    for out in (f"{tmp_path / 'new'}/", f"{tmp_path / 'there'}/", tmp_path / "there"):
+        with pytest.raises(pactlib.CheckpointError, match=rf"{out} is a folder; name the output file \(e.g. "
+                                                          r".*model.safetensors\): .*pact merge --out DIR/"):
+            pactlib.merge_files("task_arithmetic", p0, ps, out, alpha=1.0)
+    assert not (tmp_path / "new").exists() and not list((tmp_path / "there").iterdir())
