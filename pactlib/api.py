@@ -17,7 +17,7 @@ from . import merges
 from .merges.driver import passes_of
 from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
                      task_names, task_set_warnings)
-from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
+from .matrix import DEFAULT_RULE, MatrixRule, no_matrix_note, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector, check_compute_dtype, report_buffers
 
@@ -83,8 +83,27 @@ def resolve_kwargs(method: str, pact: str | None, kw: Mapping) -> tuple[dict, Pa
     if pact is not None and pact not in MODES:
         raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
     if popts and pact is None:
-        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None")
+        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None (pact merge: add --pact)")
     return mparams, (PactOptions().replace(**popts) if popts else None)
+
+
+def check_options(options, named: PactOptions | None, pact: str | None) -> PactOptions | None:
+    """The PACT options of a call that takes them as ``options=`` (one :class:`PactOptions`) or
+    by name (``named``, from :func:`resolve_kwargs`).
+
+    Raises:
+        TypeError: ``options`` is not a PactOptions; options given both ways, or with ``pact=None``.
+    """
+    if options is None:
+        return named
+    if not isinstance(options, PactOptions):
+        raise TypeError(f"options: expected a PactOptions (pactlib.PactOptions(core_frac=...)), got "
+                        f"{type(options).__name__}; or give the options by name")
+    if named is not None:
+        raise TypeError("PACT options given both as options= and by name; give them one way")
+    if pact is None:
+        raise TypeError("PACT options given (options=) but pact=None")
+    return options
 
 
 def task_vectors_from(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
@@ -154,20 +173,18 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
     m = merges.get(method)
     if isinstance(task_vectors, Mapping):
         raise TypeError(f"task_vectors: expected a sequence of TaskVector, got one {type(task_vectors).__name__}")
+    task_vectors = list(task_vectors)  # a generator is read once, here
     for t, tv in enumerate(task_vectors):
         if not isinstance(tv, TaskVector):
             raise TypeError(f"task vector {t}: expected a TaskVector, got {type(tv).__name__} (from checkpoints: "
                             "pactlib.task_vectors_from(pretrained, finetuned), or pactlib.merge)")
     method_params, named = resolve_kwargs(method, pact, method_params)
-    if named is not None and options is not None:
-        raise TypeError("PACT options given both as options= and by name; give them one way")
-    if options is not None and pact is None:
-        raise TypeError("PACT options given (options=) but pact=None")
-    options = options or named
+    options = check_options(options, named, pact)
     check_method_params(method, method_params)
-    note = split_attention_note(pretrained.keys(), where=f"{method}: ")
-    if note:
-        warnings.warn(note, UserWarning, stacklevel=2)
+    for note in (split_attention_note(pretrained.keys(), where=f"{method}: "),
+                 no_matrix_note(m, rule, pretrained, where=f"{method}: ")):
+        if note:
+            warnings.warn(note, UserWarning, stacklevel=2)
     report = None
     if pact is not None:
         task_vectors, report = pact_filter(dict(pretrained), task_vectors, mode=pact,
@@ -178,7 +195,7 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
 
 def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
           alpha: float, pact: str | None = None, rule: MatrixRule = DEFAULT_RULE,
-          names: Sequence[str] | None = None, **kw) -> dict[str, Tensor]:
+          names: Sequence[str] | None = None, options: PactOptions | None = None, **kw) -> dict[str, Tensor]:
     """Merge fine-tuned checkpoints: θ = θ0 + α·D (book/method.md, merges), D from ``method`` after the
     optional ``pact`` filter (``None``, ``"pact"`` or ``"s-pact"``).
 
@@ -195,6 +212,8 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         pact: ``None`` (plain method), ``"pact"`` or ``"s-pact"``.
         rule: the matrix-view rule.
         names: task names for messages.
+        options: PACT options as one :class:`PactOptions`, as :func:`merged_update` takes them
+            (or give them by name in ``kw``; not both).
         **kw: method parameters (e.g. ``k=20`` for TIES) and PACT options (e.g. ``core_frac=0.1``,
             ``svd="rsvd"``), routed by name.
 
@@ -209,7 +228,8 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         UnknownMethodError, TypeError, ValueError: as :func:`resolve_kwargs` (before any work).
     """
     alpha = check_alpha(alpha)
-    mparams, options = resolve_kwargs(method, pact, kw)
+    mparams, named = resolve_kwargs(method, pact, kw)
+    options = check_options(options, named, pact)
     dtype = torch.float64 if any(v.dtype == torch.float64 for v in pretrained.values()) else torch.float32
     m = merges.get(method)
     if pact is None and m.elementwise and m.reducer is not None:  # Task Arithmetic: no T task vectors held

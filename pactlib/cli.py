@@ -350,11 +350,21 @@ def _merge(args) -> int:
                           loader=loader, workers=workers, device=args.device,
                           on_publish=folder_files.publish if folder is not None else None, **kw)
     extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
-    print(json.dumps({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
-                      "tasks": res.tasks, "rule": rule, "params": kw, **extra,
-                      **({"folder": str(folder)} if folder is not None else {}),
-                      "files": [str(f) for f in res.files]}))
+    say_merged({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
+                "tasks": res.tasks, "rule": rule, "params": kw, **extra,
+                **({"folder": str(folder)} if folder is not None else {}), "files": [str(f) for f in res.files]})
     return 0
+
+
+def say_merged(summary: dict) -> None:
+    """Print a finished merge's one JSON line. From here on the run only lets go of its lock, so
+    SIGINT / SIGTERM / SIGHUP are ignored first (main thread): a signal now would report a
+    published, finished merge as stopped. :func:`main` gives an in-process caller its handlers
+    back."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    print(json.dumps(summary), flush=True)
 
 
 #: torch's thread count before ``--threads`` changed it (:func:`set_threads`, :func:`main`)

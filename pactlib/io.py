@@ -49,9 +49,17 @@ def check_suffix(path: str | os.PathLike) -> str:
     """
     s = Path(path).suffix.lower()
     if s not in SAFETENSORS + TORCH:
-        raise CheckpointError(f"{path}: unknown checkpoint extension {s or '(none)'!r}; "
-                              f"use one of {', '.join(SAFETENSORS + TORCH)}")
+        raise CheckpointError(f"{path}: {no_extension(path, s)}; use one of {', '.join(SAFETENSORS + TORCH)}")
     return s
+
+
+def no_extension(path: str | os.PathLike, suffix: str) -> str:
+    """What a message says of a checkpoint name with the wrong extension ``suffix``: a name with
+    none (a folder, or meant as one) is told to name a file."""
+    if suffix:
+        return f"unknown checkpoint extension {suffix!r}"
+    what = "a folder" if Path(path).is_dir() or str(path).endswith(("/", os.sep)) else "a name without an extension"
+    return f"{what}, not a checkpoint file (name the file, e.g. model.safetensors)"
 
 
 def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Tensor]:
@@ -394,8 +402,8 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
             before anything is written.
     """
     import torch
+    suffix = check_suffix(path)  # as given: a trailing / says a folder was meant
     path = Path(path)
-    suffix = check_suffix(path)
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")

@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, save_state_dict, write_atomic
+from .io import SAFETENSORS, TORCH, no_extension, save_state_dict, write_atomic
 from .safetensors_io import StreamedFile, dtype_name, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
 
@@ -439,7 +439,8 @@ def _read_index(index: Path) -> dict[str, Path]:
 
     Raises:
         CheckpointError: invalid JSON, no non-empty ``weight_map``, a value that is not a file
-            name, or a shard missing from the folder (all naming the index).
+            name in the index's folder (an absolute path, ``..``), or a shard missing from the
+            folder (all naming the index).
     """
     try:
         data = json.loads(index.read_text())
@@ -448,9 +449,11 @@ def _read_index(index: Path) -> dict[str, Path]:
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
-    bad = sorted({repr(f) for f in weight_map.values() if not isinstance(f, str)})
+    bad = sorted({repr(f) for f in weight_map.values()
+                  if not isinstance(f, str) or not f or Path(f).is_absolute() or ".." in Path(f).parts})
     if bad:
-        raise CheckpointError(f"{index}: weight_map values must be shard file names, got {', '.join(bad[:3])}")
+        raise CheckpointError(f"{index}: weight_map values must be the names of shard files in the index's folder, "
+                              f"got {', '.join(bad[:3])}")
     out = {k: index.parent / f for k, f in weight_map.items()}
     missing = sorted({p.name for p in out.values() if not p.is_file()})
     if missing:
@@ -616,8 +619,14 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     are not folders, each temporary name fits the file system, and its folder is (or can be
     made) writable. ``name``: the parameter's name in messages (``"--out"``).
 
+    A single-file ``out`` in a model folder no merge wrote (it has ``config.json`` and no
+    :data:`PACT_RECIPE`) is refused when the folder holds other files of its name (shards, an
+    index, the single file beside an index): publishing would replace or remove that model's
+    weights.
+
     Raises:
-        ValueError: ``out`` would overwrite a file of an input (both named).
+        ValueError: ``out`` would overwrite a file of an input (both named), or remove another
+            model's weights (named).
         CheckpointError: ``out`` is a folder, a part of its path is a file, or its folder is not
             writable (named).
     """
@@ -651,6 +660,12 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
                              "choose another file name or folder")
     if out.is_dir():
         raise CheckpointError(f"{name} {out} is a folder; name the output file (e.g. {out / 'model.safetensors'})")
+    others = sorted(f.name for f in ours.values() if f.name != out.name and not f.name.endswith(".tmp"))
+    if others and (folder / "config.json").is_file() and not (folder / PACT_RECIPE).is_file():
+        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ValueError(f"{name} {out}: its folder is a model folder no merge wrote (it has config.json), and "
+                         f"writing {out.name} there would replace or remove its {listed}; choose another name or "
+                         "folder, or remove them first")
     if folder.is_dir():
         taken = sorted(f for f in folder.iterdir() if member(f.name) and f.is_dir())
         if taken:
@@ -694,9 +709,10 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
     why = "a file of an earlier output under this name; a reader of the folder may read it"
     gone = remove_published(earlier, where=out, why=why)
     if gone:
-        names = ", ".join(f.name for f in gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
-        warnings.warn(f"{out}: removed {names}: an earlier output under this name, which a reader of the folder "
-                      "would take for this one", stacklevel=2)
+        gone.sort(key=lambda f: (not f.name.endswith(INDEX_SUFFIX), f.name))  # the index first
+        names = ", ".join(f.name for f in gone[:4]) + (f" and {len(gone) - 4} more" if len(gone) > 4 else "")
+        warnings.warn(f"{out.parent}: removed {names}: the files of an earlier output named {out.name}, which a "
+                      "reader of the folder would take for this merge's", stacklevel=2)
     return sorted(gone + remove_published(temps, where=out, why=why))
 
 
@@ -757,6 +773,9 @@ def _is_live(f: Path) -> bool:
 
 #: The lock file of a model folder output, inside it (:func:`output_lock_path`)
 FOLDER_LOCK = ".pact-merge.lock"
+#: the recipe a folder output holds (:data:`pactlib.recipe.RECIPE_NAME`): a folder with it is one a
+#: merge wrote
+PACT_RECIPE = "pact_recipe.yaml"
 
 
 def output_lock_path(out: str | os.PathLike, *, folder: bool = False) -> Path:
@@ -831,8 +850,9 @@ def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:
             raise CheckpointError(f"{out}: a sharded output is written as safetensors; "
                                   f"name it *.safetensors (or *.safetensors{INDEX_SUFFIX})")
         return "torch"
-    raise CheckpointError(f"{out}: unknown checkpoint extension {s or '(none)'!r}; use one of "
-                          f"{', '.join(SAFETENSORS + TORCH)} or *.safetensors{INDEX_SUFFIX}")
+    hint = "" if s else "; pact merge writes a model folder with --out DIR/ (a trailing /)"
+    raise CheckpointError(f"{out}: {no_extension(out, s)}; use one of {', '.join(SAFETENSORS + TORCH)} or "
+                          f"*.safetensors{INDEX_SUFFIX}{hint}")
 
 
 class CheckpointWriter:

@@ -222,6 +222,20 @@ SPLIT_ATTENTION_NOTE = (
     "pactlib.models.clip.vision_state_dict(path, naming='open_clip')")
 
 
+def no_matrix_note(method, rule: MatrixRule, tensors, where: str = "") -> str | None:
+    """A warning's text when ``method`` (a :class:`pactlib.merges.MergeMethod`) merges matrix
+    layers through their SVDs (``matrix_layers``: TSV-M, Iso-C, Iso-CTS) and no key of
+    ``tensors`` (``{key: Tensor}``, ``meta`` tensors will do) is a matrix under ``rule``: the
+    merge then runs entry by entry. It names the preset :func:`detect_preset` finds for the keys
+    (what ``pact merge --rule auto`` uses) when that is not the default. None otherwise."""
+    if not method.matrix_layers or any(rule.kind(k, v) == "matrix" for k, v in tensors.items()):
+        return None
+    preset = detect_preset(tensors)
+    hint = (f"; these keys are {preset}'s: rule=MatrixRule.preset({preset!r}) views them as pact merge does"
+            if preset != "default" else "")
+    return f"{where}no key is a matrix layer under this rule, so {method.name} runs entry by entry{hint}"
+
+
 def split_attention_note(keys, where: str = "") -> str | None:
     """:data:`SPLIT_ATTENTION_NOTE` when ``keys`` hold a Hugging Face CLIP tower's separate q/k/v
     projections (:func:`attention_layout` is ``"split"``), else None."""

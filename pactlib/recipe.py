@@ -59,12 +59,12 @@ from pathlib import Path
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
-from .lazy import (FOLDER_ORDER, checkpoint_files, is_folder_output, output_family, output_lock_path,  # noqa: F401
-                   parse_size, remove_published)  # (is_folder_output: here too)
+from .lazy import (FOLDER_ORDER, PACT_RECIPE, checkpoint_files, is_folder_output, output_family,  # noqa: F401
+                   output_lock_path, parse_size, remove_published)  # (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
-RECIPE_NAME = "pact_recipe.yaml"
+RECIPE_NAME = PACT_RECIPE
 #: The model card's file name.
 CARD_NAME = "README.md"
 #: Non-weight files of a model folder copied from θ0's folder as they are (config, tokenizer,

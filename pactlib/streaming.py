@@ -66,13 +66,13 @@ import torch
 from torch import Tensor
 
 from . import merges, native
-from .api import resolve_kwargs
+from .api import check_options, resolve_kwargs
 from .checks import (CheckpointError, all_finite, check_alpha, check_compatible, check_device, check_finite,
                      check_state_dict, task_set_warnings)
 from .io import signals_held
 from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, check_out_target, default_loader,
                    finish_output, is_folder_output, open_checkpoint, output_lock, spill_prefix)
-from .matrix import DEFAULT_RULE, MatrixRule, split_attention_note
+from .matrix import DEFAULT_RULE, MatrixRule, no_matrix_note, split_attention_note
 from .merges.driver import RunningSum, passes_of
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
@@ -581,7 +581,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 names: Sequence[str] | None = None, max_shard_size: int | str | None = None,
                 trust_pickle: bool = False, loader: Loader | None = None, cache_dir: str | os.PathLike | None = None,
                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES, device: str | torch.device | None = None,
-                on_publish: Callable[[], Sequence[Path]] | None = None, **kw) -> MergedFiles:
+                on_publish: Callable[[], Sequence[Path]] | None = None, options: PactOptions | None = None,
+                **kw) -> MergedFiles:
     """Merge checkpoint files layer by layer into ``out``: θ = θ0 + α·D (book/method.md, merges), D from
     ``method`` after the optional ``pact`` filter; the same result as :func:`pactlib.merge`, in
     about one layer's memory (module docstring).
@@ -623,6 +624,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         on_publish: called right after the weights are published, before the files of an
             earlier output are removed; it publishes files that belong with them (a model
             folder's card) and returns their paths, which join ``files``.
+        options: PACT options as one :class:`PactOptions` (or by name in ``kw``; not both).
         **kw: method parameters and PACT options, routed by name (as :func:`pactlib.merge`).
 
     Returns:
@@ -654,7 +656,8 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             merging); PACT changed nothing; a task vector is all zeros, or two are identical.
     """
     alpha = check_alpha(alpha)
-    mparams, options = resolve_kwargs(method, pact, kw)
+    mparams, named = resolve_kwargs(method, pact, kw)
+    options = check_options(options, named, pact)
     m = merges.get(method)
     if is_folder_output(out):  # named before its missing suffix is
         raise CheckpointError(f"{out} is a folder; name the output file (e.g. {Path(out) / 'model.safetensors'}): "
@@ -689,9 +692,10 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     with output_lock(out):  # one run at a time writes this output; the others fail naming it
         loader = loader or default_loader(trust_pickle)
         pre = open_checkpoint(pretrained, loader=loader, cache_dir=cache_dir)
-        note = split_attention_note(pre.keys(), where=f"{method}: ")
-        if note:  # Hugging Face CLIP's separate q/k/v: another per-layer view than open_clip's fused in_proj
-            warnings.warn(note, UserWarning, stacklevel=2)
+        for note in (split_attention_note(pre.keys(), where=f"{method}: "),  # Hugging Face CLIP's separate q/k/v
+                     no_matrix_note(m, rule, pre.meta(), where=f"{method}: ")):
+            if note:
+                warnings.warn(note, UserWarning, stacklevel=2)
         fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
                for p, nm in zip(finetuned, names)]
         inputs = DeltaReader(pre, fts, names)

@@ -3,6 +3,7 @@ files, sharded indexes, LoRA ranks and PACT filters that change nothing. Each gi
 error (or warning) naming the problem, before any work, and leaves the inputs unchanged."""
 import json
 import operator
+import warnings
 import os
 
 import pytest
@@ -184,7 +185,7 @@ def test_cli_set_values_checked_before_loading(files, tmp_path, capsys, no_loadi
     for sets, expected in ((["k=abc"], "ties: parameter 'k' must be a number (float), got str 'abc'"),
                            (["k="], "empty value for 'k'"),
                            (["k=true"], "parameter 'k' must be a number (float), got bool"),
-                           (["core_frac=2"], "PACT option(s) ['core_frac'] given but pact=None")):
+                           (["core_frac=2"], "PACT option(s) ['core_frac'] given but pact=None (pact merge: add --pact)")):
         assert main(_merge_args(p, f, out, "--set", *sets, method="ties")) == 2
         assert expected in capsys.readouterr().err
     assert main(_merge_args(p, f, out, "--pact", "pact", "--set", "core_frac=2", method="ties")) == 2
@@ -258,7 +259,9 @@ INDEX = "model.safetensors.index.json"
     ("{not json", "not a readable JSON index"),
     (json.dumps({"metadata": {}}), "no 'weight_map'"),
     (json.dumps({"weight_map": {}}), "no 'weight_map'"),
-    (json.dumps({"weight_map": {"a": 3}}), "must be shard file names"),
+    (json.dumps({"weight_map": {"a": 3}}), "must be the names of shard files in the index's folder, got 3"),
+    (json.dumps({"weight_map": {"a": "../model/shard-1.safetensors"}}),  # a second user trial: followed out
+     "must be the names of shard files in the index's folder, got '../model/shard-1.safetensors'"),
     (json.dumps({"weight_map": {"a": "shard-1.safetensors", "b": "shard-2.safetensors"}}),
      "missing from .*'shard-2.safetensors'"),
 ])
@@ -278,8 +281,16 @@ def test_out_suffix_checked_before_loading(files, tmp_path, capsys, no_loading):
     assert main(_merge_args(p, f, tmp_path / "merged.txt")) == 2
     err = capsys.readouterr().err
     assert "merged.txt: unknown checkpoint extension '.txt'" in err and ".safetensors, .pt" in err
-    with pytest.raises(CheckpointError, match=r"unknown checkpoint extension '\(none\)'; use one of \.safetensors"):
+    with pytest.raises(CheckpointError, match=r"merged: a name without an extension, not a checkpoint file \(name "
+                                              r"the file, e.g. model.safetensors\); use one of \.safetensors"):
         save_state_dict(pre, tmp_path / "merged")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["ft0.pt", "ft1.pt", "pre.safetensors"]
+    # a second user trial: a folder (or a name meant as one) got "unknown checkpoint extension '(none)'"
+    with pytest.raises(CheckpointError, match=r"x/: a folder, not a checkpoint file \(name the file"):
+        save_state_dict(pre, f"{tmp_path / 'x'}/")
+    assert main(_merge_args(p, f, tmp_path / "new" / "deeper")) == 2
+    err = capsys.readouterr().err
+    assert "deeper: a name without an extension, not a checkpoint file" in err and "--out DIR/ (a trailing /)" in err
     assert sorted(x.name for x in tmp_path.iterdir()) == ["ft0.pt", "ft1.pt", "pre.safetensors"]
 
 
@@ -362,3 +373,50 @@ def test_merged_update_takes_task_vectors_and_pact_options_as_merge_does(ckpts):
     _assert_same(dict(by_name), dict(given))
     assert any(not torch.equal(by_name[k], default[k]) for k in default)  # the option took effect
     _assert_same(by_name.apply_to(pre, 0.7), pactlib.merge("iso_c", pre, fts, alpha=0.7, pact="pact", core_frac=0.3))
+
+
+def test_merge_merged_update_and_merge_files_take_pact_options_alike(tmp_path, ckpts):
+    """A second user trial: merged_update took ``options=`` but merge and merge_files refused it;
+    ``options={...}`` (a dict) failed inside the filter; a generator of task vectors was used up
+    by the new check. All three take options by name or as one PactOptions, with the same bits."""
+    pre, fts = ckpts
+    tvs = task_vectors_from(pre, fts)
+    opts = PactOptions(core_frac=0.3)
+    by_name = pactlib.merge("iso_c", pre, fts, alpha=0.5, pact="pact", core_frac=0.3)
+    _assert_same(pactlib.merge("iso_c", pre, fts, alpha=0.5, pact="pact", options=opts), by_name)
+    p0 = save_state_dict(pre, tmp_path / "p.safetensors")
+    ps = [save_state_dict(f, tmp_path / f"f{i}.safetensors") for i, f in enumerate(fts)]
+    pactlib.merge_files("iso_c", p0, ps, tmp_path / "o.safetensors", alpha=0.5, pact="pact", options=opts)
+    _assert_same(load_state_dict(tmp_path / "o.safetensors"), by_name)
+    with pytest.raises(TypeError, match=r"options: expected a PactOptions .*got dict; or give the options by name"):
+        pactlib.merged_update("iso_c", pre, tvs, pact="pact", options={"core_frac": 0.1})
+    with pytest.raises(TypeError, match=r"PACT options given \(options=\) but pact=None"):
+        pactlib.merge("iso_c", pre, fts, alpha=0.5, options=opts)
+    with pytest.raises(TypeError, match="both as options= and by name"):
+        pactlib.merge_files("iso_c", p0, ps, tmp_path / "x.safetensors", alpha=0.5, pact="pact", options=opts,
+                            core_frac=0.3)
+    D, _ = pactlib.merged_update("task_arithmetic", pre, (tv for tv in tvs))  # a generator, read once
+    _assert_same(D.apply_to(pre, 0.5), pactlib.merge("task_arithmetic", pre, fts, alpha=0.5))
+
+
+def test_a_merge_built_on_svds_that_finds_no_matrix_says_so(tmp_path):
+    """A second user trial: on GPT-2 keys the default rule (open_clip's text tower is entry-wise)
+    sees no matrix, so Iso-C ran entry by entry, silently, where pact merge's --rule auto views
+    GPT-2's matrices. In memory and streamed, the merge now says so and names the preset."""
+    g = torch.Generator().manual_seed(0)
+    pre = {"transformer.h.0.attn.c_attn.weight": torch.randn(8, 24, generator=g),
+           "transformer.h.0.ln_1.weight": torch.ones(8)}
+    fts = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in pre.items()} for _ in range(2)]
+    note = r"iso_c: no key is a matrix layer under this rule, so iso_c runs entry by entry; these keys are gpt2's"
+    with pytest.warns(UserWarning, match=note):
+        pactlib.merge("iso_c", pre, fts, alpha=1.0)
+    p0 = save_state_dict(pre, tmp_path / "p.safetensors")
+    ps = [save_state_dict(f, tmp_path / f"f{i}.safetensors") for i, f in enumerate(fts)]
+    with pytest.warns(UserWarning, match=note):
+        pactlib.merge_files("iso_c", p0, ps, tmp_path / "o.safetensors", alpha=1.0)
+    from pactlib.matrix import MatrixRule
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with the preset, and for an entry-wise method, nothing to say
+        pactlib.merge("iso_c", pre, fts, alpha=1.0, rule=MatrixRule.preset("gpt2"))
+        pactlib.merge("ties", pre, fts, alpha=1.0)

@@ -297,10 +297,35 @@ def test_moving_between_one_file_and_shards_in_a_folder_warns(tmp_path, bert, ca
     capsys.readouterr()
     assert _merge(base, fts, out, "--max-shard-size", "2KB") == 0
     err = capsys.readouterr().err
-    assert "removed model.safetensors: an earlier output under this name" in err
+    assert "m: removed model.safetensors: the files of an earlier output named model.safetensors" in err
     shards = sorted(f.name for f in (tmp_path / "m").glob("model-*.safetensors"))
     assert len(shards) > 3
     assert _merge(base, fts, out) == 0
     err = capsys.readouterr().err
-    assert f"removed {', '.join(shards[:3])} and {len(shards) - 2} more: an earlier output" in err
+    listed = ", ".join(["model.safetensors.index.json", *shards[:3]])
+    assert f"removed {listed} and {len(shards) - 3} more: the files of an earlier output" in err
     assert not list((tmp_path / "m").glob("model-*")) and not (tmp_path / "m" / "model.safetensors.index.json").exists()
+
+
+def test_a_single_file_output_may_not_remove_another_models_weights(tmp_path, bert, capsys):
+    """A second user trial: ``--out other_model/model.safetensors`` into a sharded model's folder
+    (which no merge wrote) removed its seven shards and index, with only a warning. Such an
+    output is refused before any work when the folder is a model folder (config.json) without a
+    recipe; the folder stays as it was. The same holds for an index beside another's single file."""
+    _, base, fts, _ = bert
+    other = tmp_path / "other"
+    other.mkdir()
+    files = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"x", "model-00002-of-00002.safetensors": b"y",
+             "model.safetensors.index.json": b"{}"}
+    for name, data in files.items():
+        (other / name).write_bytes(data)
+    for out in ("model.safetensors", "model.safetensors.index.json"):
+        assert _merge(base, fts, str(other / out)) == 2
+        err = capsys.readouterr().err
+        assert ("its folder is a model folder no merge wrote (it has config.json), and writing " + out) in err, err
+        assert "model-00001-of-00002.safetensors" in err
+        assert {f.name: f.read_bytes() for f in other.iterdir()} == files
+    with pytest.raises(ValueError, match="would replace or remove its model-00001-of-00002.safetensors"):
+        pactlib.merge_files("task_arithmetic", str(Path(base) / "model.safetensors"),
+                            [str(Path(f) / "model.safetensors") for f in fts], other / "model.safetensors", alpha=0.5)
+    assert {f.name: f.read_bytes() for f in other.iterdir()} == files

@@ -310,3 +310,30 @@ def test_an_output_whose_lock_cannot_be_made_is_named(tmp_path, ckpts, capsys, f
                  "--out", out]) == 2
     err = capsys.readouterr().err
     assert f"pact: error: cannot write the output {out.rstrip('/')} (" in err and "lock file" in err, err
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "iso_c"])  # the fast path and the torch path
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_signal_just_after_the_summary_leaves_a_success(tmp_path, ckpts, monkeypatch, capsys, method, folder):
+    """A second user trial: SIGINT within a few ms of the JSON summary (before the run let go of
+    its lock) ended a finished, published merge with 130 and "interrupted once the output was
+    published". The summary is the last word: signals are ignored from it on, and pact exits 0."""
+    from pactlib import cli
+
+    pre, fts = ckpts
+    p0 = str(save_state_dict(pre, tmp_path / "p.safetensors"))
+    ps = [str(save_state_dict(f, tmp_path / f"f{i}.safetensors")) for i, f in enumerate(fts)]
+    said = cli.say_merged
+
+    def say_then_signal(summary):
+        said(summary)
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once: the handler runs before the next bytecode
+
+    monkeypatch.setattr(cli, "say_merged", say_then_signal)
+    before = signal.getsignal(signal.SIGINT)
+    out = f"{tmp_path / 'out'}/" if folder else str(tmp_path / "out.safetensors")
+    assert main(["merge", "--method", method, "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
+                 "--out", out]) == 0
+    captured = capsys.readouterr()
+    assert '"out": ' in captured.out and "interrupted" not in captured.err
+    assert signal.getsignal(signal.SIGINT) == before  # the caller's handler is back

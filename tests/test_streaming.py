@@ -596,14 +596,16 @@ def test_a_new_output_removes_the_stale_files_of_an_earlier_one_under_its_name(t
     (out.parent / "other.safetensors").write_bytes(b"x")  # not the output's
     (out.parent / ".model.safetensors.abc.tmp").write_bytes(b"left by a killed run")
     (out.parent / ".model.safetensors.spill-xyz").mkdir()
-    with pytest.warns(UserWarning, match=rf"removed model-00001-of-0*{n_first - 1}.safetensors, .* and \d+ more: "
-                      "an earlier output under this name") as got:  # fewer shards
+    with pytest.warns(UserWarning, match=rf"st: removed model-00001-of-0*{n_first - 1}.safetensors, .* and "
+                      rf"{n_first - 1 - 4} more: the files of an earlier output named model.safetensors") as got:
         res = pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1, max_shard_size=600)
     assert not any(".tmp" in str(w.message) for w in got)  # a killed run's file goes without a word
     names = sorted(f.name for f in out.parent.iterdir())
     assert names == sorted(["other.safetensors", *(f.name for f in res.files)])
     n = len(res.files) - 1  # the shards, and the index
-    with pytest.warns(UserWarning, match="removed model-00001-of-.* and .* more: an earlier output"):
+    listed = ", ".join(["model.safetensors.index.json", *(f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, 4))])
+    more = f" and {n - 3} more" if n > 3 else ""
+    with pytest.warns(UserWarning, match=f"{listed}{more}: the files of an earlier output named model.safetensors"):
         pactlib.merge_files("iso_c", p0, ps, out, alpha=0.1)  # one file
     assert n > 2 and sorted(f.name for f in out.parent.iterdir()) == ["model.safetensors", "other.safetensors"]
     _assert_identical(_read(out.parent), pactlib.merge("iso_c", pre, fts, alpha=0.1))

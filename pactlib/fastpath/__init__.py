@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import math
 import mmap
 import os
@@ -696,9 +695,11 @@ def try_merge(args) -> int | None:
                     extra = folder_files.publish() if folder_files is not None else []
                     held += extra
                     finish_output(p.out, weights)
+    from ..cli import say_merged
+
     files = weights + extra
-    print(json.dumps({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
-                      "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
-                      "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
-                      "files": [str(f) for f in files]}))
+    say_merged({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
+                "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
+                "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
+                "files": [str(f) for f in files]})
     return 0

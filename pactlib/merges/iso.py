@@ -188,7 +188,7 @@ def _iso_cts_reducer(T: int, matrix: bool, *, common_frac: float = 0.8, null_spa
 
 
 @register("iso_c", pretty="Iso-C", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
-          reducer=_iso_c_reducer)
+          reducer=_iso_c_reducer, matrix_layers=True)
 def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullSpace = "drop",
           rank_rtol: float | None = None) -> TaskVector:
     """Iso-C (M4) on matrix layers; mean of Δt on every other key.
@@ -206,7 +206,7 @@ def iso_c(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullS
 
 
 @register("iso_cts", pretty="Iso-CTS", reference="Marczak et al., ICML 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
-          reducer=_iso_cts_reducer)
+          reducer=_iso_cts_reducer, matrix_layers=True)
 def iso_cts(task_vectors: list[TaskVector], *, rule: MatrixRule, common_frac: float = 0.8,
             null_space: NullSpace = "drop", rank_rtol: float | None = None) -> TaskVector:
     """Iso-CTS (M5) on matrix layers with common fraction ``common_frac`` (c, default 0.8);

@@ -53,6 +53,12 @@ class MergeMethod:
     whose ``result()`` is that key's D, the same values as ``fn``. The streamed merges then read
     one task at a time instead of building the (T, m, n) stack, so their memory does not grow
     with T (:mod:`pactlib.streaming`).
+
+    ``matrix_layers`` says the method merges a matrix layer (under the rule,
+    :class:`pactlib.matrix.MatrixRule`) as a matrix, through its SVD (TSV-M, Iso-C, Iso-CTS),
+    and other keys entry by entry; a method without it treats every key alike (Task
+    Arithmetic, TIES). Finding no matrix layer is then worth a warning
+    (:func:`pactlib.matrix.no_matrix_note`).
     """
 
     name: str
@@ -64,6 +70,7 @@ class MergeMethod:
     per_key: bool | Callable[[Mapping], bool] = True
     elementwise: bool = False
     reducer: Callable[..., "TaskReducer"] | None = None
+    matrix_layers: bool = False
 
     def is_per_key(self, params: Mapping) -> bool:
         """Whether the method with ``params`` (defaults filled in) merges every key on its own."""
@@ -88,10 +95,11 @@ class UnknownMethodError(KeyError):
 
 def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...],
              per_key: bool | Callable[[Mapping], bool] = True, elementwise: bool = False,
-             reducer: Callable[..., "TaskReducer"] | None = None):
+             reducer: Callable[..., "TaskReducer"] | None = None, matrix_layers: bool = False):
     """Decorator registering ``fn`` under ``name``; its keyword-only parameters with defaults
     (other than ``rule``) become the method's tunable parameters. ``per_key`` / ``elementwise`` /
-    ``reducer``: see :class:`MergeMethod` (a method that is not per key needs its own streamed form)."""
+    ``reducer`` / ``matrix_layers``: see :class:`MergeMethod` (a method that is not per key needs
+    its own streamed form)."""
 
     def deco(fn: MergeFn) -> MergeFn:
         if name in _REGISTRY:
@@ -99,7 +107,8 @@ def register(name: str, *, pretty: str, reference: str, alphas: tuple[float, ...
         sig = inspect.signature(fn)
         params = {p.name: p.default for p in sig.parameters.values()
                   if p.kind is p.KEYWORD_ONLY and p.name != "rule"}
-        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params, per_key, elementwise, reducer)
+        _REGISTRY[name] = MergeMethod(name, pretty, reference, fn, alphas, params, per_key, elementwise, reducer,
+                                      matrix_layers)
         return fn
 
     return deco

@@ -75,7 +75,7 @@ def _tsv_m_reducer(T: int, matrix: bool, *, null_space: NullSpace = "drop", rank
 
 
 @register("tsv_m", pretty="TSV-M", reference="Gargiulo et al., CVPR 2025", alphas=alpha_grid(0.1, 3.0, 0.1),
-          reducer=_tsv_m_reducer)
+          reducer=_tsv_m_reducer, matrix_layers=True)
 def tsv_m(task_vectors: list[TaskVector], *, rule: MatrixRule, null_space: NullSpace = "drop",
           rank_rtol: float | None = None) -> TaskVector:
     """TSV-M (M3) on matrix layers; mean of Δt on every other key.
