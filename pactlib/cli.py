@@ -358,10 +358,11 @@ def _merge(args) -> int:
 
 def say_merged(summary: dict) -> None:
     """Print a finished merge's one JSON line. From here on the run only lets go of its lock, so
-    SIGINT / SIGTERM / SIGHUP are ignored first (main thread): a signal now would report a
-    published, finished merge as stopped. :func:`main` gives an in-process caller its handlers
-    back."""
-    if threading.current_thread() is threading.main_thread():
+    within :func:`main` SIGINT / SIGTERM / SIGHUP are ignored first (main thread): a signal now
+    would report a published, finished merge as stopped. :func:`main` gives an in-process caller
+    its handlers back; called outside it (``pactlib.fastpath.try_merge`` directly), the
+    handlers are left alone."""
+    if _unwinding and threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
     print(json.dumps(summary), flush=True)
@@ -530,11 +531,18 @@ def _terminate_unwinds(restore: bool = True):
     for sig in _SIGNALS:
         if previous[sig] is not signal.SIG_IGN:
             signal.signal(sig, handler)
+    _unwinding.append(True)
     try:
         yield
     finally:
+        _unwinding.pop()
         for sig, h in previous.items():
             signal.signal(sig, (h if h is not None else signal.SIG_DFL) if restore else signal.SIG_IGN)
+
+
+#: non-empty while :func:`_terminate_unwinds` holds the signals (so :func:`say_merged` may ignore
+#: them: the handlers are put back, or the process ends, when it lets go)
+_unwinding: list[bool] = []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,11 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with _terminate_unwinds(restore=not process):
                 try:
-                    status = args.func(args)
-                    if process and status == 0:
-                        for sig in _SIGNALS:
-                            signal.signal(sig, signal.SIG_IGN)
-                    return status
+                    return args.func(args)
                 except (KeyboardInterrupt, Terminated) as e:
                     signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
                 # what garbage collection cleans up (spill folders' finalizers) goes now, while a

@@ -265,7 +265,7 @@ def test_hand_written_recipe_reads_as_pyyaml_reads_it(tmp_path, bert):
         parse_yaml("a: 1\nb: &anchor 2\n")
 
 
-@pytest.mark.parametrize("method", ["task_arithmetic", "iso_c"])  # the fast path and the torch path
+@pytest.mark.parametrize("method", ["task_arithmetic", "iso_c"])  # the fast path hands a refusal to the torch path
 def test_a_folder_no_merge_wrote_is_refused_and_kept(tmp_path, bert, method, capsys):
     """Found in a user trial: ``--out DIR/`` into another model's folder (or one holding the
     user's README) replaced its card and config and removed its shards, without a word. Such a

@@ -331,6 +331,8 @@ def test_a_signal_just_after_the_summary_leaves_a_success(tmp_path, ckpts, monke
 
     monkeypatch.setattr(cli, "say_merged", say_then_signal)
     before = signal.getsignal(signal.SIGINT)
+    said({"out": "x"})  # outside main (pactlib.fastpath.try_merge called directly): the handlers stay
+    assert signal.getsignal(signal.SIGINT) == before and '"out": "x"' in capsys.readouterr().out
     out = f"{tmp_path / 'out'}/" if folder else str(tmp_path / "out.safetensors")
     assert main(["merge", "--method", method, "--alpha", "1", "--pretrained", p0, "--finetuned", *ps,
                  "--out", out]) == 0
