@@ -70,9 +70,11 @@ def split_kwargs(method: str, kw: Mapping) -> tuple[dict, dict]:
     return mparams, popts
 
 
-def resolve_kwargs(method: str, pact: str | None, kw: Mapping) -> tuple[dict, PactOptions | None]:
+def resolve_kwargs(method: str, pact: str | None, kw: Mapping, *,
+                   pact_hint: str = "pact='pact' or 's-pact'") -> tuple[dict, PactOptions | None]:
     """(method parameters, PACT options or None) from ``merge``'s keyword arguments, all checked
-    (names, types, values) without touching a checkpoint.
+    (names, types, values) without touching a checkpoint. ``pact_hint``: how the caller's user
+    sets a PACT mode (the CLI: ``--pact``), for the message of PACT options without one.
 
     Raises:
         UnknownMethodError: unknown ``method``.
@@ -83,7 +85,7 @@ def resolve_kwargs(method: str, pact: str | None, kw: Mapping) -> tuple[dict, Pa
     if pact is not None and pact not in MODES:
         raise ValueError(f"unknown pact mode {pact!r}; use None or one of {MODES}")
     if popts and pact is None:
-        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None (pact merge: add --pact)")
+        raise TypeError(f"PACT option(s) {sorted(popts)} given but pact=None: set {pact_hint}")
     return mparams, (PactOptions().replace(**popts) if popts else None)
 
 
@@ -168,7 +170,8 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
     Warns:
         UserWarning: PACT changed nothing (see :func:`pactlib.pact.pact_filter`); θ0 has Hugging
             Face CLIP keys, whose separate q/k/v matrices merge differently from open_clip's fused
-            ``in_proj_weight`` (:func:`pactlib.matrix.split_attention_note`).
+            ``in_proj_weight`` (:func:`pactlib.matrix.split_attention_note`); a method that merges
+            matrix layers finds none under ``rule`` (:func:`pactlib.matrix.no_matrix_note`).
     """
     m = merges.get(method)
     if isinstance(task_vectors, Mapping):
@@ -225,7 +228,12 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         TypeError, ValueError: α not a real number, or NaN / ±Inf (before any work).
         CheckpointError: key/shape mismatch or NaN/Inf in any input (named, before any SVD).
         MergeOverflowError: a merged value overflows θ0's dtype (fp16), naming key and dtype.
-        UnknownMethodError, TypeError, ValueError: as :func:`resolve_kwargs` (before any work).
+        UnknownMethodError, TypeError, ValueError: as :func:`resolve_kwargs` and
+            :func:`check_options` (before any work).
+
+    Warns:
+        UserWarning: as :func:`merged_update`, and as :func:`task_vectors_from` (an all-zero or
+            two identical task vectors).
     """
     alpha = check_alpha(alpha)
     mparams, named = resolve_kwargs(method, pact, kw)

@@ -135,7 +135,8 @@ def check_out_path(out: str, inputs: list[str], max_shard_size=None) -> None:
     Raises:
         CheckpointError: unknown extension (supported ones listed), a torch file with
             ``--max-shard-size``, a folder, an unwritable folder.
-        ValueError: ``out`` would overwrite a file of an input.
+        ValueError: ``out`` would overwrite a file of an input, or another model's weights in
+            a model folder no merge wrote.
     """
     check_out_suffix(out, max_shard_size)
     check_out_target(out, inputs, name="--out")
@@ -302,7 +303,7 @@ def _merge(args) -> int:
         out = str(folder / rc.weights_name(r.base_model))
     check_out_path(out, inputs, max_shard_size)
     kw = dict(r.params)
-    mparams, _ = resolve_kwargs(r.merge_method, r.pact, kw)
+    mparams, _ = resolve_kwargs(r.merge_method, r.pact, kw, pact_hint="--pact pact (or s-pact)")
     # freed buffers go back to the OS; chunk-sized ones are reused from the heap (the docstrings say why)
     return_freed_memory(*allocator_settings(r.merge_method, r.pact, mparams))
     workers = args.workers if args.workers is not None else (args.threads or 1)

@@ -53,12 +53,21 @@ def check_suffix(path: str | os.PathLike) -> str:
     return s
 
 
+def is_folder_output(out: str | os.PathLike) -> bool:
+    """Whether ``--out`` names a model folder: a trailing ``/`` or an existing folder."""
+    return str(out).endswith(("/", os.sep)) or Path(out).is_dir()
+
+
 def no_extension(path: str | os.PathLike, suffix: str) -> str:
-    """What a message says of a checkpoint name with the wrong extension ``suffix``: a name with
-    none (a folder, or meant as one) is told to name a file."""
-    if suffix:
+    """What a message says of a checkpoint name with the wrong extension ``suffix``: a folder
+    (or a name meant as one, ``Llama-3.2-1B/``) or a name without an extension is told to name
+    a file."""
+    if is_folder_output(path):
+        what = "a folder"
+    elif suffix:
         return f"unknown checkpoint extension {suffix!r}"
-    what = "a folder" if Path(path).is_dir() or str(path).endswith(("/", os.sep)) else "a name without an extension"
+    else:
+        what = "a name without an extension"
     return f"{what}, not a checkpoint file (name the file, e.g. model.safetensors)"
 
 
@@ -73,8 +82,9 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or is a folder without a checkpoint.
-        CheckpointError: a malformed index, a key in two shards or not in the shard the index
-            names; unknown extension, unreadable file, or content that is not a mapping of
+        CheckpointError: as ``pact merge``'s reader (:func:`pactlib.lazy.read_sharded`): a
+            malformed index, a key in two shards, a key of the index in no shard; unknown
+            extension, unreadable file, or content that is not a mapping of
             tensors (naming the file and the offending key). A torch file that is corrupt or not a
             torch file at all says it is "not a readable torch checkpoint"; one that is well formed
             but holds pickled Python objects the weights-only loader refuses gets "cannot read
@@ -89,23 +99,13 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.name.endswith(".index.json"):
-        from .lazy import _read_index
+        from .lazy import read_sharded
 
-        weight_map, sd = _read_index(path), {}
-        for shard in sorted(set(weight_map.values())):
-            for k, v in load_state_dict(shard, mmap=mmap).items():
-                if k in sd:
-                    raise CheckpointError(f"{path}: key {k!r} is in two shards (one of them {shard.name})")
-                if weight_map.get(k) != shard:
-                    where = (f"the weight_map puts it in {weight_map[k].name}" if k in weight_map else
-                             "the weight_map does not name it")
-                    raise CheckpointError(f"{path}: key {k!r} is in the shard {shard.name}, but {where}")
-                sd[k] = v
-        missing = sorted(set(weight_map) - set(sd))
-        if missing:
-            raise CheckpointError(f"{path}: key {missing[0]!r} of the weight_map is not in its shard "
-                                  f"{weight_map[missing[0]].name}")
-        return sd
+        def shard(f: Path) -> dict[str, Tensor]:
+            check_suffix(f)  # a shard is a checkpoint file, never another index
+            return load_state_dict(f, mmap=mmap)
+
+        return read_sharded(path, shard)
     suffix = check_suffix(path)
     try:
         if suffix in SAFETENSORS:

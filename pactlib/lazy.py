@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, no_extension, save_state_dict, write_atomic
+from .io import SAFETENSORS, TORCH, is_folder_output, no_extension, save_state_dict, write_atomic  # noqa: F401
 from .safetensors_io import StreamedFile, dtype_name, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
 from .paths import cache_dir as _cache_dir
 
@@ -484,13 +484,9 @@ def folder_checkpoint(folder: str | os.PathLike) -> Path:
             return folder / f
     hint = ""
     if (folder / "adapter_config.json").is_file():
-        hint = " (it holds a PEFT adapter: give it to pact merge --lora-adapters, or read it with pactlib.peft.load_adapter)"
+        hint = (" (it holds a PEFT adapter: give it to pact merge --lora-adapters, or read its task vector with "
+                "pactlib.peft.read_adapter)")
     raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}{hint}")
-
-
-def is_folder_output(out: str | os.PathLike) -> bool:
-    """Whether ``--out`` names a model folder: a trailing ``/`` or an existing folder."""
-    return str(out).endswith(("/", os.sep)) or Path(out).is_dir()
 
 
 def checkpoint_files(path: str | os.PathLike) -> list[Path]:
@@ -550,18 +546,30 @@ def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
         if not entries:
             raise CheckpointError(f"{path}: the checkpoint holds no tensors")
         return LazyCheckpoint(name, entries)
-    weight_map = _read_index(path)
-    entries: dict[str, Entry] = {}
-    for shard in sorted(set(weight_map.values())):  # the order load_clip_checkpoint(folder) gives
-        part = _open_file(shard, loader, cache_dir)
-        dup = entries.keys() & part.keys()
+    return LazyCheckpoint(name, read_sharded(path, lambda shard: _open_file(shard, loader, cache_dir)))
+
+
+def read_sharded(index: str | os.PathLike, read: Callable[[Path], dict]) -> dict:
+    """The union of ``read(shard)`` (a ``{key: …}`` dict) over the shards a sharded checkpoint's
+    ``*.index.json`` names, in name order (the order ``load_clip_checkpoint(folder)`` gives).
+
+    Raises:
+        CheckpointError: as :func:`_read_index`; a key in two shards; a key of the weight_map in
+            no shard (all named).
+    """
+    index = Path(index)
+    weight_map = _read_index(index)
+    out: dict = {}
+    for shard in sorted(set(weight_map.values())):
+        part = read(shard)
+        dup = out.keys() & part.keys()
         if dup:
             raise CheckpointError(f"{shard}: keys also in another shard: {sorted(dup)[:4]}")
-        entries.update(part)
-    lost = sorted(k for k, shard in weight_map.items() if k not in entries)
+        out.update(part)
+    lost = sorted(k for k in weight_map if k not in out)
     if lost:
-        raise CheckpointError(f"{path}: {len(lost)} key(s) of the weight_map are in no shard: {lost[:5]}")
-    return LazyCheckpoint(name, entries)
+        raise CheckpointError(f"{index}: {len(lost)} key(s) of the weight_map are in no shard: {lost[:5]}")
+    return out
 
 
 # --------------------------------------------------------------------------- writing
@@ -619,10 +627,11 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     are not folders, each temporary name fits the file system, and its folder is (or can be
     made) writable. ``name``: the parameter's name in messages (``"--out"``).
 
-    A single-file ``out`` in a model folder no merge wrote (it has ``config.json`` and no
+    An ``out`` in a model folder no merge wrote (it has ``config.json`` and no
     :data:`PACT_RECIPE`) is refused when the folder holds other files of its name (shards, an
     index, the single file beside an index): publishing would replace or remove that model's
-    weights.
+    weights. (An output that a merge wrote there earlier, one file or sharded, is refused too:
+    nothing tells them apart.)
 
     Raises:
         ValueError: ``out`` would overwrite a file of an input (both named), or remove another
@@ -665,7 +674,7 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise ValueError(f"{name} {out}: its folder is a model folder no merge wrote (it has config.json), and "
                          f"writing {out.name} there would replace or remove its {listed}; choose another name or "
-                         "folder, or remove them first")
+                         "folder (pact merge --out DIR/ writes a model folder), or remove them first")
     if folder.is_dir():
         taken = sorted(f for f in folder.iterdir() if member(f.name) and f.is_dir())
         if taken:
@@ -850,7 +859,7 @@ def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:
             raise CheckpointError(f"{out}: a sharded output is written as safetensors; "
                                   f"name it *.safetensors (or *.safetensors{INDEX_SUFFIX})")
         return "torch"
-    hint = "" if s else "; pact merge writes a model folder with --out DIR/ (a trailing /)"
+    hint = "; pact merge writes a model folder with --out DIR/ (a trailing /)"
     raise CheckpointError(f"{out}: {no_extension(out, s)}; use one of {', '.join(SAFETENSORS + TORCH)} or "
                           f"*.safetensors{INDEX_SUFFIX}{hint}")
 

@@ -231,8 +231,8 @@ def no_matrix_note(method, rule: MatrixRule, tensors, where: str = "") -> str | 
     if not method.matrix_layers or any(rule.kind(k, v) == "matrix" for k, v in tensors.items()):
         return None
     preset = detect_preset(tensors)
-    hint = (f"; these keys are {preset}'s: rule=MatrixRule.preset({preset!r}) views them as pact merge does"
-            if preset != "default" else "")
+    hint = (f"; these keys are {preset}'s: rule=MatrixRule.preset({preset!r}) (pact merge --rule {preset}, or auto) "
+            "views their matrix layers" if preset != "default" else "")
     return f"{where}no key is a matrix layer under this rule, so {method.name} runs entry by entry{hint}"
 
 

@@ -638,12 +638,13 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
     Raises:
         TypeError, ValueError, UnknownMethodError: as :func:`pactlib.merge`, before any file is
             read; a bad ``max_shard_size`` or ``out`` extension; ``out`` one of the inputs or a
-            name it may write a file of an input (:func:`pactlib.lazy.check_out_target`); a bad
-            ``device`` or a GPU torch does not see.
+            name it may write a file of an input, or another model's weights in a model folder
+            no merge wrote (:func:`pactlib.lazy.check_out_target`); a bad ``device`` or a GPU
+            torch does not see.
         FileNotFoundError: a missing input.
         CheckpointError: ``out`` names a folder (a trailing ``/`` or an existing one), not a
-            file (both named, before any work); an unreadable input, a key missing or extra, a shape mismatch (named by
-            file and key, before any data is read), NaN / Inf (file and key).
+            file (before any work); an unreadable input, a key missing or extra, a shape
+            mismatch (named by file and key, before any data is read), NaN / Inf (file and key).
         MergeOverflowError: a merged value overflows θ0's dtype.
         OutputError (an ``OSError``, :class:`pactlib.io.OutputError`): another run is writing
             ``out`` (:func:`pactlib.lazy.output_lock`), or writing failed (a full disk); named,
@@ -653,7 +654,10 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         UserWarning: as :func:`pactlib.merge`: θ0 has Hugging Face CLIP keys, whose separate
             q/k/v matrices merge differently from open_clip's fused ``in_proj_weight``
             (:func:`pactlib.matrix.split_attention_note`; said once θ0's header is read, before any
-            merging); PACT changed nothing; a task vector is all zeros, or two are identical.
+            merging); a method that merges matrix layers finds none under ``rule``
+            (:func:`pactlib.matrix.no_matrix_note`); PACT changed nothing; a task vector is all
+            zeros, or two are identical; the files of an earlier output under ``out``'s name were
+            removed (:func:`pactlib.lazy.remove_stale_outputs`, naming them).
     """
     alpha = check_alpha(alpha)
     mparams, named = resolve_kwargs(method, pact, kw)

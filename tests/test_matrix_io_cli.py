@@ -68,8 +68,9 @@ def test_load_errors_name_the_file(tmp_path):
 
 def test_load_reads_what_pact_merge_reads_folders_and_indexes(tmp_path, ckpts):
     """A user trial: load_state_dict refused a model folder ("checkpoint not found") and a sharded
-    checkpoint's index. Both now load whole, the same tensors as the files; a broken index and a
-    PEFT adapter's folder are named."""
+    checkpoint's index. Both now load whole, the same tensors as the files, under the rules of
+    pact merge's reader (a key of the index in no shard is named; an index naming itself, or
+    another index, as a shard is not followed); a PEFT adapter's folder gets a hint."""
     import json
 
     pre, fts = ckpts
@@ -83,16 +84,17 @@ def test_load_reads_what_pact_merge_reads_folders_and_indexes(tmp_path, ckpts):
         assert back.keys() == want.keys() and all(torch.equal(back[k], want[k]) for k in want), src
     index = tmp_path / "m" / "model.safetensors.index.json"
     data = json.loads(index.read_text())
-    key, shard = next(iter(data["weight_map"].items()))
-    other = next(v for v in data["weight_map"].values() if v != shard)
-    data["weight_map"][key] = other
+    data["weight_map"]["ghost.weight"] = next(iter(data["weight_map"].values()))
     index.write_text(json.dumps(data))
-    with pytest.raises(pactlib.CheckpointError, match=rf"key '{key}' is in the shard {shard}, but the weight_map "
-                                                      rf"puts it in {other}"):
+    with pytest.raises(pactlib.CheckpointError, match=r"1 key\(s\) of the weight_map are in no shard: \['ghost.weight'\]"):
         load_state_dict(tmp_path / "m")
+    data["weight_map"] = {"x": index.name}
+    index.write_text(json.dumps(data))
+    with pytest.raises(pactlib.CheckpointError, match="unknown checkpoint extension '.json'"):
+        load_state_dict(index)
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="no checkpoint in folder .*holds a PEFT adapter.*--lora-adapters"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint in folder .*PEFT adapter.*--lora-adapters.*read_adapter"):
         load_state_dict(tmp_path / "adapter")
 
 

@@ -680,7 +680,7 @@ def run(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptio
     else:
         dev = engine_device(tb)
         tvs = _engine_task_vectors(tb) if own else list(task_vectors) if dev is None else _to(task_vectors, dev)
-        D, report = merged_update(method, pre, tvs, pact=pact, options=options, rule=tb.rule, **params)
+        D, report = merged_update(method, pre, tvs, pact=pact, options=opts, rule=tb.rule, **params)
     t_merge = time.perf_counter() - t0
     name = label or (f"{pact}-{method}" if pact else method)
     splits = {"val": {t: "val" for t in tb.tasks}, "test": {t: "test" for t in tb.tasks}}
