@@ -136,10 +136,13 @@ def check_out_path(out: str, inputs: list[str], max_shard_size=None) -> None:
         CheckpointError: unknown extension (supported ones listed), a torch file with
             ``--max-shard-size``, a folder, an unwritable folder.
         ValueError: ``out`` would overwrite a file of an input, or another model's weights in
-            a model folder no merge wrote.
+            a model folder no merge wrote (:func:`pactlib.recipe.check_model_folder_out`).
     """
     check_out_suffix(out, max_shard_size)
     check_out_target(out, inputs, name="--out")
+    from .recipe import check_model_folder_out
+
+    check_model_folder_out(out)
 
 
 def load_checkpoint(path: str, *, trust_pickle: bool = False, mmap: bool = False) -> dict:

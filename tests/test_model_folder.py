@@ -329,3 +329,22 @@ def test_a_single_file_output_may_not_remove_another_models_weights(tmp_path, be
         pactlib.merge_files("task_arithmetic", str(Path(base) / "model.safetensors"),
                             [str(Path(f) / "model.safetensors") for f in fts], other / "model.safetensors", alpha=0.5)
     assert {f.name: f.read_bytes() for f in other.iterdir()} == files
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "iso_c"])  # the fast path and the torch path
+@pytest.mark.parametrize("shards", [[], ["--max-shard-size", "2KB"]], ids=["one file", "sharded"])
+def test_a_single_file_output_may_not_replace_another_models_weights(tmp_path, bert, capsys, method, shards):
+    """A third user trial: ``--out model_dir/model.safetensors`` into a model folder no merge wrote
+    replaced its weights silently, and with --max-shard-size removed them (a warning only). Both
+    are refused before any work; the folder stays as it was."""
+    _, base, fts, _ = bert
+    other = tmp_path / "other"
+    other.mkdir()
+    files = {"config.json": b"{}", "model.safetensors": b"their weights"}
+    for name, data in files.items():
+        (other / name).write_bytes(data)
+    assert _merge(base, fts, str(other / "model.safetensors"), *shards, method=method) == 2
+    err = capsys.readouterr().err
+    assert "its folder is a model folder no merge wrote (it has config.json)" in err
+    assert "replace or remove its model.safetensors" in err and "--out DIR/" in err
+    assert {f.name: f.read_bytes() for f in other.iterdir()} == files

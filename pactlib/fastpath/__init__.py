@@ -64,7 +64,8 @@ from ..io import signals_held
 from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
                     is_folder_output, output_lock, parse_size)
 from ..matrix import detect_preset, split_attention_note
-from ..recipe import DEFAULT_SHARD_SIZE, FolderFiles, check_folder_target, check_sha256, weights_name
+from ..recipe import (DEFAULT_SHARD_SIZE, FolderFiles, check_folder_target, check_model_folder_out, check_sha256,
+                      weights_name)
 from ..safetensors_io import FLOATS, ITEMSIZE, read_entries
 from . import kernels
 
@@ -174,6 +175,7 @@ def plan(args) -> _Plan | None:
         if folder is not None:
             check_folder_target(folder, inputs)
         check_out_target(out, inputs, name="--out")
+        check_model_folder_out(out)
         heads = [read_entries(f)[0] for f in files]
         layout = {k: v[:2] for k, v in heads[0].items()}
         if not any(dt in FLOATS for _, dt in layout.values()) or any(
