@@ -542,25 +542,20 @@ def weights_name(pretrained: str | os.PathLike) -> str:
 
 
 def check_model_folder_out(out: str | os.PathLike) -> None:
-    """Refuse a single-file ``--out`` (or its index) in a model folder no merge wrote (it has
-    ``config.json`` and no :data:`RECIPE_NAME`) when a file of that name is there, the named file
-    itself included: writing would replace or remove that model's weights, sharded or not
-    (:func:`pactlib.lazy.check_out_target` refuses the other names of the output; this adds the
-    one it names). ``pact merge --out DIR/`` is the way to write a model folder.
+    """Refuse a single-file ``--out`` (or its index) that names a file already in a model folder
+    no merge wrote (it has ``config.json`` and no :data:`RECIPE_NAME`): writing would replace
+    that model's weights. :func:`pactlib.lazy.check_out_target`, called first, refuses the
+    output's other names there (shards, index); this adds the one it names. ``pact merge --out
+    DIR/`` is the way to write a model folder.
 
     Raises:
-        ValueError: such a file is there (the files named).
+        ValueError: the named file is there.
     """
     out = Path(out)
     folder = out.parent
-    if not (folder / "config.json").is_file() or (folder / RECIPE_NAME).exists():
-        return
-    member = output_family(out)
-    there = sorted((f.name for f in folder.iterdir() if member(f.name) and not f.name.endswith(".tmp")),
-                   key=lambda n: (not n.endswith(".index.json"), n))
-    if there:
+    if out.is_file() and (folder / "config.json").is_file() and not (folder / RECIPE_NAME).exists():
         raise ValueError(f"--out {out}: its folder is a model folder no merge wrote (it has config.json), and "
-                         f"writing there would replace or remove its {', '.join(there)}; choose another name or "
+                         f"writing there would replace or remove its {out.name}; choose another name or "
                          "folder (--out DIR/ writes a model folder), or remove them first")
 
 
