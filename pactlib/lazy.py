@@ -56,6 +56,7 @@ import logging
 import math
 import os
 import re
+import stat
 import sys
 import threading
 import warnings
@@ -638,6 +639,8 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
             model's weights (named).
         CheckpointError: ``out`` is a folder, a part of its path is a file, or its folder is not
             writable (named).
+        OutputError: a name ``out`` may write (its lock file included) is a symbolic link
+            (:func:`refuse_link`, naming it).
     """
     out = Path(out)
     member = output_family(out)
@@ -669,6 +672,10 @@ def check_out_target(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]
                              "choose another file name or folder")
     if out.is_dir():
         raise CheckpointError(f"{name} {out} is a folder; name the output file (e.g. {out / 'model.safetensors'})")
+    links = [output_lock_path(out)] + sorted(f for f in (folder.iterdir() if folder.is_dir() else ())
+                                             if member(f.name) and f.is_symlink())
+    for f in links:
+        refuse_link(out.parent / f.name, out)
     others = sorted(f.name for f in ours.values() if f.name != out.name and not f.name.endswith(".tmp"))
     if others and (folder / "config.json").is_file() and not (folder / PACT_RECIPE).is_file():
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
@@ -780,6 +787,24 @@ def _is_live(f: Path) -> bool:
         os.close(fd)
 
 
+def refuse_link(path: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Refuse a symbolic link at ``path``, a name the output ``out`` writes (a lock, a temporary
+    or published file): writing there would write the file it points to, outside the output.
+
+    Raises:
+        OutputError: ``path`` is a symbolic link (``ELOOP``; naming it and its target).
+    """
+    from .io import OutputError
+
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        raise OutputError(errno.ELOOP, f"cannot write the output {out}: {path} is a symbolic link (to {target}); "
+                                       "pact merge never writes through a link; remove it")
+
+
 #: The lock file of a model folder output, inside it (:func:`output_lock_path`)
 FOLDER_LOCK = ".pact-merge.lock"
 #: the recipe a folder output holds (:data:`pactlib.recipe.RECIPE_NAME`): a folder with it is one a
@@ -814,11 +839,19 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
     out = Path(out)
     path = output_lock_path(out, folder=folder)
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        refuse_link(path, out)
+        try:  # never through a link (O_NOFOLLOW): a link made since the check fails with ELOOP
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
         except OSError as e:
+            refuse_link(path, out)
             raise OutputError(e.errno or errno.EIO, f"cannot write the output {out} ({e.strerror}: its lock file "
                                                     f"{path.name} cannot be made there); nothing was published") from e
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a FIFO, or a hard link: its bytes are another file's too
+            os.close(fd)
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+            raise OutputError(errno.EEXIST, f"cannot write the output {out}: its lock file {path} is {what}; "
+                                            "pact merge writes only files it makes; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -834,6 +867,9 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
             break
         os.close(fd)
     try:
+        ended = os.read(fd, 32).decode(errors="replace").strip()
+        if ended:  # a run that ended without removing it (SIGKILL): it holds no lock, so its process is gone
+            log.info("%s: took over the lock file %s that an ended run (process %s) left", out, path.name, ended)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield path

@@ -60,7 +60,7 @@ from pathlib import Path
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
 from .lazy import (FOLDER_ORDER, PACT_RECIPE, checkpoint_files, is_folder_output, output_family,  # noqa: F401
-                   output_lock_path, parse_size, remove_published)  # (is_folder_output: here too)
+                   output_lock_path, parse_size, refuse_link, remove_published)  # (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
@@ -567,13 +567,19 @@ def check_folder_target(folder: str | os.PathLike, inputs: Sequence[str | os.Pat
     a dot (``.git``, a run's lock) do not count, so a new repository's folder takes a merge.
     ``written=False`` skips that last check (the inputs' check comes first).
 
+    A symbolic link at a name the merge writes there (:data:`SUPPORT_FILES`, the recipe, the
+    card) is refused: nothing is written through a link.
+
     Raises:
         ValueError: the folder holds a file of an input, or files no merge wrote (named).
         CheckpointError: the path is a file.
+        OutputError: a name the merge writes is a symbolic link (named).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise CheckpointError(f"--out {folder}: is a file, not a folder")
+    for name in (*SUPPORT_FILES, RECIPE_NAME, CARD_NAME):
+        refuse_link(folder / name, folder)
     target = folder.resolve()
     for p in inputs:
         for f in checkpoint_files(p):
@@ -638,6 +644,18 @@ def _support_file(path: Path) -> bytes | None:
         raise CheckpointError(f"{path}: cannot read the pre-trained folder's {path.name} ({e.strerror or e})") from e
 
 
+def _warn_if_outside(src: Path, name: str, folder: Path) -> None:
+    """Warn when θ0's support file ``src / name`` is a link to a file outside θ0's folder ``src``:
+    the file it points to is what is copied into the folder output ``folder``."""
+    path = src / name
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    if not target.is_relative_to(src.resolve()):
+        warnings.warn(f"{path} is a link to {target}, outside the pre-trained folder {src}; copied into {folder} "
+                      f"as the pre-trained model's {name}", stacklevel=3)
+
+
 class FolderFiles:
     """The files of a folder output besides its weights: θ0's folder's :data:`SUPPORT_FILES` as
     they are, the recipe (:data:`RECIPE_NAME`) and the card (:data:`CARD_NAME`, naming ``weights``,
@@ -675,6 +693,7 @@ class FolderFiles:
                 for name in SUPPORT_FILES:
                     data = _support_file(src / name)
                     if data is not None:
+                        _warn_if_outside(src, name, self.folder)
                         self._stage(name, data)
             copied = {path.name for _, path, _ in self._staged}
             library = ("open_clip" if "open_clip_config.json" in copied else
