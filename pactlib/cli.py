@@ -348,15 +348,17 @@ def _merge(args) -> int:
         shards = CheckpointWriter(out, [(k, v.shape, v.dtype) for k, v in base.meta().items()],
                                   max_shard_size=max_shard_size).files  # the names merge_files will write
         folder_files = rc.FolderFiles(folder, r, sha256=r.sha256, weights=[f.path.name for f in shards])
-    with folder_files:
-        res = merge_files(r.merge_method, r.base_model, finetuned, out, alpha=r.alpha, pact=r.pact,
-                          names=names, rule=MatrixRule.preset(rule), max_shard_size=max_shard_size,
-                          loader=loader, workers=workers, device=args.device,
+    with folder_files:  # a folder's files are written in its staging folder, swapped in whole (FolderFiles)
+        res = merge_files(r.merge_method, r.base_model, finetuned, folder_files.staged(out) if folder else out,
+                          alpha=r.alpha, pact=r.pact, names=names, rule=MatrixRule.preset(rule),
+                          max_shard_size=max_shard_size, loader=loader, workers=workers, device=args.device,
                           on_publish=folder_files.publish if folder is not None else None, **kw)
+    final = (lambda f: folder / Path(f).name) if folder is not None else (lambda f: f)
     extra = {"lora_adapters": adapters, "lora_key_map": r.lora_key_map} if adapters else {}
-    say_merged({"out": str(res.path), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
+    say_merged({"out": str(final(res.path)), "method": r.merge_method, "pact": r.pact, "alpha": r.alpha,
                 "tasks": res.tasks, "rule": rule, "params": kw, **extra,
-                **({"folder": str(folder)} if folder is not None else {}), "files": [str(f) for f in res.files]})
+                **({"folder": str(folder)} if folder is not None else {}),
+                "files": [str(final(f)) for f in res.files]})
     return 0
 
 

@@ -713,6 +713,8 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
     an interrupted writer (SIGKILL) left. As Hugging Face's ``save_pretrained`` cleans its folder.
     Returns the deleted paths."""
     out = Path(out)
+    if not out.parent.is_dir():  # a model folder's staging folder, swapped in (pactlib.recipe.FolderFiles)
+        return []
     member = output_family(out)
     keep_names = {Path(k).name for k in keep}
     earlier, temps = [], []
@@ -724,12 +726,18 @@ def remove_stale_outputs(out: str | os.PathLike, keep: Sequence[str | os.PathLik
                 temps.append(f)
     why = "a file of an earlier output under this name; a reader of the folder may read it"
     gone = remove_published(earlier, where=out, why=why)
+    warn_earlier(out, gone, stacklevel=3)
+    return sorted(gone + remove_published(temps, where=out, why=why))
+
+
+def warn_earlier(out: str | os.PathLike, gone: Sequence[Path], *, stacklevel: int = 2) -> None:
+    """Warn that ``gone``, the files of an earlier output named as ``out``, were removed."""
     if gone:
-        gone.sort(key=lambda f: (not f.name.endswith(INDEX_SUFFIX), f.name))  # the index first
+        out = Path(out)
+        gone = sorted(gone, key=lambda f: (not f.name.endswith(INDEX_SUFFIX), f.name))  # the index first
         names = ", ".join(f.name for f in gone[:4]) + (f" and {len(gone) - 4} more" if len(gone) > 4 else "")
         warnings.warn(f"{out.parent}: removed {names}: the files of an earlier output named {out.name}, which a "
-                      "reader of the folder would take for this merge's", stacklevel=2)
-    return sorted(gone + remove_published(temps, where=out, why=why))
+                      "reader of the folder would take for this merge's", stacklevel=stacklevel)
 
 
 def remove_published(paths: Sequence[Path], *, where, why: str) -> list[Path]:
@@ -805,6 +813,11 @@ def refuse_link(path: str | os.PathLike, out: str | os.PathLike) -> None:
                                        "pact merge never writes through a link; remove it")
 
 
+#: {absolute lock path: descriptors of locks made under that name since} of the :func:`output_lock`
+#: blocks open in this process: a model folder published by a swap (:class:`pactlib.recipe.FolderFiles`)
+#: brings its own lock file, held from before the swap and let go with the folder's
+held_locks: dict[str, list[int]] = {}
+
 #: The lock file of a model folder output, inside it (:func:`output_lock_path`)
 FOLDER_LOCK = ".pact-merge.lock"
 #: the recipe a folder output holds (:data:`pactlib.recipe.RECIPE_NAME`): a folder with it is one a
@@ -866,6 +879,8 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
         if same:
             break
         os.close(fd)
+    key = os.path.abspath(path)
+    held_locks[key] = []
     try:
         ended = os.read(fd, 32).decode(errors="replace").strip()
         if ended:  # a run that ended without removing it (SIGKILL): it holds no lock, so its process is gone
@@ -876,6 +891,8 @@ def output_lock(out: str | os.PathLike, *, folder: bool = False) -> Iterator[Pat
     finally:
         path.unlink(missing_ok=True)  # while still holding it: a waiting opener sees another inode and retries
         os.close(fd)
+        for other in held_locks.pop(key, []):  # the lock of a folder swapped in (pactlib.recipe.FolderFiles)
+            os.close(other)
 
 
 def check_out_suffix(out: str | os.PathLike, max_shard_size=None) -> str:

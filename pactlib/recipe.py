@@ -46,12 +46,18 @@ the card on the Hugging Face hub.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import glob
 import hashlib
 import json
 import math
 import os
 import re
+import shutil
+import signal
+import stat
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,8 +65,9 @@ from pathlib import Path
 
 from .checks import CheckpointError
 from .io import close_quietly, new_temp, output_error
-from .lazy import (FOLDER_ORDER, PACT_RECIPE, checkpoint_files, is_folder_output, output_family,  # noqa: F401
-                   output_lock_path, parse_size, refuse_link, remove_published)  # (is_folder_output: here too)
+from .lazy import (FOLDER_LOCK, FOLDER_ORDER, PACT_RECIPE, checkpoint_files, held_locks,  # noqa: F401
+                   is_folder_output, output_family, output_lock_path, parse_size, refuse_link, remove_published,
+                   warn_earlier)  # (is_folder_output: here too)
 from .matrix import PRESETS
 
 #: The recipe's file name in a model folder.
@@ -659,12 +666,25 @@ def _warn_if_outside(src: Path, name: str, folder: Path) -> None:
 class FolderFiles:
     """The files of a folder output besides its weights: θ0's folder's :data:`SUPPORT_FILES` as
     they are, the recipe (:data:`RECIPE_NAME`) and the card (:data:`CARD_NAME`, naming ``weights``,
-    the weight files' names). Entering writes each as a locked temporary file beside its name
-    (:func:`pactlib.io.new_temp`); :meth:`publish`, called once the weights are published, renames
-    them (the card last). Leaving the block without :meth:`publish` (a support file that cannot
-    be read, a full disk, a failed merge) removes the temporary files, so a failure before the
-    weights are published leaves an existing folder as it was. ``method``: as for
-    :meth:`Recipe.split_params`.
+    the weight files' names). ``method``: as for :meth:`Recipe.split_params`.
+
+    The folder is published whole by a swap: entering makes a staging folder beside it
+    (``.<name>.pact-new-<pid>-<random>``, in the same parent) and writes each file there as a
+    locked temporary file (:func:`pactlib.io.new_temp`); the weights are written there too
+    (:meth:`staged` gives their path). :meth:`publish`, called once the weights are published
+    there, renames the files, links in what the folder holds that this merge does not write (a
+    user's files), and exchanges the staging folder with the folder in one step (Linux's
+    ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames); the earlier folder is then removed.
+    So a run killed at any moment leaves the earlier folder whole or the new one whole, and a later
+    run removes what a killed one left (its staging or earlier folder), saying so. Folders in the
+    folder (``.git``) are moved into the new one after the exchange. Where no staging folder can be
+    made (a parent folder that is not writable, a folder that is a mount point, or the working
+    folder of the run or one above it), the files are written and renamed in the folder itself, the
+    card last.
+
+    Leaving the block without :meth:`publish` (a support file that cannot be read, a full disk, a
+    failed merge) removes the staging folder, so a failure before the weights are published
+    leaves an existing folder as it was.
 
     Raises:
         CheckpointError: a support file's name in θ0's folder is not a readable regular file;
@@ -676,9 +696,20 @@ class FolderFiles:
         self.folder, self.recipe, self.sha256, self.weights, self.method = \
             Path(folder), recipe, sha256, list(weights), method
         self._staged: list[tuple[Path, Path, object]] = []  # (temporary file, its name, open file)
+        self.stage: Path | None = None  # the staging folder, while there is one
+
+    def staged(self, path: str | os.PathLike) -> Path:
+        """Where the file of the folder named ``path`` is written: in the staging folder."""
+        path = Path(path)
+        return self.stage / path.name if self.stage is not None and path.parent == self.folder else path
+
+    def final(self, path: str | os.PathLike) -> Path:
+        """The name in the folder of ``path``, a file written in the staging folder."""
+        path = Path(path)
+        return self.folder / path.name if self.stage is not None and path.parent == self.stage else path
 
     def _stage(self, name: str, data: bytes) -> None:
-        tmp, f = new_temp(self.folder / name)
+        tmp, f = new_temp(self.staged(self.folder / name))
         self._staged.append((tmp, self.folder / name, f))
         try:
             f.write(data)
@@ -688,6 +719,8 @@ class FolderFiles:
 
     def __enter__(self) -> FolderFiles:
         try:
+            self._remove_dead_stages()
+            self.stage = self._make_stage()
             src = base_folder(self.recipe.base_model)
             if src is not None and src.resolve() != self.folder.resolve():
                 for name in SUPPORT_FILES:
@@ -706,16 +739,56 @@ class FolderFiles:
             raise
         return self
 
+    def _stage_prefix(self) -> tuple[Path, str]:
+        real = self.folder.resolve()  # a folder named through a link: the swap is the real folder's
+        return real, f".{real.name}.pact-"
+
+    def _make_stage(self) -> Path | None:
+        real, prefix = self._stage_prefix()
+        try:
+            if not real.is_dir() or os.stat(real).st_dev != os.stat(real.parent).st_dev:
+                return None
+            if not os.access(real.parent, os.W_OK | os.X_OK):
+                return None
+            cwd = Path.cwd().resolve()
+            if cwd == real or real in cwd.parents:  # swapped, the run would work in the removed folder
+                return None
+            stage = real.parent / f"{prefix}new-{os.getpid()}-{os.urandom(4).hex()}"
+            stage.mkdir(mode=stat.S_IMODE(os.stat(real).st_mode))  # never through a link: EEXIST
+        except OSError:
+            return None
+        return stage
+
+    def _remove_dead_stages(self) -> None:
+        """Remove the staging and earlier folders that a killed run of this folder left beside
+        it (their process gone), saying so; folders a user kept in the folder that one of them
+        still holds are moved back first."""
+        real, prefix = self._stage_prefix()
+        if not real.parent.is_dir():
+            return
+        for d in sorted(real.parent.glob(glob.escape(prefix) + "*")):
+            m = re.fullmatch(re.escape(prefix) + r"(?:new|old)-(\d+)-[0-9a-f]{8}", d.name)
+            if m is None or d.is_symlink() or not d.is_dir() or _alive(int(m.group(1))):
+                continue
+            if real.is_dir():
+                for child in d.iterdir():
+                    if child.is_dir() and not child.is_symlink() and not os.path.lexists(real / child.name):
+                        with contextlib.suppress(OSError):
+                            os.rename(child, real / child.name)
+            shutil.rmtree(d, ignore_errors=True)
+            warnings.warn(f"{self.folder}: removed {d}, left by a run (process {m.group(1)}) that was killed while "
+                          "it wrote or published this folder", stacklevel=3)
+
     def publish(self) -> list[Path]:
-        """Rename the temporary files to their names, the card last; return those names. In a
-        folder an earlier merge wrote (it holds :data:`RECIPE_NAME`), the :data:`SUPPORT_FILES`
-        that θ0's folder does not have, and weights under the other name of
-        :data:`WEIGHT_NAMES`, are then removed, with a warning naming each: this merge does not
-        write them (an earlier merge from another θ0 did, or a hand put them there), and they
-        would describe another model. A θ0 that is one file, not a folder, leaves
-        the support files, but for an earlier open_clip θ0's ``open_clip_config.json`` (it names
-        weights the folder no longer has). Temporary files a killed run left for these names are
-        removed too.
+        """Rename the temporary files to their names, the card last, and swap the staging folder
+        in (class docstring); return the files' names in the folder. In a folder an earlier merge
+        wrote (it holds :data:`RECIPE_NAME`), the :data:`SUPPORT_FILES` that θ0's folder does not
+        have, and weights under the other name of :data:`WEIGHT_NAMES`, are not kept, with a
+        warning naming each: this merge does not write them (an earlier merge from another θ0
+        did, or a hand put them there), and they would describe another model. A θ0 that is one
+        file, not a folder, leaves the support files, but for an earlier open_clip θ0's
+        ``open_clip_config.json`` (it names weights the folder no longer has). Temporary files a
+        killed run left for these names are removed too.
 
         Raises:
             OutputError: a rename failed (naming the file).
@@ -726,16 +799,85 @@ class FolderFiles:
         while self._staged:  # each renamed file leaves the list: a failure discards only the rest
             tmp, path, f = self._staged[0]
             try:
-                os.replace(tmp, path)
+                os.replace(tmp, self.staged(path))
             except OSError as e:
                 raise output_error(path, e) from e
             del self._staged[0]
             close_quietly(f)
             done.append(path)
         why = "which this merge does not write; it would describe another model"
+        if self.stage is not None:
+            self._swap(stale)
+            for path in stale:
+                warnings.warn(f"{self.folder}: removed {path.name}, {why}", stacklevel=2)
+            return done
         for path in remove_published(stale, where=self.folder, why=why):
             warnings.warn(f"{self.folder}: removed {path.name}, {why}", stacklevel=2)
         return done
+
+    def _swap(self, stale: Sequence[Path]) -> None:
+        """Make the staging folder the folder (class docstring): the folder's files this merge
+        neither writes nor drops (``stale``, the earlier weights, leftovers) are linked in, the
+        folder's lock is made there and held, the two are exchanged, the folders it held moved
+        in and the earlier folder removed."""
+        from .io import OutputError, signals_held
+
+        real, prefix = self._stage_prefix()
+        stage = self.stage
+        new = {f.name for f in stage.iterdir()}
+        lock = real / FOLDER_LOCK
+        drop = {p.name for p in stale} | {FOLDER_LOCK}
+        ours = [n for n in WEIGHT_NAMES if self.weights and output_family(real / n)(self.weights[0])]
+        weights = output_family(real / (ours[0] if ours else self.weights[0]))
+        earlier = []
+        dirs = []
+        for f in sorted(real.iterdir()):
+            if f.name in new or f.name in drop:
+                if f.name in new and f.is_dir() and not f.is_symlink():
+                    raise OutputError(errno.EISDIR, f"cannot write the output {self.folder / f.name}: a folder is "
+                                                    "there; nothing was published")
+                continue
+            if weights(f.name) or _leftover(f.name):
+                if weights(f.name) and not f.name.endswith(".tmp"):
+                    earlier.append(self.folder / f.name)
+                continue
+            if f.is_dir() and not f.is_symlink():
+                dirs.append(f.name)
+                continue
+            try:
+                os.link(f, stage / f.name, follow_symlinks=False)
+            except OSError as e:
+                raise output_error(self.folder / f.name, e) from e
+        for w in self.weights:  # the writer's lock in the staging folder (its writer lets go of it after)
+            output_lock_path(stage / w).unlink(missing_ok=True)
+        key = os.path.abspath(self.folder / FOLDER_LOCK)
+        if key in held_locks and os.path.lexists(lock):  # the folder is held: the new one is, from before the swap
+            fd = os.open(stage / FOLDER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            held_locks[key].append(fd)
+        old = real.parent / f"{prefix}old-{os.getpid()}-{os.urandom(4).hex()}"
+        step("exchange")
+        try:
+            if _exchange(stage, real):
+                step("exchanged")
+                os.rename(stage, old)
+            else:
+                os.rename(real, old)
+                step("moved aside")
+                os.rename(stage, real)
+        except OSError as e:
+            raise output_error(self.folder, e) from e
+        self.stage = None
+        with signals_held() as held:  # what the signals_held block published has its names in the folder
+            held[:] = [self.folder / Path(p).name if Path(p).parent == stage else p for p in held]
+        step("swapped")
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.rename(old / name, real / name)
+        step("moved back")
+        shutil.rmtree(old, ignore_errors=True)
+        warn_earlier(self.folder / (ours[0] if ours else self.weights[0]), earlier, stacklevel=4)
 
     def _stale_files(self) -> list[Path]:
         """In a folder an earlier merge wrote: the support files θ0's folder lacks, and the
@@ -777,6 +919,58 @@ class FolderFiles:
             close_quietly(f)
             tmp.unlink(missing_ok=True)
         self._staged = []
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
 
     def __exit__(self, *exc) -> None:
         self._discard()
+
+
+def step(name: str) -> None:
+    """A named step of a folder's swap (:meth:`FolderFiles.publish`); ``PACT_TEST_KILL_AT=name``
+    kills the process there (SIGKILL), as a test of what a killed run leaves."""
+    if os.environ.get("PACT_TEST_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process ``pid`` runs (one of another user counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _leftover(name: str) -> bool:
+    """Whether ``name`` is what a killed run leaves in a folder output: a temporary file, a lock
+    file, a spill folder of global TIES (:func:`pactlib.lazy.spill_prefix`)."""
+    return name.startswith(".") and (name.endswith((".tmp", ".lock"))
+                                     or any(name.startswith(f".{n}.spill-") for n in WEIGHT_NAMES))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange the folders ``a`` and ``b`` in one step (``renameat2(RENAME_EXCHANGE)``); False
+    where the system has no such call (nothing done).
+
+    Raises:
+        OSError: the call failed otherwise.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

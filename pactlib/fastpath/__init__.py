@@ -679,28 +679,31 @@ def try_merge(args) -> int | None:
         r = replace(r, sha256=check_sha256(r, where=a.config or "recipe", workers=_workers(a)),
                     dtype=p.dtypes[0] if len(p.dtypes) == 1 else None)
     Path(p.out).parent.mkdir(parents=True, exist_ok=True)
-    with output_lock(p.out):
-        entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
-        with CheckpointWriter(p.out, entries, max_shard_size=p.max_shard_size) as writer:
+    entries = [(k, shape, dt) for k, (shape, dt, _) in p.entries.items()]
+    names = [f.path.name for f in CheckpointWriter(p.out, entries, max_shard_size=p.max_shard_size).files]
+    # a folder's files are written in its staging folder and swapped in whole (FolderFiles)
+    with (FolderFiles(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method], weights=names)
+          if p.folder is not None else contextlib.nullcontext()) as folder_files:
+        out = folder_files.staged(p.out) if folder_files is not None else p.out
+        with output_lock(out), CheckpointWriter(out, entries, max_shard_size=p.max_shard_size) as writer:
             found = (_task_arithmetic if r.merge_method == "task_arithmetic" else _ties)(p, writer)
             if found is None:
                 return None  # the writer removes its temporary files; the torch path names the cause
             for message in task_set_warnings(list(r.models), *found):
                 warnings.warn(message, stacklevel=2)
-            # the folder's other files are written before the weights are published, renamed after
-            with (FolderFiles(p.folder, r, sha256=r.sha256, method=METHODS[r.merge_method],
-                              weights=[f.path.name for f in writer.files])
-                  if p.folder is not None else contextlib.nullcontext()) as folder_files:
-                with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
-                    weights = writer.commit()
-                    held += weights
-                    extra = folder_files.publish() if folder_files is not None else []
-                    held += extra
-                    finish_output(p.out, weights)
+            with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
+                weights = writer.commit()
+                held += weights
+                extra = folder_files.publish() if folder_files is not None else []
+                held += extra
+                finish_output(out, weights)
+    path = Path(writer.path)
+    if p.folder is not None:  # the names in the folder, not in its staging folder
+        weights, path = [p.folder / w.name for w in weights], p.folder / path.name
     from ..cli import say_merged
 
     files = weights + extra
-    say_merged({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
+    say_merged({"out": str(path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
                 "tasks": len(r.models), "rule": detect_preset(p.entries) if r.rule == "auto" else r.rule,
                 "params": r.params, **({"folder": str(p.folder)} if p.folder is not None else {}),
                 "files": [str(f) for f in files]})
