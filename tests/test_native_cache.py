@@ -45,9 +45,12 @@ def _python(cache: Path, code: str, *flags: str, **extra) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """A cache holding the probed native library of the current sources (built once)."""
+    """A cache holding the probed native library and the fast path's (TIES) of the current sources
+    (built once)."""
     cache = tmp_path_factory.mktemp("built") / "cache"
-    r = _python(cache, "from pactlib import native; import sys; sys.exit(0 if native.library() else 3)")
+    code = "from pactlib import native; from pactlib.fastpath import kernels; import sys; " \
+           "sys.exit(0 if kernels.library(native.library()) else 3)"
+    r = _python(cache, code)
     assert r.returncode == 0, r.stderr
     return cache
 
@@ -71,16 +74,16 @@ def files(tmp_path_factory) -> tuple[str, list[str]]:
     return str(d / "base.safetensors"), paths
 
 
-def _merge(cache: Path, files, out: Path, **extra) -> subprocess.CompletedProcess:
+def _merge(cache: Path, files, out: Path, method: str = "task_arithmetic", **extra) -> subprocess.CompletedProcess:
     base, fts = files
-    argv = ["merge", "--method", "task_arithmetic", "--alpha", "0.3", "--pretrained", base, "--finetuned", *fts,
+    argv = ["merge", "--method", method, "--alpha", "0.3", "--pretrained", base, "--finetuned", *fts,
             "--out", str(out)]
     return subprocess.run([sys.executable, "-m", "pactlib.cli", *argv], env=_env(cache, **extra),
                           capture_output=True, text=True, timeout=300)
 
 
-def _library(cache: Path) -> Path:
-    (lib,) = (cache / "native").glob("ties-*.so")
+def _library(cache: Path, stem: str = "ties") -> Path:
+    (lib,) = (cache / "native").glob(f"{stem}-*.so")
     return lib
 
 
@@ -92,39 +95,42 @@ def _healed(cache: Path) -> None:
     assert (r.returncode, r.stderr) == (0, "")
 
 
-def _torch_bytes(tmp_path: Path, files) -> bytes:
+def _torch_bytes(tmp_path: Path, files, method: str = "task_arithmetic") -> bytes:
     out = tmp_path / "torch" / "m.safetensors"
-    r = _merge(tmp_path / "unused", files, out, **{native.ENV: "0"})
+    r = _merge(tmp_path / "unused", files, out, method, **{native.ENV: "0"})
     assert r.returncode == 0, r.stderr
     return out.read_bytes()
 
 
-def _rebuilt(cache: Path, files, tmp_path: Path, why: str, **extra) -> None:
+def _rebuilt(cache: Path, files, tmp_path: Path, why: str, stem: str = "ties", method: str = "task_arithmetic",
+             **extra) -> None:
     """``pact merge`` with the cache as it is: exit 0, the torch path's bytes, exactly one warning
     (the rebuild, naming the library and ``why``), and a healed cache."""
-    lib = _library(cache)
+    lib = _library(cache, stem)
     out = tmp_path / "fast" / "m.safetensors"
-    r = _merge(cache, files, out, **extra)
+    r = _merge(cache, files, out, method, **extra)
     assert r.returncode == 0, r.stderr
     warns = [ln for ln in r.stderr.splitlines() if ln.startswith("pact: warning:")]
     assert len(warns) == 1, r.stderr
     assert warns[0].startswith(f"pact: warning: rebuilding the native library {lib}: {why}"), r.stderr
-    assert out.read_bytes() == _torch_bytes(tmp_path, files)
+    assert out.read_bytes() == _torch_bytes(tmp_path, files, method)
     _healed(cache)
 
 
-def test_a_truncated_library_is_rebuilt_not_loaded(cache, files, tmp_path):
-    lib = _library(cache)
+@pytest.mark.parametrize("stem, method", [("ties", "task_arithmetic"), ("fastpath", "ties")])
+def test_a_truncated_library_is_rebuilt_not_loaded(cache, files, tmp_path, stem, method):
+    """Truncated to 1,000 bytes (loading it raised SIGBUS): native's library, and the fast path's."""
+    lib = _library(cache, stem)
     with open(lib, "r+b") as f:
         f.truncate(1000)
-    _rebuilt(cache, files, tmp_path, "its SHA-256 (")
-    assert _library(cache).stat().st_size > 1000
+    _rebuilt(cache, files, tmp_path, "its SHA-256 (", stem, method)
+    assert _library(cache, stem).stat().st_size > 1000
 
 
 @pytest.mark.parametrize("content", [os.urandom(36000), b""], ids=["random-bytes", "empty"])
 def test_a_library_of_random_bytes_or_empty_is_rebuilt(cache, files, tmp_path, content):
     _library(cache).write_bytes(content)
-    _rebuilt(cache, files, tmp_path, f"its SHA-256 (")
+    _rebuilt(cache, files, tmp_path, "its SHA-256 (")
     assert b"\x7fELF" == _library(cache).read_bytes()[:4]
 
 
@@ -154,9 +160,9 @@ def test_a_cache_folder_others_may_write_is_refused(cache, files, tmp_path, mode
     out = tmp_path / "m.safetensors"
     r = _merge(cache, files, out, PLANTED_MARK=str(tmp_path / "ran"))
     assert r.returncode == 0, r.stderr
-    assert r.stderr.splitlines()[0] == (f"pact: warning: native code not used: the cache folder {folder} is writable "
-                                        f"by {who} (mode {mode:o}; chmod go-w it to use native code); the torch "
-                                        f"path runs instead")
+    assert r.stderr.splitlines() == [f"pact: warning: native code not used: the cache folder {folder} is writable "
+                                     f"by {who} (mode {mode:o}; chmod go-w it to use native code); the torch "
+                                     f"path runs instead"]
     assert out.read_bytes() == _torch_bytes(tmp_path, files)
     assert sorted(p.name for p in folder.iterdir()) == before
     code = "from pactlib import native; import sys; sys.exit(0 if native.library() is None else 3)"

@@ -58,6 +58,7 @@ BLOCK = 512  # positions per block of the merge pass (ties.c)
 _lock = threading.RLock()
 _lib: list = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
 _plain: list = []  # the same for compiled(): the marked library, loaded without the probe
+_said: set[str] = set()  # the warnings load() gave
 
 
 def compiler() -> str | None:
@@ -100,13 +101,15 @@ def load(cc: str, sources: tuple[Path, ...] = SOURCES, stem: str = "ties", *, ma
     try:
         return cache.load(stem, _key(cc, sources), _compile(cc, sources), marked_only=marked_only)
     except cache.UnsafeFolder as e:
-        warnings.warn(str(e), stacklevel=2)
+        why = str(e)
     except subprocess.CalledProcessError as e:
         last = (e.stderr or "").strip().splitlines()[-1:] or [f"exit status {e.returncode}"]
-        warnings.warn(f"native code not used: compiling {', '.join(f.name for f in sources)} failed: {last[0]}",
-                      stacklevel=2)
+        why = f"native code not used: compiling {', '.join(f.name for f in sources)} failed: {last[0]}"
     except OSError as e:
-        warnings.warn(f"native code not used: the cache {cache_dir('native')}: {e}", stacklevel=2)
+        why = f"native code not used: the cache {cache_dir('native')}: {e}"
+    if why not in _said:  # once per process: compiled() and library() both ask
+        _said.add(why)
+        warnings.warn(why, stacklevel=2)
     return None
 
 
