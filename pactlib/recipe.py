@@ -234,7 +234,15 @@ def dump_yaml(data: Mapping, indent: int = 0) -> str:
 _NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?(\.\d*)?([eE][-+]?\d+)?$")
 
 
-def _parse_scalar(text: str, where: str):
+#: how deep a recipe may nest mappings and lists (a recipe needs 3 levels)
+MAX_DEPTH = 64
+
+
+def _too_deep(where: str) -> RecipeError:
+    return RecipeError(f"{where}: nested deeper than {MAX_DEPTH} levels (a recipe needs 3)")
+
+
+def _parse_scalar(text: str, where: str, depth: int = 0):
     text = text.strip()
     if text == "":
         return None
@@ -255,8 +263,10 @@ def _parse_scalar(text: str, where: str):
     if text[0] == "[":
         if text[-1] != "]":
             raise RecipeError(f"{where}: unbalanced [ in {text!r}")
+        if depth >= MAX_DEPTH:
+            raise _too_deep(where)
         inner = text[1:-1].strip()
-        return [_parse_scalar(x, where) for x in inner.split(",")] if inner else []
+        return [_parse_scalar(x, where, depth + 1) for x in inner.split(",")] if inner else []
     low = text.lower()
     if low in ("null", "~"):
         return None
@@ -288,17 +298,46 @@ def _strip_comment(line: str) -> str:
     return line
 
 
-def parse_yaml(text: str, *, name: str = "recipe"):
+def _json_too_deep(text: str) -> int | None:
+    """The line where the JSON ``text`` first nests deeper than :data:`MAX_DEPTH`, else None."""
+    depth, line, quoted, escaped = 0, 1, False, False
+    for c in text:
+        if c == "\n":
+            line += 1
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            quoted = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line
+        elif c in "]}":
+            depth -= 1
+    return None
+
+
+def parse_yaml(text: str, *, name: str = "recipe", lines: dict[str, int] | None = None):
     """Read the YAML subset of recipes: block mappings and sequences (of mappings or scalars),
-    scalars as :func:`_parse_scalar` reads them, ``#`` comments; a JSON document too.
+    scalars as :func:`_parse_scalar` reads them, ``#`` comments; a JSON document too. Nesting
+    deeper than :data:`MAX_DEPTH` is refused.
+
+    ``lines``, when given, is filled with the line of each key and list item of a YAML text, by
+    its field path as :func:`read_recipe` names fields (``models[1].model``, ``parameters.k``).
 
     Raises:
-        RecipeError: a tab, a bad indentation, an unsupported feature (naming ``name`` and the line).
+        RecipeError: a tab, a bad indentation, an unsupported feature, too deep a nesting
+            (naming ``name`` and the line).
     """
+    if text.lstrip()[:1] in ("[", "{"):
+        deep = _json_too_deep(text)
+        if deep is not None:
+            raise _too_deep(f"{name} line {deep}")
     try:
         return json.loads(text)
     except ValueError:
         pass
+    lines = {} if lines is None else lines
     rows = []
     for n, raw in enumerate(text.splitlines(), 1):
         if "\t" in raw[:len(raw) - len(raw.lstrip())]:
@@ -309,23 +348,28 @@ def parse_yaml(text: str, *, name: str = "recipe"):
         rows.append((n, len(line) - len(line.lstrip()), line.strip()))
     pos = 0
 
-    def block(indent: int):
+    def block(indent: int, depth: int, at: str):
         nonlocal pos
         n, ind, s = rows[pos]
+        if depth >= MAX_DEPTH:
+            raise _too_deep(f"{name} line {n}")
         if s.startswith("- ") or s == "-":
             out = []
             while pos < len(rows) and rows[pos][1] == indent and (rows[pos][2].startswith("- ") or rows[pos][2] == "-"):
                 n, _, s = rows[pos]
+                item = f"{at}[{len(out)}]"
+                lines[item] = n
                 rest = s[1:].lstrip()
                 item_indent = indent + (len(s) - len(rest))
                 if not rest:
                     pos += 1
-                    out.append(block(rows[pos][1]) if pos < len(rows) and rows[pos][1] > indent else None)
+                    out.append(block(rows[pos][1], depth + 1, item) if pos < len(rows) and rows[pos][1] > indent
+                               else None)
                 elif _key(rest) is not None:
                     rows[pos] = (n, item_indent, rest)  # the item's first key, then its other keys
-                    out.append(block(item_indent))
+                    out.append(block(item_indent, depth + 1, item))
                 else:
-                    out.append(_parse_scalar(rest, f"{name} line {n}"))
+                    out.append(_parse_scalar(rest, f"{name} line {n}", depth + 1))
                     pos += 1
             return out
         out = {}
@@ -337,12 +381,14 @@ def parse_yaml(text: str, *, name: str = "recipe"):
             k, rest = kv
             if k in out:
                 raise RecipeError(f"{name} line {n}: {k!r} is given twice")
+            field = f"{at}.{k}" if at else str(k)
+            lines[field] = n
             pos += 1
             if rest:
-                out[k] = _parse_scalar(rest, f"{name} line {n}")
+                out[k] = _parse_scalar(rest, f"{name} line {n}", depth + 1)
             elif pos < len(rows) and (rows[pos][1] > indent or
                                       (rows[pos][1] == indent and rows[pos][2].startswith("-"))):
-                out[k] = block(rows[pos][1])
+                out[k] = block(rows[pos][1], depth + 1, field)
             else:
                 out[k] = None
         if pos < len(rows) and rows[pos][1] > indent:
@@ -351,7 +397,7 @@ def parse_yaml(text: str, *, name: str = "recipe"):
 
     if not rows:
         raise RecipeError(f"{name}: the file is empty")
-    data = block(rows[0][1])
+    data = block(rows[0][1], 0, "")
     if pos < len(rows):
         raise RecipeError(f"{name} line {rows[pos][0]}: unexpected indentation")
     return data
@@ -379,8 +425,10 @@ def read_recipe(path: str | os.PathLike, *, methods: Mapping | None = None, chec
     (:mod:`pactlib.fastpath`, for the merges it takes).
 
     Raises:
-        RecipeError: an unreadable file, a missing or unknown field, a value of the wrong type or
-            out of range (each message names the file and the field, e.g. ``models[1].model``).
+        RecipeError: an unreadable file (not UTF-8, too deeply nested: the line named), a missing or
+            unknown field, a value of the wrong type or out of range (each message names the file
+            and the field, e.g. ``models[1].model``, and the field's line, or its holder's, in a
+            YAML recipe: ``… (line 7)``).
         FileNotFoundError: no such file.
     """
     if methods is None:
@@ -389,12 +437,29 @@ def read_recipe(path: str | os.PathLike, *, methods: Mapping | None = None, chec
         methods = {name: merges.get(name) for name in merges.names()}
     path = Path(path)
     where = str(path)
-    data = parse_yaml(path.read_text(encoding="utf-8"), name=where)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, column = raw.count(b"\n", 0, e.start) + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        raise RecipeError(f"{where} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); "
+                          "a recipe is UTF-8 text") from None
+    lines: dict[str, int] = {}
+    data = parse_yaml(text, name=where, lines=lines)
     if not isinstance(data, Mapping):
         raise RecipeError(f"{where}: expected a mapping of fields ({', '.join(_TOP)}), got {type(data).__name__}")
 
+    def line_of(fld: str) -> str:
+        """`` (line N)`` of the field ``fld`` or of the nearest field that holds it, else nothing."""
+        while fld not in lines:
+            holder = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", fld)
+            if holder == fld:
+                return ""
+            fld = holder
+        return f" (line {lines[fld]})"
+
     def fail(fld: str, msg: str):
-        raise RecipeError(f"{where}: {fld}: {msg}")
+        raise RecipeError(f"{where}: {fld}: {msg}{line_of(fld)}")
 
     unknown = [k for k in data if k not in _TOP]
     if unknown:
@@ -476,7 +541,7 @@ def read_recipe(path: str | os.PathLike, *, methods: Mapping | None = None, chec
     try:
         check(method, pact, kw)
     except (TypeError, ValueError) as e:
-        raise RecipeError(f"{where}: parameters / pact: {e}") from None
+        raise RecipeError(f"{where}: parameters / pact: {e}{line_of('parameters') or line_of('pact')}") from None
     dtype = data.get("dtype")
     if dtype is not None and dtype not in DTYPES:
         fail("dtype", f"expected one of {', '.join(DTYPES)} or null, got {dtype!r}")

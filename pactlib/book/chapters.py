@@ -110,6 +110,15 @@ def _list(item: Any, *, unique: bool = False) -> Any:
     return Annotated[list[item], Field(min_length=1), *([AfterValidator(_unique)] if unique else [])]
 
 
+def _shape(item: Any, n: int) -> Any:
+    """A list of exactly ``n`` items (a shape: each item is one dimension)."""
+    def rule(value: list) -> list:
+        if len(value) != n:
+            raise ValueError(f"a list of {n} items (one per dimension), not {len(value)}")
+        return value
+    return Annotated[list[item], AfterValidator(rule)]
+
+
 Seeds = _list(_int(0), unique=True)
 TestbedName = Annotated[str, AfterValidator(_testbed())]
 TestbedNames = _list(TestbedName, unique=True)
@@ -164,7 +173,7 @@ class Method(Chapter):
     noise: _float(ge=0) = 0.05
     spectra_dim: _int(4) = 24
     spectra_tasks: _int(2) = 4
-    rsvd_shape: _list(_int(32)) = [512, 256]
+    rsvd_shape: _shape(_int(32), 2) = [512, 256]
 
 
 class Testbed(Chapter):

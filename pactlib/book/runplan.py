@@ -214,10 +214,10 @@ def parse_cli(pairs: list[str]) -> dict[str, Any]:
     """``["alpha_points=5", "methods=[ties, iso_c]"]`` -> values parsed as YAML.
 
     Raises:
-        ParameterError: a pair is not ``name=value`` with a Python name, or its value is not
-            YAML (a one-line message: the runner prints it and exits with status 2).
+        ParameterError: a pair is not ``name=value`` with a Python name, a name is given twice,
+            or a value is not YAML (a one-line message: the runner prints it and exits with status 2).
     """
-    out = {}
+    out, raws = {}, {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         name = name.strip()
@@ -225,6 +225,10 @@ def parse_cli(pairs: list[str]) -> dict[str, Any]:
             raise pparams.ParameterError(f"-p {pair!r}: expected name=value (e.g. -p alpha_points=5)")
         if not name.isidentifier():
             raise pparams.ParameterError(f"-p {pair!r}: {name!r} is not a parameter name")
+        if name in raws:
+            raise pparams.ParameterError(f"-p {name}: given twice ({raws[name]!r}, then {raw!r}); give each "
+                                         f"parameter once")
+        raws[name] = raw
         try:
             out[name] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:

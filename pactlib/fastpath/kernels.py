@@ -2,8 +2,9 @@
 
 ``kernels.c`` calls three functions of :mod:`pactlib.native` (``pact_deltas``,
 ``pact_ties_merge_f32``, ``pact_apply``), so it is compiled together with native's sources by
-:func:`pactlib.native.build` (native's compiler, flags and cache; named by the hash of all the
-sources, the compiler and the CPU). Before use, each process
+:func:`pactlib.native.load` (native's compiler, flags and cache; named by the hash of all the
+sources, the compiler and the CPU; its bytes checked against the SHA-256 recorded at its build
+before every load). Before use, each process
 checks the loops against the native library they stand for (itself checked against torch by
 :func:`pactlib.native.library`) on a small probe with ties, in float32, bfloat16 and float16:
 
@@ -24,7 +25,6 @@ import ctypes
 import os
 import random
 import struct
-import subprocess
 import threading
 from pathlib import Path
 
@@ -63,13 +63,11 @@ def library(base: ctypes.CDLL | None) -> ctypes.CDLL | None:
     with _lock:
         if not _lib:
             lib = None
-            try:
-                cc = native.compiler()
-                if cc is not None:
-                    lib = _declare(ctypes.CDLL(str(native.build(cc, (*native.SOURCES, SOURCE), "fastpath"))))
-                    lib = lib if _agrees(lib, base) else None
-            except (OSError, subprocess.CalledProcessError):
-                lib = None
+            cc = native.compiler()
+            found = native.load(cc, (*native.SOURCES, SOURCE), "fastpath") if cc is not None else None
+            if found is not None:
+                lib = _declare(found[0])
+                lib = lib if _agrees(lib, base) else None
             _lib.append(lib)
         return _lib[0]
 

@@ -14,12 +14,16 @@ float16) with the torch path's float32 operations in its order: :mod:`pactlib.fa
 
 The C files are compiled on first use with the system C compiler (``$CC``, else ``cc``) for this
 CPU (``-march=native``; no ``-ffast-math``, no contraction into fused multiply-adds) into the
-cache (:func:`pactlib.paths.cache_dir` ``/native``, named by the hash of the source, the
-compiler and the CPU; written atomically) and loaded with :mod:`ctypes`, which releases the GIL during each call.
-Without a compiler, when the compilation fails, or with ``PACT_NATIVE=0``, :func:`library`
-returns None and the callers keep the torch path (the same results, slower). A library that
-passed the probe is marked so in the cache; :func:`compiled` loads a marked library without
-torch (and without the probe), else returns None.
+cache (:func:`pactlib.paths.cache_dir` ``/native``, keyed by the hash of the source, the
+compiler and the CPU; written atomically, its SHA-256 recorded) and loaded with :mod:`ctypes`,
+which releases the GIL during each call. Every load checks the library's bytes against the
+SHA-256 recorded at its build; a broken or replaced library is rebuilt with a warning, and a
+cache folder that others may write to is refused with a warning (:mod:`pactlib.native.cache`).
+Without a compiler, when the compilation fails, with a refused cache folder, or with
+``PACT_NATIVE=0``, :func:`library` returns None and the callers keep the torch path (the same
+results, slower). A library that passed the probe is marked so in the cache (the mark holds its
+SHA-256); :func:`compiled` loads a marked library without torch (and without the probe), else
+returns None.
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,8 +43,9 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
     from torch import Tensor
 
 from ..paths import cache_dir
+from . import cache
 
-__all__ = ["ENV", "BLOCK", "CODES", "SOURCES", "FLAGS", "compiler", "build", "declare", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
+__all__ = ["ENV", "BLOCK", "CODES", "SOURCES", "FLAGS", "compiler", "build", "load", "declare", "compiled", "library", "digit_hist", "ties_merge", "merge_workspace",
            "workspace_size", "task_arithmetic", "apply", "digit_hist_delta", "select_digit"]
 
 ENV = "PACT_NATIVE"
@@ -53,6 +58,7 @@ BLOCK = 512  # positions per block of the merge pass (ties.c)
 _lock = threading.RLock()
 _lib: list = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
 _plain: list = []  # the same for compiled(): the marked library, loaded without the probe
+_said: set[str] = set()  # the warnings load() gave
 
 
 def compiler() -> str | None:
@@ -71,35 +77,65 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(ln for ln in info if ln.split(":")[0].strip() in ("model name", "flags")))
 
 
-def _path(cc: str, sources: tuple[Path, ...], stem: str) -> Path:
-    """Where the library of these sources, this compiler, these flags and this CPU lives."""
+def _key(cc: str, sources: tuple[Path, ...]) -> str:
+    """The cache key of these sources, this compiler, these flags and this CPU (16 hex digits)."""
     src = b"".join(f.read_bytes() for f in sources)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(src + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
-    return cache_dir("native") / f"{stem}-{key}.so"
+    return hashlib.sha256(src + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
+
+
+def _compile(cc: str, sources: tuple[Path, ...]):
+    def run(out: str) -> None:
+        subprocess.run([cc, *FLAGS, *map(str, sources), "-o", out], capture_output=True, text=True, check=True)
+    return run
+
+
+def load(cc: str, sources: tuple[Path, ...] = SOURCES, stem: str = "ties", *, marked_only: bool = False
+         ) -> tuple[ctypes.CDLL, Path, str] | None:
+    """The library of ``sources`` compiled by ``cc`` with :data:`FLAGS` for this CPU, loaded from
+    the cache once its SHA-256 is checked (built first when missing; rebuilt, with a warning, when
+    broken or replaced: :func:`pactlib.native.cache.load`), with its path and SHA-256; None with a
+    warning when the cache folder is refused (writable by others, :class:`cache.UnsafeFolder`),
+    the compile fails, or the library cannot be loaded; with ``marked_only``, None also for a
+    library not yet probed (:func:`library` marks it)."""
+    try:
+        return cache.load(stem, _key(cc, sources), _compile(cc, sources), marked_only=marked_only)
+    except cache.UnsafeFolder as e:
+        why = str(e)
+    except subprocess.CalledProcessError as e:
+        last = (e.stderr or "").strip().splitlines()[-1:] or [f"exit status {e.returncode}"]
+        why = f"native code not used: compiling {', '.join(f.name for f in sources)} failed: {last[0]}"
+    except OSError as e:
+        why = f"native code not used: the cache {cache_dir('native')}: {e}"
+    if why not in _said:  # once per process: compiled() and library() both ask
+        _said.add(why)
+        warnings.warn(why, stacklevel=2)
+    return None
 
 
 def build(cc: str, sources: tuple[Path, ...] = SOURCES, stem: str = "ties") -> Path:
-    """Compile ``sources`` with ``cc`` and :data:`FLAGS` into the cache (once per source, compiler
-    and CPU; written atomically) and return the library: ``<stem>-<hash>.so``.
+    """Compile ``sources`` with ``cc`` and :data:`FLAGS` into the cache unless a build whose bytes
+    are the recorded ones is there (once per source, compiler and CPU; written atomically, its
+    SHA-256 recorded: :mod:`pactlib.native.cache`) and return the library:
+    ``<stem>-<key>-<sha>.so``.
 
     Raises:
-        OSError: the cache cannot be written; subprocess.CalledProcessError: compiling failed.
+        OSError: the cache cannot be written; subprocess.CalledProcessError: compiling failed;
+        :class:`cache.UnsafeFolder`: the cache folder may be written by others.
     """
-    lib = _path(cc, sources, stem)
-    if lib.is_file():
-        return lib
-    folder = lib.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=folder)
-    os.close(fd)
+    key = _key(cc, sources)
+    path, fd = cache.open_folder()
     try:
-        subprocess.run([cc, *FLAGS, *map(str, sources), "-o", tmp], capture_output=True, text=True, check=True)
-        os.replace(tmp, lib)  # atomic: a concurrent build writes the same bytes under its own name
+        cache.remove_dead_temps(path, fd)
+        found = cache._open_verified(path, fd, stem, key)
+        if isinstance(found, tuple):
+            os.close(found[0])
+            return path / found[1]
+        if found is not None:
+            warnings.warn(f"rebuilding the native library {found}", stacklevel=2)
+        return cache.build(path, fd, stem, key, _compile(cc, sources))[0]
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+        os.close(fd)
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -225,17 +261,16 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None when ``PACT_NATIVE=0``, no C compiler is
     found, compiling fails, or the kernels do not give torch's bits on a probe (another torch
     whose sums take another order): the callers then run the torch path. A library that passes
-    the probe is marked in the cache (``<library>.agrees``) for :func:`compiled`."""
+    the probe is marked in the cache (``<library>.agrees``) for :func:`compiled`. A cached library
+    whose bytes are not the ones recorded at its build is rebuilt first (:func:`load`, a warning);
+    a refused cache folder or a failed compile gives None with a warning."""
     if os.environ.get(ENV, "1") == "0":
         return None
     with _lock:
         if not _lib:
-            try:
-                cc = compiler()
-                path = build(cc) if cc else None
-                lib = declare(ctypes.CDLL(str(path))) if path else None
-            except (OSError, subprocess.CalledProcessError):
-                lib = None
+            cc = compiler()
+            found = load(cc) if cc else None
+            lib = declare(found[0]) if found else None
             if lib is not None:
                 _lib.append(None)  # the probe's reference runs the torch path
                 try:
@@ -245,34 +280,25 @@ def library() -> ctypes.CDLL | None:
                 if not ok:
                     lib = None
                 else:
-                    with contextlib.suppress(OSError):
-                        _marker(path).touch()
+                    with contextlib.suppress(OSError, cache.UnsafeFolder):
+                        cache.mark(found[1], found[2])
             _lib.append(lib)
         return _lib[0]
-
-
-def _marker(path: Path) -> Path:
-    return path.with_name(path.name + ".agrees")
 
 
 def compiled() -> ctypes.CDLL | None:
     """The compiled kernels without torch: the cached library of the current sources, compiler
     and CPU when :func:`library` has probed it in some process (its mark is in the cache); None
     when ``PACT_NATIVE=0``, there is no compiler, or no probed library (the caller runs the torch
-    path, which builds and probes one)."""
+    path, which builds and probes one). The library's bytes are checked as :func:`load` checks
+    them (a broken one is rebuilt here, and then not yet probed: None)."""
     if os.environ.get(ENV, "1") == "0":
         return None
     with _lock:
         if not _plain:
-            lib = None
-            try:
-                cc = compiler()
-                path = _path(cc, SOURCES, "ties") if cc else None
-                if path is not None and path.is_file() and _marker(path).is_file():
-                    lib = declare(ctypes.CDLL(str(path)))
-            except (OSError, subprocess.CalledProcessError):
-                lib = None
-            _plain.append(lib)
+            cc = compiler()
+            found = load(cc, marked_only=True) if cc else None
+            _plain.append(declare(found[0]) if found else None)
         return _plain[0]
 
 
