@@ -178,3 +178,67 @@ def test_a_valid_file_merges_alike(tmp_path, monkeypatch, capsys, method):
         data.append(out.read_bytes())
     assert data[0] == data[1]
     assert set(load_file(tmp_path / "True.safetensors")) == set(load_file(base))
+
+
+def _changed_after_first_read(monkeypatch, path: Path, how: str, fast: bool, method: str) -> None:
+    """Make ``path`` change once the merge has read its first data: truncated to half, or
+    rewritten in place with other bytes of the same size."""
+    import pactlib.fastpath as fp
+    from pactlib.lazy import LazyCheckpoint
+
+    done = []
+
+    def change():
+        if done:
+            return
+        done.append(1)
+        data = path.read_bytes()
+        if how == "truncated":
+            os.truncate(path, len(data) // 2)
+        else:
+            with open(path, "r+b") as f:  # the same size, other bytes: a new mtime and ctime
+                f.seek(len(data) - 64)
+                f.write(bytes(64))
+            st = path.stat()
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+    if not fast:
+        read = LazyCheckpoint.read
+
+        def read_then_change(self, *a, **kw):
+            out = read(self, *a, **kw)
+            change()
+            return out
+
+        monkeypatch.setattr(LazyCheckpoint, "read", read_then_change)
+    elif method == "task_arithmetic":
+        merge = native.task_arithmetic
+
+        def merge_then_change(*a):
+            out = merge(*a)
+            change()
+            return out
+
+        monkeypatch.setattr(fp.native, "task_arithmetic", merge_then_change)
+    else:  # TIES: after the first radix pass, which reads the files through their maps
+        select = native.select_digit
+
+        def select_then_change(*a):
+            out = select(*a)
+            change()
+            return out
+
+        monkeypatch.setattr(fp.native, "select_digit", select_then_change)
+
+
+@pytest.mark.parametrize("how", ["truncated", "rewritten"])
+@pytest.mark.parametrize("fast,method", [(True, "task_arithmetic"), (True, "ties"), (False, "task_arithmetic"),
+                                         (False, "ties")])
+def test_an_input_changed_while_it_is_read_is_an_error(tmp_path, monkeypatch, capsys, how, fast, method):
+    base, fts = _inputs(tmp_path)
+    out = tmp_path / "out" / "m.safetensors"
+    out.parent.mkdir()
+    _changed_after_first_read(monkeypatch, fts[0], how, fast, method)
+    rc, err = _merge(monkeypatch, capsys, base, fts, out, fast=fast, method=method)
+    assert (rc, err) == (2, f"pact: error: {fts[0]} changed while it was read\n")
+    assert list(out.parent.iterdir()) == []  # no output, no temporary file, no lock
