@@ -210,7 +210,7 @@ class LazyCheckpoint:
             KeyError: unknown key (naming the checkpoint).
             ValueError: ``out`` of the wrong shape or dtype, or not contiguous.
             ChangedInputError: the file changed since its header was read (its size, mtime,
-                ctime, inode or device: checked when it is opened and after each read).
+                ctime, inode or device: checked after each read, and on a short read).
             CheckpointError: the file can no longer be read, or is shorter than its header says
                 (naming it and the key).
         """
@@ -260,7 +260,10 @@ class LazyCheckpoint:
             self._check(e.file, fd)
         except (OSError, EOFError) as err:
             if fd is not None:
-                self._check(e.file, fd)  # a file truncated since its header was read
+                try:
+                    self._check(e.file, fd)
+                except ChangedInputError:  # a file truncated since its header was read
+                    raise ChangedInputError(e.file, f"cannot read key {key!r}: {err}") from err
             raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
                                   f"({type(err).__name__}: {str(err)[:200]})") from err
         finally:
@@ -290,11 +293,6 @@ class LazyCheckpoint:
             fd = self._fds.pop(file, None)
             if fd is None:
                 fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    self._check(file, fd)  # the file its header was read from, unchanged
-                except BaseException:
-                    os.close(fd)
-                    raise
             self._fds[file] = fd  # the most recently used last
             self._users[file] = self._users.get(file, 0) + 1
             for old in list(self._fds)[:max(0, len(self._fds) - OPEN_FILES)]:

@@ -1,5 +1,7 @@
-"""The safetensors format in one place: the dtype table, the header, a file's layout read through
-safetensors' own ``safe_open``, and the one writer, which streams tensor by tensor.
+"""The safetensors format in one place: the dtype table, the header, the one header reader of both
+merge paths (:func:`read_header_checked`, which refuses what safetensors' own reader refuses, with
+a message naming the file and the problem), the check that an input did not change while it was
+read (:func:`check_unchanged`), and the one writer, which streams tensor by tensor.
 
 A file is an 8-byte little-endian header length, a JSON header ``{key: {"dtype", "shape",
 "data_offsets"}}`` (with an optional ``"__metadata__"`` of str -> str) padded with spaces to a
@@ -126,8 +128,8 @@ class ChangedInputError(CheckpointError):
     """An input file changed (size, modification or status-change time, inode or device) while a
     merge read it; nothing made from it is published. The message names the file."""
 
-    def __init__(self, path: str | os.PathLike):
-        super().__init__(f"{path} changed while it was read")
+    def __init__(self, path: str | os.PathLike, detail: str | None = None):
+        super().__init__(f"{path} changed while it was read" + (f" ({detail})" if detail else ""))
         self.path = Path(path)
 
 
@@ -307,7 +309,8 @@ def read_header_checked(path: str | os.PathLike) -> Header:
 
 
 def _header(path: str | os.PathLike) -> tuple[int, dict, int]:
-    """(header length in bytes, the parsed JSON header, file size in bytes) of a safetensors file.
+    """(header length in bytes, the parsed JSON header, file size in bytes) of a safetensors file,
+    unchecked (:func:`read_header_checked` checks it).
 
     Raises:
         OSError, ValueError, struct.error: the file cannot be read, or its header is not JSON or

@@ -5,6 +5,7 @@ that changes while a merge reads it is the error "FILE changed while it was read
 with no output and no temporary file left."""
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -240,5 +241,7 @@ def test_an_input_changed_while_it_is_read_is_an_error(tmp_path, monkeypatch, ca
     out.parent.mkdir()
     _changed_after_first_read(monkeypatch, fts[0], how, fast, method)
     rc, err = _merge(monkeypatch, capsys, base, fts, out, fast=fast, method=method)
-    assert (rc, err) == (2, f"pact: error: {fts[0]} changed while it was read\n")
+    # the torch path may find the file cut short by a read, and then names the key too
+    assert rc == 2 and re.fullmatch(rf"pact: error: {re.escape(str(fts[0]))} changed while it was read"
+                                    r"( \(cannot read key '[\w.]+': the file ends \d+ byte\(s\) early\))?\n", err), err
     assert list(out.parent.iterdir()) == []  # no output, no temporary file, no lock
