@@ -6,7 +6,7 @@ dtype from the file headers, and :meth:`LazyCheckpoint.read` for one tensor (or 
 rows) at a time.
 
 - ``.safetensors``: the layout and each key's byte offset are read once from the header
-  (:func:`pactlib.safetensors_io.read_layout`, :func:`~pactlib.safetensors_io.read_offsets`);
+  (:func:`pactlib.safetensors_io.read_header_checked`, with each file's identity then);
   each file is opened once and kept open, and a read copies one tensor (or a range of its rows,
   one contiguous run) with ``pread`` into a tensor of its own, or into a buffer the caller reuses
   (``out=``). Nothing is memory-mapped: a mapping would fault in every 4 KB page it touches on
@@ -72,7 +72,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 from .checks import CheckpointError
 from .io import SAFETENSORS, TORCH, is_folder_output, no_extension, save_state_dict, write_atomic  # noqa: F401
-from .safetensors_io import StreamedFile, dtype_name, read_layout, read_offsets, tensor_bytes, tensor_bytes_view
+from .safetensors_io import (ChangedInputError, StreamedFile, check_unchanged, dtype_name, read_header_checked,
+                             tensor_bytes, tensor_bytes_view, torch_tables)
 from .paths import cache_dir as _cache_dir
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,8 @@ class Entry:
     shape: tuple[int, ...]
     dtype: torch.dtype
     offset: int = -1  #: the byte offset of its data in ``file`` (-1: unknown, read through ``safe_open``)
+    #: ``file``'s :func:`pactlib.safetensors_io.file_identity` when its header was read (None: unknown)
+    identity: tuple | None = None
 
     @property
     def numel(self) -> int:
@@ -130,14 +133,15 @@ class Entry:
 
 def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     """({key: Entry} in data order, metadata) of a safetensors file, from its header only
-    (:func:`pactlib.safetensors_io.read_layout`).
+    (:func:`pactlib.safetensors_io.read_header_checked`), with the file's identity then.
 
     Raises:
-        CheckpointError: not a readable safetensors file (naming it).
+        CheckpointError: not a valid safetensors file (naming it and the problem).
     """
-    layout, meta = read_layout(path)
-    offsets = read_offsets(path)
-    return {k: Entry(Path(path), shape, dtype, offsets[k]) for k, (shape, dtype) in layout.items()}, meta
+    h = read_header_checked(path)
+    dtypes = torch_tables()[1]
+    return {k: Entry(Path(path), shape, dtypes[dt], offset, h.identity)
+            for k, (shape, dt, offset, _) in h.entries.items()}, h.metadata
 
 
 class LazyCheckpoint:
@@ -151,6 +155,8 @@ class LazyCheckpoint:
     def __init__(self, name: str, entries: Mapping[str, Entry]):
         self.name = name
         self._entries = dict(entries)
+        # each file's identity when its header was read: a file that changes since is an error
+        self._identity = {e.file: e.identity for e in self._entries.values() if e.identity is not None}
         self._fds: dict[Path, int] = {}  # open descriptors, least recently used first
         self._users: dict[Path, int] = {}  # reads in progress per file
         self._lock = threading.Lock()
@@ -204,6 +210,8 @@ class LazyCheckpoint:
         Raises:
             KeyError: unknown key (naming the checkpoint).
             ValueError: ``out`` of the wrong shape or dtype, or not contiguous.
+            ChangedInputError: the file changed since its header was read (its size, mtime,
+                ctime, inode or device: checked after each read, and on a short read).
             CheckpointError: the file can no longer be read, or is shorter than its header says
                 (naming it and the key).
         """
@@ -250,7 +258,13 @@ class LazyCheckpoint:
                         raise EOFError(f"the file ends {n - done} byte(s) early")
                     done += got
                 pos += n
+            self._check(e.file, fd)
         except (OSError, EOFError) as err:
+            if fd is not None:
+                try:
+                    self._check(e.file, fd)
+                except ChangedInputError:  # a file truncated since its header was read
+                    raise ChangedInputError(e.file, f"cannot read key {key!r}: {err}") from err
             raise CheckpointError(f"{self.name}: cannot read key {key!r} from {e.file} "
                                   f"({type(err).__name__}: {str(err)[:200]})") from err
         finally:
@@ -286,6 +300,18 @@ class LazyCheckpoint:
                 if not self._users.get(old):  # a descriptor in use by another thread stays open
                     os.close(self._fds.pop(old))
             return fd
+
+    def _check(self, file: Path, fd: int | None = None) -> None:
+        if file in self._identity:
+            check_unchanged(file, self._identity[file], fd)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`~pactlib.safetensors_io.ChangedInputError` (naming the file) when a file
+        of the checkpoint is no longer the one its header was read from: its size, mtime, ctime,
+        inode or device differ (by its path: a file renamed over it is a change too). Called
+        after the last read, before an output made from the checkpoint is published."""
+        for file in self._identity:
+            self._check(file)
 
     def _release(self, file: Path) -> None:
         with self._lock:

@@ -1,5 +1,7 @@
-"""The safetensors format in one place: the dtype table, the header, a file's layout read through
-safetensors' own ``safe_open``, and the one writer, which streams tensor by tensor.
+"""The safetensors format in one place: the dtype table, the header, the one header reader of both
+merge paths (:func:`read_header_checked`, which refuses what safetensors' own reader refuses, with
+a message naming the file and the problem), the check that an input did not change while it was
+read (:func:`check_unchanged`), and the one writer, which streams tensor by tensor.
 
 A file is an 8-byte little-endian header length, a JSON header ``{key: {"dtype", "shape",
 "data_offsets"}}`` (with an optional ``"__metadata__"`` of str -> str) padded with spaces to a
@@ -9,6 +11,7 @@ writes, byte for byte (:func:`write_safetensors`).
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import json
@@ -17,7 +20,7 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Arithmetic runs without it
     import torch
@@ -114,8 +117,200 @@ def header_bytes(entries: Sequence[tuple[str, Sequence[int], torch.dtype | str]]
     return struct.pack("<Q", len(raw)) + raw
 
 
+#: safetensors' limit on the header's length in bytes (the crate's ``MAX_HEADER_SIZE``)
+MAX_HEADER_BYTES = 100_000_000
+#: the deepest nesting of arrays and objects serde_json reads (its recursion limit, 128, less one)
+MAX_DEPTH = 127
+_U64 = (1 << 64) - 1
+
+
+class ChangedInputError(CheckpointError):
+    """An input file changed (size, modification or status-change time, inode or device) while a
+    merge read it; nothing made from it is published. The message names the file."""
+
+    def __init__(self, path: str | os.PathLike, detail: str | None = None):
+        super().__init__(f"{path} changed while it was read" + (f" ({detail})" if detail else ""))
+        self.path = Path(path)
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells a file's contents changed, from its ``os.stat_result``: (size, mtime_ns, inode,
+    device, ctime_ns). Any write, truncation, ``touch`` or replacement by a rename changes it
+    (setting the mtime back changes the ctime)."""
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns
+
+
+def check_unchanged(path: str | os.PathLike, identity: tuple, fd: int | None = None) -> None:
+    """Raise :class:`ChangedInputError` (naming ``path``) unless the file (``fd`` when given, else
+    ``path``) still has ``identity`` (:func:`file_identity`); a file gone is changed too."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        raise ChangedInputError(path) from None
+    if file_identity(st) != identity:
+        raise ChangedInputError(path)
+
+
+class Header(NamedTuple):
+    """A checked safetensors header (:func:`read_header_checked`)."""
+
+    #: the header's length in bytes (the data starts at byte 8 + n)
+    n: int
+    #: {key: (shape, dtype name, absolute byte offset of its data, its length in bytes)}, in the
+    #: order of the data: by (begin, end, key)
+    entries: dict[str, tuple[tuple[int, ...], str, int, int]]
+    #: the ``__metadata__`` (str -> str; empty when absent)
+    metadata: dict[str, str]
+    #: the file's :func:`file_identity` when it was opened
+    identity: tuple
+
+
+def _uint(x) -> bool:
+    """Whether ``x`` is what serde reads as a ``usize`` (a JSON integer in [0, 2**64))."""
+    return type(x) is int and 0 <= x <= _U64
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+class _Object(dict):
+    """A JSON object, with the names it gives more than once (``dups``): serde_json refuses a
+    struct's field given twice (``__metadata__``, ``dtype``, ``shape``, ``data_offsets``) and keeps
+    the last of a map's (tensor names, metadata keys), as Python's ``json`` does."""
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        self.dups = {k for k, n in collections.Counter(k for k, _ in pairs).items() if n > 1} \
+            if len(self) < len(pairs) else set()
+
+
+def _parse_int(text: str) -> int | float:
+    """A JSON integer as serde_json reads it into a ``usize``: ``-0`` is not one (-0.0 here)."""
+    return -0.0 if text == "-0" else int(text)
+
+
+def _depth(value) -> int:
+    """How many arrays and objects nest in ``value`` at the deepest (a scalar: 0)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _problem(path, text: str) -> CheckpointError:
+    return CheckpointError(f"{path}: cannot read checkpoint (not a valid safetensors file: {text})")
+
+
+def _check_header(raw: bytes, n: int, size: int, path) -> tuple[dict, dict[str, str]]:
+    """(entries, metadata) of the header bytes ``raw`` of a file of ``size`` bytes, checked as
+    safetensors checks them (``SafeTensors::read_metadata``, ``Metadata::validate``)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _problem(path, f"the header is not UTF-8 ({e.reason} at byte {8 + e.start})") from None
+    try:  # what serde_json refuses and Python's json takes: NaN / Infinity, -0, lone surrogates, deep nesting
+        header = json.loads(text, parse_constant=_no_constant, parse_int=_parse_int, object_pairs_hook=_Object)
+        json.dumps(header, ensure_ascii=False).encode("utf-8")
+        depth = _depth(header)
+    except (ValueError, UnicodeEncodeError, RecursionError) as e:
+        raise _problem(path, f"the header is not JSON ({str(e)[:120]})") from None
+    if depth > MAX_DEPTH:
+        raise _problem(path, f"the header nests {depth} levels deep, more than safetensors' {MAX_DEPTH}")
+    if not isinstance(header, dict):
+        raise _problem(path, f"the header is a JSON {type(header).__name__}, not an object")
+    if "__metadata__" in header.dups:
+        raise _problem(path, "__metadata__ is given twice")
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _problem(path, f"__metadata__ must map strings to strings, got {json.dumps(meta)[:120]}")
+    spans = {}
+    for key, info in header.items():
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+            raise _problem(path, f"key {key!r}: expected an object with dtype, shape and data_offsets, "
+                                 f"got {json.dumps(info)[:120]}")
+        twice = sorted(info.dups & {"dtype", "shape", "data_offsets"})
+        if twice:
+            raise _problem(path, f"key {key!r}: {', '.join(twice)} given twice")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+            raise _problem(path, f"key {key!r}: unknown dtype {json.dumps(dtype)[:40]}; pactlib reads "
+                                 f"{', '.join(sorted(ITEMSIZE))}")
+        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+            raise _problem(path, f"key {key!r}: shape must be a list of non-negative integers, "
+                                 f"got {json.dumps(shape)[:120]}")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_uint(o) for o in offsets):
+            raise _problem(path, f"key {key!r}: data_offsets must be two non-negative integers, "
+                                 f"got {json.dumps(offsets)[:120]}")
+        spans[key] = (offsets[0], offsets[1], tuple(shape), dtype)
+    at, entries = 0, {}
+    for key in sorted(spans, key=lambda k: (spans[k][0], spans[k][1], k)):
+        begin, end, shape, dtype = spans[key]
+        if begin != at or end < begin:
+            raise _problem(path, f"key {key!r}: data_offsets [{begin}, {end}] do not start where the entry "
+                                 f"before ends (byte {at} of the data)")
+        count = 1
+        for d in shape:  # safetensors multiplies in order, refusing a product past 2**64 (even before a 0)
+            count *= d
+            if count > _U64:
+                raise _problem(path, f"key {key!r}: shape {list(shape)} overflows")
+        nbytes = count * ITEMSIZE[dtype]
+        if nbytes > _U64:
+            raise _problem(path, f"key {key!r}: shape {list(shape)} overflows")
+        if end - begin != nbytes:
+            raise _problem(path, f"key {key!r}: shape {list(shape)} of {dtype} is {nbytes} bytes, its "
+                                 f"data_offsets [{begin}, {end}] hold {end - begin}")
+        entries[key] = (shape, dtype, 8 + n + begin, nbytes)
+        at = end
+    if 8 + n + at != size:
+        raise _problem(path, f"the entries end at byte {8 + n + at} of a file of {size} bytes")
+    return entries, meta
+
+
+def read_header_checked(path: str | os.PathLike) -> Header:
+    """The header of the safetensors file ``path``, checked exactly as safetensors' own reader
+    checks it (the same files are refused): an 8-byte little-endian length of at most
+    :data:`MAX_HEADER_BYTES` within the file; UTF-8 JSON, an object; ``__metadata__`` absent,
+    null or str -> str; every other entry an object with a known ``dtype``, a ``shape`` of JSON
+    integers >= 0 (not floats, strings or booleans) and ``data_offsets`` of two such integers;
+    the entries, by their offsets, back to back from the start of the data to the end of the file,
+    each holding prod(shape) * itemsize bytes. The one reader of both merge paths.
+
+    Raises:
+        CheckpointError: the file cannot be read or its header is not such a header; the message
+            names the file and the problem.
+    """
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            size = st.st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise _problem(path, f"a file of {size} bytes is shorter than the header's 8-byte length")
+            n = struct.unpack("<Q", head)[0]
+            if n > MAX_HEADER_BYTES:
+                raise _problem(path, f"a header of {n} bytes is longer than safetensors' limit of "
+                                     f"{MAX_HEADER_BYTES}")
+            if n > size - 8:
+                raise _problem(path, f"a header of {n} bytes in a file of {size} bytes")
+            raw = f.read(n)
+            if len(raw) != n:
+                raise ChangedInputError(path)
+            entries, meta = _check_header(raw, n, size, path)
+            check_unchanged(path, file_identity(st), f.fileno())
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
+    return Header(n, entries, meta, file_identity(st))
+
+
 def _header(path: str | os.PathLike) -> tuple[int, dict, int]:
-    """(header length in bytes, the parsed JSON header, file size in bytes) of a safetensors file.
+    """(header length in bytes, the parsed JSON header, file size in bytes) of a safetensors file,
+    unchecked (:func:`read_header_checked` checks it).
 
     Raises:
         OSError, ValueError, struct.error: the file cannot be read, or its header is not JSON or
@@ -139,69 +334,36 @@ def _data_order(header: dict) -> list[str]:
 
 def read_layout(path: str | os.PathLike) -> tuple[Layout, dict[str, str]]:
     """({key: (shape, dtype)} in the order of the data, by (begin, end, key); metadata) of a
-    safetensors file, from its header (``safe_open``, which checks the header against the file).
+    safetensors file, from its header (:func:`read_header_checked`).
 
     Raises:
-        CheckpointError: not a readable safetensors file, or a dtype torch has no name for here
-            (naming the file and the key).
+        CheckpointError: not a valid safetensors file (naming the file and the problem).
     """
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            layout: Layout = {}
-            for key in _data_order(_header(path)[1]):
-                sl = f.get_slice(key)
-                dtype = torch_tables()[1].get(sl.get_dtype())
-                if dtype is None:
-                    raise ValueError(f"key {key!r}: unsupported dtype {sl.get_dtype()!r}")
-                layout[key] = (tuple(int(s) for s in sl.get_shape()), dtype)
-    except Exception as e:  # corrupt / truncated / not safetensors
-        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
-    return layout, dict(meta)
+    h = read_header_checked(path)
+    dtypes = torch_tables()[1]
+    return {k: (shape, dtypes[dt]) for k, (shape, dt, _, _) in h.entries.items()}, h.metadata
 
 
 def read_offsets(path: str | os.PathLike) -> dict[str, int]:
     """{key: the absolute byte offset of its data in the file} of a safetensors file, from its
-    header (8-byte length, JSON, then the data). Call it after :func:`read_layout`, which checks
-    the header against the file.
+    header (:func:`read_header_checked`).
 
     Raises:
-        CheckpointError: the header cannot be read (naming the file).
+        CheckpointError: not a valid safetensors file (naming the file and the problem).
     """
-    try:
-        n, header, _ = _header(path)
-    except (OSError, ValueError, struct.error) as e:
-        raise CheckpointError(f"{path}: cannot read checkpoint header ({type(e).__name__}: {str(e)[:200]})") from e
-    return {k: 8 + n + int(v["data_offsets"][0]) for k, v in header.items() if k != "__metadata__"}
+    return {k: v[2] for k, v in read_header_checked(path).entries.items()}
 
 
 def read_entries(path: str | os.PathLike) -> tuple[dict[str, tuple[tuple[int, ...], str, int]], dict[str, str]]:
     """({key: (shape, safetensors dtype name, absolute byte offset of its data)} in the order of
-    the data, metadata) of a safetensors file, from its header alone, without torch: the header
-    must describe the file exactly (known dtypes, each entry's size its shape's, the entries
-    back to back from the start of the data to the end of the file, no empty entry).
+    the data, metadata) of a safetensors file, from its header alone, without torch
+    (:func:`read_header_checked`).
 
     Raises:
-        CheckpointError: the file cannot be read, or its header is not such a header (naming the
-            file; :func:`read_layout` reads what this refuses, through safetensors' own reader).
+        CheckpointError: not a valid safetensors file (naming the file and the problem).
     """
-    try:
-        n, header, size = _header(path)
-        meta = header.pop("__metadata__", None) or {}
-        entries = [(*(int(o) for o in header[k]["data_offsets"]), k, tuple(int(d) for d in header[k]["shape"]),
-                    header[k]["dtype"]) for k in _data_order(header)]
-        at = 0
-        for begin, end, k, shape, dtype in entries:
-            if dtype not in ITEMSIZE or begin != at or end - begin != math.prod(shape) * ITEMSIZE[dtype] or end == begin:
-                raise ValueError(f"key {k!r}: {dtype} {list(shape)} at bytes [{begin}, {end}) after {at}")
-            at = end
-        if 8 + n + at != size or not all(isinstance(v, str) for v in meta.values()):
-            raise ValueError(f"the entries end at byte {8 + n + at} of a file of {size}")
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error) as e:
-        raise CheckpointError(f"{path}: not a plain safetensors file ({type(e).__name__}: {str(e)[:200]})") from e
-    return {k: (shape, dtype, 8 + n + begin) for begin, _, k, shape, dtype in entries}, dict(meta)
+    h = read_header_checked(path)
+    return {k: v[:3] for k, v in h.entries.items()}, h.metadata
 
 
 class StreamedFile:

@@ -725,6 +725,9 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             if report is not None:
                 warn_if_unchanged(report, matrix_keys, selected, stacklevel=2)
                 log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
+            for ckpt in (pre, *fts):  # an input that changed while it was read: nothing is published
+                if isinstance(ckpt, LazyCheckpoint):
+                    ckpt.check_unchanged()
             with signals_held() as held:
                 files = writer.commit()
                 held += files

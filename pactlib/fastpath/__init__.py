@@ -1,12 +1,11 @@
-"""``pact merge`` of Task Arithmetic and TIES without torch: memory maps, C loops, one write.
+"""``pact merge`` of Task Arithmetic and TIES without torch: ``pread``, C loops, one write.
 
 Importing torch takes longer than reading a few gigabytes from the page cache, so a merge whose
 arithmetic is a few compiled loops pays mostly for the import. For the merges this module takes,
 :func:`try_merge` runs the whole merge with the standard library and the loops of
-:mod:`pactlib.native`. A merge reads each block of entries of every input in place, from a
-window of the file mapped for that block alone (:meth:`_Maps.map_block`: a fault cannot map
-pages beyond the window, however large the page cache's folios, so resident memory stays about
-a block per file), and the merged blocks are written by the same
+:mod:`pactlib.native`. A merge reads each block of entries of every input with ``pread`` into a
+buffer of its own (:meth:`_Maps.read_block`: resident memory stays about a block per file, and a
+file cut short reads short instead of faulting), and the merged blocks are written by the same
 :class:`pactlib.lazy.CheckpointWriter` as the torch path, from a second thread while the next
 block is merged. TIES's radix passes read each file through one map of it, a few MiB at a time,
 and give the pages back as they go.
@@ -22,8 +21,12 @@ and give the pages back as they go.
   columns split over the threads.
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
-and the same JSON line. Like every memory-mapped reader (safetensors' own), it expects the inputs
-not to change while it reads them.
+and the same JSON line. The headers are read by the torch path's reader
+(:func:`pactlib.safetensors_io.read_header_checked`), so both refuse the same files with the same
+message; an input that changes while it is read (size, times, inode: checked when it is opened,
+before and after each block or span, and before publishing) is the error "FILE changed while
+it was read" and nothing is published. What no check can see is a truncation racing the radix
+passes' read of one span through the map (TIES only): that faults (SIGBUS).
 
 It takes a merge when all of these hold; otherwise :func:`try_merge` returns None before
 anything is written and ``pact merge`` runs the torch path, which also gives every error:
@@ -34,9 +37,9 @@ anything is written and ``pact merge`` runs the torch path, which also gives eve
   ``.pt``), or a folder: then the model folder the torch path writes (its inputs hashed, the
   weights, θ0's folder's support files, the recipe and the card:
   :class:`pactlib.recipe.FolderFiles`);
-- θ0 and every θt one safetensors file each (a file, or a folder holding one), whose headers
-  describe them exactly (:func:`pactlib.safetensors_io.read_entries`), with the same keys,
-  shapes and dtypes; floating keys in float32, bfloat16 or float16, and at least one;
+- θ0 and every θt one safetensors file each (a file, or a folder holding one), with the same keys,
+  shapes and dtypes, and no empty entry; floating keys in float32, bfloat16 or float16, and at
+  least one;
 - a POSIX system and the compiled library (:func:`pactlib.native.compiled`; the first run after
   an install or an edit of the C files builds it and probes it against torch,
   :func:`pactlib.native.library`, so that one imports torch); for TIES also the fast path's own
@@ -59,25 +62,19 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import native
-from ..checks import check_alpha, task_set_warnings
+from ..checks import CheckpointError, check_alpha, task_set_warnings
 from ..io import signals_held
 from ..lazy import (CheckpointWriter, check_out_suffix, check_out_target, checkpoint_files, finish_output,
                     is_folder_output, output_lock, parse_size)
 from ..matrix import detect_preset, split_attention_note
 from ..recipe import (DEFAULT_SHARD_SIZE, FolderFiles, check_folder_target, check_model_folder_out, check_sha256,
                       weights_name)
-from ..safetensors_io import FLOATS, ITEMSIZE, read_entries
+from ..safetensors_io import FLOATS, ITEMSIZE, ChangedInputError, check_unchanged, read_header_checked
 from . import kernels
 
 __all__ = ["BUDGET_BYTES", "METHODS", "plan", "trim_count", "try_merge"]
 
-_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # mmap(2) of a range: POSIX only
-if _libc is not None:
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the window's pages mapped in the one call
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # pread(2), madvise(2): POSIX only
 
 class Method(NamedTuple):
     """What a model card and a recipe take from the merge methods' registry."""
@@ -93,9 +90,12 @@ METHODS = {"task_arithmetic": Method({}, "Task Arithmetic", "Ilharco et al., ICL
 #: torch's names of the float dtypes the module merges, for a recipe's ``dtype``
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
-#: bytes a merged block holds together, whatever T: its windows of the T + 1 inputs and the two
-#: output buffers
+#: bytes a merged block holds together at most, whatever T: its buffers of the T + 1 inputs and the
+#: two output buffers
 BUDGET_BYTES = 24 << 20
+#: bytes of one input a merged block reads at most: buffers that stay in the CPU's caches between
+#: the ``pread`` that fills them and the loop that reads them
+READ_BYTES = 1 << 20
 
 
 class _Plan:
@@ -108,8 +108,9 @@ class _Plan:
         self.args, self.recipe, self.pre, self.fts, self.lib, self.fast = args, recipe, files[0], files[1:], lib, fast
         # the folder of a folder output, the weights file and their shard size (as the torch path's)
         self.folder, self.out, self.max_shard_size = folder, out, max_shard_size
-        self.entries = heads[0]
-        self.offsets = [{k: v[2] for k, v in h.items()} for h in heads]
+        self.entries = {k: v[:3] for k, v in heads[0].entries.items()}
+        self.offsets = [{k: v[2] for k, v in h.entries.items()} for h in heads]
+        self.identities = [h.identity for h in heads]  # each file's when its header was read
         self.params = recipe.params  # as given (--set or the recipe), for the JSON line
         self.floats = [k for k, (_, dt, _) in self.entries.items() if dt in FLOATS]
         self.dtypes = sorted({TORCH_NAMES[self.entries[k][1]] for k in self.floats})  # torch's names, as a recipe
@@ -143,8 +144,13 @@ def _takes(method: str, pact, params: dict) -> None:
 
 def plan(args) -> _Plan | None:
     """The fast merge of the parsed ``pact merge`` arguments ``args`` (flags or ``--config``), or
-    None when it does not take them (module docstring). Reads the recipe and the headers only;
-    raises nothing (a refusal is None)."""
+    None when it does not take them (module docstring). Reads the recipe and the headers only
+    (:func:`pactlib.safetensors_io.read_header_checked`, the torch path's reader).
+
+    Raises:
+        CheckpointError: an input's header is not valid (the torch path's message, naming the
+            file); every other refusal is None, and the torch path gives its error.
+    """
     try:
         if _libc is None or args.lora_adapters or args.device not in (None, "cpu"):
             return None
@@ -176,13 +182,22 @@ def plan(args) -> _Plan | None:
             check_folder_target(folder, inputs)
         check_out_target(out, inputs, name="--out")
         check_model_folder_out(out)
-        heads = [read_entries(f)[0] for f in files]
-        layout = {k: v[:2] for k, v in heads[0].items()}
+        # the headers in the torch path's order: θ0's, its dtypes against the recipe's, then the θt's
+        heads = [_header(files[0])]
+        layout = {k: v[:2] for k, v in heads[0].entries.items()}
         if not any(dt in FLOATS for _, dt in layout.values()) or any(
                 dt in FLOATS and dt not in native.CODES for _, dt in layout.values()):
             return None
-        if any({k: v[:2] for k, v in h.items()} != layout for h in heads[1:]):
+        if r.dtype is not None and sorted({TORCH_NAMES[dt] for _, dt in layout.values() if dt in FLOATS}) != [r.dtype]:
+            return None  # the recipe's dtype is not θ0's: the torch path says so
+        if folder is not None or r.sha256:
+            heads += [read_header_checked(f) for f in files[1:]]  # hashed first: the torch path's errors
+        else:
+            heads += [_header(f) for f in files[1:]]
+        if any({k: v[:2] for k, v in h.entries.items()} != layout for h in heads[1:]):
             return None
+        if any(not v[3] for h in heads for v in h.entries.values()):
+            return None  # an empty entry
         fast = kernels.library(lib) if r.merge_method == "ties" else None
         if r.merge_method == "ties" and fast is None:
             return None
@@ -190,28 +205,55 @@ def plan(args) -> _Plan | None:
         if r.dtype is not None and p.dtypes != [r.dtype]:
             return None  # the recipe's dtype is not θ0's: the torch path says so
         return p
+    except _Refused as e:
+        raise e.error from None
     except Exception:
         return None
 
 
+class _Refused(Exception):
+    """An input :func:`plan` refuses with the torch path's own error (``error``)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _header(path: Path):
+    """:func:`pactlib.safetensors_io.read_header_checked` of ``path``; its error (an invalid
+    header, named as the torch path names it) ends the run."""
+    try:
+        return read_header_checked(path)
+    except CheckpointError as e:
+        raise _Refused(e) from e
+
+
 class _Maps:
-    """θ0 and the θt, each memory-mapped once whole (private, read only in effect: nothing is
-    written to them) for the radix passes, which give pages back as they go
-    (``madvise(MADV_DONTNEED)``), and in windows of one block each for the merges
-    (:meth:`map_block`), so the process's resident memory stays about a block per file whatever
-    the file sizes. Two output buffers of ``step`` entries hold the merged blocks."""
+    """θ0 and the θt, each opened once and memory-mapped once whole (private, read only in
+    effect: nothing is written to them) for the radix passes, which give pages back as they go
+    (``madvise(MADV_DONTNEED)``); the merges read each block of every file with ``pread`` into a
+    buffer of its own (:meth:`read_block`), so the process's resident memory stays about a block
+    per file whatever the file sizes. Two output buffers of ``step`` entries hold the merged
+    blocks.
+
+    A file that changes while it is read (:func:`pactlib.safetensors_io.file_identity`, checked
+    when it is opened, before each block or span is read and by :func:`try_merge` before
+    publishing) raises :class:`~pactlib.safetensors_io.ChangedInputError`. A ``pread`` past a
+    file's new end reads short and raises it too; only the map of the radix passes could fault
+    (SIGBUS) on a file truncated between that check and the loop reading the span."""
 
     def __init__(self, p: _Plan):
         self.p, self.T = p, len(p.fts)
         self.files = [p.pre, *p.fts]
         itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
-        # entries per block: the windows of the T + 1 inputs and the two output buffers, together in
-        # BUDGET_BYTES whatever T
-        self.step = max(1024, BUDGET_BYTES // ((self.T + 3) * itemsize))
-        self._maps, self._views, self.base, self.fds, self._windows = [], [], [], [], set()
+        # entries per block: the buffers of the T + 1 inputs and the two output buffers, together in
+        # BUDGET_BYTES whatever T, each of at most READ_BYTES
+        self.step = max(1024, min(BUDGET_BYTES // (self.T + 3), READ_BYTES) // itemsize)
+        self._maps, self._views, self.base, self.fds = [], [], [], []
         try:
-            for f in self.files:
-                self.fds.append(os.open(f, os.O_RDONLY))
+            for f, identity in zip(self.files, p.identities):
+                self.fds.append(os.open(f, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+                check_unchanged(f, identity, self.fds[-1])  # the file whose header was read
                 mm = mmap.mmap(self.fds[-1], 0, access=mmap.ACCESS_COPY)
                 self._maps.append(mm)
                 view = ctypes.c_char.from_buffer(mm)
@@ -220,12 +262,14 @@ class _Maps:
         except BaseException:
             self.close()
             raise
+        self._in = [bytearray(self.step * itemsize) for _ in self.files]
+        self._in_views = [memoryview(b) for b in self._in]
+        self._in_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._in]
         self._out = [bytearray(self.step * itemsize) for _ in range(2)]
         self.out_views = [memoryview(b) for b in self._out]
         self.out_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._out]
 
     def close(self) -> None:
-        self.unmap(list(self._windows))
         self._views.clear()  # the ctypes views hold the maps' buffers
         for mm in self._maps:
             mm.close()
@@ -234,35 +278,33 @@ class _Maps:
             os.close(fd)
         self.fds.clear()
 
-    def map_block(self, key: str, a: int, m: int) -> tuple[list[int], list]:
-        """(the address of entry a of ``key`` in every file (0: θ0, t + 1: θt), the windows): each
-        file's entries [a, a + m) mapped in a window of its own, its pages mapped in the call,
-        until :meth:`unmap` of the windows. A fault maps no page outside a window, whatever the
-        page cache's folio size, so resident memory stays the block's."""
-        size = ITEMSIZE[self.p.entries[key][1]]
-        out, windows = [], []
-        try:
-            for i, fd in enumerate(self.fds):
-                lo = self.p.offsets[i][key] + a * size
-                start = lo - lo % mmap.ALLOCATIONGRANULARITY
-                length = lo + m * size - start
-                ptr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE | _POPULATE, fd, start)
-                if ptr is None or ptr == _MAP_FAILED:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err), str(self.files[i]))
-                windows.append((ptr, length))
-                self._windows.add((ptr, length))
-                out.append(ptr + lo - start)
-        except BaseException:
-            self.unmap(windows)
-            raise
-        return out, windows
+    def check(self, i: int) -> None:
+        """Raise :class:`~pactlib.safetensors_io.ChangedInputError` when file i (0: θ0, t + 1: θt)
+        is no longer the file whose header was read."""
+        check_unchanged(self.files[i], self.p.identities[i], self.fds[i])
 
-    def unmap(self, windows) -> None:
-        """Unmap windows of :meth:`map_block`."""
-        for w in windows:
-            self._windows.discard(w)
-            _libc.munmap(*w)
+    def read_into(self, i: int, key: str, a: int, m: int, view: memoryview) -> None:
+        """Entries [a, a + m) of ``key`` in file i into ``view`` (``pread``, checked before and
+        after: a file that changed, or ends early, raises ``ChangedInputError``)."""
+        size = ITEMSIZE[self.p.entries[key][1]]
+        pos, n, done = self.p.offsets[i][key] + a * size, m * size, 0
+        self.check(i)
+        try:
+            while done < n:
+                got = os.preadv(self.fds[i], [view[done:n]], pos + done)
+                if got <= 0:
+                    raise ChangedInputError(self.files[i])  # it ends before its header says
+                done += got
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.files[i])) from e
+        self.check(i)
+
+    def read_block(self, key: str, a: int, m: int) -> list[int]:
+        """The address of entry a of ``key`` in every file (0: θ0, t + 1: θt): each file's entries
+        [a, a + m) read into a buffer of its own, valid until the next call."""
+        for i in range(len(self.files)):
+            self.read_into(i, key, a, m, self._in_views[i])
+        return self._in_addr
 
     def ranges(self, key: str, step: int | None = None):
         """``(a, m)``: the blocks of ``key`` (of ``step`` entries, default :attr:`step`), m entries
@@ -315,7 +357,7 @@ class _Flags:
 class _Output:
     """The merged blocks handed to one writer thread, in order, through two buffers: ``buffer()``
     (the address of the buffer to fill next, once its last block is written), ``emit(key,
-    nbytes)``, ``copy(key, address, nbytes)`` (θ0's bytes of a non-float key), ``drain()``."""
+    nbytes)``, ``drain()``."""
 
     def __init__(self, pool: ThreadPoolExecutor, writer: CheckpointWriter, maps: _Maps):
         self.pool, self.writer, self.maps = pool, writer, maps
@@ -331,10 +373,6 @@ class _Output:
         self.pending[self.k] = self.pool.submit(self.writer.write_bytes, key, self.maps.out_views[self.k][:nbytes])
         self.k ^= 1
 
-    def copy(self, key: str, address: int, nbytes: int) -> None:
-        ctypes.memmove(self.buffer(), address, nbytes)
-        self.emit(key, nbytes)
-
     def drain(self) -> None:
         for f in self.pending:
             if f is not None:
@@ -345,8 +383,9 @@ def _copy_buffer_key(out: _Output, b: _Maps, key: str) -> None:
     """A non-float key (a buffer): θ0's bytes, block by block."""
     size = ITEMSIZE[b.p.entries[key][1]]
     for a, m in b.ranges(key):
-        out.copy(key, b.addr(0, key, a), m * size)
-        b.release(0, key, a, m)
+        out.buffer()
+        b.read_into(0, key, a, m, b.out_views[out.k])
+        out.emit(key, m * size)
 
 
 def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
@@ -365,12 +404,11 @@ def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
                 code = native.CODES[dt]
                 codes = (ctypes.c_int32 * T)(*([code] * T))
                 for a, m in b.ranges(key):
-                    (pre, *fts), windows = b.map_block(key, a, m)
+                    pre, *fts = b.read_block(key, a, m)
                     if native.task_arithmetic(p.lib, pre, code, (ctypes.c_void_p * T)(*fts), codes, m, alpha,
                                               out.buffer(), flags.nonzero, flags.same, flags.undecided()):
                         return None
                     out.emit(key, m * ITEMSIZE[dt])
-                    b.unmap(windows)
             out.drain()
         return flags.found()
     finally:
@@ -491,8 +529,10 @@ class _Ties:
             ctypes.memset(hist + (tasks.start << 19), 0, len(tasks) << 19)
         for key, code, a, m in spans:
             pre = b.addr(0, key, a)
+            b.check(0)  # a file truncated since would fault on its map
             for t in tasks:
                 x = b.addr(t + 1, key, a)
+                b.check(t + 1)
                 if (self.fast.pact_hist_low_f32(pre, x, m, prefix[t], hist + (t << 19)) if not shift and code == 0 else
                         lib.pact_digit_hist_delta(pre, code, x, code, m, prefix[t], shift, hist + (t << 19))):
                     self.nonzero[t] = 1
@@ -524,6 +564,8 @@ class _Ties:
             while whole and first < len(blocks) and self.flags.undecided():
                 key, code, a, m = blocks[first]
                 pre = b.addr(0, key, a)
+                for i in range(T + 1):
+                    b.check(i)
                 for t in range(T):
                     self.codes[t] = code
                 lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), self.codes, T, m, self.stack, self.nonzero,
@@ -588,7 +630,7 @@ class _Ties:
         for t in range(T):
             self.codes[t] = code
         for a, m in b.ranges(key):
-            (pre, *fts), windows = b.map_block(key, a, m)
+            pre, *fts = b.read_block(key, a, m)
             dest = out.buffer()
             parts = self._columns(m)
             pending = left.pending()
@@ -613,7 +655,6 @@ class _Ties:
             ends = [(ctypes.c_int64 * T)(*row) for row in starts]
             bad = sum(self._parallel(trim, range(len(parts)))) if last else trim(0)
             left.advance(starts, ends)
-            b.unmap(windows)
             if bad:
                 return False
             out.emit(key, m * size)
@@ -665,6 +706,8 @@ def try_merge(args) -> int | None:
     value is not finite (nothing is published: the caller runs the torch path).
 
     Raises:
+        CheckpointError: an input's header is not valid (as the torch path says it);
+            ChangedInputError: an input changed while it was read (nothing is published).
         OutputError (an ``OSError``): another run writes the output, or writing failed (named,
             nothing left behind); OSError: an input could not be read.
     """
@@ -689,6 +732,8 @@ def try_merge(args) -> int | None:
             found = (_task_arithmetic if r.merge_method == "task_arithmetic" else _ties)(p, writer)
             if found is None:
                 return None  # the writer removes its temporary files; the torch path names the cause
+            for f, identity in zip([p.pre, *p.fts], p.identities):  # read whole from the files checked
+                check_unchanged(f, identity)
             for message in task_set_warnings(list(r.models), *found):
                 warnings.warn(message, stacklevel=2)
             with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
