@@ -148,7 +148,7 @@ def plan(args) -> _Plan | None:
     try:
         if _libc is None or args.lora_adapters or args.device not in (None, "cpu"):
             return None
-        from ..cli import recipe_of
+        from ..command import recipe_of
 
         r = recipe_of(args, methods=METHODS, check=_takes)  # paths made absolute, as the torch path's
         _takes(r.merge_method, r.pact, r.params)
@@ -697,7 +697,7 @@ def try_merge(args) -> int | None:
                     extra = folder_files.publish() if folder_files is not None else []
                     held += extra
                     finish_output(p.out, weights)
-    from ..cli import say_merged
+    from ..command import say_merged
 
     files = weights + extra
     say_merged({"out": str(writer.path), "method": r.merge_method, "pact": None, "alpha": r.alpha,
