@@ -347,7 +347,7 @@ def save_report(report: PactReport, path: str | os.PathLike) -> Path:
         OSError: the folder cannot be written.
     """
     from ..io import write_atomic
-    from ..safetensors_io import write_safetensors
+    from ..io import write_safetensors
 
     path = Path(path)
     tensors: dict[str, Tensor] = {}
