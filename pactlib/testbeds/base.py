@@ -434,7 +434,8 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
 
     from ..lazy import open_checkpoint
     from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
-    from ..streaming import CHUNK_BYTES, consume_in_order, find_thresholds, observe_stack, ties_chunk, trim_stack
+    from ..streaming import (CHUNK_BYTES, consume_in_order, find_thresholds, native_count, observe_stack, ties_chunk,
+                             trim_stack)
 
     T = inputs.T
     k = float(params.get("k", m.params["k"]))
@@ -442,7 +443,8 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
     order = [key for key in tb.pretrained if key in floats]  # the in-memory task vectors' key order
     if len(order) != len(floats):
         order = list(inputs.floats)
-    gt = GlobalThreshold(T, trim_count(sum(inputs.pre.entry(key).numel for key in order), k), inputs.dtype)
+    gt = GlobalThreshold(T, trim_count(sum(inputs.pre.entry(key).numel for key in order), k), inputs.dtype,
+                         count=native_count)
     spill = spilled[0] if spilled is not None else None
     counted: set[str] = set()  # filtered layers counted in the filtering pass
     if pact is not None and spilled is None and selected:
