@@ -5,8 +5,10 @@ is a whole pickled module (as some task-vector repositories save) needs a truste
 (:func:`pactlib.lazy.trusted_reader`; pactlib's is :func:`pactlib.models.clip.load_clip_checkpoint`)
 with an explicit opt-in.
 
-``.safetensors`` files are written by :func:`pactlib.safetensors_io.write_safetensors`, byte for
-byte what ``safetensors.torch.save_file`` writes, without numpy.
+``.safetensors`` files are written by :func:`write_safetensors` (streamed: :class:`StreamedFile`), byte for
+byte what ``safetensors.torch.save_file`` writes, without numpy; the format itself (dtypes, the
+header) is :mod:`pactlib.safetensors_io`'s. Model folders and sharded checkpoints are read through
+:func:`folder_checkpoint` and :func:`read_sharded`.
 
 Every output goes through :func:`new_temp` (a locked temporary file beside it) and is renamed into
 place when complete (:func:`atomic_output`, :func:`atomic_write`); a failed write (a full disk)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import pickle
 import pickletools
@@ -36,9 +39,15 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 
 from .checks import CheckpointError
+from .safetensors_io import header_bytes, tensor_bytes_view, torch_tables
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".bin", ".ckpt")
+#: What a model folder's checkpoint is read from, first found first: Hugging Face's order
+#: (transformers reads ``model.safetensors`` before its index, and both before ``pytorch_model.bin``),
+#: open_clip's names after Hugging Face's of the same format
+FOLDER_ORDER = ("model.safetensors", "model.safetensors.index.json", "open_clip_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "open_clip_pytorch_model.bin")
 
 
 def check_suffix(path: str | os.PathLike) -> str:
@@ -74,7 +83,7 @@ def no_extension(path: str | os.PathLike, suffix: str) -> str:
 def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Tensor]:
     """Load a state dict from ``path``: a checkpoint file, a sharded checkpoint's
     ``*.index.json`` (every shard it names), or a model folder (its checkpoint, as ``pact merge``
-    reads it: :func:`pactlib.lazy.folder_checkpoint`).
+    reads it: :func:`folder_checkpoint`).
 
     Accepts a plain ``{name: tensor}`` dict, or one wrapped under ``"state_dict"``/``"model"``.
     With ``mmap`` a torch file's tensors are memory-mapped (``torch.load(mmap=True)``; a file in
@@ -82,7 +91,7 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or is a folder without a checkpoint.
-        CheckpointError: as ``pact merge``'s reader (:func:`pactlib.lazy.read_sharded`): a
+        CheckpointError: as ``pact merge``'s reader (:func:`read_sharded`): a
             malformed index, a key in two shards, a key of the index in no shard; unknown
             extension, unreadable file, or content that is not a mapping of
             tensors (naming the file and the offending key). A torch file that is corrupt or not a
@@ -93,14 +102,10 @@ def load_state_dict(path: str | os.PathLike, *, mmap: bool = False) -> dict[str,
     import torch
     path = Path(path)
     if path.is_dir():
-        from .lazy import folder_checkpoint
-
         return load_state_dict(folder_checkpoint(path), mmap=mmap)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.name.endswith(".index.json"):
-        from .lazy import read_sharded
-
         def shard(f: Path) -> dict[str, Tensor]:
             check_suffix(f)  # a shard is a checkpoint file, never another index
             return load_state_dict(f, mmap=mmap)
@@ -208,6 +213,74 @@ def _torch_load_weights(path: Path, mmap: bool):
             if "mmap" not in str(e):
                 raise
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def folder_checkpoint(folder: str | os.PathLike) -> Path:
+    """The file (or ``*.index.json``) a model folder's checkpoint is read from: the first of
+    :data:`FOLDER_ORDER` present.
+
+    Raises:
+        FileNotFoundError: none is (the names are listed).
+    """
+    folder = Path(folder)
+    for f in FOLDER_ORDER:
+        if (folder / f).is_file():
+            return folder / f
+    hint = ""
+    if (folder / "adapter_config.json").is_file():
+        hint = (" (it holds a PEFT adapter: give it to pact merge --lora-adapters, or read its task vector with "
+                "pactlib.peft.read_adapter)")
+    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}{hint}")
+
+
+def _read_index(index: Path) -> dict[str, Path]:
+    """{key: shard path} of a Hugging Face ``*.index.json``.
+
+    Raises:
+        CheckpointError: invalid JSON, no non-empty ``weight_map``, a value that is not a file
+            name in the index's folder (an absolute path, ``..``), or a shard missing from the
+            folder (all naming the index).
+    """
+    try:
+        data = json.loads(index.read_text())
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{index}: not a readable JSON index ({type(e).__name__}: {e})") from e
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
+    bad = sorted({repr(f) for f in weight_map.values()
+                  if not isinstance(f, str) or not f or Path(f).is_absolute() or ".." in Path(f).parts})
+    if bad:
+        raise CheckpointError(f"{index}: weight_map values must be the names of shard files in the index's folder, "
+                              f"got {', '.join(bad[:3])}")
+    out = {k: index.parent / f for k, f in weight_map.items()}
+    missing = sorted({p.name for p in out.values() if not p.is_file()})
+    if missing:
+        raise CheckpointError(f"{index}: weight_map names shard(s) missing from {index.parent}: {missing[:5]}")
+    return out
+
+
+def read_sharded(index: str | os.PathLike, read: Callable[[Path], dict]) -> dict:
+    """The union of ``read(shard)`` (a ``{key: …}`` dict) over the shards a sharded checkpoint's
+    ``*.index.json`` names, in name order (the order ``load_clip_checkpoint(folder)`` gives).
+
+    Raises:
+        CheckpointError: as :func:`_read_index`; a key in two shards; a key of the weight_map in
+            no shard (all named).
+    """
+    index = Path(index)
+    weight_map = _read_index(index)
+    out: dict = {}
+    for shard in sorted(set(weight_map.values())):
+        part = read(shard)
+        dup = out.keys() & part.keys()
+        if dup:
+            raise CheckpointError(f"{shard}: keys also in another shard: {sorted(dup)[:4]}")
+        out.update(part)
+    lost = sorted(k for k in weight_map if k not in out)
+    if lost:
+        raise CheckpointError(f"{index}: {len(lost)} key(s) of the weight_map are in no shard: {lost[:5]}")
+    return out
 
 
 def new_file_mode() -> int:
@@ -408,9 +481,99 @@ def save_state_dict(sd: Mapping[str, Tensor], path: str | os.PathLike, *, metada
         if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"cannot save key {k!r}: a {type(v).__name__}, not a tensor")
     if suffix in SAFETENSORS:
-        from .safetensors_io import write_safetensors
-
         return write_safetensors(sd, path, metadata=metadata)
     with atomic_output(path) as f:  # a file object: an error names the output, the archive name is fixed
         torch.save(dict(sd), f)
     return path
+
+
+class StreamedFile:
+    """One safetensors file written tensor by tensor, in the declared order, into a temporary
+    file beside ``path`` (:func:`pactlib.io.new_temp`: locked while open, so no clean-up takes it
+    for stale). It stays open until :meth:`publish` (renamed to ``path``) or :meth:`discard`.
+
+    Raises (any method):
+        OutputError: a write or the flush failed (a full disk), naming ``path``.
+    """
+
+    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype | str]],
+                 metadata: Mapping[str, str] | None):
+        self.path, self.entries, self.metadata = Path(path), entries, metadata
+        self.tmp: Path | None = None
+        self._f = None
+
+    def _put(self, data) -> None:
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise output_error(self.path, e) from e
+
+    def open(self) -> None:
+        head = header_bytes(self.entries, self.metadata)
+        self.tmp, self._f = new_temp(self.path)
+        self._put(head)
+
+    def write(self, data: Tensor) -> None:
+        """Append ``data``'s bytes (a whole tensor, or its next rows)."""
+        flat = data.detach().cpu().contiguous().reshape(-1)
+        self.write_bytes(tensor_bytes_view(flat))  # in place, no numpy
+
+    def write_bytes(self, data) -> None:
+        """Append ``data`` (a bytes-like object: the next bytes of the tensors, in order)."""
+        if self._f is None:
+            self.open()
+        if len(data):
+            self._put(data)
+
+    def close(self) -> None:
+        """Flush the file to disk (it stays open, and locked, until published)."""
+        if self._f is None:
+            self.open()
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise output_error(self.path, e) from e
+
+    def publish(self) -> None:
+        os.replace(self.tmp, self.path)
+        close_quietly(self._f)
+
+    def discard(self) -> None:
+        """Remove the temporary file; a failed last flush (a full disk) is ignored."""
+        if self._f is not None:
+            close_quietly(self._f)
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def write_safetensors(sd: Mapping[str, Tensor], path: str | os.PathLike, *,
+                      metadata: Mapping[str, str] | None = None) -> Path:
+    """Write ``sd`` to ``path`` atomically, one tensor at a time (each made a contiguous CPU
+    tensor), in ``safetensors.torch.save_file``'s order (dtype, then name) and so with its bytes
+    (whose ``__metadata__`` keys come in hash order when there are several; here they are sorted).
+
+    Raises:
+        CheckpointError: a dtype safetensors cannot store, or metadata that is not str -> str
+            (before anything is written).
+        OutputError: the write failed (naming ``path``; nothing is left behind).
+    """
+    rank = torch_tables()[3]
+    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in rank})
+    if bad:
+        raise CheckpointError(f"{path}: safetensors cannot store dtype(s) {', '.join(bad)}")
+    keys = sorted(sd, key=lambda k: (rank[sd[k].dtype], k))
+    try:
+        f = StreamedFile(Path(path), [(k, tuple(sd[k].shape), sd[k].dtype) for k in keys], metadata)
+        f.open()
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    try:
+        for k in keys:
+            f.write(sd[k])
+        f.close()
+        f.publish()
+    except BaseException:
+        f.discard()
+        raise
+    return Path(path)

@@ -71,8 +71,9 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
 
 
 from .checks import CheckpointError
-from .io import SAFETENSORS, TORCH, is_folder_output, no_extension, save_state_dict, write_atomic  # noqa: F401
-from .safetensors_io import (ChangedInputError, StreamedFile, check_unchanged, dtype_name, read_header_checked,
+from .io import (FOLDER_ORDER, SAFETENSORS, TORCH, StreamedFile, _read_index, folder_checkpoint,  # noqa: F401
+                 is_folder_output, no_extension, read_sharded, save_state_dict, write_atomic)
+from .safetensors_io import (ChangedInputError, check_unchanged, dtype_name, read_header_checked,  # noqa: F401
                              tensor_bytes, tensor_bytes_view, torch_tables)
 from .paths import cache_dir as _cache_dir
 
@@ -81,11 +82,6 @@ log = logging.getLogger(__name__)
 INDEX_SUFFIX = ".index.json"
 #: Read descriptors a :class:`LazyCheckpoint` keeps open (its most recently read files)
 OPEN_FILES = 8
-#: What a model folder's checkpoint is read from, first found first: Hugging Face's order
-#: (transformers reads ``model.safetensors`` before its index, and both before ``pytorch_model.bin``),
-#: open_clip's names after Hugging Face's of the same format
-FOLDER_ORDER = ("model.safetensors", "model.safetensors.index.json", "open_clip_model.safetensors",
-                "pytorch_model.bin", "pytorch_model.bin.index.json", "open_clip_pytorch_model.bin")
 _CONVERSION = "v1"  # bump when the conversion changes
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -461,33 +457,6 @@ def convert_pickle(path: str | os.PathLike, *, loader: Loader | None = None,
     return dest
 
 
-def _read_index(index: Path) -> dict[str, Path]:
-    """{key: shard path} of a Hugging Face ``*.index.json``.
-
-    Raises:
-        CheckpointError: invalid JSON, no non-empty ``weight_map``, a value that is not a file
-            name in the index's folder (an absolute path, ``..``), or a shard missing from the
-            folder (all naming the index).
-    """
-    try:
-        data = json.loads(index.read_text())
-    except (ValueError, OSError) as e:
-        raise CheckpointError(f"{index}: not a readable JSON index ({type(e).__name__}: {e})") from e
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: no 'weight_map' (a non-empty mapping of key -> shard file)")
-    bad = sorted({repr(f) for f in weight_map.values()
-                  if not isinstance(f, str) or not f or Path(f).is_absolute() or ".." in Path(f).parts})
-    if bad:
-        raise CheckpointError(f"{index}: weight_map values must be the names of shard files in the index's folder, "
-                              f"got {', '.join(bad[:3])}")
-    out = {k: index.parent / f for k, f in weight_map.items()}
-    missing = sorted({p.name for p in out.values() if not p.is_file()})
-    if missing:
-        raise CheckpointError(f"{index}: weight_map names shard(s) missing from {index.parent}: {missing[:5]}")
-    return out
-
-
 def _open_file(path: Path, loader: Loader | None, cache_dir) -> dict[str, Entry]:
     suffix = path.suffix.lower()
     if suffix in SAFETENSORS:
@@ -496,24 +465,6 @@ def _open_file(path: Path, loader: Loader | None, cache_dir) -> dict[str, Entry]
         return read_header(convert_pickle(path, loader=loader, cache_dir=cache_dir))[0]
     raise CheckpointError(f"{path}: unknown checkpoint extension {suffix or '(none)'!r}; "
                           f"use one of {', '.join(SAFETENSORS + TORCH)} or a *.index.json")
-
-
-def folder_checkpoint(folder: str | os.PathLike) -> Path:
-    """The file (or ``*.index.json``) a model folder's checkpoint is read from: the first of
-    :data:`FOLDER_ORDER` present.
-
-    Raises:
-        FileNotFoundError: none is (the names are listed).
-    """
-    folder = Path(folder)
-    for f in FOLDER_ORDER:
-        if (folder / f).is_file():
-            return folder / f
-    hint = ""
-    if (folder / "adapter_config.json").is_file():
-        hint = (" (it holds a PEFT adapter: give it to pact merge --lora-adapters, or read its task vector with "
-                "pactlib.peft.read_adapter)")
-    raise FileNotFoundError(f"no checkpoint in folder {folder}: expected one of {FOLDER_ORDER}{hint}")
 
 
 def checkpoint_files(path: str | os.PathLike) -> list[Path]:
@@ -574,29 +525,6 @@ def open_checkpoint(path: str | os.PathLike, *, loader: Loader | None = None,
             raise CheckpointError(f"{path}: the checkpoint holds no tensors")
         return LazyCheckpoint(name, entries)
     return LazyCheckpoint(name, read_sharded(path, lambda shard: _open_file(shard, loader, cache_dir)))
-
-
-def read_sharded(index: str | os.PathLike, read: Callable[[Path], dict]) -> dict:
-    """The union of ``read(shard)`` (a ``{key: …}`` dict) over the shards a sharded checkpoint's
-    ``*.index.json`` names, in name order (the order ``load_clip_checkpoint(folder)`` gives).
-
-    Raises:
-        CheckpointError: as :func:`_read_index`; a key in two shards; a key of the weight_map in
-            no shard (all named).
-    """
-    index = Path(index)
-    weight_map = _read_index(index)
-    out: dict = {}
-    for shard in sorted(set(weight_map.values())):
-        part = read(shard)
-        dup = out.keys() & part.keys()
-        if dup:
-            raise CheckpointError(f"{shard}: keys also in another shard: {sorted(dup)[:4]}")
-        out.update(part)
-    lost = sorted(k for k in weight_map if k not in out)
-    if lost:
-        raise CheckpointError(f"{index}: {len(lost)} key(s) of the weight_map are in no shard: {lost[:5]}")
-    return out
 
 
 # --------------------------------------------------------------------------- writing

@@ -1,7 +1,8 @@
 """The safetensors format in one place: the dtype table, the header, the one header reader of both
 merge paths (:func:`read_header_checked`, which refuses what safetensors' own reader refuses, with
 a message naming the file and the problem), the check that an input did not change while it was
-read (:func:`check_unchanged`), and the one writer, which streams tensor by tensor.
+read (:func:`check_unchanged`), the one writer's header (:func:`header_bytes`; the writer, :class:`pactlib.io.StreamedFile`,
+streams tensor by tensor).
 
 A file is an 8-byte little-endian header length, a JSON header ``{key: {"dtype", "shape",
 "data_offsets"}}`` (with an optional ``"__metadata__"`` of str -> str) padded with spaces to a
@@ -29,7 +30,6 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pact merge` of Task Ar
     Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 from .checks import CheckpointError
-from .io import close_quietly, new_temp, output_error
 
 #: safetensors' dtype names with their sizes in bytes, in the order its writer lays tensors out
 #: (largest dtype first, then by name): the order of the Rust ``Dtype`` enum, descending.
@@ -364,95 +364,3 @@ def read_entries(path: str | os.PathLike) -> tuple[dict[str, tuple[tuple[int, ..
     """
     h = read_header_checked(path)
     return {k: v[:3] for k, v in h.entries.items()}, h.metadata
-
-
-class StreamedFile:
-    """One safetensors file written tensor by tensor, in the declared order, into a temporary
-    file beside ``path`` (:func:`pactlib.io.new_temp`: locked while open, so no clean-up takes it
-    for stale). It stays open until :meth:`publish` (renamed to ``path``) or :meth:`discard`.
-
-    Raises (any method):
-        OutputError: a write or the flush failed (a full disk), naming ``path``.
-    """
-
-    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype | str]],
-                 metadata: Mapping[str, str] | None):
-        self.path, self.entries, self.metadata = Path(path), entries, metadata
-        self.tmp: Path | None = None
-        self._f = None
-
-    def _put(self, data) -> None:
-        try:
-            self._f.write(data)
-        except OSError as e:
-            raise output_error(self.path, e) from e
-
-    def open(self) -> None:
-        head = header_bytes(self.entries, self.metadata)
-        self.tmp, self._f = new_temp(self.path)
-        self._put(head)
-
-    def write(self, data: Tensor) -> None:
-        """Append ``data``'s bytes (a whole tensor, or its next rows)."""
-        flat = data.detach().cpu().contiguous().reshape(-1)
-        self.write_bytes(tensor_bytes_view(flat))  # in place, no numpy
-
-    def write_bytes(self, data) -> None:
-        """Append ``data`` (a bytes-like object: the next bytes of the tensors, in order)."""
-        if self._f is None:
-            self.open()
-        if len(data):
-            self._put(data)
-
-    def close(self) -> None:
-        """Flush the file to disk (it stays open, and locked, until published)."""
-        if self._f is None:
-            self.open()
-        try:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-        except OSError as e:
-            raise output_error(self.path, e) from e
-
-    def publish(self) -> None:
-        os.replace(self.tmp, self.path)
-        close_quietly(self._f)
-
-    def discard(self) -> None:
-        """Remove the temporary file; a failed last flush (a full disk) is ignored."""
-        if self._f is not None:
-            close_quietly(self._f)
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
-
-
-def write_safetensors(sd: Mapping[str, Tensor], path: str | os.PathLike, *,
-                      metadata: Mapping[str, str] | None = None) -> Path:
-    """Write ``sd`` to ``path`` atomically, one tensor at a time (each made a contiguous CPU
-    tensor), in ``safetensors.torch.save_file``'s order (dtype, then name) and so with its bytes
-    (whose ``__metadata__`` keys come in hash order when there are several; here they are sorted).
-
-    Raises:
-        CheckpointError: a dtype safetensors cannot store, or metadata that is not str -> str
-            (before anything is written).
-        OutputError: the write failed (naming ``path``; nothing is left behind).
-    """
-    rank = torch_tables()[3]
-    bad = sorted({str(v.dtype) for v in sd.values() if v.dtype not in rank})
-    if bad:
-        raise CheckpointError(f"{path}: safetensors cannot store dtype(s) {', '.join(bad)}")
-    keys = sorted(sd, key=lambda k: (rank[sd[k].dtype], k))
-    try:
-        f = StreamedFile(Path(path), [(k, tuple(sd[k].shape), sd[k].dtype) for k in keys], metadata)
-        f.open()
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    try:
-        for k in keys:
-            f.write(sd[k])
-        f.close()
-        f.publish()
-    except BaseException:
-        f.discard()
-        raise
-    return Path(path)

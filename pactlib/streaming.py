@@ -489,6 +489,17 @@ def check_method_values(m: merges.MergeMethod, rule: MatrixRule, params: dict, d
     m([TaskVector._wrap({"probe": torch.ones(1, dtype=dtype)}, "probe")], rule=rule, **params)
 
 
+def native_count(values: Tensor, prefix: int, shift: int, hist: Tensor) -> bool:
+    """:class:`~pactlib.merges.ties.GlobalThreshold`'s ``count``: one float32 CPU chunk of one task
+    counted by the C kernels (:func:`pactlib.native.digit_hist`, the same counts) when they are
+    available (True), else nothing done (False: torch counts it)."""
+    lib = native.library()
+    if lib is None:
+        return False
+    native.digit_hist(lib, values, prefix, shift, hist)
+    return True
+
+
 def observe_stack(gt: GlobalThreshold, stack: Tensor, *, work: dict | None = None) -> None:
     """Count one (T, …) stack of chunks (row t: a chunk of Δt, on any device) in ``gt``'s pass
     (``work``: the counting's buffers, kept by the caller: :meth:`GlobalThreshold.observe`).
@@ -831,7 +842,7 @@ def ties_key(inputs: DeltaReader, key: str, *, k: float, alpha: float, chunk_byt
         parts = []
         for t in range(T):
             x = delta(t)
-            g = GlobalThreshold(1, keep, dtype)
+            g = GlobalThreshold(1, keep, dtype, count=native_count)
             while not g.done:
                 g.observe(0, x, work=work)
                 g.end_pass()
@@ -888,7 +899,7 @@ def _ties_global(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options,
     k = float(mparams.get("k", m.params["k"]))
     N = sum(inputs.pre.entry(key).numel for key in inputs.floats)
     sel = [key for key in inputs.floats if key in selected]
-    gt = GlobalThreshold(T, trim_count(N, k), inputs.dtype)
+    gt = GlobalThreshold(T, trim_count(N, k), inputs.dtype, count=native_count)
     spill_dir = Path(tempfile.mkdtemp(prefix=spill_prefix(out), dir=out.parent)) if sel else None
     try:
         spill = None

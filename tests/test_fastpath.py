@@ -431,7 +431,7 @@ def _signalled_run(at: str, argv: list, fast: bool) -> subprocess.CompletedProce
                           preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
-@pytest.mark.parametrize("at", ["pactlib.safetensors_io:StreamedFile.publish",  # between the weights and the card
+@pytest.mark.parametrize("at", ["pactlib.io:StreamedFile.publish",  # between the weights and the card
                                 "pactlib.recipe:FolderFiles.__exit__"])  # just after all is published
 @pytest.mark.parametrize("earlier", [False, True])
 @pytest.mark.parametrize("fast", [True, False])
@@ -467,7 +467,7 @@ def test_a_signal_while_a_spill_file_is_published_publishes_no_output(tmp_path):
     argv = _folder_inputs(tmp_path)
     argv[1], argv[3] = "ties", "0.7"
     out = tmp_path / "sub" / "out"
-    proc = _signalled_run("pactlib.safetensors_io:StreamedFile.publish",
+    proc = _signalled_run("pactlib.io:StreamedFile.publish",
                           ["merge", *argv, "--pact", "pact", "--out", f"{out}/"], fast=False)
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert "no output was published" in proc.stderr and not (tmp_path / "sub").exists()

@@ -318,7 +318,7 @@ def test_a_signal_just_after_the_summary_leaves_a_success(tmp_path, ckpts, monke
     """A second user trial: SIGINT within a few ms of the JSON summary (before the run let go of
     its lock) ended a finished, published merge with 130 and "interrupted once the output was
     published". The summary is the last word: signals are ignored from it on, and pact exits 0."""
-    from pactlib import cli
+    from pactlib import cli, command
 
     pre, fts = ckpts
     p0 = str(save_state_dict(pre, tmp_path / "p.safetensors"))
@@ -329,7 +329,8 @@ def test_a_signal_just_after_the_summary_leaves_a_success(tmp_path, ckpts, monke
         said(summary)
         os.kill(os.getpid(), signal.SIGINT)  # delivered at once: the handler runs before the next bytecode
 
-    monkeypatch.setattr(cli, "say_merged", say_then_signal)
+    monkeypatch.setattr(cli, "say_merged", say_then_signal)  # the torch path
+    monkeypatch.setattr(command, "say_merged", say_then_signal)  # the fast path
     before = signal.getsignal(signal.SIGINT)
     said({"out": "x"})  # outside main (pactlib.fastpath.try_merge called directly): the handlers stay
     assert signal.getsignal(signal.SIGINT) == before and '"out": "x"' in capsys.readouterr().out

@@ -230,7 +230,7 @@ def test_code_fingerprint_ignores_docstrings_and_comments(tmp_path, monkeypatch)
         d.mkdir()
         (d / "pact_fp_probe.py").write_text(text)
         monkeypatch.setattr(sys, "path", [str(d)] + [p for p in sys.path if str(tmp_path) not in p])
-        monkeypatch.setattr(base, "_CODE", {})
+        monkeypatch.setattr(testbeds.engine, "_CODE", {})
         importlib.invalidate_caches()
         fps[tag] = testbeds.code_fingerprint(["pact_fp_probe"])
     assert "pact_fp_probe" not in sys.modules

@@ -154,7 +154,7 @@ def plan(args) -> _Plan | None:
     try:
         if _libc is None or args.lora_adapters or args.device not in (None, "cpu"):
             return None
-        from ..cli import recipe_of
+        from ..command import recipe_of
 
         r = recipe_of(args, methods=METHODS, check=_takes)  # paths made absolute, as the torch path's
         _takes(r.merge_method, r.pact, r.params)
@@ -745,7 +745,7 @@ def try_merge(args) -> int | None:
     path = Path(writer.path)
     if p.folder is not None:  # the names in the folder, not in its staging folder
         weights, path = [p.folder / w.name for w in weights], p.folder / path.name
-    from ..cli import say_merged
+    from ..command import say_merged
 
     files = weights + extra
     say_merged({"out": str(path), "method": r.merge_method, "pact": None, "alpha": r.alpha,

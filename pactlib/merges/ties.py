@@ -4,7 +4,7 @@ Yadav et al., "TIES-Merging: Resolving Interference When Merging Models", NeurIP
 """
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -71,6 +71,11 @@ class GlobalThreshold:
     Args:
         tasks: T. ``keep``: entries kept per task (:func:`trim_count` of the task vector's size).
         dtype: the task vectors' dtype, float32 or float64.
+        count: counts a float32 CPU chunk in one fused pass instead of torch's expressions, the
+            same counts: ``count(values, prefix, shift, hist) -> bool`` adds the chunk's digits to
+            ``hist`` (one task's 2^16 int64 counters) and returns True, or returns False to leave it
+            to torch (:func:`pactlib.streaming.native_count`, the C kernels when they are
+            available). None: torch counts every chunk.
 
     Raises:
         ValueError: another ``dtype``.
@@ -78,7 +83,8 @@ class GlobalThreshold:
 
     DIGIT = 16
 
-    def __init__(self, tasks: int, keep: int, dtype: torch.dtype):
+    def __init__(self, tasks: int, keep: int, dtype: torch.dtype, *,
+                 count: Callable[[Tensor, int, int, Tensor], bool] | None = None):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"GlobalThreshold: dtype must be float32 or float64, got {dtype}")
         self.int_dtype = torch.int32 if dtype == torch.float32 else torch.int64
@@ -90,6 +96,7 @@ class GlobalThreshold:
         self.above = [0] * tasks  # entries known to be > v_t
         self.hist = torch.zeros(tasks, 1 << self.DIGIT, dtype=torch.int64)
         self._left: list[int] | None = None  # ties still to keep, during the masking pass
+        self.count = count
 
     @property
     def done(self) -> bool:
@@ -113,13 +120,9 @@ class GlobalThreshold:
 
         ``work``: a dict the caller keeps from call to call; the chunk-sized temporaries then
         live in its buffers (the same counts). A float32 CPU chunk is counted in one fused pass
-        (:func:`pactlib.native.digit_hist`, the same counts) when the C kernels are available."""
-        if self.bits == 32 and values.dtype == torch.float32 and values.device.type == "cpu":
-            from .. import native
-
-            lib = native.library()
-            if lib is not None:
-                native.digit_hist(lib, values.detach(), self.prefix[t], self.shift, self.hist[t])
+        by the ``count`` given to the constructor, when it takes it (the same counts)."""
+        if self.count is not None and self.bits == 32 and values.dtype == torch.float32 and values.device.type == "cpu":
+            if self.count(values.detach(), self.prefix[t], self.shift, self.hist[t]):
                 return
         b = self._bits(values, work)
         top = self.shift + self.DIGIT

@@ -16,9 +16,7 @@ one: ``book/adding-a-testbed.md``.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -29,10 +27,10 @@ from torch import Tensor, nn
 
 from .. import merges
 from ..api import merged_update
-from ..book.provenance import strip_docstrings as _strip_docstrings
 from ..matrix import MatrixRule
 from ..pact import PactOptions, PactReport, pact_filter
 from ..taskvector import TaskVector
+from .engine import ENGINE_MODULES, _CODE, code_fingerprint, engine_device, merge_sources, source_fingerprint  # noqa: F401
 
 __all__ = ["Testbed", "run", "filtered", "reference_records", "alpha_grid", "code_fingerprint", "REFINE",
            "GRID_SPACING", "ENGINE_MODULES", "source_fingerprint", "merge_sources", "streamed_update"]
@@ -139,51 +137,6 @@ def alpha_grid(method: str, points: int | None = None, *, lo: float | None = Non
 
 # -------------------------------------------------------------------------------- memoisation
 
-#: The modules a merge's result depends on: every memo key holds a fingerprint of their code.
-ENGINE_MODULES = ("pactlib.taskvector", "pactlib.checks", "pactlib.matrix", "pactlib.linalg", "pactlib.subspaces",
-                  "pactlib.shield", "pactlib.pact", "pactlib.merges", "pactlib.lora", "pactlib.api",
-                  "pactlib.threads", "pactlib.eval")
-
-_CODE: dict[tuple[str, ...], str] = {}
-
-
-def source_fingerprint(files: Sequence[Path], root: Path | None = None) -> str:
-    """sha256 of the *code* of Python ``files`` (their syntax trees without docstrings, named
-    relative to ``root``): editing a comment or a docstring keeps the fingerprint.
-
-    Raises:
-        SyntaxError: a file that does not parse. OSError: a file that cannot be read.
-    """
-    h = hashlib.sha256()
-    for f in files:
-        f = Path(f)
-        tree = _strip_docstrings(ast.parse(f.read_text(encoding="utf-8"), str(f)))
-        name = f.relative_to(root).as_posix() if root is not None else f.name
-        h.update(f"{name}\0".encode() + ast.dump(tree).encode())
-    return h.hexdigest()
-
-
-def code_fingerprint(modules: Sequence[str]) -> str:
-    """sha256 of the *code* of ``modules`` (a package means every ``.py`` file in it): the AST
-    without docstrings, so editing a comment or a docstring keeps every memoised result.
-
-    Raises:
-        ModuleNotFoundError: a module that does not exist.
-    """
-    key = tuple(modules)
-    if key not in _CODE:
-        h = hashlib.sha256()
-        for name in key:
-            spec = importlib.util.find_spec(name)
-            if spec is None or spec.origin is None:
-                raise ModuleNotFoundError(f"code_fingerprint: no module {name!r}")
-            origin = Path(spec.origin)
-            files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-            h.update(f"{name}\0".encode() + source_fingerprint(files, origin.parent).encode())
-        _CODE[key] = h.hexdigest()
-    return _CODE[key]
-
-
 def _memo_key(tb: Testbed, payload: dict) -> str | None:
     ident = tb.fingerprint()
     if ident is None or tb.cache_dir is None:
@@ -226,17 +179,6 @@ def own_task_vectors(tb: Testbed) -> list[TaskVector]:
     if "tvs" not in c:
         c["tvs"] = list(tb.task_vectors())
     return list(c["tvs"])
-
-
-def engine_device(tb: Testbed) -> torch.device | None:
-    """Where :func:`run` merges and filters ``tb``'s task vectors: the testbed's optional
-    ``device`` attribute (e.g. ``"cuda"``), or None for the CPU (a testbed without one, or
-    ``"cpu"``). The engine itself takes no device argument: it computes where its tensors are."""
-    dev = getattr(tb, "device", None)
-    if dev is None:
-        return None
-    dev = torch.device(dev)
-    return None if dev.type == "cpu" else dev
 
 
 def _to(tvs: Sequence[TaskVector], device) -> list[TaskVector]:
@@ -321,20 +263,6 @@ def filtered(tb: Testbed, mode: str, options: PactOptions | None = None, *,
     else:
         tvs, report = _filtered(tb, mode, options)
     return (tvs if engine_device(tb) is None else _to(tvs, "cpu")), report
-
-
-def merge_sources(tb: Testbed):
-    """``tb.merge_sources()`` when the testbed has it (an optional part of the protocol), else None.
-
-    A testbed whose checkpoints are files can offer them to the streamed merge: the method returns
-    ``(θ0, [θt or Δt source per task])``, θ0 and each θt a :class:`pactlib.lazy.LazyCheckpoint`
-    (keys read one at a time from memory-mapped safetensors), or a task-vector source with
-    ``check(meta)`` and ``delta(key)`` (:func:`pactlib.streaming.is_delta_source`, e.g.
-    :class:`pactlib.peft.AdapterSource`), in ``tb.tasks`` order, with ``tb.pretrained``'s keys and
-    values. :func:`run` then merges key by key (:func:`streamed_update`), so its memory does not
-    grow with the number of tasks."""
-    fn = getattr(tb, "merge_sources", None)
-    return fn() if callable(fn) else None
 
 
 def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, options: PactOptions | None = None,
@@ -506,7 +434,8 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
 
     from ..lazy import open_checkpoint
     from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
-    from ..streaming import CHUNK_BYTES, consume_in_order, find_thresholds, observe_stack, ties_chunk, trim_stack
+    from ..streaming import (CHUNK_BYTES, consume_in_order, find_thresholds, native_count, observe_stack, ties_chunk,
+                             trim_stack)
 
     T = inputs.T
     k = float(params.get("k", m.params["k"]))
@@ -514,7 +443,8 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
     order = [key for key in tb.pretrained if key in floats]  # the in-memory task vectors' key order
     if len(order) != len(floats):
         order = list(inputs.floats)
-    gt = GlobalThreshold(T, trim_count(sum(inputs.pre.entry(key).numel for key in order), k), inputs.dtype)
+    gt = GlobalThreshold(T, trim_count(sum(inputs.pre.entry(key).numel for key in order), k), inputs.dtype,
+                         count=native_count)
     spill = spilled[0] if spilled is not None else None
     counted: set[str] = set()  # filtered layers counted in the filtering pass
     if pact is not None and spilled is None and selected:

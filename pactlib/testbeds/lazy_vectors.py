@@ -271,7 +271,7 @@ def cache_key(tb, mode: str, options: PactOptions, sources) -> str:
     (40 hex digits) of the inputs' identities (file path, size and mtime of θ0's and every θt's
     converted file or adapter), the task names, the kind, the matrix rule, the mode, the options,
     the device kind, :data:`FILTER_CACHE_VERSION` and the engine's code fingerprint."""
-    from .base import ENGINE_MODULES, code_fingerprint, engine_device
+    from .engine import ENGINE_MODULES, code_fingerprint, engine_device
 
     pre, fts = sources
     dev = engine_device(tb)
@@ -347,7 +347,7 @@ def save_report(report: PactReport, path: str | os.PathLike) -> Path:
         OSError: the folder cannot be written.
     """
     from ..io import write_atomic
-    from ..safetensors_io import write_safetensors
+    from ..io import write_safetensors
 
     path = Path(path)
     tensors: dict[str, Tensor] = {}
@@ -577,7 +577,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
     from ..lazy import CheckpointWriter, open_checkpoint
     from ..pact import MODES, select_layers, warn_if_unchanged
     from ..streaming import consume_in_order
-    from .base import engine_device, merge_sources
+    from .engine import engine_device, merge_sources
 
     if mode not in MODES:
         raise ValueError(f"unknown PACT mode {mode!r}; use one of {MODES}")

@@ -232,11 +232,11 @@ def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dic
     """Save ``tensors`` as safetensors atomically; returns the file's sha256 (hex).
 
     ``metadata`` values are JSON-encoded into the safetensors header (strings only there). The
-    bytes are a function of the tensors and the metadata (:func:`pactlib.safetensors_io.write_safetensors`:
+    bytes are a function of the tensors and the metadata (:func:`pactlib.io.write_safetensors`:
     ``safetensors.torch.save``'s layout with the metadata keys sorted, where that library writes
     them in hash order), so a rebuilt zoo file has the same sha256 when its tensors are the same.
     """
-    from pactlib.safetensors_io import write_safetensors
+    from pactlib.io import write_safetensors
 
     meta = {k: json.dumps(v) for k, v in (metadata or {}).items()}
     write_safetensors({k: v.detach() for k, v in tensors.items()}, path, metadata=meta)
