@@ -15,7 +15,7 @@ from pactlib.cli import main
 from tests.conftest import make_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["pactlib.safetensors_io:StreamedFile.publish",  # the weights renamed in the staging folder
+STEPS = ["pactlib.io:StreamedFile.publish",  # the weights renamed in the staging folder
          "exchange", "exchanged", "swapped", "moved back"]
 
 
