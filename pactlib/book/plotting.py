@@ -351,9 +351,12 @@ def verdict(claim: str, status, evidence: str | None = None, *, run: str | None 
     if isinstance(status, dict):
         v = status
         status, evidence, conditions = v["status"], v["evidence"], v.get("conditions")
+    from pactlib.book.site import verdict_label
+
     text = verdict_text(claim, status, evidence, conditions)
     record_verdict(claim, status, evidence, run=run, conditions=conditions)
-    _show(Markdown(text))
+    target = verdict_label(run or os.environ.get("PACT_RUN", "main"), claim)
+    _show(Markdown(f"({target})=\n\n{text}" if os.environ.get("PACT_NOTEBOOK") else text))
 
 
 def record_verdict(claim: str, status: str, evidence: str, *, run: str | None = None,
