@@ -20,7 +20,8 @@ def _c(lo, hi, threshold=0.0, side=">"):
 
 
 def test_statuses_and_the_plotting_alias():
-    assert verdicts.STATUSES == ("reproduced", "partly reproduced", "inconclusive", "contradicted", "not yet tested")
+    assert verdicts.STATUSES == ("reproduced", "partly reproduced", "inconclusive", "contradicted", "not reproduced",
+                                 "not yet tested")
     assert plotting.VERDICTS == verdicts.STATUSES
 
 
@@ -88,8 +89,14 @@ def test_verdict_dict_checks_the_status():
     assert verdicts.not_tested("one suite") == {"status": "not yet tested", "evidence": "one suite"}
     with pytest.raises(ValueError, match="'partly'"):
         verdicts.verdict("partly", "x")
-    with pytest.raises(ValueError, match="'not reproduced'"):
-        verdicts.verdict("not reproduced", "x")
+    with pytest.raises(ValueError, match="'failed'"):
+        verdicts.verdict("failed", "x")
+
+
+@pytest.mark.parametrize("n_ok, n, status", [(0, 0, "not reproduced"), (1, 2, "partly reproduced"), (2, 2, "reproduced"),
+                                             (1, 3, "not reproduced")])
+def test_the_sign_ladder_of_records_without_outcomes(n_ok, n, status):
+    assert verdicts.ladder(n_ok, n) == status
 
 
 def test_no_verdict_code_writes_the_rule_itself():

@@ -29,7 +29,8 @@ from typing import Any
 
 from pactlib.book.intervals import Interval, needed
 
-__all__ = ["REPRODUCED", "PARTLY", "INCONCLUSIVE", "CONTRADICTED", "NOT_TESTED", "STATUSES", "HOLDS", "FAILS",
+__all__ = ["REPRODUCED", "PARTLY", "INCONCLUSIVE", "CONTRADICTED", "NOT_REPRODUCED", "NOT_TESTED", "ladder",
+           "grade", "STATUSES", "HOLDS", "FAILS",
            "GRADES", "judge", "condition", "claim_status", "graded", "verdict", "not_tested", "condition_text"]
 
 REPRODUCED = "reproduced"
@@ -37,8 +38,12 @@ PARTLY = "partly reproduced"
 INCONCLUSIVE = "inconclusive"
 CONTRADICTED = "contradicted"
 NOT_TESTED = "not yet tested"
+#: The status of a claim graded by the sign count of :func:`ladder`: records made before the
+#: per-example outcomes were kept, or a chapter not yet graded on intervals. It says nothing
+#: about the noise, and its evidence says so.
+NOT_REPRODUCED = "not reproduced"
 #: The statuses a claim's verdict may have, best first.
-STATUSES = (REPRODUCED, PARTLY, INCONCLUSIVE, CONTRADICTED, NOT_TESTED)
+STATUSES = (REPRODUCED, PARTLY, INCONCLUSIVE, CONTRADICTED, NOT_REPRODUCED, NOT_TESTED)
 
 HOLDS = "holds"
 FAILS = "fails"
@@ -137,15 +142,19 @@ def not_tested(evidence: str) -> dict:
     return verdict(NOT_TESTED, evidence)
 
 
-# --- transitional: the count ladder, until every chapter grades on intervals (removed after) ------
-NOT_REPRODUCED = CONTRADICTED
+# --- the sign-count ladder: chapters whose records have no per-example outcomes yet ---------------
+
+def grade(full: bool, partial: bool = False) -> str:
+    """:data:`REPRODUCED` when ``full`` holds, else :data:`PARTLY` when ``partial`` does, else
+    :data:`NOT_REPRODUCED` (a grade by sign, without intervals)."""
+    return REPRODUCED if full else PARTLY if partial else NOT_REPRODUCED
 
 
-def grade(full: bool, partial: bool = False) -> str:  # pragma: no cover - transitional
-    return REPRODUCED if full else PARTLY if partial else CONTRADICTED
-
-
-def ladder(n_ok: int, n: int, *, required: bool = True, full: bool = True) -> str:  # pragma: no cover
+def ladder(n_ok: int, n: int, *, required: bool = True, full: bool = True) -> str:
+    """The sign-count status of a claim judged on ``n`` conditions of which ``n_ok`` hold by the
+    sign of their mean (no interval): all: :data:`REPRODUCED`; at least half: :data:`PARTLY`;
+    fewer, or ``required`` False: :data:`NOT_REPRODUCED`; ``full`` False caps it at :data:`PARTLY`.
+    Used only where a chapter's records carry no per-example outcomes (:func:`graded` is the rule)."""
     if not required:
-        return CONTRADICTED
+        return NOT_REPRODUCED
     return grade(bool(n) and n_ok == n and full, bool(n_ok) and 2 * n_ok >= n)
