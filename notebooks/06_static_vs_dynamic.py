@@ -91,4 +91,4 @@ print("plain methods, mean α: " + ", ".join(f"{report.pretty(m)} {a:.2f}" for m
 
 # %%
 v = report.static_vs_dynamic_verdict(frame, methods=methods, suite=suite)
-plotting.verdict("C8", v["status"], v["evidence"])
+plotting.verdict("C8", v)

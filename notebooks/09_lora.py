@@ -100,5 +100,5 @@ print(f"One test example is {step:.2f} points of a task's accuracy. PACT's gain 
 
 # %%
 v = report.main_verdicts(frame, suites=[suite], c5_methods=methods)["C5"]
-plotting.verdict("C11", v["status"], v["evidence"].replace("PACT gain", "PACT gain on LoRA task vectors")
-                 + f"; one test example is {step:.2f} points of a task's accuracy")
+plotting.verdict("C11", {**v, "evidence": v["evidence"].replace("PACT gain", "PACT gain on LoRA task vectors")
+                         + f"; one test example is {step:.2f} points of a task's accuracy"})

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from pactlib.testbeds.lite0.heads import Head
 from pactlib.models.efficientnet import backbone_for, preprocess
+from pactlib.outcomes import Scores, packed, scores
 
 _PRE_CACHE: dict[tuple, tuple[weakref.ref, Tensor]] = {}
 _PRE_CACHE_MAX = 64
@@ -197,8 +198,9 @@ def accuracy(backbone_state_dict: Mapping[str, Tensor], head: Head, data, *, res
 @torch.no_grad()
 def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head],
              datas: Mapping[str, Any], *, resolution: int = 32, batch_size: int = 256,
-             limit: int | None = None) -> dict[str, float]:
-    """Accuracy of one backbone on several tasks: ``{task: acc}`` for every task of ``datas``.
+             limit: int | None = None) -> Scores:
+    """Accuracy of one backbone on several tasks: ``{task: acc}`` for every task of ``datas``, a
+    :class:`~pactlib.outcomes.Scores` whose ``outcomes`` hold each example's correctness.
 
     Raises:
         KeyError: a task in ``datas`` has no head.
@@ -219,13 +221,13 @@ def evaluate(backbone_state_dict: Mapping[str, Tensor], heads: Mapping[str, Head
     x = torch.cat(list(xs.values()))
     feats = torch.cat([model(x[i : i + batch_size].contiguous(memory_format=torch.channels_last))
                        for i in range(0, x.shape[0], batch_size)])
-    out, start = {}, 0
+    correct, start = {}, 0
     for t in xs:
         n = ys[t].numel()
         pred = heads[t].logits(feats[start : start + n]).argmax(1)
-        out[t] = int((pred == ys[t]).sum()) / n
+        correct[t] = pred == ys[t]
         start += n
-    return out
+    return scores(correct)
 
 
 def normalized(acc: Mapping[str, float], acc_ft: Mapping[str, float]) -> dict[str, float]:
@@ -319,7 +321,9 @@ def select_alpha(
         values beyond the edges), ``refined`` (the α added by refinement), ``on_edge`` (the
         chosen α is still the first or last α evaluated), ``curve`` (per α: validation mean acc
         and mean normalized acc), ``per_task`` (``val`` / ``test`` -> ``acc`` / ``normalized`` ->
-        {task: value}), ``val_limit`` and ``extra``. Ties in validation score go to the smaller α.
+        {task: value}), ``val_limit``, ``outcomes`` (``{"test": {task: packed}}``, each test
+        example's correctness at the chosen α, :func:`pactlib.outcomes.pack`; only when
+        ``evaluate_fn`` returns :class:`~pactlib.outcomes.Scores`) and ``extra``. Ties in validation score go to the smaller α.
 
     Raises:
         ValueError: empty grid, val and test name different tasks, not exactly one of
@@ -381,8 +385,9 @@ def select_alpha(
             score(a)
     curve.sort(key=lambda c: c["alpha"])
     grid_all = sorted(set(alphas + widened + refined))
-    test_rec = _split_record(
-        dict(evaluate_fn(merged_state(best), test, limit=None)), ft_test)
+    test_scores = evaluate_fn(merged_state(best), test, limit=None)
+    test_rec = _split_record(dict(test_scores), ft_test)
+    test_outcomes = packed(test_scores)
     metrics = {"acc": test_rec["mean_acc"], "norm_acc": test_rec["mean_normalized"],
                "val_acc": best_rec["mean_acc"], "val_norm_acc": best_rec["mean_normalized"]}
     for t in test_rec["acc"]:
@@ -393,7 +398,8 @@ def select_alpha(
     return make_record(
         method, params={**(params or {}), "alpha": best}, seed=seed, metrics=metrics,
         alpha=best, alphas=grid_all, widened=widened, refined=refined,
-        on_edge=len(grid_all) > 1 and best in (grid_all[0], grid_all[-1]), curve=curve, per_task=per_task, val_limit=limit, **extra,
+        on_edge=len(grid_all) > 1 and best in (grid_all[0], grid_all[-1]), curve=curve, per_task=per_task, val_limit=limit,
+        **({"outcomes": {"test": test_outcomes}} if test_outcomes else {}), **extra,
     )
 
 
@@ -511,7 +517,8 @@ def clip_evaluate(
             :func:`~pactlib.models.clip.load_clip_checkpoint`).
 
     Returns:
-        ``{task: accuracy in [0, 1]}`` in the order of ``datas``.
+        ``{task: accuracy in [0, 1]}`` in the order of ``datas`` (a :class:`~pactlib.outcomes.Scores`:
+        ``outcomes`` holds each image's correctness).
 
     Raises:
         KeyError: a task of ``datas`` has no head.
@@ -559,19 +566,19 @@ def clip_evaluate(
         for t, (h, scale, x, y) in tasks.items():
             bar.set_postfix_str(t)
             hd = h.to(device)
-            correct = 0
+            correct = []
             for i in range(0, y.numel(), batch_size):
                 xb = classifier.prepare(x[i:i + batch_size].to(device)).to(dtype)
                 f = torch.nn.functional.normalize(classifier.visual(xb).float(), dim=-1)  # (B, d)
                 pred = (scale * f @ hd.t()).argmax(1).cpu()  # (B,)
-                correct += int((pred == y[i:i + batch_size]).sum())
+                correct.append(pred == y[i:i + batch_size])
                 bar.update(pred.numel())
-            out[t] = correct / y.numel()
+            out[t] = torch.cat(correct)
     finally:
         bar.close()
         for m, mode in modes:  # each module's own train/eval flag, as it was
             m.training = mode
-    return out
+    return scores(out)
 
 
 def clip_accuracy(classifier, data, *, batch_size: int = 256, limit: int | None = None,

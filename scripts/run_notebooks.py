@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pactlib.book import params as pparams  # noqa: E402
-from pactlib.book import provenance, records, runplan, site  # noqa: E402
+from pactlib.book import findings, provenance, records, runplan, site  # noqa: E402
 from pactlib.book.runplan import (NEEDS, Job, RunError, book_needs, parameters_cell,  # noqa: E402,F401
                                   parse_cli, threads_option)
 from pactlib.io import write_atomic  # noqa: E402
@@ -65,6 +65,7 @@ NOTEBOOKS = ROOT / "notebooks"
 EXECUTED = ROOT / "book" / "_executed"
 RECORDS = ROOT / "book" / "records"
 TOC = ROOT / "_toc.yml"
+FINDINGS_TEXT = ROOT / "book" / "findings.yaml"
 TOC_PREFIX = "book/_executed/default/"
 DEFAULT_SET, SCRATCH, KERNEL = "default", "_scratch", "python3"
 #: Kernel arguments: its own log is noise; a shell command (`!cmd`) that exits non-zero raises;
@@ -514,7 +515,38 @@ def write_verdicts_page(store: str, params_file: Path, jobs: list[Job]) -> Path:
                               reproductions=_json_lines(RECORDS / store / REPRODUCTIONS),
                               agreement=_json_lines(ROOT / "book" / "data" / "recompute_agreement.jsonl")
                               if store == "default" else ())
+    _write(EXECUTED / store / f"{findings.FINDINGS_PAGE}.md", findings_text(store, params_file, jobs, states))
     return _write(EXECUTED / store / f"{site.VERDICTS_PAGE}.md", text)
+
+
+def findings_text(store: str, params_file: Path, jobs: list[Job], states: dict | None = None) -> str:
+    """The page *What this book finds* (:func:`pactlib.book.findings.findings_page`) from the
+    present runs' verdicts, ``book/findings.yaml``, the set's parameters and its compute runs."""
+    titles = {r: spec["title"] for r, spec in pparams.variant_definitions(params_file).items()}
+    files = [(j.name, j.run, EXECUTED / store / j.run / f"{j.name}.verdicts.jsonl") for j in jobs]
+    if states is None:
+        states = {(j.name, j.run): {"state": provenance.state(j.reasons)} for j in jobs}
+    params = {f"{j.run}/{j.name}" if j.run != "main" else j.name: dict(j.params) for j in jobs}
+    return findings.findings_page(findings.load_text(FINDINGS_TEXT), site.read_verdicts(files, list(titles)), titles,
+                                  states=states, params=params,
+                                  compute=compute_used(store, states))
+
+
+def compute_used(store: str, states: dict) -> dict:
+    """What the set's records cost: the zoos' training minutes (``zoo.json``) and each chapter's
+    CPU minutes from its provenance, summed; fields of the findings page's text."""
+    zoo = records.read_json_object(RECORDS / store / "zoo.json") or {}
+    zoo_min = sum(float(k.get("minutes") or 0) for fam in zoo.values() for k in (fam.get("kinds") or {}).values())
+    cpu = 0.0
+    for st in states.values():
+        prov = st.get("provenance") or {}
+        cpu += float(prov.get("cpu_minutes") or 0.0)
+    runs = [r for r in _json_lines(RECORDS / store / REPRODUCTIONS) if r.get("complete")]
+    full = max(runs, key=lambda r: len(r.get("ran") or {}), default={})
+    return {"zoo_minutes": findings.minutes(zoo_min), "chapter_cpu_minutes": findings.minutes(cpu),
+            "reproduce_wall_minutes": findings.minutes(full.get("wall_minutes")),
+            "reproduce_started": str(full.get("started", "?"))[:10],
+            "machine": ", ".join(f"{k} {v}" for k, v in (full.get("machine") or {}).items())}
 
 
 def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> Path:
@@ -533,7 +565,7 @@ def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> 
     if (rc := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
         raise RunError(f"jupyter-book build failed (exit {rc}); command: {' '.join(cmd)}")
     print(f">> rendered in {time.perf_counter() - t0:.1f} s", flush=True)
-    if problems := site.html_problems(html, [f"book/_executed/{store}/{p}" for p in [*pages, site.VERDICTS_PAGE]]):
+    if problems := site.html_problems(html, [f"book/_executed/{store}/{p}" for p in [*pages, site.VERDICTS_PAGE, findings.FINDINGS_PAGE]]):
         raise RunError("the rendered book failed its checks:\n  " + "\n  ".join(problems[:30]))
     return html
 

@@ -232,11 +232,18 @@ def test_table_has_one_header_row_for_a_named_index():
     assert len(rows) == 4 and ">group<" in rows[1] and ">group<" not in rows[0] and ">acc %<" in rows[0]
 
 def test_verdict_text():
+    said = "*PACT improves Task Arithmetic, TSV-M and Iso-C in absolute and normalized test accuracy.*"
     assert plotting.verdict_text("C5", "reproduced", " +2.0 pts ") == \
-        "**Verdict on C5: reproduced.** +2.0 pts"
+        f"**Verdict on {{ref}}`C5 <claim-C5>`: reproduced.** {said} +2.0 pts"
     # the evidence follows a full stop: a lowercase first letter is capitalised, symbols are left alone
-    assert plotting.verdict_text("C1", "reproduced", "largest gap 1e-33") == "**Verdict on C1: reproduced.** Largest gap 1e-33"
-    assert plotting.verdict_text("C4", "reproduced", "γ = 0.25").endswith("** γ = 0.25")
+    assert plotting.verdict_text("C1", "reproduced", "largest gap 1e-33").endswith(" Largest gap 1e-33")
+    assert plotting.verdict_text("C4", "reproduced", "γ = 0.25").endswith(".* γ = 0.25")
+    assert plotting.verdict_text("own check", "reproduced", "x") == "**Verdict on own check: reproduced.** X"
+    from pactlib.book.intervals import Interval
+    from pactlib.book.verdicts import condition
+    c = condition("PACT-TA − TA", Interval(0.5, -0.5, 1.5, 0.51, se_examples=0.51, n_examples=300))
+    text = plotting.verdict_text("C5", "inconclusive", "see the table", [c])
+    assert "| PACT-TA − TA | +0.50 [−0.50, +1.50] points | > 0 | inconclusive | needs ≈ 4.0× the data" in text
     with pytest.raises(ValueError, match="not one of"):
         plotting.verdict_text("C5", "yes", "x")
     with pytest.raises(ValueError, match="evidence"):

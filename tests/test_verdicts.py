@@ -10,50 +10,78 @@ from pactlib.book.experiments import depth, efficiency, theory
 from pactlib.book.records import make_record, records_frame
 
 
-def _rule(n_ok, n):
-    """The ladder written out: all -> reproduced; at least half -> partly; fewer -> not."""
-    return "reproduced" if n and n_ok == n else ("partly reproduced" if n_ok and 2 * n_ok >= n else "not reproduced")
+from pactlib.book.intervals import Interval, point
+
+
+def _c(lo, hi, threshold=0.0, side=">"):
+    est = (lo + hi) / 2
+    return verdicts.condition("x", Interval(est, lo, hi, (hi - lo) / 3.92, se_examples=(hi - lo) / 3.92,
+                                            n_examples=300), threshold=threshold, side=side)
 
 
 def test_statuses_and_the_plotting_alias():
-    assert verdicts.STATUSES == ("reproduced", "partly reproduced", "not reproduced", "not yet tested")
+    assert verdicts.STATUSES == ("reproduced", "partly reproduced", "inconclusive", "contradicted", "not reproduced",
+                                 "not yet tested")
     assert plotting.VERDICTS == verdicts.STATUSES
 
 
-@pytest.mark.parametrize("n_ok, n, status", [
-    (0, 0, "not reproduced"), (0, 1, "not reproduced"), (1, 1, "reproduced"), (0, 2, "not reproduced"),
-    (1, 2, "partly reproduced"), (2, 2, "reproduced"), (5, 9, "partly reproduced"), (24, 24, "reproduced"),
-    (4, 9, "not reproduced"), (4, 24, "not reproduced"), (12, 24, "partly reproduced"), (1, 3, "not reproduced"),
+@pytest.mark.parametrize("lo, hi, threshold, side, grade", [
+    (0.1, 2.0, 0.0, ">", "holds"), (-2.0, -0.1, 0.0, ">", "fails"), (-0.5, 1.5, 0.0, ">", "inconclusive"),
+    (-1.0, 0.0, 0.0, ">", "fails"), (0.0, 1.0, 0.0, ">", "inconclusive"),  # touching the threshold: not above it
+    (0.5, 0.9, 1.0, "<", "holds"), (1.0, 1.2, 1.0, "<", "fails"), (0.9, 1.1, 1.0, "<", "inconclusive"),
+    (3.0, 3.0, 2.0, ">", "holds"), (2.0, 2.0, 2.0, ">", "fails"),  # a point (no sampling error)
 ])
-def test_ladder_table(n_ok, n, status):
-    assert verdicts.ladder(n_ok, n) == status
+def test_a_condition_is_graded_by_where_its_interval_lies(lo, hi, threshold, side, grade):
+    assert verdicts.judge(lo, hi, threshold, side) == grade
+    assert _c(lo, hi, threshold, side)["grade"] == grade
 
 
-def test_ladder_keeps_its_rule_under_every_option():
-    for n in range(5):
-        for n_ok in range(n + 1):
-            assert verdicts.ladder(n_ok, n) == _rule(n_ok, n)
-            if n == 2:  # depth (C9) and efficiency (C10) wrote "n_ok == 2"
-                assert verdicts.ladder(n_ok, n) == ("reproduced" if n_ok == 2 else
-                                                    ("partly reproduced" if n_ok else "not reproduced"))
-    for bound_ok, parts in itertools.product((True, False), range(4)):  # theory (C12)
-        old = ("reproduced" if bound_ok and parts == 3 else
-               ("partly reproduced" if bound_ok and parts >= 2 else "not reproduced"))
-        assert verdicts.ladder(parts, 3, required=bound_ok) == old
-    for n, moved in itertools.product(range(4), (True, False)):  # scalar (C3): full only when moved
-        for n_ok in range(n + 1):
-            old = _rule(n_ok, n)
-            if old == "reproduced" and not moved:
-                old = "partly reproduced"
-            assert verdicts.ladder(n_ok, n, full=moved) == old
+def test_judge_refuses_bad_sides_and_intervals():
+    with pytest.raises(ValueError, match="side must be"):
+        verdicts.judge(0, 1, 0, ">=")
+    with pytest.raises(ValueError, match="lo > hi"):
+        verdicts.judge(1, 0)
 
 
-@pytest.mark.parametrize("full, partial, status", [
-    (True, True, "reproduced"), (True, False, "reproduced"), (False, True, "partly reproduced"),
-    (False, False, "not reproduced"),
+@pytest.mark.parametrize("grades, status", [
+    (["holds", "holds"], "reproduced"), (["holds", "inconclusive"], "partly reproduced"),
+    (["inconclusive", "inconclusive"], "inconclusive"), (["holds", "fails"], "contradicted"),
+    (["inconclusive", "fails"], "contradicted"), (["fails"], "contradicted"), ([], "not yet tested"),
+    (["holds"], "reproduced"), (["inconclusive"], "inconclusive"),
 ])
-def test_grade(full, partial, status):
-    assert verdicts.grade(full, partial) == status
+def test_the_claim_rule(grades, status):
+    assert verdicts.claim_status([{"grade": g} for g in grades]) == status
+
+
+def test_every_combination_of_grades_follows_the_rule_as_stated():
+    for n in range(1, 4):
+        for grades in itertools.product(verdicts.GRADES, repeat=n):
+            status = verdicts.claim_status([{"grade": g} for g in grades])
+            if "fails" in grades:
+                assert status == "contradicted"
+            elif set(grades) == {"holds"}:
+                assert status == "reproduced"
+            elif "holds" in grades:
+                assert status == "partly reproduced"
+            else:
+                assert status == "inconclusive"
+    with pytest.raises(ValueError, match="grades"):
+        verdicts.claim_status([{"grade": "maybe"}])
+
+
+def test_an_inconclusive_condition_says_how_much_data_would_decide_it():
+    c = _c(-0.5, 1.5)  # estimate 0.5, se = 2/3.92: k = (1.96 se / 0.5)^2 = 4
+    assert c["needs_factor"] == pytest.approx(4.0, rel=1e-3)
+    assert "1,200 test examples per task" in c["needs"]
+    assert _c(0.1, 2.0)["needs"] is None and _c(-2.0, -0.1)["needs"] is None
+    assert "no amount of data" in _c(-1.0, 1.0)["needs"]
+
+
+def test_graded_verdict_lists_its_conditions():
+    v = verdicts.graded([_c(0.1, 2.0), _c(-0.5, 1.5)], "PACT gain")
+    assert v["status"] == "partly reproduced" and len(v["conditions"]) == 2
+    assert v["evidence"].startswith("PACT gain (1 holds, 1 inconclusive): x: +1.05 [+0.10, +2.00] points > 0: holds; ")
+    assert verdicts.graded([verdicts.condition("E", point(1.3), threshold=1.0, unit="")], "E")["status"] == "reproduced"
 
 
 def test_verdict_dict_checks_the_status():
@@ -61,13 +89,22 @@ def test_verdict_dict_checks_the_status():
     assert verdicts.not_tested("one suite") == {"status": "not yet tested", "evidence": "one suite"}
     with pytest.raises(ValueError, match="'partly'"):
         verdicts.verdict("partly", "x")
+    with pytest.raises(ValueError, match="'failed'"):
+        verdicts.verdict("failed", "x")
 
 
-def test_no_verdict_code_writes_the_ladder_itself():
+@pytest.mark.parametrize("n_ok, n, status", [(0, 0, "not reproduced"), (1, 2, "partly reproduced"), (2, 2, "reproduced"),
+                                             (1, 3, "not reproduced")])
+def test_the_sign_ladder_of_records_without_outcomes(n_ok, n, status):
+    assert verdicts.ladder(n_ok, n) == status
+
+
+def test_no_verdict_code_writes_the_rule_itself():
     root = Path(verdicts.__file__).parent
     for path in [root / "report.py", *sorted((root / "experiments").glob("*.py"))]:
         text = path.read_text()
         assert '"partly reproduced"' not in text and '"not yet tested"' not in text, path
+        assert '"inconclusive"' not in text and '"contradicted"' not in text, path
         assert not re.search(r"\bdict\(status=", text), path
 
 

@@ -291,13 +291,18 @@ def table_style(frame: Any, floatfmt: str = "{:.3f}", formats: dict[Any, str] | 
     return style
 
 
-def verdict_text(claim: str, status: str, evidence: str) -> str:
-    """The Markdown line of a claim's verdict (see :func:`verdict`): the status, then the evidence
-    as a sentence (a lowercase ASCII first letter capitalised: it follows a full stop).
+def verdict_text(claim: str, status: str, evidence: str, conditions: list | None = None) -> str:
+    """The Markdown of a claim's verdict (see :func:`verdict`): the claim in words
+    (:func:`pactlib.book.claims.statement`, linked to its definition), the status, a table of its
+    graded conditions (each effect with its 95 % interval; :mod:`pactlib.book.verdicts`) when
+    given, then the evidence as a sentence.
 
     Raises:
         ValueError: ``status`` is not one of :data:`VERDICTS`, or ``evidence`` is empty.
     """
+    from pactlib.book.claims import definition, statement
+    from pactlib.book.verdicts import condition_text  # noqa: F401  (the same words as the evidence)
+
     if status not in VERDICTS:
         raise ValueError(f"verdict for {claim}: status {status!r} is not one of {list(VERDICTS)}")
     if not evidence or not evidence.strip():
@@ -305,11 +310,32 @@ def verdict_text(claim: str, status: str, evidence: str) -> str:
     text = evidence.strip()
     if "a" <= text[0] <= "z":
         text = text[0].upper() + text[1:]
-    return f"**Verdict on {claim}: {status}.** {text}"
+    label = f"{{ref}}`{claim} <{definition(claim)}>`" if definition(claim) else claim
+    said = statement(claim)
+    head = f"**Verdict on {label}: {status}.**" + (f" *{said}*" if said != claim else "")
+    if not conditions:
+        return f"{head} {text}"
+    return f"{head}\n\n{conditions_table(conditions)}\n\n{text}"
 
 
-def verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -> None:
-    """Show a claim's verdict, e.g. ``verdict("C5", "reproduced", f"PACT-TA +{gain:.1f} pts")``.
+def conditions_table(conditions: list) -> str:
+    """A Markdown table of graded conditions: condition, effect [95 % interval], threshold, grade,
+    and what would decide an inconclusive one."""
+    from pactlib.book.intervals import fmt
+
+    rows = ["| condition | effect [95 % interval] | needs to be | grade | to decide |", "|---|---|---|---|---|"]
+    for c in conditions:
+        d = c.get("digits", 2)
+        unit = f" {c['unit']}" if c.get("unit") else ""
+        rows.append(f"| {c['name']} | {fmt(c['estimate'], d)} [{fmt(c['lo'], d)}, {fmt(c['hi'], d)}]{unit} | "
+                    f"{c['side']} {c['threshold']:g} | {c['grade']} | {c.get('needs') or ''} |")
+    return "\n".join(rows)
+
+
+def verdict(claim: str, status, evidence: str | None = None, *, run: str | None = None) -> None:
+    """Show a claim's verdict and record it: ``verdict("C5", v)`` with ``v`` a verdict dict of
+    :mod:`pactlib.book.verdicts` (``status``, ``evidence``, ``conditions``), or
+    ``verdict("C5", status, evidence)``.
 
     ``evidence`` should be built from records (f-strings over a frame), not typed numbers.
     ``run``: the run (a testbed column of the book's Verdicts page) the verdict is about, when it
@@ -321,14 +347,22 @@ def verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -
     """
     from IPython.display import Markdown
 
-    text = verdict_text(claim, status, evidence)
-    record_verdict(claim, status, evidence, run=run)
-    _show(Markdown(text))
+    conditions = None
+    if isinstance(status, dict):
+        v = status
+        status, evidence, conditions = v["status"], v["evidence"], v.get("conditions")
+    from pactlib.book.site import verdict_label
+
+    text = verdict_text(claim, status, evidence, conditions)
+    record_verdict(claim, status, evidence, run=run, conditions=conditions)
+    target = verdict_label(run or os.environ.get("PACT_RUN", "main"), claim)
+    _show(Markdown(f"({target})=\n\n{text}" if os.environ.get("PACT_NOTEBOOK") else text))
 
 
-def record_verdict(claim: str, status: str, evidence: str, *, run: str | None = None) -> Path | None:
+def record_verdict(claim: str, status: str, evidence: str, *, run: str | None = None,
+                   conditions: list | None = None) -> Path | None:
     """Append the verdict to ``$PACT_RECORDS_DIR/<$PACT_NOTEBOOK>.verdicts.jsonl`` (one JSON line:
-    claim, status, evidence, notebook, run and its title) when the book runner executes the
+    claim, status, evidence, its graded conditions, notebook, run and its title) when the book runner executes the
     notebook, so the book can list every claim per testbed; outside the runner nothing is written.
     ``run``: the run the verdict is about (default ``$PACT_RUN``: the run executing the notebook).
 
@@ -345,6 +379,8 @@ def record_verdict(claim: str, status: str, evidence: str, *, run: str | None = 
     rec = dict(claim=claim, status=status, evidence=evidence.strip(), notebook=notebook,
                run=run or os.environ.get("PACT_RUN", "main"),
                title=run or os.environ.get("PACT_RUN_TITLE", "main"))
+    if conditions:
+        rec["conditions"] = [{k: v for k, v in c.items()} for c in conditions]
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     return path

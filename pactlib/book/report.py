@@ -82,13 +82,23 @@ def gains(frame, *, base_methods: Sequence[str], suites: Sequence[str], prefix: 
 
 def plot_gains(frame, methods: Sequence[str], suites: Sequence[str], *, ax, prefix: str = "pact-",
                metric: str = "norm_acc") -> pd.DataFrame:
-    """Grouped bars of the mean gain per (method, suite) with one dot per seed; returns the gains."""
+    """Grouped bars of the mean gain per (method, suite) with their 95 % intervals as error bars
+    (when the records have per-example outcomes) and one dot per seed; returns the gains."""
     g = gains(frame, base_methods=methods, suites=suites, prefix=prefix, metric=metric)
+    f = _frame(frame)
+    with_iv = has_outcomes(f)
     width = 0.8 / max(1, len(suites))
     for j, s in enumerate(suites):
         xs = np.arange(len(methods)) + (j - (len(suites) - 1) / 2) * width
         means = [g[(g.base == m) & (g.suite == s)]["gain"].mean() for m in methods]
-        ax.bar(xs, means, width=width * 0.95, label=f"{s} tasks")
+        yerr = None
+        if with_iv:  # the 95 % interval of each gain (pactlib.book.intervals)
+            ivs = [gain_interval(f, prefix + m, m, suite=s, metric=metric) if _rows(f, prefix + m, s) else None
+                   for m in methods]
+            yerr = np.array([[iv.estimate - iv.lo if iv else 0.0 for iv in ivs],
+                             [iv.hi - iv.estimate if iv else 0.0 for iv in ivs]])
+        ax.bar(xs, means, width=width * 0.95, label=f"{s} tasks", yerr=yerr, capsize=3 if yerr is not None else 0,
+               error_kw={"elinewidth": 1})
         for x, m in zip(xs, methods):
             pts = g[(g.base == m) & (g.suite == s)]["gain"]
             ax.scatter([x] * len(pts), pts, color="black", s=8, zorder=3)
@@ -135,12 +145,101 @@ def seeds_text(counts: dict[str, int]) -> str:
     return "; ".join(f"{what(n)} at " + and_join([f"T={s}" for s in ss]) for n, ss in sorted(groups.items(), reverse=True))
 
 
+def has_outcomes(frame) -> bool:
+    """Whether the merge records of ``frame`` carry per-example test outcomes (records made before
+    they were kept do not: their verdicts are graded by the sign of the mean, and say so)."""
+    f = _frame(frame)
+    if "outcomes.test" not in f.columns:
+        return False
+    sel = f[~f["method"].isin(list(PRETTY_EXTRA))]
+    return bool(len(sel)) and bool(sel["outcomes.test"].notna().all())
+
+
+def _rows(f: pd.DataFrame, methods, suite: str) -> list:
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    sel = f[f["method"].isin(methods) & (f["suite"] == suite)]
+    return [row for _, row in sel.iterrows()]
+
+
+def gain_interval(frame, plus, minus, *, suite: str, metric: str = "norm_acc") -> "intervals.Interval":
+    """The 95 % interval (points) of mean test ``metric`` of the ``plus`` method(s) minus the
+    ``minus`` method(s) on ``suite``, over the seeds both have (:func:`pactlib.book.intervals.contrast`)."""
+    from pactlib.book import intervals
+
+    f = _frame(frame)
+    return intervals.contrast(_rows(f, plus, suite), _rows(f, minus, suite), metric=metric)
+
+
+def gain_table(frame, methods: Sequence[str], suites: Sequence[str], *, prefix: str = "pact-",
+               metric: str = "norm_acc") -> pd.DataFrame:
+    """Rows: base methods; columns: suites; cells: the gain of ``prefix+method`` over the method
+    with its 95 % interval, ``'+0.54 [−0.71, +1.79]'`` (points), and the seeds it rests on."""
+    f = _frame(frame)
+    rows = {}
+    for m in methods:
+        row = {}
+        for s in suites:
+            if _rows(f, prefix + m, s) and _rows(f, m, s):
+                iv = gain_interval(f, prefix + m, m, suite=s, metric=metric)
+                row[f"T = {s}"] = iv.text() + (f" ({iv.n_seeds} seeds)" if iv.n_seeds > 1 else " (1 seed)")
+        rows[pretty(m)] = row
+    return pd.DataFrame(rows).T
+
+
 def main_verdicts(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
     """Verdicts of C5 (PACT improves TA, TSV-M, Iso-C, abs and normalized), C6 (PACT-Iso-C best in
-    every suite) and C7 (mean PACT gain grows with T), from means over seeds; each evidence says
-    how many seeds each suite's numbers rest on (:func:`seeds_text`)."""
+    every suite) and C7 (mean PACT gain grows with T), graded on 95 % intervals
+    (:mod:`pactlib.book.verdicts`): C5, a condition per (method, suite, metric) "PACT-M − M > 0";
+    C6, per suite and every other merge X run, "PACT-Iso-C − X > 0" in absolute accuracy; C7, per
+    step between consecutive suites, "mean gain at the larger T − at the smaller T > 0" (mean
+    over base methods, normalized accuracy; independent test sets). Records without per-example
+    outcomes get :func:`main_verdicts_by_sign`."""
+    from pactlib.book import intervals
+    from pactlib.book.verdicts import condition, graded
+
     f = _frame(frame)
+    if not has_outcomes(f):
+        return main_verdicts_by_sign(f, suites=suites, c5_methods=c5_methods)
     seeds = seeds_text(seed_counts(f, suites=suites))
+    out = {}
+    present = [m for m in c5_methods if m in set(f["method"])]
+    conds = []
+    for m in present:
+        for s in suites:
+            for metric, what in (("acc", "abs"), ("norm_acc", "norm")):
+                if _rows(f, f"pact-{m}", s):
+                    conds.append(condition(f"{pretty('pact-' + m)} − {pretty(m)}, T = {s}, {what}",
+                                           gain_interval(f, f"pact-{m}", m, suite=s, metric=metric)))
+    out["C5"] = graded(conds, f"PACT gain in test accuracy, 95 % intervals ({seeds})")
+    conds = []
+    for s in suites:
+        sel = f[(f["suite"] == s) & ~f["method"].isin(list(PRETTY_EXTRA))]
+        if "pact-iso_c" not in set(sel["method"]):
+            continue
+        rivals = sel[sel["method"] != "pact-iso_c"].groupby("method")["metrics.acc"].mean().sort_values(ascending=False)
+        for x in rivals.index:
+            conds.append(condition(f"PACT-Iso-C − {pretty(x)}, T = {s}",
+                                   gain_interval(f, "pact-iso_c", x, suite=s, metric="acc")))
+    out["C6"] = graded(conds, f"PACT-Iso-C against every other merge, absolute test accuracy ({seeds})") if conds \
+        else not_tested("PACT-Iso-C was not run")
+    bases = [m for m in merges.names() if m in set(f["method"]) and f"pact-{m}" in set(f["method"])]
+    if len(suites) < 2:
+        out["C7"] = not_tested(f"only one suite run ({seeds})")
+    else:
+        ivs = {s: gain_interval(f, [f"pact-{b}" for b in bases], bases, suite=s) for s in suites}
+        conds = [condition(f"mean gain T = {b} − T = {a}", intervals.difference(ivs[b], ivs[a]))
+                 for a, b in zip(suites, suites[1:])]
+        txt = ", ".join(f"T = {s}: {ivs[s].text()}" for s in suites)
+        out["C7"] = graded(conds, f"growth of the mean PACT gain in normalized accuracy over "
+                                  f"{len(bases)} base methods ({seeds}; gains {txt})")
+    return out
+
+
+def main_verdicts_by_sign(frame, *, suites: Sequence[str], c5_methods=("task_arithmetic", "tsv_m", "iso_c")) -> dict:
+    """The verdicts of :func:`main_verdicts` for records without per-example outcomes: counts of
+    mean differences above zero (no interval), each evidence saying so."""
+    f = _frame(frame)
+    seeds = seeds_text(seed_counts(f, suites=suites)) + "; records without per-example outcomes: graded by sign"
     out = {}
     checks, parts = 0, []
     present = [m for m in c5_methods if m in set(f["method"])]
@@ -198,8 +297,17 @@ def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequenc
 
 
 def static_vs_dynamic_verdict(frame, *, methods: Sequence[str], suite: str) -> dict:
-    """C8: S-PACT's mean gain (normalized accuracy) is below PACT's for each method."""
+    """C8: S-PACT's gain (normalized accuracy) is below PACT's for each method: a condition per
+    method, "PACT-M − S-PACT-M > 0" on its 95 % interval (records without per-example outcomes:
+    by the sign of the means)."""
+    from pactlib.book.verdicts import condition, graded
+
     f = _frame(frame)
+    if has_outcomes(f):
+        conds = [condition(f"{pretty('pact-' + m)} − {pretty('s-pact-' + m)}",
+                           gain_interval(f, f"pact-{m}", f"s-pact-{m}", suite=suite)) for m in methods]
+        return graded(conds, f"PACT's gain over S-PACT's in normalized test accuracy, T = {suite} "
+                             f"({seeds_text(seed_counts(f, suites=[suite]))})")
     ok, parts = 0, []
     for m in methods:
         gs = gains(f, base_methods=[m], suites=[suite], prefix="s-pact-")["gain"].mean()

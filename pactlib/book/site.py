@@ -74,6 +74,16 @@ def toc(base: Mapping[str, Any], prefix_from: str, prefix_to: str, variants: Map
     parts = out.setdefault("parts", [])
     at = next((i for i, p in enumerate(parts) if p.get("caption", "").startswith("About")), len(parts))
     parts.insert(at, {"caption": "Verdicts", "chapters": [{"file": prefix_to + VERDICTS_PAGE}]})
+    from pactlib.book.findings import FINDINGS_PAGE
+
+    for part in parts:  # the findings page: after the last chapter of the analysis (chapter 11)
+        files = [c.get("file", "") for c in part.get("chapters", [])]
+        if any(f.endswith("/11_sensitivity") for f in files):
+            at = next(i for i, f in enumerate(files) if f.endswith("/11_sensitivity")) + 1
+            part["chapters"].insert(at, {"file": prefix_to + FINDINGS_PAGE})
+            break
+    else:
+        parts.insert(len(parts) - 1 if parts else 0, {"caption": "Findings", "chapters": [{"file": prefix_to + FINDINGS_PAGE}]})
     return out
 
 
@@ -117,23 +127,39 @@ def verdicts_page(set_name: str, titles: Mapping[str, str], verdicts: Sequence[t
     ``states``: ``{(chapter, run): {"state": "current"|"stale"|"missing", "reasons": [...],
     "provenance": {...} or None}}``; ``merges``, ``zoo``, ``work`` and ``speed``: see :func:`time_section`.
     """
+    from pactlib.book.claims import definition, statement
+    from pactlib.book.findings import FINDINGS_PAGE, cell
+
     rows: dict[str, dict[str, str]] = {}
     chapter_of: dict[str, str] = {}
     for chapter, run, rec in verdicts:
         state = (states.get((chapter, run)) or {}).get("state")
-        rows.setdefault(rec["claim"], {})[run] = _mark(rec["status"], state)
-        chapter_of.setdefault(rec["claim"], chapter.split("_")[0].lstrip("0"))
+        status = _mark(rec["status"], state)
+        rows.setdefault(rec["claim"], {})[run] = (
+            f"{{ref}}`{status} <{verdict_label(run, rec['claim'])}>`" + cell(rec, html=True).split("**", 2)[2]
+            if rec.get("conditions") else status)
+        chapter_of.setdefault(rec["claim"], chapter)
     used = [r for r in titles if any(r in v for v in rows.values())] or [MAIN]
     lines = ["# Verdicts at a glance", "",
              "Every claim's verdict, from the chapter that tests it, on each testbed the book ran "
-             f"(parameter set `{set_name}`). The evidence is in the chapter, beside the verdict. A verdict "
+             f"(parameter set `{set_name}`), graded by {{ref}}`the verdict rule <method-verdict-rule>` on 95 % "
+             "intervals: a claim is *reproduced* when every condition holds, *contradicted* when one fails, "
+             "*partly reproduced* when some hold and the rest are inconclusive, *inconclusive* when none is "
+             "decided. Each cell gives the condition that decides it (the first that fails, else the one "
+             "closest to its threshold) and links to the chapter's verdict. "
+             f"{{doc}}`What this book finds <{FINDINGS_PAGE}>` says what the verdicts mean. A verdict "
              "marked *(stale)* comes from records made with other parameters, notebook code or engine "
              "than the book's current ones (see below).", ""]
     table = ["| Claim | Chapter | " + " | ".join(titles.get(r, r) for r in used) + " |",
              "|---|---|" + "---|" * len(used)]
     for claim in _claim_order(rows):
-        table.append(f"| {claim} | {chapter_of[claim]} | " + " | ".join(rows[claim].get(r, "not run") for r in used)
-                     + " |")
+        ref = definition(claim)
+        label = f"{{ref}}`{claim} <{ref}>`" if ref else claim
+        said = statement(claim)
+        text = f"{label}: {said}" if said != claim else label
+        number = chapter_of[claim].split("_")[0].lstrip("0")
+        table.append(f"| {text} | {{doc}}`{number} <{chapter_of[claim]}>` | "
+                     + " | ".join(rows[claim].get(r, "not run") for r in used) + " |")
     if not rows:
         table.append("| (no verdicts recorded yet) | | " + " | " * len(used))
     return "\n".join(lines + _table(table) + records_section(titles, states)
@@ -747,32 +773,52 @@ def time_section(titles: Mapping[str, str], states: Mapping[tuple[str, str], Map
     return lines
 
 
-def readme_table(verdicts: Sequence[tuple[str, str, dict]], titles: Mapping[str, str], link: str) -> str:
-    """The README's verdict table: a row per claim, a column per run (testbed), each cell the
-    status and a link to the chapter (``link.format(chapter=...)``)."""
+def readme_table(verdicts: Sequence[tuple[str, str, dict]], titles: Mapping[str, str], link: str,
+                 definitions: str | None = None) -> str:
+    """The README's verdict table: a row per claim (its label, linked to ``definitions`` when
+    given, and its one-line statement), a column per run (testbed), each cell the status, linked
+    to the chapter (``link.format(chapter=...)``), and the deciding effect with its 95 % interval."""
+    from pactlib.book.claims import definition, statement
+    from pactlib.book.findings import deciding, effect_text
+
     cells: dict[str, dict[str, str]] = {}
     for chapter, run, rec in verdicts:
-        cells.setdefault(rec["claim"], {})[run] = f"[{rec['status']}]({link.format(chapter=chapter)})"
+        d = deciding(rec)
+        effect = effect_text(d).split(": ", 1)[-1] if d else ""
+        cells.setdefault(rec["claim"], {})[run] = (f"[{rec['status']}]({link.format(chapter=chapter)})"
+                                                   + (f" {effect}" if effect else ""))
     used = [r for r in titles if any(r in v for v in cells.values())]
     if not cells:
         return "No verdict records are committed yet: `make reproduce` computes them.\n"
     lines = ["| claim | " + " | ".join(titles[r] for r in used) + " |", "|---|" + "---|" * len(used)]
     for claim in _claim_order(cells):
-        lines.append(f"| {claim} | " + " | ".join(cells[claim].get(r, "not run") for r in used) + " |")
+        label = f"[{claim}]({definitions})" if definitions and definition(claim) else claim
+        said = statement(claim)
+        lines.append(f"| {label}{': ' + said if said != claim else ''} | "
+                     + " | ".join(cells[claim].get(r, "not run") for r in used) + " |")
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str) -> str:
-    """``text`` with what lies between the :data:`BEGIN` and :data:`END` lines replaced by ``block``.
+def verdict_label(run: str, claim: str) -> str:
+    """The MyST target of a claim's verdict in its chapter (``verdict-main-C9a``), set where the
+    chapter shows it (:func:`pactlib.book.plotting.verdict`)."""
+    from pactlib.book.claims import base_label
+
+    return "verdict-" + re.sub(r"[^A-Za-z0-9]+", "-", f"{run}-{base_label(claim)}").strip("-").lower()
+
+
+def replace_block(text: str, block: str, *, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what lies between the ``begin`` and ``end`` lines (default :data:`BEGIN`,
+    :data:`END`) replaced by ``block``.
 
     Raises:
         ValueError: the markers are missing, repeated or out of order.
     """
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"expected one {BEGIN!r} line followed by one {END!r} line")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block.rstrip()}\n{END}{tail}"
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin!r} line followed by one {end!r} line")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"
 
 
 def html_problems(html: Path, pages: Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from .. import merges
 from ..api import merged_update
 from ..matrix import MatrixRule
+from ..outcomes import packed
 from ..pact import PactOptions, PactReport, pact_filter
 from ..taskvector import TaskVector
 from .engine import ENGINE_MODULES, _CODE, code_fingerprint, engine_device, merge_sources, source_fingerprint  # noqa: F401
@@ -647,8 +648,9 @@ def reference_records(tb: Testbed, *, params: Mapping | None = None, per_task: b
 
     Metrics: ``acc`` (mean test accuracy over the tasks) and ``norm_acc`` (mean of acc/acc_ft;
     1 for the fine-tuned row by definition, book/method.md, protocol); ``per_task`` adds ``norm_acc:<task>``.
-    Each record has ``seed``, ``testbed``, ``suite``, ``base`` (= its method) and the extra
-    ``fields``; ``params`` defaults to ``{}``.
+    Each record has ``seed``, ``testbed``, ``suite``, ``base`` (= its method), ``outcomes``
+    (``{"test": {task: packed}}``, when the testbed's ``zs_test`` / ``ft_test`` are
+    :class:`~pactlib.outcomes.Scores`) and the extra ``fields``; ``params`` defaults to ``{}``.
     """
     from ..book.records import make_record
 
@@ -658,7 +660,9 @@ def reference_records(tb: Testbed, *, params: Mapping | None = None, per_task: b
         metrics = {"acc": sum(accs[t] for t in tb.tasks) / len(tb.tasks), "norm_acc": sum(norm.values()) / len(tb.tasks)}
         if per_task:
             metrics.update({f"norm_acc:{t}": v for t, v in norm.items()})
+        outcomes = packed({t: accs[t] for t in tb.tasks} if not hasattr(accs, "outcomes") else accs)
         out.append(make_record(name, params=dict(params or {}), seed=tb.seed, metrics=metrics,
+                               **({"outcomes": {"test": outcomes}} if outcomes else {}),
                                **{"testbed": tb.name, "suite": suite_of(tb), "base": name, **fields}))
     return out
 

@@ -79,6 +79,7 @@ import torch
 from torch import Tensor, nn
 
 from ..matrix import PRESETS, MatrixRule
+from ..outcomes import scores
 from ..taskvector import TaskVector
 from .base import code_fingerprint, with_frozen_head
 
@@ -613,9 +614,10 @@ class ClipTestbed:
         out = {}
         for t in tasks:
             out[t] = clip_evaluate(None, {t: self.heads[t]}, {t: datas[t]}, classifier=self.classifier,
-                                   batch_size=self.batch_size, resize=self._resize, progress=self.progress)[t]
+                                   batch_size=self.batch_size, resize=self._resize,
+                                   progress=self.progress).outcomes[t]
         datas.release()
-        return out
+        return scores(out)
 
     def loss_model(self, state: Mapping[str, Tensor], task: str) -> nn.Module:
         """The vision tower (weights ``state``, parameter names = its keys) with ``task``'s head

@@ -55,6 +55,7 @@ from torch.nn import functional as F
 from ..lora import attach, init_adapters, lora_scale, lora_task_vector, merge_adapters, read_adapters
 from ..matrix import DEFAULT_RULE, PRESETS, MatrixRule
 from ..taskvector import TaskVector
+from ..outcomes import Scores, scores
 from ..threads import single_threaded
 from .base import code_fingerprint, with_frozen_head
 
@@ -366,8 +367,8 @@ class SyntheticTestbed:
             for t in tasks:
                 x, y = self.data[t][split]
                 logits = F.linear(F.normalize(net(x), dim=1), self.heads[t])
-                out[t] = float((logits.argmax(1) == y).double().mean())
-        return out
+                out[t] = logits.argmax(1) == y
+        return scores(out)
 
     def loss_model(self, state: Mapping[str, Tensor], task: str) -> nn.Module:
         """:class:`SynthNet` with weights ``state`` and ``task``'s frozen cosine head: x (N, d_in) -> logits (N, C)."""
@@ -546,8 +547,12 @@ def load(name: str, seed: int = 0, kind: str = "full", *, val_limit: int | None 
         adapters={t: {k: (A.clone(), B.clone()) for k, (A, B) in ad.items()} for t, (_, ad) in zip(names, fts)}
         if kind == "lora" else None,
         lora_scale=lora_scale(r.lora_rank, r.lora_alpha) if kind == "lora" else None, rule=matrix)
+    tb.ft_val, tb.ft_test, tb.zs_test = Scores(), Scores(), Scores()
     for t in names:
-        tb.ft_val[t] = tb.evaluate(tb.finetuned[t], "val", [t])[t]
-        tb.ft_test[t] = tb.evaluate(tb.finetuned[t], "test", [t])[t]
-    tb.zs_test.update(tb.evaluate(tb.pretrained, "test"))
+        for target, split in ((tb.ft_val, "val"), (tb.ft_test, "test")):
+            s = tb.evaluate(tb.finetuned[t], split, [t])
+            target.add(t, s[t], s.outcomes[t])
+    zs = tb.evaluate(tb.pretrained, "test")
+    for t in names:
+        tb.zs_test.add(t, zs[t], zs.outcomes[t])
     return tb

@@ -149,6 +149,16 @@ class AccuracyMemo:
             self.data[key], self.dirty = float(compute()), True
         return self.data[key]
 
+    def scored(self, key: str, compute) -> tuple[float, str]:
+        """``(accuracy, packed outcomes)`` under ``key`` (:func:`pactlib.outcomes.pack`);
+        ``compute() -> (accuracy, packed outcomes)`` when the memo has no outcomes for it."""
+        v = self.data.get(key)
+        if not isinstance(v, dict):
+            acc, packed = compute()
+            v = self.data[key] = {"acc": float(acc), "outcomes": packed}
+            self.dirty = True
+        return v["acc"], v["outcomes"]
+
     def save(self) -> None:
         if self.dirty:
             text = json.dumps(self.data, indent=0, sort_keys=True)

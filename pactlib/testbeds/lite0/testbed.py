@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ...matrix import DEFAULT_RULE, MatrixRule
 from ...taskvector import TaskVector
+from ...outcomes import Scores, pack
 from ..base import code_fingerprint, with_frozen_head
 from ..zoo_files import AccuracyMemo
 
@@ -168,15 +169,21 @@ class Lite0Testbed:
         zoo_dir = Path(zoo_dir) if zoo_dir is not None else default_zoo_dir()
         memo = _AccuracyMemo(zoo_dir / "eval_memo.json")
 
-        def acc(which: str, t: str, split: dict, limit) -> float:
+        def scored(which: str, t: str, split: dict, limit) -> tuple[float, str]:
             state = zoo.pretrained if which == "zero-shot" else zoo.finetuned[t]
             ident = "zero-shot" if which == "zero-shot" else zoo.records[t].get("sha256", "")
             key = f"{ident}|{zoo.records[t].get('head_sha256', t)}|{t}|{split[t].split}|{limit}|{data_seed}|{res}"
-            return memo.get(key, lambda: ev.accuracy(state, zoo.heads[t], split[t], resolution=res))
 
-        ft_val = {t: acc("finetuned", t, val, val_limit) for t in names}
-        ft_test = {t: acc("finetuned", t, test, test_limit) for t in names}
-        zs_test = {t: acc("zero-shot", t, test, test_limit) for t in names}
+            def compute():
+                s = ev.evaluate(state, {t: zoo.heads[t]}, {t: split[t]}, resolution=res)
+                return s[t], pack(s.outcomes[t])
+            return memo.scored(key, compute)
+
+        ft_val, ft_test, zs_test = Scores(), Scores(), Scores()
+        for t in names:
+            ft_val.add(t, *scored("finetuned", t, val, val_limit))
+            ft_test.add(t, *scored("finetuned", t, test, test_limit))
+            zs_test.add(t, *scored("zero-shot", t, test, test_limit))
         memo.save()
         return cls(name, str(suite), seed, kind, names, zoo.pretrained, zoo.finetuned, zoo.heads, val, test,
                    ft_val, ft_test, zs_test, res, val_limit, test_limit, zoo, zoo_dir)

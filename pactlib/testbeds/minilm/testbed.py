@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from ...outcomes import Scores, pack, scores
 from ...matrix import MatrixRule, PRESETS
 from ...taskvector import TaskVector
 from ..base import code_fingerprint, with_frozen_head
@@ -156,7 +157,8 @@ class MiniLMTestbed:
 
     def evaluate(self, state: Mapping[str, Tensor], split: str = "test",
                  tasks: Sequence[str] | None = None) -> dict[str, float]:
-        """{task: accuracy} of one encoder state dict (θ0's keys) on the (capped) ``split``."""
+        """{task: accuracy} of one encoder state dict (θ0's keys) on the (capped) ``split``, with each
+        example's correctness (:class:`~pactlib.outcomes.Scores`)."""
         from .model import encode
 
         datas = self.val if split == "val" else self.test
@@ -164,8 +166,8 @@ class MiniLMTestbed:
         out = {}
         for t in tasks or self.tasks:
             x, y = datas[t]
-            out[t] = float((self.heads[t].logits(encode(model, x, self.eval_batch)).argmax(1) == y).double().mean())
-        return out
+            out[t] = self.heads[t].logits(encode(model, x, self.eval_batch)).argmax(1) == y
+        return scores(out)
 
     def loss_model(self, state: Mapping[str, Tensor], task: str) -> nn.Module:
         """Encoder (weights ``state``) + ``task``'s frozen head: x (N, 2, L) int64 -> logits (N, C).
@@ -245,7 +247,7 @@ class MiniLMTestbed:
         val, test = split("val", val_limit), split("test", test_limit)
         zoo_dir = Path(zoo_dir) if zoo_dir is not None else default_zoo_dir()
         tb = cls(name, str(suite), seed, kind, names, zoo.pretrained, zoo.finetuned, zoo.config, zoo.heads, val, test,
-                 {}, {}, {}, max_tokens, val_limit, test_limit, zoo, zoo_dir)
+                 Scores(), Scores(), Scores(), max_tokens, val_limit, test_limit, zoo, zoo_dir)
         memo = AccuracyMemo(zoo_dir / "eval_memo.json")
         data_id = tb._data_sha256()[:16]
         for t in names:
@@ -255,7 +257,11 @@ class MiniLMTestbed:
                     ("ft", zoo.finetuned[t], zoo.records[t]["sha256"], "test", tb.ft_test),
                     ("zs", zoo.pretrained, "zero-shot", "test", tb.zs_test)):
                 key = f"{ident}|{head}|{t}|{sp}|{val_limit if sp == 'val' else test_limit}|{data_id}"
-                target[t] = memo.get(key, lambda: tb.evaluate(state, sp, [t])[t])
+
+                def compute(state=state, sp=sp, t=t):
+                    s = tb.evaluate(state, sp, [t])
+                    return s[t], pack(s.outcomes[t])
+                target.add(t, *memo.scored(key, compute))
         memo.save()
         return tb
 
