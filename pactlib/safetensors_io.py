@@ -133,11 +133,12 @@ class ChangedInputError(CheckpointError):
         self.path = Path(path)
 
 
-def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
     """What tells a file's contents changed, from its ``os.stat_result``: (size, mtime_ns, inode,
-    device, ctime_ns). Any write, truncation, ``touch`` or replacement by a rename changes it
-    (setting the mtime back changes the ctime)."""
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns
+    device). Any write, truncation, ``touch`` or replacement by a rename changes it. The ctime is
+    left out: a hard link made to the file (the engine's caches share entries so) changes it and
+    not the contents."""
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
 def check_unchanged(path: str | os.PathLike, identity: tuple, fd: int | None = None) -> None:

@@ -605,6 +605,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
     try:
         if layers_path.is_file() and report_path.is_file():
             report = load_report(report_path, mode=mode, options=options)
+            os.utime(layers_path)  # last use, for the bound; before it is opened: reads check its mtime
             try:
                 layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
                 stored = set(layers)
@@ -614,7 +615,6 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
             if stored != set(selected):
                 raise FilterCacheError(f"{layers_path}: holds {len(stored)} layers, not the {len(selected)} "
                                        f"selected ones of its key; delete it to filter again")
-            os.utime(layers_path)  # last use, for the bound
     except BaseException:
         release()
         raise
