@@ -583,11 +583,14 @@ def test_variant_runs_get_their_own_folder_title_note_toc_sections_and_verdict_c
     plotting.record_verdict("aside", "reproduced", "x", run="no-such-run")  # unknown run: the notebook's own
     page = rn.write_verdicts_page("demo", params_file, jobs).read_text()
     assert "| Claim | Chapter | Images | Text |" in page
-    assert "| C8 | 6 | reproduced (missing) | not reproduced (missing) |" in page
-    assert "| C11 | 10 | partly reproduced (missing) | not run |" in page
-    assert page.index("| C8 ") < page.index("| C11 ")
-    assert "| precondition | 2 | reproduced (missing) | partly reproduced |" in page
-    assert "| aside | 2 | reproduced (missing) | not run |" in page
+    from pactlib.book.claims import statement
+    c8 = f"| {{ref}}`C8 <claim-C8>`: {statement('C8')} | {{doc}}`6 <06_static_vs_dynamic>` |"
+    assert f"{c8} reproduced (missing) | not reproduced (missing) |" in page
+    c11 = f"| {{ref}}`C11 <claim-C11>`: {statement('C11')} | {{doc}}`10 <10_theory>` |"
+    assert f"{c11} partly reproduced (missing) | not run |" in page
+    assert page.index(c8) < page.index(c11)
+    assert "| precondition | {doc}`2 <02_testbed>` | reproduced (missing) | partly reproduced |" in page
+    assert "| aside | {doc}`2 <02_testbed>` | reproduced (missing) | not run |" in page
     assert "| 06_<wbr>static_<wbr>vs_<wbr>dynamic | Text | missing | – | no records yet |" in page
     # where the time goes: each chapter's wall and CPU minutes per run and its merges, from the
     # records' provenance; the zoos' training minutes from book/records/<set>/zoo.json
