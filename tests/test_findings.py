@@ -52,7 +52,7 @@ def test_findings_page_has_the_bottom_line_each_claim_in_words_and_its_interpret
     page = findings.findings_page(text, VERDICTS, TITLES, params={"05_main_results": {"test_limit": 300}})
     assert "# What this book finds" in page and "C5: partly reproduced." in page
     assert "## C5: PACT improves Task Arithmetic, TSV-M and Iso-C" in page
-    assert "- **MiniLM-L6, text tasks** ([chapter 5](minilm/05_main_results.md)): **contradicted**" in page
+    assert "- **MiniLM-L6, text tasks** ({doc}`chapter 5 <minilm/05_main_results>`): **contradicted**" in page
     assert "Some gains are real." in page and "PACT hurts somewhere." in page
     assert "- Few tasks leave little interference." in page and "Test sizes: 300 per task." in page
     assert page.index("## C4") < page.index("## C5") < page.index("## C7")

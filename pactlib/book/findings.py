@@ -136,7 +136,7 @@ def _interpretation(entry: Mapping[str, Any], status: str, f: Mapping[str, Any])
 def findings_page(text: Mapping[str, Any], verdicts: Sequence[tuple[str, str, dict]], titles: Mapping[str, str],
                   *, states: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
                   params: Mapping[str, Mapping[str, Any]] | None = None, compute: Mapping[str, Any] | None = None,
-                  link: str = "{chapter}.md") -> str:
+                  link: str = "{chapter}") -> str:
     """The page *What this book finds* (MyST): the bottom line; per claim its statement, the
     verdict per testbed with the deciding effect and its interval, and the interpretation for the
     status it got (with the likely reasons and the experiments run to test them where it fails
@@ -165,7 +165,7 @@ def findings_page(text: Mapping[str, Any], verdicts: Sequence[tuple[str, str, di
             chapter, rec = per[run]
             state = ((states or {}).get((chapter, run)) or {}).get("state")
             page = link.format(chapter=chapter if run == "main" else f"{run}/{chapter}")
-            lines.append(f"- **{titles.get(run, run)}** ([chapter {chapter.split('_')[0].lstrip('0')}]({page})): "
+            lines.append(f"- **{titles.get(run, run)}** ({{doc}}`chapter {chapter.split('_')[0].lstrip('0')} <{page}>`): "
                          + cell(rec, state=state))
         lines.append("")
         entry = entries.get(claim) or entries.get(claim.split(" (")[0]) or {}
