@@ -9,14 +9,11 @@ import ast
 import hashlib
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from ..book.provenance import strip_docstrings as _strip_docstrings
-
-if TYPE_CHECKING:
-    from .base import Testbed
 
 
 #: The modules a merge's result depends on: every memo key holds a fingerprint of their code.
@@ -64,7 +61,7 @@ def code_fingerprint(modules: Sequence[str]) -> str:
     return _CODE[key]
 
 
-def engine_device(tb: Testbed) -> torch.device | None:
+def engine_device(tb: Any) -> torch.device | None:
     """Where :func:`run` merges and filters ``tb``'s task vectors: the testbed's optional
     ``device`` attribute (e.g. ``"cuda"``), or None for the CPU (a testbed without one, or
     ``"cpu"``). The engine itself takes no device argument: it computes where its tensors are."""
@@ -75,7 +72,7 @@ def engine_device(tb: Testbed) -> torch.device | None:
     return None if dev.type == "cpu" else dev
 
 
-def merge_sources(tb: Testbed):
+def merge_sources(tb: Any):
     """``tb.merge_sources()`` when the testbed has it (an optional part of the protocol), else None.
 
     A testbed whose checkpoints are files can offer them to the streamed merge: the method returns
