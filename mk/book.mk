@@ -16,6 +16,8 @@
 #                                  (one family's zoo trains beside the other family's chapters);
 #                                  then present + render. ARGS="--force" recomputes current ones
 #   make chapter NB=05_main_results ARGS="-p alpha_points=5"   compute that chapter, then render.
+#                                  RUN=main (or a variant: RUN=minilm) computes that run only, and
+#                                  builds only the zoo of its family (reproduce takes RUN= too)
 #                                  With -p the records go to book/records/_scratch/<set>/ and the book to
 #                                  _build/_scratch/<set>/: other parameters never overwrite a set's records
 #   make book PARAMS=smoke         the same with params/smoke.yaml (HTML in _build/smoke/_build/html;
@@ -54,15 +56,15 @@ book: book-check
 	$(BOOK_RUN) --mode present $(ARGS)
 	$(if $(filter default,$(PARAMS)),$(PY) scripts/readme_verdicts.py)
 
-reproduce: BOOK_ONLY = $(if $(NB),--only $(NB))
+reproduce: BOOK_ONLY = $(if $(NB),--only $(NB))$(if $(RUN), --run $(RUN))
 reproduce: reproduce-check
 	@$(MAKE) --no-print-directory setup $(filter data%,$(BOOK_DEPS))
 	$(BOOK_RUN) --mode compute $(BOOK_ONLY) $(ARGS)
 
-chapter: BOOK_ONLY = --only $(NB)
+chapter: BOOK_ONLY = --only $(NB)$(if $(RUN), --run $(RUN))
 chapter: chapter-check
 	@$(MAKE) --no-print-directory setup $(filter data%,$(BOOK_DEPS))
-	$(BOOK_RUN) --mode compute --only $(NB) $(ARGS)
+	$(BOOK_RUN) --mode compute $(BOOK_ONLY) $(ARGS)
 
 publish:
 	@test -f _build/html/index.html || { echo "error: no _build/html/index.html: run make book first" >&2; exit 1; }
@@ -77,11 +79,11 @@ book-check: $(STAMP)
 	$(BOOK_RUN) --check-only $(ARGS)
 
 reproduce-check: $(STAMP)
-	$(BOOK_RUN) $(if $(NB),--only $(NB)) --check-only $(ARGS)
+	$(BOOK_RUN) $(if $(NB),--only $(NB))$(if $(RUN), --run $(RUN)) --check-only $(ARGS)
 
 chapter-check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make chapter NB=05_main_results [PARAMS=default] [THREADS=N] [ARGS='-p alpha_points=5 --force']" >&2; exit 2; }
-	$(BOOK_RUN) --only $(NB) --check-only $(ARGS)
+	$(BOOK_RUN) --only $(NB)$(if $(RUN), --run $(RUN)) --check-only $(ARGS)
 
 book-screenshot:
 	$(PY) scripts/screenshot.py --set $(PARAMS) --html $(if $(filter default,$(PARAMS)),_build/html,_build/$(PARAMS)/_build/html)

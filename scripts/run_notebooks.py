@@ -386,6 +386,8 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool,
         return job.build(zoo_log(store, job)) if isinstance(job, runplan.ZooJob) else compute(job, store, set_name)
 
     record_zoos(store)
+    for b in builds:
+        print(zoo_plan(b, [j for j in work if b.family in runplan.job_families(j)]), flush=True)
     ids = {b.family: b.id for b in builds}
     began, t0 = datetime.now(timezone.utc), time.perf_counter()
     try:
@@ -402,6 +404,27 @@ def compute_all(jobs: list[Job], store: str, set_name: str, n: int, force: bool,
                 "git": provenance.git_state(ROOT), "machine": provenance.machine(usable_cores())}, sort_keys=True)
             path = RECORDS / store / REPRODUCTIONS
             _write(path, (path.read_text(encoding="utf-8") if path.is_file() else "") + line + "\n")
+
+
+def zoo_plan(build: "runplan.ZooJob", readers: list[Job]) -> str:
+    """One line before a compute run: which chapters read ``build``'s zoo, how many of its models
+    the cache holds against the committed zoo record (``book/records/default/zoo.json``), and the
+    minutes the missing ones took there (the whole build's when the cache holds none)."""
+    full = (records.read_json_object(RECORDS / DEFAULT_SET / "zoo.json") or {}).get(build.family) or {}
+    here = provenance.zoo_profile(cache_dir()).get(build.family) or {}
+    total = sum(int(k.get("models") or 0) for k in (full.get("kinds") or {}).values())
+    have = sum(int(k.get("models") or 0) for k in (here.get("kinds") or {}).values())
+    minutes = sum(float(k.get("minutes") or 0) for k in (full.get("kinds") or {}).values())
+    who = ", ".join(j.id for j in readers)
+    if total and have >= total:
+        state = f"all {total} models are in {_rel(cache_dir())} (the build only checks them)"
+    elif total:
+        state = (f"{have} of {total} models are in {_rel(cache_dir())}: training the others, "
+                 f"~{minutes * (1 - have / total):.0f} min (the committed build took {minutes:.0f} min)")
+    else:
+        state = f"{have} models in {_rel(cache_dir())}; no committed build to estimate the time from"
+    return (f"[{build.id}] {who} read the {build.family} zoo: {state}; "
+            f"--run {' --run '.join(sorted({j.run for j in readers}))} computes only these")
 
 
 #: Every compute run of the runner (``make reproduce``, ``make chapter``), a JSON line each, under
@@ -549,6 +572,28 @@ def compute_used(store: str, states: dict) -> dict:
             "machine": ", ".join(f"{k} {v}" for k, v in (full.get("machine") or {}).items())}
 
 
+def announcement(store: str) -> str:
+    """The banner every page of the ``store`` book carries: none for the default set; for another
+    set (``smoke``) or a scratch store (``-p`` values), that its numbers are not the book's results."""
+    if store == DEFAULT_SET:
+        return ""
+    if store.startswith("_scratch/"):
+        return (f"A scratch build: these pages show records computed with parameters changed by -p "
+                f"(set {store.split('/', 1)[1]!r}), not the book's results.")
+    return (f"A {store!r} build: every number on these pages is a {store} value (params/{store}.yaml), "
+            "made to check that the chapters run, not a result.")
+
+
+def no_records(store: str, params_file: Path) -> str:
+    """The message for presenting a non-default set that has no records at all (a fresh clone
+    commits only the default set's): what to run first. Empty when there are records."""
+    if store == DEFAULT_SET or any((RECORDS / store).rglob(provenance.FILE)):
+        return ""
+    name = params_file.stem
+    return (f"the {name!r} set has no records yet (only the default set's are committed): run "
+            f"`make reproduce PARAMS={name}` first, then `make book PARAMS={name}` renders them")
+
+
 def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> Path:
     """The Verdicts page, ``jupyter-book build`` into ``out`` (default: the repository for the
     default set, else ``_build/<store>``) and the offline check; return the HTML folder."""
@@ -560,6 +605,12 @@ def render(store: str, out: Path | None, params_file: Path, jobs: list[Job]) -> 
     write_verdicts_page(store, params_file, jobs)
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT), "--toc",
            str(toc_for(store, params_file)), "--path-output", str(out), "-W", "-n", "--keep-going", "-q"]
+    if note := announcement(store):  # a banner on every page of a book that is not the default set's
+        config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+        config.setdefault("html", {})["announcement"] = note
+        ext = config.get("sphinx", {}).get("local_extensions") or {}  # read relative to the config file
+        config.get("sphinx", {})["local_extensions"] = {k: str(ROOT / v) for k, v in ext.items()}
+        cmd += ["--config", str(_write(ROOT / "_build" / store / "_config.yml", yaml.safe_dump(config, sort_keys=False)))]
     print(f">> rendering with jupyter-book -> {_rel(html)}", flush=True)
     t0 = time.perf_counter()
     if (rc := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
@@ -669,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "compute" and not args.render_only:
             compute_all(chosen, store, params_file.stem, args.jobs, args.force)
             assess(jobs, store)
+        if args.mode == "present" and not cli and (missing := no_records(store, params_file)):
+            raise RunError(missing)
         if not args.render_only and (args.mode == "present" or not args.no_render):
             # present what was chosen, and every page never presented (the book renders them all)
             todo = [j for j in jobs if j in chosen or not (j.out_dir(EXECUTED / store) / f"{j.name}.ipynb").is_file()]

@@ -148,6 +148,31 @@ def test_figure_writes_a_numbered_png_of_the_fixed_size(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
+@pytest.mark.parametrize("size", [*plotting.SIZES, (9.0, 4.2), (12.0, 3.0)])
+def test_no_text_of_a_figure_shows_below_the_floor_in_the_books_column(tmp_path, size):
+    """Tick labels, legends and a label set to fontsize=6 all show at >= MIN_TEXT_PX once the
+    PNG is scaled into the article column (a 9-inch figure is shown at about half its pixels)."""
+    from matplotlib.text import Text
+
+    width = plotting.SIZES[size][0] if isinstance(size, str) else size[0]
+    with plotting.figure("x", chapter=1, number=1, caption="c", size=size, directory=tmp_path) as (fig, ax):
+        ax.plot([0, 1], [0, 1], label="a line")
+        ax.legend(fontsize=6)
+        ax.text(0.5, 0.5, "a note", fontsize=5)
+        ax.set_xlabel("x")
+        seen = fig
+    texts = [t for t in seen.findobj(Text) if t.get_text()]
+    assert len(texts) >= 6
+    assert min(plotting.displayed_px(t.get_fontsize(), width) for t in texts) >= plotting.MIN_TEXT_PX - 1e-9
+    assert plotting.displayed_px(10, 5.0) == pytest.approx(10 * 150 / 72 * 676 / 750)  # shown scaled to the column
+    assert plotting.displayed_px(10, 4.0) == pytest.approx(10 * 150 / 72)  # narrower than the column: as drawn
+
+
+def test_a_figures_alt_text_is_its_caption_in_plain_words():
+    assert plotting.alt_text("**Figure 5.1** (paper: Fig. 3). Gains over [TA](x.md) at `alpha`, see {ref}`ch-5`.") \
+        == "Figure 5.1 (paper: Fig. 3). Gains over TA at alpha, see ch-5."
+
+
 def test_figure_leaves_the_global_style_alone(tmp_path):
     import matplotlib as mpl
 
@@ -1199,6 +1224,8 @@ def test_smoke_book_computes_two_chapters_and_renders_them_all_from_records(tmp_
         if stem in ("01_method", "03_scalar_perspective"):
             imgs = re.findall(r'<img[^>]*src="([^"]+)"', text)
             assert imgs and all((html / src).is_file() for src in imgs), stem
+            alts = re.findall(r'<img[^>]*alt="([^"]*)"', text)
+            assert len(alts) == len(imgs) and all(a.startswith(f"Figure {n}.") for a in alts), (stem, alts)
             assert re.search(rf"Figure {n}\.\d", text) and "No records yet" not in text, stem
             assert "Computed by" in text, stem
         else:
@@ -1213,6 +1240,22 @@ def test_smoke_book_computes_two_chapters_and_renders_them_all_from_records(tmp_
         if "_static" not in page.relative_to(out / "_build" / "html").parts:
             assert not re.search(r"cdn\.jsdelivr|cdnjs|unpkg\.com|mathjax@", page.read_text()), page
     assert "Passed unknown parameter" not in shown.stderr  # papermill's noise is silenced
+    banner = "every number on these pages is a smoke value (params/smoke.yaml)"
+    for page in ("book/intro.html", "book/method.html", "book/_executed/smoke/05_main_results.html"):
+        assert banner in (out / "_build" / "html" / page).read_text(), page  # every page, chapters or not
+
+
+def test_a_set_without_records_says_to_reproduce_it_first(tmp_path, monkeypatch, capsys):
+    rn = _runner()
+    monkeypatch.setattr(rn, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(rn, "EXECUTED", tmp_path / "executed")
+    assert rn.main(["--params", "smoke"]) == 1
+    assert capsys.readouterr().err == ("error: the 'smoke' set has no records yet (only the default set's are "
+                                       "committed): run `make reproduce PARAMS=smoke` first, then `make book "
+                                       "PARAMS=smoke` renders them\n")
+    assert not (tmp_path / "executed").exists()  # nothing presented
+    assert rn.announcement("default") == "" and "not a result" in rn.announcement("smoke")
+    assert "changed by -p" in rn.announcement("_scratch/default")
 
 
 def test_overrides_go_to_a_scratch_store(tmp_path, monkeypatch, capsys):
@@ -1258,3 +1301,64 @@ def test_legend_outside_moves_the_legend_off_the_axes():
     fig, ax = plt.subplots()
     assert plotting.legend_outside(ax) is None  # nothing labelled: no legend
     plt.close(fig)
+
+
+def test_a_zoo_builds_progress_reaches_the_terminal_and_all_of_it_the_log():
+    import io
+
+    from pactlib.book import runplan
+
+    bar = b"zoo:  10%|# | 1/10 [00:01<00:09]\rzoo:  20%|## | 2/10 [00:02<00:08]\r"
+    out, log = io.StringIO(), io.BytesIO()
+    runplan.relay_progress(io.BytesIO(b"loading\n" + bar + b"zoo: 100%|###| 10/10\nready: 10 runs"), log, "zoo-x",
+                           every=3600, out=out)
+    assert log.getvalue() == b"loading\n" + bar + b"zoo: 100%|###| 10/10\nready: 10 runs"
+    assert out.getvalue() == "[zoo-x] ready: 10 runs\n"  # within `every`: only the last line
+    out = io.StringIO()
+    runplan.relay_progress(io.BytesIO(bar), io.BytesIO(), "zoo-x", every=0, out=out)
+    assert out.getvalue() == "[zoo-x] zoo:  20%|## | 2/10 [00:02<00:08]\n"  # one read: its latest line
+
+
+def test_the_zoo_plan_names_readers_models_here_and_minutes_left(store, tmp_path, monkeypatch):
+    from pactlib.book import runplan
+
+    rn = store
+    (rn.RECORDS / rn.DEFAULT_SET).mkdir(parents=True, exist_ok=True)
+    (rn.RECORDS / rn.DEFAULT_SET / "zoo.json").write_text(json.dumps(
+        {"lite0": {"kinds": {"full": {"models": 8, "minutes": 30.0}, "head": {"models": 2, "minutes": 10.0}}}}))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PACT_CACHE", str(cache))
+    src = tmp_path / "lite.py"
+    src.write_text('# %% tags=["parameters"]\ntestbed = "lite0-8"\n\n# %%\nx = 1\n')
+    set_path = tmp_path / "set.yaml"
+    set_path.write_text(json.dumps({"common": {}, "lite": {}}))
+    jobs = rn.prepare([src], set_path, {})
+    line = rn.zoo_plan(runplan.ZooJob("lite0", 1), jobs)
+    assert line.startswith("[zoo-lite0] lite read the lite0 zoo: 0 of 10 models are in ")
+    assert "~40 min (the committed build took 40 min); --run main computes only these" in line
+    for i in range(5):  # half the models built here: half the minutes left
+        (cache / "zoo" / "full" / f"t{i}").mkdir(parents=True)
+        (cache / "zoo" / "full" / f"t{i}" / "seed0.json").write_text(json.dumps({"kind": "full", "seconds": 60}))
+    assert "5 of 10 models are in" in rn.zoo_plan(runplan.ZooJob("lite0", 1), jobs)
+    assert "~20 min" in rn.zoo_plan(runplan.ZooJob("lite0", 1), jobs)
+
+
+def test_presented_pages_fold_the_plumbing_and_give_figures_their_alt_text():
+    import nbformat
+
+    from pactlib.book import runplan
+
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[
+        v4.new_code_cell("seeds = [0]", metadata={"tags": ["parameters"]}),
+        v4.new_code_cell("P = chapters.X.check(globals())", metadata={"tags": ["remove-input"]}),
+        v4.new_code_cell("plotting.table(frame)", outputs=[v4.new_output("display_data", {"text/html": "<table/>"})]),
+        v4.new_code_cell("with plotting.figure(...): ...", outputs=[v4.new_output(
+            "display_data", {"image/png": "iVBOR"}, metadata={"image/png": {"alt": "Figure 5.1. Gains."}})]),
+        v4.new_code_cell("pact_filter(theta0, tvs)  # shown on purpose", metadata={"tags": [runplan.SHOW_TAG]}),
+        v4.new_markdown_cell("prose")])
+    runplan.restore_skipped(nb)
+    tags = [c.metadata.get("tags", []) for c in nb.cells]
+    assert tags[:5] == [["parameters"], ["remove-input"], ["hide-input"], ["hide-input"], [runplan.SHOW_TAG]]
+    assert nb.cells[3].metadata["mystnb"] == {"image": {"alt": "Figure 5.1. Gains."}}
+    assert "mystnb" not in nb.cells[2].metadata and tags[5] == []

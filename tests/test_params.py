@@ -508,3 +508,27 @@ def test_cli_values_are_yaml():
         {"a": 5, "b": ["x", "y"], "c": 0.5, "d": "none text"}
     with pytest.raises(ParameterError, match="name=value"):
         rn.parse_cli(["novalue"])
+
+
+def test_check_refuses_a_name_papermill_injected_that_the_chapter_lacks():
+    ns = {**chapters.defaults(chapters.LayerDepth),
+          "In": ["", "# %% tags=['parameters']\nmost = 0.5", f"{chapters.INJECTED}\nmost = 0.25\nmots = 2\n"]}
+    assert chapters.injected_names(ns) == ["most", "mots"]
+    with pytest.raises(ParameterError, match=r"07_layer_depth.py: unknown parameter\(s\) \['mots'\] \(given to "
+                                             r"papermill with -p\); the chapter's parameters: \[.*'most'"):
+        chapters.LayerDepth.check(ns)
+    # no kernel history, or nothing injected: nothing to refuse
+    assert chapters.injected_names({}) == [] and chapters.injected_names({"In": ["x = 1", "# Parameters (\n"]}) == []
+    assert chapters.LayerDepth.check({**ns, "In": ns["In"][:2]})["most"] == 0.5
+
+
+def test_papermill_run_with_an_unknown_parameter_fails_at_the_check_cell(tmp_path):
+    """What book/running.md tells a reader to do: jupytext to .ipynb, then papermill -p."""
+    import jupytext
+    import papermill as pm
+
+    nb = tmp_path / "01_method.ipynb"
+    jupytext.write(jupytext.read(ROOT / "notebooks" / "01_method.py"), nb)
+    with pytest.raises(pm.PapermillExecutionError, match=r"unknown parameter\(s\) \['spectra_dims'\]"):
+        pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters={"spectra_dims": 8},
+                            kernel_name="python3", cwd=str(ROOT), progress_bar=False)

@@ -33,7 +33,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from pactlib.book.params import REQUIRED, ParameterError
 
-__all__ = ["Chapter", "MODELS", "model_for", "inferred", "defaults", "validate", "parse_defaults",
+__all__ = ["Chapter", "INJECTED", "injected_names", "MODELS", "model_for", "inferred", "defaults", "validate", "parse_defaults",
            "Method", "Testbed", "ScalarPerspective", "SubspacePerspective", "MainResults", "StaticVsDynamic",
            "LayerDepth", "Efficiency", "Lora", "Theory", "Sensitivity", "PaperScale"]
 
@@ -129,6 +129,28 @@ Fraction = _float(gt=0, le=1)
 Limit = _int(8)
 
 
+#: The first line of the cell papermill injects after a notebook's ``parameters`` cell.
+INJECTED = "# Parameters"
+
+
+def injected_names(namespace: Mapping[str, Any]) -> list[str]:
+    """The names papermill's injected-parameters cell assigned, read from the kernel's input
+    history (IPython's ``In`` list in ``namespace``): papermill itself only warns about a name the
+    ``parameters`` cell lacks, so a chapter run with ``papermill -p`` checks it here. Empty outside
+    a kernel, or when nothing was injected; a cell that does not parse is skipped."""
+    names: list[str] = []
+    for source in namespace.get("In") or ():
+        if not (isinstance(source, str) and source.lstrip().startswith(INJECTED)):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        names += [t.id for node in tree.body if isinstance(node, ast.Assign)
+                  for t in node.targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
 # ---------------------------------------------------------------------------------------------
 # the models
 
@@ -150,9 +172,13 @@ class Chapter(BaseModel):
 
         Raises:
             ParameterError: a parameter is not defined, still ``...`` (required, not given), of
-                the wrong type or not allowed; every problem, each naming the parameter.
+                the wrong type or not allowed, or papermill was given a name the chapter does not
+                have (:func:`injected_names`); every problem, each naming the parameter.
         """
         where = f"notebooks/{cls.notebook}.py"
+        if unknown := [n for n in injected_names(namespace) if n not in cls.model_fields]:
+            raise ParameterError(f"{where}: unknown parameter(s) {unknown} (given to papermill with -p); the "
+                                 f"chapter's parameters: {list(cls.model_fields)}")
         absent = [n for n in cls.model_fields if n not in namespace]
         if absent:
             raise ParameterError(f"{where}: {absent} not defined (is the parameters cell run?)")

@@ -34,7 +34,7 @@ from pactlib.book.verdicts import STATUSES  # noqa: E402
 from pactlib.io import write_atomic  # noqa: E402
 
 __all__ = ["SIZES", "DPI", "VERDICTS", "figure", "figure_path", "legend_outside", "table", "verdict",
-           "verdict_text"]
+           "verdict_text", "alt_text", "COLUMN_PX", "MIN_TEXT_PX", "displayed_px"]
 
 #: Named figure sizes in inches (width, height).
 SIZES: dict[str, tuple[float, float]] = {
@@ -68,16 +68,45 @@ def repo_path(relative: str | Path) -> Path:
     return book_path(Path(*parts[1:]))
 
 
-def _rc() -> dict[str, Any]:
+#: The width in px of the book's article column in a 1280 px wide window (sphinx-book-theme): a
+#: figure wider than this many pixels is shown scaled down to it.
+COLUMN_PX = 676
+#: The smallest text of a figure (tick labels, legend), in px as shown in that column.
+MIN_TEXT_PX = 10.5
+
+
+def displayed_px(points: float, width_in: float) -> float:
+    """Text of ``points`` pt in a figure ``width_in`` inches wide, in px as the book shows it (the
+    PNG at :data:`DPI`, scaled down to :data:`COLUMN_PX` when wider)."""
+    return points * DPI / 72 * min(1.0, COLUMN_PX / (width_in * DPI))
+
+
+def _text_floor(fig: Any, points: float) -> None:
+    """Raise every text of ``fig`` smaller than ``points`` pt (a legend or label a caller set to
+    ``fontsize=7``, say) to ``points``: no text of a book figure shows below :data:`MIN_TEXT_PX`."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        if text.get_text() and text.get_fontsize() < points:
+            text.set_fontsize(points)
+
+
+def _rc(width_in: float = SIZES["single"][0]) -> dict[str, Any]:
     """The book's matplotlib settings (seaborn's whitegrid / paper / colorblind), applied only
-    inside :func:`figure` through ``plt.rc_context``: the caller's global style is untouched."""
+    inside :func:`figure` through ``plt.rc_context``: the caller's global style is untouched. A
+    figure ``width_in`` inches wide gets fonts large enough that its smallest text shows at
+    :data:`MIN_TEXT_PX` or more (:func:`displayed_px`), the others in proportion."""
     import seaborn as sns
     from cycler import cycler
 
     rc: dict[str, Any] = {**sns.axes_style("whitegrid"), **sns.plotting_context("paper")}
+    small = max(8.8, MIN_TEXT_PX / displayed_px(1.0, width_in))  # pt of ticks and legend
+    k = small / 8.8
     rc.update({"axes.prop_cycle": cycler(color=sns.color_palette("colorblind")),
-               "figure.dpi": DPI, "savefig.dpi": DPI, "axes.titlesize": 10,
-               "axes.labelsize": 9, "legend.fontsize": 8, "font.family": "DejaVu Sans"})
+               "figure.dpi": DPI, "savefig.dpi": DPI, "axes.titlesize": 10.5 * k, "axes.labelsize": 9.6 * k,
+               "xtick.labelsize": small, "ytick.labelsize": small, "legend.fontsize": small,
+               "legend.title_fontsize": 9.6 * k, "font.size": 9.6 * k, "figure.titlesize": 10.5 * k,
+               "font.family": "DejaVu Sans"})
     return rc
 
 
@@ -156,10 +185,11 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
         figsize = tuple(size)
         if len(figsize) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in figsize):
             raise ValueError(f"figure {name!r}: size must be (width, height) in inches, got {size!r}")
-    with plt.rc_context(_rc()):
+    with plt.rc_context(_rc(figsize[0])):
         fig, axes = plt.subplots(nrows, ncols, figsize=figsize, **subplots_kw)
         try:
             yield fig, axes
+            _text_floor(fig, MIN_TEXT_PX / displayed_px(1.0, figsize[0]))
             fig.tight_layout()
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
@@ -169,7 +199,15 @@ def figure(name: str, *, chapter: int, number: int, caption: str, paper: str | N
     write_atomic(path, png)
     from IPython.display import Image, Markdown
 
-    _show(Image(data=png, format="png"), Markdown(text))
+    _show(Image(data=png, format="png", metadata={"alt": alt_text(text)}), Markdown(text))
+
+
+def alt_text(caption: str) -> str:
+    """A figure's alt text: its caption (``**Figure 5.1** (paper: Fig. 3). What it shows.``) as
+    plain text, ``Figure 5.1 (paper: Fig. 3). What it shows.``: markup removed, on one line."""
+    plain = re.sub(r"\{[a-z]+\}`([^`]*)`", r"\1", caption)  # MyST roles: {ref}`text` -> text
+    plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", plain)  # links keep their text
+    return " ".join(re.sub(r"[*`$]", "", plain).split())
 
 
 def pad_y(ax: Any, frac: float = 0.08) -> None:

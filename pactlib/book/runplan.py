@@ -24,7 +24,7 @@ import yaml
 from pactlib.book import params as pparams
 from pactlib.book import chapters as nbchapters
 
-__all__ = ["ZOO_FAMILIES", "NEEDS", "family_needs", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
+__all__ = ["ZOO_FAMILIES", "NEEDS", "relay_progress", "SHOW_TAG", "family_needs", "MAX_THREADS", "THREADS", "ChapterValues", "chapter_values", "book_needs",
            "check_threads", "threads_option",
            "set_thread_problems", "parameters_cell", "parse_cli", "define_testbeds", "named_testbeds",
            "decorate_variant", "RunError", "Job", "COMPUTE_TAG", "BENCH_TAG", "is_compute", "notebook_hash",
@@ -389,9 +389,11 @@ class ZooJob:
         log.parent.mkdir(parents=True, exist_ok=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        with log.open("w", encoding="utf-8") as fh:
-            rc = subprocess.run(self.command(), stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, **kernel_env(self.threads)}).returncode
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **kernel_env(self.threads)})
+            relay_progress(proc.stdout, fh, self.id)
+            rc = proc.wait()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if rc:
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
@@ -399,6 +401,34 @@ class ZooJob:
                            + "\n".join(tail))
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         return {"wall_minutes": round((time.perf_counter() - t0) / 60, 2), "cpu_minutes": round(cpu / 60, 2)}
+
+
+def relay_progress(stream: Any, log: Any, tag: str, *, every: float = 30.0, out: Any = None) -> None:
+    """Copy a build's output ``stream`` (bytes) into ``log`` as it comes, and print its latest
+    line (a tqdm bar ends its updates with a carriage return) to ``out`` (default: stdout) as
+    ``[tag] <line>`` at most once every ``every`` seconds, and its last line at the end: the
+    terminal shows a zoo build's progress and time left while the log keeps everything."""
+    import time
+
+    out = out or sys.stdout
+    latest, pending, last = b"", b"", time.monotonic()
+
+    def show(line: bytes) -> None:
+        print(f"[{tag}] {line.decode('utf-8', errors='replace').strip()}", file=out, flush=True)
+
+    while chunk := stream.read1(1 << 16):
+        log.write(chunk)
+        log.flush()
+        *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+        if shown := [ln for ln in lines if ln.strip()]:
+            latest = shown[-1]
+        if latest and time.monotonic() - last >= every:
+            show(latest)
+            latest, last = b"", time.monotonic()
+    if pending.strip():
+        latest = pending
+    if latest:
+        show(latest)
 
 
 def zoo_jobs(jobs: Sequence[Job], threads: int) -> list[ZooJob]:
@@ -634,15 +664,31 @@ def present_copy(nb: Any, *, missing: bool, changed: dict[str, Any], store: str,
     return nb
 
 
+#: A code cell with this tag keeps its code open on the page (every other one but the parameters
+#: cell is folded: the page shows what the code drew, the reader opens the code on demand).
+SHOW_TAG = "show-input"
+_OPEN = frozenset({"parameters", SHOW_TAG, "hide-input", "remove-input", "remove-cell", "injected-parameters"})
+
+
 def restore_skipped(nb: Any) -> None:
     """After execution (in place): the skipped cells are code again, without output and folded;
-    papermill's injected-parameters cell is removed from the page."""
+    papermill's injected-parameters cell is removed from the page; every other code cell but the
+    parameters cell and those tagged :data:`SHOW_TAG` is folded (``hide-input``: its figures, tables
+    and verdicts stay open); a cell that drew a figure gets the figure's alt text
+    (:func:`pactlib.book.plotting.figure` puts it in the PNG output's metadata) as its image option."""
     for cell in nb.cells:
         if cell.metadata.pop("pact_skipped", False):
             cell.cell_type, cell.outputs, cell.execution_count = "code", [], None
             cell.metadata["tags"] = [*_tags(cell), "hide-input"]
         elif "injected-parameters" in _tags(cell):
             cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
+        elif cell.cell_type == "code":
+            if not _OPEN & set(_tags(cell)):
+                cell.metadata["tags"] = [*_tags(cell), "hide-input"]
+            alts = [o.get("metadata", {}).get("image/png", {}).get("alt") for o in cell.get("outputs", [])
+                    if "image/png" in o.get("data", {})]
+            if alts := [a for a in alts if a]:  # myst-nb reads an image's alt from its cell only
+                cell.metadata.setdefault("mystnb", {}).setdefault("image", {})["alt"] = " / ".join(alts)
 
 
 def plan_jobs(paths: list[Path], params_file: Path, cli: dict[str, Any], *, every: bool) -> list[Job]:
