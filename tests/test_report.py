@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from pactlib.book import records, report
+import outcome_records as oc
 
 
 def _rec(method, suite, seed, acc, norm):
@@ -194,32 +195,43 @@ def _ablate(drops, strength=1.0):
             for (t, c), ds in drops.items() for i, d in enumerate(ds)]
 
 
-def test_c4_closeness_counts_like_the_verdict_and_compares_with_the_energy_control():
-    from pactlib.book.experiments import subspace
+def _ablate_outcomes(lost, strength=1.0, finetuned=True):
+    """lost: {(task, condition): [θt's right test examples lost, per draw]} -> ablate records with
+    per-example outcomes on 3 seeds, and θt's "finetuned" records (tests/outcome_records.py)."""
+    recs = []
+    for seed in (0, 1, 2):
+        if finetuned:
+            recs += [records.make_record("finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                         outcomes=oc.outcomes(t)) for t in dict.fromkeys(t for t, _ in lost)]
+        recs += [records.make_record("ablate", params={}, seed=seed, task=t, condition=c, draw=i, strength=strength,
+                                     metrics={"drop": k / oc.N}, outcomes=oc.outcomes(t, k))
+                 for (t, c), ks in lost.items() for i, k in enumerate(ks)]
+    return recs
 
-    strong = {("a", "lbw"): [0.5], ("a", "random"): [0.01, 0.05], ("a", "complement"): [0.0, 0.02],
-              ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
-              ("b", "complement"): [0.1], ("b", "energy"): [0.4]}
-    weak = {("a", "lbw"): [0.01], ("a", "random"): [0.0], ("a", "complement"): [0.02], ("a", "energy"): [0.0],
-            ("b", "lbw"): [0.01], ("b", "random"): [0.0], ("b", "complement"): [0.0], ("b", "energy"): [0.0]}
-    frame = records.records_frame(_ablate(strong) + _ablate(weak, strength=0.25))
+
+def test_c4_closeness_grades_the_energy_control_on_its_interval():
+    strong = {("a", "lbw"): [200], ("a", "random"): [4, 20], ("a", "complement"): [0, 8], ("a", "energy"): [180, 200],
+              ("b", "lbw"): [120], ("b", "random"): [40, 80], ("b", "complement"): [40, 40],
+              ("b", "energy"): [160, 160]}
+    weak = {("a", "lbw"): [40], ("a", "random"): [0], ("a", "complement"): [8], ("a", "energy"): [0],
+            ("b", "lbw"): [40], ("b", "random"): [0], ("b", "complement"): [0], ("b", "energy"): [0]}
+    frame = records.records_frame(_ablate_outcomes(strong) + _ablate_outcomes(weak, 0.25, finetuned=False))
     c = report.c4_closeness(frame, margin=0.02)
-    assert subspace.c4_verdict(frame, margin=0.02)["status"] == "partly reproduced"
-    assert (c["n_ok"], c["n"]) == (2, 4)  # both tasks pass at γ = 1, neither at γ = 0.25
-    assert c["strengths"][1.0] == {"ok": 2, "n": 2, "lbw": pytest.approx(40.0), "energy": pytest.approx(43.75),
-                                   "beats_energy": 0}  # a: 0.5 vs 0.5 + 0.02; b: 0.3 vs 0.4
-    assert "2 of 4 (γ, seed, task) cases (0/2 at γ = 0.25, 2/2 at γ = 1): exactly half" in c["text"]
-    assert "one case fewer would give \"not reproduced\"" in c["text"]
-    assert "40.0 vs 43.8 points at γ = 1" in c["text"] and "in 0/2 and 0/2 (seed, task) pairs" in c["text"]
-    assert c["text"].endswith("At γ = 1 the LBW hurts less than the energy-matched control.")
-    above = report.c4_closeness(records.records_frame(_ablate(strong) + _ablate(strong, strength=0.25)
-                                                      + _ablate(weak, strength=0.5)))
-    assert "4 of 6" in above["text"] and "1 case above the half that \"partly reproduced\" needs, 2 short of all" \
-        in above["text"]
+    assert c["graded"] == 1.0 and sorted(c["strengths"]) == [0.25, 1.0]
+    one = c["strengths"][1.0]  # LBW: (50 + 30)/2 = 40 points; energy: (47.5 + 40)/2 = 43.75
+    assert one["lbw"] == pytest.approx(40.0) and one["energy"] == pytest.approx(43.75)
+    assert one["excess"].estimate == pytest.approx(-3.75) and one["excess"].hi < 2
+    assert c["strengths"][0.25]["excess"].estimate == pytest.approx(10.0)
+    assert "at γ = 0.25, drop(V_LBW) − drop(energy-matched) is +10.0 [" in c["text"]
+    assert "points, more than the margin above it" in c["text"]
+    assert "at γ = 1 (graded), drop(V_LBW) − drop(energy-matched) is −3.8 [" in c["text"]
+    assert c["text"].endswith("below the margin: the LBW hurts no more than removing as much energy at random.")
     no_energy = {k: v for k, v in strong.items() if k[1] != "energy"}
-    c = report.c4_closeness(records.records_frame(_ablate(no_energy)))
-    assert c["strengths"][1.0]["energy"] is None and "energy-matched" not in c["text"]
-    assert "every case, as \"reproduced\" needs" in c["text"]
+    c = report.c4_closeness(records.records_frame(_ablate_outcomes(no_energy)))
+    assert c["strengths"][1.0]["energy"] is None and c["strengths"][1.0]["excess"] is None
+    assert c["text"].startswith("**Against the energy-matched control.** Not run")
+    bare = report.c4_closeness(records.records_frame(_ablate(strong)))
+    assert bare["strengths"] == {} and "records without per-example outcomes: recompute" in bare["text"]
 
 
 def _depth(gains, base=0.80):

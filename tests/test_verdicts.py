@@ -11,6 +11,7 @@ from pactlib.book.records import make_record, records_frame
 
 
 from pactlib.book.intervals import Interval, point
+import outcome_records as oc
 
 
 def _c(lo, hi, threshold=0.0, side=">"):
@@ -141,23 +142,37 @@ def test_c10_statuses(diff, speedup, status):
     assert efficiency.c10_verdict(check, speedup=speedup, bench=None)["status"] == status
 
 
-def _first_order(rows):
-    return records_frame([make_record("first-order", params={}, seed=0, task=t,
-                                      metrics=dict(predicted=p, bound=b, measured=m, acc_change=a, loss=1.0,
-                                                   removed_energy=0.1, acc_ft=0.9, acc_filtered=0.9 + a))
-                          for t, p, b, m, a in rows])
+def _first_order(rows, lost):
+    """First-order records on 3 seeds and θt's, with per-example outcomes: θ0 + Δ̃t gets ``lost``
+    of θt's right test examples wrong on every task (tests/outcome_records.py)."""
+    recs = []
+    for seed in (0, 1, 2):
+        for t, p, b, m in rows:
+            recs += [make_record("first-order", params={}, seed=seed, task=t, outcomes=oc.outcomes(t, lost),
+                                 metrics=dict(predicted=p, bound=b, measured=m, acc_change=oc.acc(lost) - oc.acc(),
+                                              loss=1.0, removed_energy=0.1, acc_ft=oc.acc(), acc_filtered=oc.acc(lost))),
+                     make_record("finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                 outcomes=oc.outcomes(t))]
+    return records_frame(recs)
 
 
-@pytest.mark.parametrize("rows, status", [
-    ([("a", 0.01, 0.05, 0.012, 0.0), ("b", 0.02, 0.03, 0.018, -0.005)], "reproduced"),
-    ([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.05, -0.005)], "not reproduced"),  # small only: 1/3
-    ([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.02, -0.005)], "partly reproduced"),  # within + small
-    ([("a", 0.01, 0.05, 0.012, -0.2), ("b", 0.02, 0.03, 0.018, -0.1)], "partly reproduced"),
-    ([("a", 0.1, 0.05, 0.1, 0.0), ("b", 0.02, 0.03, 0.018, 0.0)], "not reproduced"),
-    ([("a", 0.01, 0.05, -0.03, -0.2), ("b", 0.02, 0.03, 0.05, -0.1)], "not reproduced"),
+GOOD = [("a", 0.01, 0.05, 0.012), ("b", 0.02, 0.03, 0.018)]
+WRONG_SIGN = [("a", 0.01, 0.05, -0.012), ("b", 0.02, 0.03, 0.018)]
+
+
+@pytest.mark.parametrize("rows, lost, grade, status", [
+    (GOOD, 0, "holds", "reproduced"),            # no accuracy change: [0, 0] above −1 point
+    (GOOD, 1, "holds", "reproduced"),            # −0.25 points, the interval wholly above −1
+    (GOOD, 40, "fails", "contradicted"),         # −10 points, wholly below
+    (GOOD, 5, "inconclusive", "partly reproduced"),  # −1.25 points, the interval across −1
+    (WRONG_SIGN, 0, "holds", "contradicted"),    # a wrong sign fails its condition whatever the accuracy
 ])
-def test_c12_statuses(rows, status):
-    assert theory.c12_verdict(_first_order(rows))["status"] == status
+def test_c12_statuses(rows, lost, grade, status):
+    v = theory.c12_verdict(_first_order(rows, lost))
+    acc = v["conditions"][-1]
+    assert acc["name"] == "accuracy change of a task under its own filter" and acc["grade"] == grade
+    assert acc["estimate"] == pytest.approx(-100 * lost / oc.N) and acc["n_examples"] == oc.N
+    assert v["status"] == status
 
 
 def _main(gain_by_suite):

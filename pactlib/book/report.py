@@ -550,69 +550,50 @@ def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
         for half, v in verdicts.items()}
 
 
-def _cases(n: int) -> str:
-    return f"{n} case" + ("" if n == 1 else "s")
-
-
-def _closeness(n_ok: int, n: int) -> str:
-    """Where a count sits on the ladder (:func:`~pactlib.book.verdicts.ladder`) in words."""
-    half = -(-n // 2)  # the least count that gives PARTLY
-    if n_ok == n:
-        return f"every case, as \"{REPRODUCED}\" needs"
-    if n_ok == half:
-        return f"exactly half, the least that gives \"{PARTLY}\"; one case fewer would give \"{NOT_REPRODUCED}\""
-    if n_ok > half:
-        return f"{_cases(n_ok - half)} above the half that \"{PARTLY}\" needs, {n - n_ok} short of all"
-    return f"{_cases(half - n_ok)} short of the half that \"{PARTLY}\" needs"
-
-
 def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
-    """How close chapter 4's C4 status is to its threshold, recomputed from the ``ablate`` records
-    with the rule of ``experiments.subspace.c4_verdict`` (same ``margin`` and ``controls``).
-
-    A (strength γ, seed, task) case passes when the LBW's drop beats every draw of each control
-    in ``controls`` by more than ``margin`` (accuracy; 0.02 = 2 points). The energy-matched
-    control (``energy``) is not part of the status; it is compared here the same way.
+    """What chapter 4's C4 verdict rests on, beyond its graded conditions
+    (``experiments.subspace.c4_verdict``, same ``margin`` and ``controls``): the energy-matched
+    control (``energy``), which removes as much weight energy as V_t,LBW and is not graded, as a
+    paired contrast per ablation strength γ.
 
     Returns:
-        ``n_ok`` and ``n`` (cases passed, cases), ``text`` (one sentence in Markdown: the pooled
-        count against half, then, per γ, the LBW's mean drop against the energy-matched
-        control's and the cases where it beats every draw of it) and ``strengths``: per γ a
-        dict with ``ok``, ``n``, ``lbw`` and ``energy`` (mean drops, points; ``energy`` None when
-        that control was not run) and ``beats_energy`` (cases; None when not run).
+        ``strengths``: per γ a dict with ``lbw`` and ``energy`` (mean drops from θt, points;
+        ``energy`` None when that control was not run) and ``excess`` (the
+        :class:`~pactlib.book.intervals.Interval` of drop(V_LBW) − drop(energy-matched), None
+        when not run); ``text``: one Markdown paragraph, chosen by where each interval lies
+        against ``margin`` (the words hold whatever the numbers), or the note that the records
+        carry no per-example outcomes; ``graded``: the γ C4 is graded at.
     """
+    from pactlib.book.experiments import subspace
+    from pactlib.book.experiments.paired import NO_OUTCOMES, MissingOutcomes
+
     f = _frame(frame)
-    f = f[f["method"] == "ablate"].copy()
-    if "strength" not in f:
-        f["strength"] = 1.0
-    g = f.groupby(["strength", "seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
-    lbw = g[("mean", "lbw")]
-    ok = pd.Series(True, index=g.index)
-    for c in controls:
-        ok &= lbw > g[("max", c)] + margin
-    has_energy = ("max", "energy") in g.columns
-    beats = lbw > g[("max", "energy")] + margin if has_energy else None
-    per = {}
-    for gamma in sorted(set(f["strength"])):
-        k = ok.xs(gamma, level="strength")
-        sel = g.xs(gamma, level="strength")
-        per[float(gamma)] = {"ok": int(k.sum()), "n": len(k), "lbw": float(100 * sel[("mean", "lbw")].mean()),
-                             "energy": float(100 * sel[("mean", "energy")].mean()) if has_energy else None,
-                             "beats_energy": int(beats.xs(gamma, level="strength").sum()) if has_energy else None}
-    n_ok, n = int(ok.sum()), len(ok)
-    counts = ", ".join(f"{p['ok']}/{p['n']} at γ = {gamma:g}" for gamma, p in per.items())
-    text = (f"**How close to the threshold.** The LBW passes in {n_ok} of {n} (γ, seed, task) cases ({counts}): "
-            f"{_closeness(n_ok, n)}.")
-    if has_energy:
-        drops = " and ".join(f"{p['lbw']:.1f} vs {p['energy']:.1f} points at γ = {gamma:g}" for gamma, p in per.items())
-        wins = " and ".join(f"{p['beats_energy']}/{p['n']}" for p in per.values())
-        less = [f"{gamma:g}" for gamma, p in per.items() if p["lbw"] < p["energy"]]
-        text += (" The energy-matched control does not count toward the status. Against it, the LBW's mean drop is "
-                 f"{drops}; the LBW beats every draw of that control by more than {100 * margin:g} points in "
-                 f"{wins} (seed, task) pairs.")
-        if less:
-            text += f" At γ = {' and '.join(less)} the LBW hurts less than the energy-matched control."
-    return {"n_ok": n_ok, "n": n, "strengths": per, "text": text}
+    try:
+        c = subspace.contrasts(f)
+    except MissingOutcomes:
+        return {"strengths": {}, "graded": None,
+                "text": f"**Against the energy-matched control.** Not compared: {NO_OUTCOMES}."}
+    gamma0 = subspace.graded_strength(f)
+    per, parts = {}, []
+    for gamma, g in c.groupby("strength", sort=True):
+        g = g.set_index("condition")
+        has = "energy" in g.index
+        x = g.loc["energy", "excess_iv"] if has else None
+        per[float(gamma)] = {"lbw": float(g.loc["lbw", "drop"]), "energy": float(g.loc["energy", "drop"]) if has else None,
+                             "excess": x}
+        if x is not None:
+            where = ("more than the margin above it" if x.lo > 100 * margin else
+                     "below the margin: the LBW hurts no more than removing as much energy at random"
+                     if x.hi <= 100 * margin else "across the margin: undecided")
+            parts.append(f"at γ = {gamma:g}{' (graded)' if np.isclose(gamma, gamma0) else ''}, drop(V_LBW) − "
+                         f"drop(energy-matched) is {x.text(1)} points, {where}")
+    if not parts:
+        text = ("**Against the energy-matched control.** Not run: the verdict compares the LBW with controls of "
+                "the same dimension only.")
+    else:
+        text = ("**Against the energy-matched control.** It removes as much of the weights' energy as V_t,LBW and "
+                f"does not count toward the status (margin {100 * margin:g} points): " + "; ".join(parts) + ".")
+    return {"strengths": per, "graded": gamma0, "text": text}
 
 
 def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric: str = "norm_acc") -> dict:
