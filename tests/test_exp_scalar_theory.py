@@ -600,7 +600,7 @@ def test_c12_verdict():
     assert [c["grade"] for c in off["conditions"]] == ["fails", "fails", "fails", "holds"]
     assert off["conditions"][1]["estimate"] == 1
     broken = theory.c12_verdict(_fo([("a", 0.1, 0.05, 0.1, 0), ("b", 0.02, 0.03, 0.018, 0)]))  # |predicted| > bound
-    assert broken["status"] == "contradicted" and [c["name"] for c in broken["conditions"]] == ["largest |predicted| / bound"]
+    assert broken["status"] == "contradicted" and [c["name"] for c in broken["conditions"]] == ["largest ratio of the prediction's size to the bound"]
     assert broken["conditions"][0]["estimate"] == pytest.approx(2.0) and "the arithmetic is wrong" in broken["evidence"]
     bare = theory.c12_verdict(_fo([("a", 0.01, 0.05, 0.012, 0)], outcomes=False))
     assert bare["status"] == "not yet tested" and "records without per-example outcomes: recompute" in bare["evidence"]

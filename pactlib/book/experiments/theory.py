@@ -272,8 +272,8 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     pre = f"|predicted| ≤ bound (the precondition, Cauchy–Schwarz) in {n_bound}/{n} (task, seed) cases"
     if n_bound < n:
         worst = float((pred.abs() / bound.where(bound > 0)).max())
-        return graded([condition("largest |predicted| / bound", intervals.point(worst), threshold=1.0 + 1e-6,
-                                 side="<", unit="")], pre + ": the arithmetic is wrong")
+        return graded([condition("largest ratio of the prediction's size to the bound", intervals.point(worst),
+                                 threshold=1.0 + 1e-6, side="<", unit="")], pre + ": the arithmetic is wrong")
     try:
         tasks = list(dict.fromkeys(f["task"]))
         fin = frame[(frame["method"] == "finetuned") & frame["task"].isin(tasks)]
@@ -284,8 +284,8 @@ def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dic
     g = f.assign(within=meas.abs() / bound.where(bound > 0),
                  rel=(meas - pred).abs() / meas.abs().where(meas.abs() > 0)).groupby("seed", sort=True)
     n_wrong = int((np.sign(pred.to_numpy()) != np.sign(meas.to_numpy())).sum())
-    conds = [condition("worst |measured| / bound over the tasks", intervals.over_seeds(list(g["within"].max().dropna())),
-                       threshold=1.0, side="<", unit=""),
+    conds = [condition("worst ratio of the measured change's size to the bound",
+                       intervals.over_seeds(list(g["within"].max().dropna())), threshold=1.0, side="<", unit=""),
              condition("(task, seed) cases where the first-order term has the wrong sign", intervals.point(n_wrong),
                        threshold=0.5, side="<", unit="cases", digits=0),
              condition("median relative error of the first-order term",
