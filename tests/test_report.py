@@ -169,16 +169,6 @@ def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
                              params={})
 
 
-def test_depth_evidence_says_an_undefined_share_in_words():
-    v = {"whole": {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs nan at T=14. Gains: all -0.02."},
-         "early": {"status": "partly reproduced", "evidence": "share = 0.16; early is the best group"}}
-    out = report.depth_evidence(v)
-    assert out["whole"] == {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs undefined at T=14 "
-                            "(filtering every layer gives no gain there). Gains: all -0.02."}
-    assert out["early"] == v["early"]
-    assert "nan at T=14" in v["whole"]["evidence"]  # the input is not modified
-
-
 def test_recipe_view_writes_no_cap_as_all():
     frame = pd.DataFrame({"full": ["None", "—", "80", None], "profile": ["None", "None", "80", "None"]},
                          index=pd.Index(["train_limit", "head_shots", "steps", "eval_limit"], name="field"))
@@ -234,36 +224,24 @@ def test_c4_closeness_grades_the_energy_control_on_its_interval():
     assert bare["strengths"] == {} and "records without per-example outcomes: recompute" in bare["text"]
 
 
-def _depth(gains, base=0.80):
-    """Chapter 7's group records on suite 8, two seeds; ``gains`` in points per group."""
-    recs = []
-    for seed in (0, 1):
-        recs.append(records.make_record("m", params={}, seed=seed, suite="8", group="none", metrics={"norm_acc": base}))
-        recs += [records.make_record("m", params={}, seed=seed, suite="8", group=g, metrics={"norm_acc": base + v / 100})
-                 for g, v in gains.items()]
-    return records.records_frame(recs)
+def test_c9a_closeness_says_how_far_each_interval_lies_from_its_threshold():
+    from pactlib.book import verdicts
+    from pactlib.book.intervals import Interval
 
+    def cond(name, lo, hi, side=">"):
+        return verdicts.condition(name, Interval((lo + hi) / 2, lo, hi, (hi - lo) / 3.92,
+                                                 se_examples=(hi - lo) / 3.92, n_examples=150), side=side)
 
-def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
-    from pactlib.book.experiments import depth
-
-    f = _depth(dict(early=0.22, middle=-1.15, late=-2.25, all=1.42))
-    assert depth.c9_verdicts(f, suites=["8"])["early"]["status"] == "partly reproduced"
-    c = report.c9a_closeness(f, suite="8", noise=1.25)
-    assert c["rival"] == "middle" and c["best_margin"] == pytest.approx(1.37)
-    assert c["share_margin"] == pytest.approx(0.22 - 0.71)
-    assert "early +0.22 − 0.5 × all (+1.42) = −0.49, fails" in c["text"]  # Unicode minus, not a hyphen
-    assert "early +0.22 − middle (−1.15) = +1.37, holds" in c["text"] and "-" not in c["text"]
-    assert "the first margin is within it, the second 1.1 times it" in c["text"]
-    assert "own gain (+0.22) is within it" in c["text"] and c["text"].endswith("not clear of noise.")
-    clear = report.c9a_closeness(_depth(dict(early=3.0, middle=0.5, late=-1.0, all=4.0)), suite="8", noise=0.5)
-    assert "the first margin is 2.0 times it, the second 5.0 times it" in clear["text"]
-    assert "noise" not in clear["text"]
-    none = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=-0.3)), suite="8", noise=1.0)
-    assert none["share_margin"] is None and "no gain, so it cannot hold" in none["text"]
-    assert "the first margin is undefined" in none["text"]
-    both = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=0.8)), suite="8", noise=1.0)
-    assert "both margins are within it, and" in both["text"] and "the second" not in both["text"]
+    v = verdicts.graded([cond("gain", 0.4, 2.0), cond("early − late", -0.5, 1.5), cond("share", -1.2, -0.3),
+                         cond("less", -2.0, -0.25, side="<")], "x")
+    c = report.c9a_closeness(v)
+    assert [m["margin"] for m in c["margins"]] == pytest.approx([0.4, 0.0, 0.3, 0.25])
+    assert [m["grade"] for m in c["margins"]] == ["holds", "inconclusive", "fails", "holds"]
+    assert c["text"].startswith("**How close to flipping.** \"gain\" holds, its interval 0.40 points above 0; "
+                                "\"early − late\" spans 0 (needs ≈ 4.0× the data")
+    assert "\"share\" fails, its interval 0.30 points below 0; \"less\" holds, its interval 0.25 points below 0." \
+        in c["text"]
+    assert report.c9a_closeness(verdicts.not_tested("one suite")) == {"margins": [], "text": ""}
 
 
 def _searched(method, seed, alpha, *, widened=(), grid=(0.1, 0.5, 3.0)):

@@ -15,7 +15,8 @@ import pandas as pd
 from pactlib import merges
 from pactlib.book.plotting import legend_outside
 from pactlib.book.site import and_join, signed
-from pactlib.book.verdicts import NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested, verdict
+from pactlib.book.verdicts import (FAILS, INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested,
+                                   verdict)
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -536,20 +537,6 @@ def recipe_view(frame: pd.DataFrame, fields: Sequence[str] = UNCAPPED_FIELDS) ->
     return out
 
 
-_UNDEFINED_SHARE = re.compile(r"\bnan at T=(\w+)")
-
-
-def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
-    """Chapter 7's C9 verdicts (``depth.c9_verdicts``) with their evidence in words: an early-only
-    share of the full gain that is undefined (filtering every layer gives no gain, so there is
-    nothing to share) is written "nan at T=…" by ``c9_verdicts``; here it reads "undefined at T=…
-    (filtering every layer gives no gain there)". Status and the other words are unchanged;
-    returns new dicts, the input is not modified."""
-    return {half: {**v, "evidence": _UNDEFINED_SHARE.sub(
-        r"undefined at T=\1 (filtering every layer gives no gain there)", v["evidence"])}
-        for half, v in verdicts.items()}
-
-
 def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
     """What chapter 4's C4 verdict rests on, beyond its graded conditions
     (``experiments.subspace.c4_verdict``, same ``margin`` and ``controls``): the energy-matched
@@ -596,58 +583,47 @@ def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("ran
     return {"strengths": per, "graded": gamma0, "text": text}
 
 
-def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric: str = "norm_acc") -> dict:
-    """How close chapter 7's C9a status is to flipping: the margins of its two conditions
-    (``experiments.depth.c9_verdicts``, first suite) in points, against a sampling error.
-
-    The conditions: the early group keeps at least ``most`` of the all-layer gain (margin: early
-    − ``most`` × all; it cannot hold when filtering every layer gives no gain), and no other
-    single group gains more (margin: early − the best of middle and late). Gains are test
-    ``metric`` of the group's merge minus the unfiltered merge, means over seeds
-    (``depth.group_gains``).
-
-    Args:
-        frame: chapter 7's records (or a frame of them).
-        suite: the first suite, the one C9a is judged on.
-        noise: the sampling error (points) to compare with, e.g. the one chapter 7 prints for
-            one merge's mean test accuracy on ``suite``.
+def c9a_closeness(v: dict) -> dict:
+    """How close a graded verdict (chapter 7's C9a, from ``experiments.depth.c9_verdicts``) is to
+    flipping: for each condition, how far its 95 % interval lies from the threshold.
 
     Returns:
-        ``gains`` ({group: mean gain}), ``share_margin`` (None when the all-layer gain is not
-        positive), ``best_margin``, ``rival`` (the best of middle and late) and ``text`` (one
-        Markdown sentence giving both margins and each against ``noise``).
+        ``margins``: per condition ``{"name", "grade", "margin"}``, ``margin`` the gap in the
+        condition's unit between the threshold and the interval's nearer end (positive: the
+        interval clears it on the side the grade says; 0 for an inconclusive one); and ``text``,
+        one Markdown sentence: the decided conditions with their gaps, the inconclusive ones with
+        what would decide them. Empty text for a verdict without conditions.
     """
-    from pactlib.book.experiments.depth import group_gains
+    from pactlib.book.intervals import fmt
 
-    g = group_gains(_frame(frame), metric)
-    g = g[g["suite"] == suite]
-    m = {grp: float(g[g["group"] == grp]["gain"].mean()) for grp in ("early", "middle", "late", "all")}
-    rival = max(("middle", "late"), key=lambda x: m[x])
-    best = m["early"] - m[rival]
-    share = m["early"] - most * m["all"] if m["all"] > 0 else None
+    margins, parts = [], []
+    for c in v.get("conditions") or []:
+        thr, lo, hi = c["threshold"], c["lo"], c["hi"]
+        below = (c["side"] == ">") == (c["grade"] == FAILS)  # the interval lies below the threshold
+        gap = 0.0 if c["grade"] == INCONCLUSIVE else (thr - hi if below else lo - thr)
+        margins.append({"name": c["name"], "grade": c["grade"], "margin": float(gap)})
+        unit = f" {c['unit']}" if c.get("unit") else ""
+        if c["grade"] == INCONCLUSIVE:
+            parts.append(f"\"{c['name']}\" spans {c['threshold']:g} ({c.get('needs') or 'undecided'})")
+        else:
+            side = "below" if below else "above"
+            parts.append(f"\"{c['name']}\" {c['grade']}, its interval {fmt(gap).lstrip('+')}{unit} {side} "
+                         f"{c['threshold']:g}")
+    text = ("**How close to flipping.** " + "; ".join(parts) + ". A gap near 0 means a little more noise, or a "
+            "little more data, could change the grade.") if parts else ""
+    return {"margins": margins, "text": text}
 
-    def against(x: float) -> str:
-        r = abs(x) / noise
-        return "within it" if r < 1 else f"{r:.1f} times it"
 
-    def holds(x: float) -> str:
-        return "holds" if x >= 0 else "fails"
+def contrast_table(pairs: dict, *, digits: int = 2) -> pd.DataFrame:
+    """One row per contrast ``{label: Interval}``: the estimate with its 95 % interval (points, as
+    text), the half-width, the seeds and the test examples per task behind it."""
+    from pactlib.book.intervals import fmt
 
-    first = (f"early {signed(m['early'])} − {most:g} × all ({signed(m['all'])}) = {signed(share)}, {holds(share)}"
-             if share is not None else "filtering every layer gives no gain, so it cannot hold")
-    second = f"early {signed(m['early'])} − {rival} ({signed(m[rival])}) = {signed(best)}, {holds(best)}"
-    near = [x for x in (share, best) if x is not None and abs(x) < noise]
-    if share is None:
-        margins = f"the first margin is undefined, the second {against(best)}"
-    elif against(share) == against(best) == "within it":
-        margins = "both margins are within it"
-    else:
-        margins = f"the first margin is {against(share)}, the second {against(best)}"
-    text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
-            f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
-            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({signed(m['early'])}) is "
-            f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
-    return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
+    rows = [{"contrast": label, "effect [95 % interval]": iv.text(digits),
+             "±": fmt(iv.half_width, digits).lstrip("+"), "seeds": iv.n_seeds,
+             "test examples per task": iv.n_examples} for label, iv in pairs.items()]
+    return pd.DataFrame(rows, columns=["contrast", "effect [95 % interval]", "±", "seeds",
+                                       "test examples per task"]).set_index("contrast")
 
 
 def _seeds(seeds) -> str:
