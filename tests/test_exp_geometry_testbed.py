@@ -52,6 +52,21 @@ def test_toy_layer_matches_the_closed_form_without_noise():
     assert recs[0]["metrics"]["intrusion_before"] == pytest.approx(recs[1]["metrics"]["removed_pact"], abs=1e-12)
 
 
+def test_toy_verdict_grades_the_identities_as_points_below_the_tolerance():
+    toy = geometry.toy_layer(seed=0)
+    frame = records.records_frame(geometry.toy_records(toy, params={}, seed=0))
+    v = geometry.toy_verdict(frame)
+    assert v["status"] == "reproduced" and [c["grade"] for c in v["conditions"]] == ["holds"] * 3
+    assert all(c["lo"] == c["hi"] == c["estimate"] and c["threshold"] == 1e-12 and c["side"] == "<"
+               for c in v["conditions"])
+    assert v["evidence"].startswith("Identities of P3–P5 on the toy layer, each below 1e-12 (3 holds): ")
+    broken = frame.copy()
+    broken.loc[broken.index[0], "metrics.engine_gap"] = 1e-6  # the engine departs from the step-by-step filter
+    v = geometry.toy_verdict(broken)
+    assert v["status"] == "contradicted" and [c["grade"] for c in v["conditions"]] == ["holds", "holds", "fails"]
+    assert "largest difference 1.0e-06" in v["evidence"]
+
+
 def test_toy_layer_with_noise_still_protects_the_other_lbw_and_leaves_the_rng_alone():
     state = torch.random.get_rng_state()
     toy = geometry.toy_layer(angles_deg=(10.0, 70.0, 130.0), noise=0.05, seed=0)

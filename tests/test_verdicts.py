@@ -212,7 +212,7 @@ def test_c10_statuses(up_down, speedups, status, grades):
                                bench=None)
     assert v["status"] == status and [c["grade"] for c in v["conditions"]] == grades
     lo, hi, t = v["conditions"]
-    margin = 100 * (0.25 / 800) ** 0.5  # one seed: the binomial standard error of the mean accuracy
+    margin = round(100 * (0.25 / 800) ** 0.5, 2)  # one seed: the binomial standard error of the mean accuracy
     assert (lo["threshold"], lo["side"], hi["threshold"], hi["side"]) == (pytest.approx(-margin), ">",
                                                                           pytest.approx(margin), "<")
     assert lo["estimate"] == pytest.approx(100 * (up_down[0] - up_down[1]) / 400)

@@ -515,7 +515,7 @@ def c10_verdict(frame: pd.DataFrame, *, exact: str, other: str, speedups: Sequen
     from pactlib.book.verdicts import condition, graded, not_tested
 
     check = accuracy_check(frame, exact=exact, other=other)
-    margin = 100 * check["tol"]
+    margin = round(100 * check["tol"], 2)  # as the evidence writes it: the threshold the reader sees
     speed = over_seeds(list(speedups))
     text = (f"Margin ± {margin:.2f} points = max(seed spread {100 * check['spread']:.2f}, sampling error "
             f"{100 * check['se']:.2f}) over {check['n_seeds']} seed(s). Filter time on the backbone: RSVD "
