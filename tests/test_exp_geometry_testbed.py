@@ -589,6 +589,10 @@ def test_precondition_is_one_paired_condition_per_task(gains, status, grades):
     assert v["status"] == status and [c["grade"] for c in v["conditions"]] == grades
     assert v["conditions"][0]["estimate"] == pytest.approx(10.0) and v["conditions"][0]["name"] == "a: fine-tuned − zero-shot"
     assert "2 tasks on 1 seed; 300 test examples per task" in v["evidence"]
+    claim = "the testbed's precondition (fine-tuning helps every task)"
+    assert testbed.testbed_meaning(claim, v["status"], "Lite0").startswith("On Lite0, ")
+    assert testbed.testbed_meaning(claim, "reproduced", "Lite0") == ("On Lite0, fine-tuning helps every task, beyond "
+                                                                     "the sampling error of its test sets and seeds.")
 
 
 def test_precondition_pairs_each_task_over_the_seeds_that_hold_it():

@@ -504,7 +504,7 @@ def c10_verdict(frame: pd.DataFrame, *, exact: str, other: str, speedups: Sequen
     The synthetic ViT-B/32-shaped benchmark (``bench``) is reported beside them, not graded.
 
     Returns:
-        The verdict dict; "not yet tested" when the accuracy records carry no per-example outcomes.
+        The verdict dict; not yet tested when the accuracy records carry no per-example outcomes.
 
     Raises:
         ValueError: no seed has both methods (:func:`accuracy_check`), or ``speedups`` is empty.

@@ -705,7 +705,7 @@ def precondition_verdict(reference: Sequence[Mapping], *, tasks: Sequence[str], 
         note: words added after the evidence.
 
     Returns:
-        The verdict dict; "not yet tested" when the records carry no per-example outcomes or a task
+        The verdict dict; not yet tested when the records carry no per-example outcomes or a task
         has none.
     """
     from pactlib.book.experiments.graded import NO_OUTCOMES, has_outcomes, restrict
@@ -801,7 +801,7 @@ def problem_verdict(frame: pd.DataFrame, *, T_values: Sequence[int] | None = Non
     step's loss on the shared tasks (:func:`step_contrasts`) > 0 points.
 
     Returns:
-        The verdict dict; "not yet tested" (with the reason) when the records carry no per-example
+        The verdict dict; not yet tested (with the reason) when the records carry no per-example
         outcomes.
     """
     from pactlib.book.experiments.graded import NO_OUTCOMES
@@ -826,14 +826,16 @@ def problem_verdict(frame: pd.DataFrame, *, T_values: Sequence[int] | None = Non
 def testbed_meaning(claim: str, status: str, where: str) -> str:
     """One sentence on what a chapter-2 verdict means, chosen by its status (no numbers): ``claim``
     is the precondition's or the problem's label, ``where`` the testbed's name in words."""
+    from pactlib.book.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, PARTLY, REPRODUCED
+
     pre = "precondition" in claim
     what = ("fine-tuning helps every task" if pre else "merging loses more on the shared tasks as T grows")
     return {
-        "reproduced": f"On {where}, {what}, beyond the sampling error of its test sets and seeds.",
-        "partly reproduced": f"On {where}, {what} where the intervals decide it, and no case is shown to go the "
+        REPRODUCED: f"On {where}, {what}, beyond the sampling error of its test sets and seeds.",
+        PARTLY: f"On {where}, {what} where the intervals decide it, and no case is shown to go the "
                              "other way.",
-        "inconclusive": f"On {where}, the data do not decide whether {what}.",
-        "contradicted": f"On {where}, at least one case is shown to go against \"{what}\"; the merging chapters "
+        INCONCLUSIVE: f"On {where}, the data do not decide whether {what}.",
+        CONTRADICTED: f"On {where}, at least one case is shown to go against \"{what}\"; the merging chapters "
                         f"should be read with it in mind.",
-        "not yet tested": f"On {where}, whether {what} is not graded yet: the verdict says why.",
+        NOT_TESTED: f"On {where}, whether {what} is not graded yet: the verdict says why.",
     }[status]
