@@ -222,16 +222,5 @@ display(Markdown(report.c9a_closeness(v["early"])["text"]))
 plotting.verdict("C9b (many tasks need the whole network)", v["whole"])
 
 # %%
-meaning = {
-    "reproduced": "Every condition of {claim} holds: its intervals lie wholly on the claimed side, so the "
-                  "test examples and seeds run here decide it.",
-    "partly reproduced": "Some conditions of {claim} hold and none fails; the others span their thresholds, and "
-                         "their rows say how much more data would decide them.",
-    "inconclusive": "No condition of {claim} is decided: the differences between the depth conditions lie "
-                    "within the sampling error of these test sets and seeds.",
-    "contradicted": "At least one condition of {claim} fails: its interval lies wholly on the other side of the "
-                    "threshold, which more data at this effect would not change.",
-    "not yet tested": "{claim} is not graded here; the verdict box says why.",
-}
-display(Markdown(" ".join(meaning[v[half]["status"]].format(claim=name)
-                          for half, name in (("early", "C9a"), ("whole", "C9b")))))
+display(Markdown("\n\n".join(f"**{name}.** {report.reading(v[half])}"
+                                for half, name in (("early", "C9a"), ("whole", "C9b")))))

@@ -144,6 +144,59 @@ def test_sensitivity_table_breaks_ties_toward_the_default():
     assert sens.loc["lbw_tol", "val (best)"] == pytest.approx(85.1)
 
 
+def _knob_rec(method, won, *, val, **extra):
+    """A sweep record on tasks a and b: θt's outcomes (``oc``) with ``won`` more examples right per task."""
+    right = oc.correct(won=won)
+    acc = float(right.float().mean())
+    metrics = {"acc": acc, "norm_acc": acc / 0.9, "val_norm_acc": val, "acc:a": acc, "acc:b": acc,
+               "norm_acc:a": acc / 0.9, "norm_acc:b": acc / 0.9}
+    return records.make_record(method, params={}, seed=0, suite="8", metrics=metrics, base="iso_c",
+                               outcomes={"test": {"a": oc.outcomes("a", won=won)["test"]["a"],
+                                                  "b": oc.outcomes("b", won=won)["test"]["b"]}}, **extra)
+
+
+def test_sensitivity_gains_carry_intervals_when_the_records_have_outcomes():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from pactlib.pact import PactOptions
+
+    recs = [_knob_rec("iso_c", 0, val=0.7), _knob_rec("pact-iso_c", 30, val=0.80, knob="lbw_tol", value=0.2),
+            _knob_rec("pact-iso_c", 10, val=0.78, knob="lbw_tol", value=0.5),
+            _knob_rec("pact-iso_c", 10, val=0.77, knob="lbw_tol", value=0.8)]
+    iv = report.sweep_interval(recs, "lbw_tol", 0.2)  # against plain Iso-C: 30 of 400 per task, normalized by 0.9
+    assert iv.estimate == pytest.approx(7.5 / 0.9) and iv.lo > 0
+    assert report.sweep_interval(recs, "lbw_tol", 0.2, against=0.5).estimate == pytest.approx(5.0 / 0.9)
+    with pytest.raises(ValueError, match="no records of knob 'core_frac'"):
+        report.sweep_interval(recs, "core_frac", 0.1)
+    sens = report.sensitivity_table(recs, ["lbw_tol"], defaults=PactOptions())
+    text = report.sweep_interval(recs, "lbw_tol", 0.2, against=0.5).text()
+    assert sens.loc["lbw_tol", "best on validation"] == 0.2 and sens.loc["lbw_tol", report.SENS_GAIN] == text
+    assert report.moved_knobs_text(sens).endswith(f"lbw_tol = 0.2: validation +2.00, test {text} points")
+    fig = plt.figure()
+    report.plot_sensitivity(recs, ["lbw_tol"], defaults=PactOptions(), fig=fig, ax=fig.add_subplot())
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1 and len(bars[0].lines[2][0].get_segments()) == 3  # one per swept value
+    plt.close(fig)
+
+
+def test_reading_follows_the_status_and_names_what_fails():
+    from pactlib.book import intervals, verdicts
+
+    def cond(name, lo, hi):
+        return verdicts.condition(name, intervals.Interval((lo + hi) / 2, lo, hi, (hi - lo) / 4, n_examples=100))
+
+    ok, wide, bad = cond("A − B", 1.0, 2.0), cond("A − C", -1.0, 2.0), cond("A − D", -3.0, -1.0)
+    assert report.reading(verdicts.graded([ok])).startswith("Every one of the 1 comparisons")
+    assert report.reading(verdicts.graded([ok, wide])).startswith("1 of the 2 comparisons hold")
+    assert report.reading(verdicts.graded([wide])).startswith("No comparison is decided")
+    text = report.reading(verdicts.graded([ok, wide, bad]))
+    assert text.startswith("1 of the 3 comparisons lie wholly on the wrong side") and "(A − D)" in text
+    assert "not graded on intervals here: one suite" in report.reading(verdicts.not_tested("one suite"))
+
+
 def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
     import json
     import math

@@ -275,6 +275,38 @@ def main_verdicts_by_sign(frame, *, suites: Sequence[str], c5_methods=("task_ari
     return out
 
 
+def reading(v: dict) -> str:
+    """Two or three sentences on what a graded verdict's numbers mean, chosen by its status and
+    built from its conditions (counts and names, no typed numbers); a verdict without conditions
+    (not yet tested, or graded by sign) says it is not graded on intervals here and why."""
+    from pactlib.book.verdicts import CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, PARTLY, REPRODUCED
+
+    conds = v.get("conditions") or []
+    by = {g: [c["name"] for c in conds if c["grade"] == g] for g in (HOLDS, INCONCLUSIVE, FAILS)}
+    n, status = len(conds), v["status"]
+    if not conds:
+        return ("This claim is not graded on intervals here: " + v["evidence"].rstrip(".") + ". Nothing in this run "
+                "decides it either way; the chapter's tables show what was measured.")
+    if status == REPRODUCED:
+        return (f"Every one of the {n} comparisons lies clear of its threshold: each 95 % interval is wholly on the "
+                "claimed side, so the test sampling error (and, where there are enough seeds, the spread over "
+                "seeds) cannot explain the effect away. The claim holds on this testbed at these test sizes.")
+    if status == CONTRADICTED:
+        named = and_join(by[FAILS][:4]) + (" and others" if len(by[FAILS]) > 4 else "")
+        rest = (f" {len(by[HOLDS])} hold and {len(by[INCONCLUSIVE])} are within the noise."
+                if by[HOLDS] or by[INCONCLUSIVE] else "")
+        return (f"{len(by[FAILS])} of the {n} comparisons lie wholly on the wrong side of their threshold ({named}): "
+                "there the data go against the claim beyond the sampling error." + rest)
+    tail = ("The column \"to decide\" says how much more test data or how many more seeds would settle each "
+            "undecided comparison at the effect observed.")
+    if status == PARTLY:
+        return (f"{len(by[HOLDS])} of the {n} comparisons hold; the intervals of the other {len(by[INCONCLUSIVE])} "
+                "span the threshold, so those effects cannot be told from sampling error at this test size and "
+                "seed count, in either direction. " + tail)
+    return ("No comparison is decided: every interval spans its threshold, so the effects measured here are "
+            "within the sampling error and say neither that the claim holds nor that it fails. " + tail)
+
+
 def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequence[str], ax,
                     metric: str = "norm_acc") -> pd.DataFrame:
     """Bars: mean gain of each filter mode (``"s-pact"``, ``"pact"``) over the plain method, per
@@ -397,15 +429,47 @@ def _sweep_rows(frame, knob: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_interval(frame, knob: str, value, *, against=None, metric: str = "norm_acc") -> "intervals.Interval":
+    """The 95 % interval of a sensitivity sweep's test gain (points of mean test ``metric``): the
+    merges at ``knob`` = ``value`` against the plain base method's merges (``against`` None) or
+    against the same sweep at ``knob`` = ``against`` (e.g. the default), same testbed and seed
+    (:func:`pactlib.book.intervals.contrast`).
+
+    Raises:
+        ValueError: no records of the knob, or as ``contrast``.
+    """
+    from pactlib.book import intervals
+
+    f = _frame(frame)
+    sel = f[f["knob"] == knob] if "knob" in f else f.iloc[0:0]
+    if sel.empty:
+        raise ValueError(f"sweep_interval: no records of knob {knob!r}")
+    plus = sel[sel["value"] == value]
+    if against is None:
+        minus = f[(f["method"] == sel["base"].iloc[0]) & f["knob"].isna()]
+    else:
+        minus = sel[sel["value"] == against]
+    return intervals.contrast([r for _, r in plus.iterrows()], [r for _, r in minus.iterrows()], metric=metric)
+
+
 def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
-    """One panel per knob: PACT gain over the plain method on validation (solid) and test (dotted)."""
+    """One panel per knob: PACT gain over the plain method on validation (solid) and test (dotted),
+    the test gain with its 95 % interval as an error bar when the records hold per-example
+    outcomes (:func:`sweep_interval`; validation has no interval: its outcomes are not kept)."""
     ax.remove()
     axes = fig.subplots(1, len(knobs), sharey=True)
     axes = np.atleast_1d(axes)
+    with_iv = has_outcomes(frame)
     for a, knob in zip(axes, knobs):
         d = _sweep_rows(frame, knob).groupby("value")[["val", "test"]].mean().reset_index()
         a.plot(d["value"], d["val"], marker="o", label="validation")
-        a.plot(d["value"], d["test"], marker="s", ls=":", label="test")
+        if with_iv and len(d):
+            ivs = [sweep_interval(frame, knob, v) for v in d["value"]]
+            a.errorbar(d["value"], d["test"], yerr=np.array([[iv.estimate - iv.lo for iv in ivs],
+                                                              [iv.hi - iv.estimate for iv in ivs]]),
+                       marker="s", ls=":", capsize=3, label="test (95 % interval)")
+        else:
+            a.plot(d["value"], d["test"], marker="s", ls=":", label="test")
         a.axvline(getattr(defaults, knob), color="grey", ls="--", lw=0.8)
         a.axhline(0, color="grey", lw=0.6)
         a.set_xlabel(knob)
@@ -413,11 +477,19 @@ def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
     axes[0].legend()
 
 
+#: The column of :func:`sensitivity_table` with the test gain of the best value over the default.
+SENS_GAIN = "test, best − default [95 %]"
+
+
 def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
     """Per knob: default, best value on validation, and both values' validation/test scores.
 
     Ties go to the default: another value is "best on validation" only when its validation score
-    is strictly higher than the default's (when the sweep has the default)."""
+    is strictly higher than the default's (when the sweep has the default). When the records hold
+    per-example test outcomes, the column :data:`SENS_GAIN` gives the best value's test gain over
+    the default with its 95 % interval (points; :func:`sweep_interval`; empty where the best is
+    the default or the default was not swept)."""
+    with_iv = has_outcomes(frame)
     rows = []
     for knob in knobs:
         d = _sweep_rows(frame, knob).groupby("value")[["val_abs", "test_abs", "cap"]].mean()
@@ -427,27 +499,36 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
         dv = getattr(defaults, knob)
         if dv in d.index and d.loc[dv, "val_abs"] >= d.loc[best, "val_abs"]:
             best = dv
-        rows.append({"knob": knob, "default": dv, "best on validation": best,
-                     "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
-                     "val (best)": round(d.loc[best, "val_abs"], 2),
-                     "test (default)": round(d.loc[dv, "test_abs"], 2) if dv in d.index else None,
-                     "test (best)": round(d.loc[best, "test_abs"], 2),
-                     "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)})
+        row = {"knob": knob, "default": dv, "best on validation": best,
+               "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
+               "val (best)": round(d.loc[best, "val_abs"], 2),
+               "test (default)": round(d.loc[dv, "test_abs"], 2) if dv in d.index else None,
+               "test (best)": round(d.loc[best, "test_abs"], 2),
+               "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)}
+        if with_iv:
+            row[SENS_GAIN] = (sweep_interval(frame, knob, best, against=dv).text()
+                              if best != dv and dv in d.index else None)
+        rows.append(row)
     return pd.DataFrame(rows).set_index("knob")
 
 
 def moved_knobs_text(sens: pd.DataFrame) -> str:
     """One sentence from :func:`sensitivity_table`: the knobs whose best value on validation is
-    not the default, each with its validation and test gain over the default (points); "n/a (the
-    default was not swept)" where the sweep left the default out (its scores are missing)."""
+    not the default, each with its validation and test gain over the default (points; the test
+    gain with its 95 % interval when the table has :data:`SENS_GAIN`); "n/a (the default was not
+    swept)" where the sweep left the default out (its scores are missing)."""
 
     def gain(best, default) -> str:
         return "n/a (the default was not swept)" if pd.isna(default) else f"{best - default:+.2f}"
 
+    def test(r) -> str:
+        iv = r.get(SENS_GAIN)
+        return iv if isinstance(iv, str) else gain(r["test (best)"], r["test (default)"])
+
     moved = sens[sens["best on validation"] != sens["default"]]
     return "knobs whose best value on validation is not the default: " + ("; ".join(
         f"{knob} = {r['best on validation']:g}: validation {gain(r['val (best)'], r['val (default)'])}, "
-        f"test {gain(r['test (best)'], r['test (default)'])} points" for knob, r in moved.iterrows()) or "none")
+        f"test {test(r)} points" for knob, r in moved.iterrows()) or "none")
 
 
 def earlier_round_text(sens: pd.DataFrame, earlier, *, defaults) -> str:
