@@ -192,7 +192,8 @@ v1 = scalar.c1_verdict(frame, population="touched" if touched_only else "all")
 # ({ref}`book/method.md <method-intervals>`).
 
 # %%
-from pactlib.book.experiments.paired import MissingOutcomes, NO_OUTCOMES
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes
 
 try:
     drops = scalar.drop_intervals(frame, "perturb")

@@ -161,7 +161,8 @@ records.write_records(path, recs);
 # seeds or more, the spread over seeds ({ref}`book/method.md <method-intervals>`).
 
 # %%
-from pactlib.book.experiments.paired import MissingOutcomes, NO_OUTCOMES
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes
 
 frame = records.records_frame(path)
 try:

@@ -6,7 +6,6 @@ is typed by hand.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,9 +13,9 @@ import pandas as pd
 
 from pactlib import merges
 from pactlib.book.plotting import legend_outside
-from pactlib.book.site import and_join, signed
-from pactlib.book.verdicts import (FAILS, INCONCLUSIVE, NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested,
-                                   verdict)
+from pactlib.book.site import and_join
+from pactlib.book.verdicts import (CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, PARTLY, REPRODUCED, grade, ladder,
+                                   not_tested, verdict)
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -147,13 +146,13 @@ def seeds_text(counts: dict[str, int]) -> str:
 
 
 def has_outcomes(frame) -> bool:
-    """Whether the merge records of ``frame`` carry per-example test outcomes (records made before
+    """Whether the merge records of ``frame`` (zero-shot and fine-tuned references left out) carry
+    per-example test outcomes (:func:`pactlib.book.intervals.has_outcomes`; records made before
     they were kept do not: their verdicts are graded by the sign of the mean, and say so)."""
+    from pactlib.book import intervals
+
     f = _frame(frame)
-    if "outcomes.test" not in f.columns:
-        return False
-    sel = f[~f["method"].isin(list(PRETTY_EXTRA))]
-    return bool(len(sel)) and bool(sel["outcomes.test"].notna().all())
+    return intervals.has_outcomes(f[~f["method"].isin(list(PRETTY_EXTRA))])
 
 
 def _rows(f: pd.DataFrame, methods, suite: str) -> list:
@@ -279,8 +278,6 @@ def reading(v: dict) -> str:
     """Two or three sentences on what a graded verdict's numbers mean, chosen by its status and
     built from its conditions (counts and names, no typed numbers); a verdict without conditions
     (not yet tested, or graded by sign) says it is not graded on intervals here and why."""
-    from pactlib.book.verdicts import CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, PARTLY, REPRODUCED
-
     conds = v.get("conditions") or []
     by = {g: [c["name"] for c in conds if c["grade"] == g] for g in (HOLDS, INCONCLUSIVE, FAILS)}
     n, status = len(conds), v["status"]
@@ -633,7 +630,8 @@ def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("ran
         carry no per-example outcomes; ``graded``: the γ C4 is graded at.
     """
     from pactlib.book.experiments import subspace
-    from pactlib.book.experiments.paired import NO_OUTCOMES, MissingOutcomes
+    from pactlib.book.intervals import NO_OUTCOMES
+    from pactlib.book.experiments.paired import MissingOutcomes
 
     f = _frame(frame)
     try:

@@ -274,7 +274,7 @@ def _contrast(frame: pd.DataFrame, suite: str, plus: Sequence[str], minus: Seque
     """The 95 % interval (points) of mean(groups ``plus``) − mean(groups ``minus``) at ``suite``: a
     paired contrast on the same test examples (:func:`pactlib.book.intervals.contrast`); a group
     named twice on a side counts twice."""
-    from pactlib.book.experiments.graded import rows
+    from pactlib.book.experiments.paired import rows
     from pactlib.book.intervals import contrast
 
     side = lambda gs: [r for g in gs for r in rows(frame, suite=suite, group=g)]  # noqa: E731
@@ -285,7 +285,8 @@ def gain_intervals(frame: pd.DataFrame, *, suites: Sequence[str], metric: str = 
     """{(suite, group): Interval} of each filtered group's gain over the unfiltered merge (points,
     paired on the test examples, over the suite's seeds); {} when the records carry no per-example
     outcomes."""
-    from pactlib.book.experiments.graded import has_outcomes, rows
+    from pactlib.book.intervals import has_outcomes
+    from pactlib.book.experiments.paired import rows
 
     out = {}
     for s in suites:
@@ -336,7 +337,8 @@ def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5
     Raises:
         ValueError: ``most`` is not a fraction with a denominator of at most 100.
     """
-    from pactlib.book.experiments.graded import NO_OUTCOMES, has_outcomes, rows, seeds_and_examples, weights
+    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
+    from pactlib.book.experiments.paired import rows, seeds_and_examples, weights
     from pactlib.book.verdicts import condition, graded
 
     a, b = weights(most)

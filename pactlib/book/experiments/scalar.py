@@ -33,7 +33,8 @@ from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.book import intervals
 from pactlib.book.records import make_record
 from pactlib.book.verdicts import condition, graded, not_tested
-from pactlib.book.experiments.paired import NO_OUTCOMES, MissingOutcomes, finetuned_record, has_outcomes, stacked
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes, finetuned_record, stacked
 from pactlib.outcomes import pack
 
 __all__ = ["task_fisher", "state_scores", "scores", "typical_update", "population", "lbw_sets", "global_masks",

@@ -31,7 +31,8 @@ from pactlib.pact import LayerSubspaces, PactOptions, layer_subspaces
 from pactlib.book import intervals
 from pactlib.book.records import make_record
 from pactlib.book.verdicts import condition, graded, not_tested
-from pactlib.book.experiments.paired import NO_OUTCOMES, MissingOutcomes, finetuned_record, stacked
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes, finetuned_record, stacked
 from pactlib.outcomes import packed
 from pactlib.book.experiments.depth import network_order
 

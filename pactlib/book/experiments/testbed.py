@@ -708,7 +708,8 @@ def precondition_verdict(reference: Sequence[Mapping], *, tasks: Sequence[str], 
         The verdict dict; not yet tested when the records carry no per-example outcomes or a task
         has none.
     """
-    from pactlib.book.experiments.graded import NO_OUTCOMES, has_outcomes, restrict
+    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
+    from pactlib.book.experiments.paired import restrict
     from pactlib.book.intervals import contrast
     from pactlib.book.verdicts import condition, graded, not_tested
 
@@ -763,7 +764,8 @@ def step_contrasts(frame: pd.DataFrame, column: str = "first_norm", T_values: Se
         ValueError: ``column`` is not ``first_norm``, or the records carry no per-example outcomes
             (the message ends "recompute").
     """
-    from pactlib.book.experiments.graded import NO_OUTCOMES, has_outcomes, restrict, rows
+    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
+    from pactlib.book.experiments.paired import restrict, rows
     from pactlib.book.intervals import contrast
 
     if column != "first_norm":
@@ -804,7 +806,7 @@ def problem_verdict(frame: pd.DataFrame, *, T_values: Sequence[int] | None = Non
         The verdict dict; not yet tested (with the reason) when the records carry no per-example
         outcomes.
     """
-    from pactlib.book.experiments.graded import NO_OUTCOMES
+    from pactlib.book.intervals import NO_OUTCOMES
     from pactlib.book.verdicts import condition, graded, not_tested
 
     try:

@@ -29,7 +29,8 @@ from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.book import intervals
 from pactlib.book.records import make_record
 from pactlib.book.verdicts import condition, graded, not_tested
-from pactlib.book.experiments.paired import NO_OUTCOMES, MissingOutcomes, finetuned_record, stacked
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes, finetuned_record, stacked
 from pactlib.book.experiments.scalar import _device_of, _outcomes, state_scores
 
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
