@@ -477,9 +477,8 @@ def accuracy_contrasts(frame: pd.DataFrame, method: str) -> dict:
     """{label: Interval} of the chapter's accuracy gains (points, paired on the test examples):
     PACT − plain, PACT-RSVD − plain and PACT-RSVD − PACT of ``method``; {} when the records carry
     no per-example outcomes."""
-    from pactlib.book.intervals import has_outcomes
     from pactlib.book.experiments.paired import rows
-    from pactlib.book.intervals import contrast
+    from pactlib.book.intervals import contrast, has_outcomes
     from pactlib.book.report import pretty
 
     names = (method, f"pact-{method}", f"pact-rsvd-{method}")
@@ -510,9 +509,8 @@ def c10_verdict(frame: pd.DataFrame, *, exact: str, other: str, speedups: Sequen
     Raises:
         ValueError: no seed has both methods (:func:`accuracy_check`), or ``speedups`` is empty.
     """
-    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
     from pactlib.book.experiments.paired import rows
-    from pactlib.book.intervals import contrast, over_seeds
+    from pactlib.book.intervals import NO_OUTCOMES, contrast, has_outcomes, over_seeds
     from pactlib.book.report import pretty
     from pactlib.book.verdicts import condition, graded, not_tested
 

@@ -708,9 +708,8 @@ def precondition_verdict(reference: Sequence[Mapping], *, tasks: Sequence[str], 
         The verdict dict; not yet tested when the records carry no per-example outcomes or a task
         has none.
     """
-    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
     from pactlib.book.experiments.paired import restrict
-    from pactlib.book.intervals import contrast
+    from pactlib.book.intervals import NO_OUTCOMES, contrast, has_outcomes
     from pactlib.book.verdicts import condition, graded, not_tested
 
     ft = [r for r in reference if r.get("method") == "fine-tuned (outcomes)"]
@@ -764,9 +763,8 @@ def step_contrasts(frame: pd.DataFrame, column: str = "first_norm", T_values: Se
         ValueError: ``column`` is not ``first_norm``, or the records carry no per-example outcomes
             (the message ends "recompute").
     """
-    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
     from pactlib.book.experiments.paired import restrict, rows
-    from pactlib.book.intervals import contrast
+    from pactlib.book.intervals import NO_OUTCOMES, contrast, has_outcomes
 
     if column != "first_norm":
         raise ValueError(f"step_contrasts: only the shared tasks ('first_norm') are paired, got {column!r}")
