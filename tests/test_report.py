@@ -182,6 +182,11 @@ def test_sensitivity_gains_carry_intervals_when_the_records_have_outcomes():
     plt.close(fig)
 
 
+def test_gain_table_without_outcomes_gives_the_mean_gain_and_says_so():
+    tab = report.gain_table(_main_records({"8": 0.02}), ["iso_c"], ["8"], metric="acc")
+    assert tab.loc["Iso-C", "T = 8"] == "+2.10 (no interval)"  # mean of 2.0 and 2.2
+
+
 def test_reading_follows_the_status_and_names_what_fails():
     from pactlib.book import intervals, verdicts
 

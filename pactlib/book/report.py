@@ -173,15 +173,24 @@ def gain_interval(frame, plus, minus, *, suite: str, metric: str = "norm_acc") -
 def gain_table(frame, methods: Sequence[str], suites: Sequence[str], *, prefix: str = "pact-",
                metric: str = "norm_acc") -> pd.DataFrame:
     """Rows: base methods; columns: suites; cells: the gain of ``prefix+method`` over the method
-    with its 95 % interval, ``'+0.54 [−0.71, +1.79]'`` (points), and the seeds it rests on."""
+    with its 95 % interval, ``'+0.54 [−0.71, +1.79]'`` (points), and the seeds it rests on; records
+    without per-example outcomes give the mean gain over seeds, ``'+0.54 (no interval)'``."""
+    from pactlib.book.intervals import fmt
+
     f = _frame(frame)
+    with_iv = has_outcomes(f)
     rows = {}
     for m in methods:
         row = {}
         for s in suites:
-            if _rows(f, prefix + m, s) and _rows(f, m, s):
+            if not (_rows(f, prefix + m, s) and _rows(f, m, s)):
+                continue
+            if with_iv:
                 iv = gain_interval(f, prefix + m, m, suite=s, metric=metric)
                 row[f"T = {s}"] = iv.text() + (f" ({iv.n_seeds} seeds)" if iv.n_seeds > 1 else " (1 seed)")
+            else:
+                g = gains(f, base_methods=[m], suites=[s], prefix=prefix, metric=metric)["gain"]
+                row[f"T = {s}"] = f"{fmt(g.mean())} (no interval)"
         rows[pretty(m)] = row
     return pd.DataFrame(rows).T
 
