@@ -159,9 +159,15 @@ with plotting.figure("layer-enrichment", chapter=3, number=2, size="wide",
                              "0 (white) is chance.") as (fig, ax):
     fig.colorbar(scalar.plot_layer_enrichment(frame, ax=ax, population="touched"), ax=ax, label=r"$\log_2 E$")
 
+# %% [markdown]
+# **How C1 is graded.** E_t is a statistic of the checkpoints: no test examples stand behind
+# it, so its uncertainty is the spread over fine-tuning seeds (a t interval over the seeds when
+# there are at least three, {ref}`book/method.md <method-intervals>`). Each task is one
+# condition, E_t > 1, graded by the {ref}`verdict rule <method-verdict-rule>`; the verdict box
+# closes the chapter.
+
 # %%
 v1 = scalar.c1_verdict(frame, population="touched" if touched_only else "all")
-plotting.verdict("C1", v1["status"], v1["evidence"])
 
 # %% [markdown]
 # ## Causal test: perturbing the scalar LBW entries (C2)
@@ -178,14 +184,39 @@ plotting.verdict("C1", v1["status"], v1["evidence"])
 #   the first control is easy to beat; this one asks whether being *barely updated* adds
 #   anything beyond being sensitive.
 
+# %% [markdown]
+# Every perturbed model is scored on the same test examples as θt, and its record keeps which
+# examples it got right. A drop, and the difference between two drops, is therefore a paired
+# comparison, example by example; its 95 % interval counts the test examples (a paired
+# bootstrap) and, with three seeds or more, the spread over seeds
+# ({ref}`book/method.md <method-intervals>`).
+
 # %%
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes
+
+try:
+    drops = scalar.drop_intervals(frame, "perturb")
+except MissingOutcomes:
+    drops = None
+    print(f"No intervals: {NO_OUTCOMES}.")
+small = min(perturb_scales)
 with plotting.figure("perturbation", chapter=3, number=3, size="wide", paper="Fig. 3",
-                     caption=f"Drop in task t's test accuracy (points) when ±{perturb_scales[0]:g}× the median "
+                     caption=f"Drop in task t's test accuracy (points) when ±{small:g}× the median "
                              "|Δt| is added to its scalar LBW entries or to as many control entries; bars: "
-                             "means, dots: single seeds and draws.") as (fig, ax):
-    scalar.plot_conditions(frame[frame["scale"] == min(perturb_scales)], "perturb", "drop", ax=ax,
-                           conditions=["lbw", "random", "sensitive"])
+                             "means, dots: single seeds and draws, black lines: 95 % intervals of the "
+                             "paired drop from θt.") as (fig, ax):
+    scalar.plot_conditions(frame[frame["scale"] == small], "perturb", "drop", ax=ax,
+                           conditions=["lbw", "random", "sensitive"],
+                           errors=None if drops is None else drops[drops["scale"] == small])
     ax.set_ylabel("accuracy drop (points)")
+
+# %%
+if drops is not None:
+    plotting.table(scalar.perturbation_table(frame), chapter=3, number=2, floatfmt="{:.4f}",
+                   caption="Per perturbation size and condition, over all tasks: the drop in test accuracy "
+                           "from θt with its 95 % interval (paired over the same test examples), the mean "
+                           "increase of the test loss, and the seeds and test examples per task behind it.")
 
 # %%
 with plotting.figure("perturbation-size", chapter=3, number=4,
@@ -193,9 +224,14 @@ with plotting.figure("perturbation-size", chapter=3, number=4,
                              "lines are means over tasks, dots single tasks.") as (fig, ax):
     scalar.plot_dose(frame, ax=ax)
 
+# %% [markdown]
+# **How C2 is graded**, at the claim's size (the smallest perturbation run), on the mean over
+# tasks: the LBW perturbation's drop must exceed half a point, and exceed twice the drop of as
+# many random entries ("much more"): drop(LBW) − 2 × drop(random) > 0, a paired contrast on the
+# same test examples.
+
 # %%
 v2 = scalar.c2_verdict(frame)
-plotting.verdict("C2", v2["status"], v2["evidence"])
 
 # %% [markdown]
 # ## Overwrite and restore (C3)
@@ -212,7 +248,7 @@ plotting.verdict("C2", v2["status"], v2["evidence"])
 plotting.table(scalar.displacement_table(frame).rename(columns={
                    "moved_lbw": "|θ − θt|, LBW", "moved_other": "|θ − θt|, others",
                    "moved_ratio": "ratio LBW / others", "rel_moved_lbw": "÷ mean |Δt|, LBW",
-                   "rel_moved_other": "÷ mean |Δt|, others", "alpha": "α"}), chapter=3, number=2, floatfmt="{:.3g}",
+                   "rel_moved_other": "÷ mean |Δt|, others", "alpha": "α"}), chapter=3, number=3, floatfmt="{:.3g}",
                formats={"|θ − θt|, LBW": "{:.2e}", "|θ − θt|, others": "{:.2e}"},
                caption="How far the Task Arithmetic merge moved each task's entries (mean over seeds): mean "
                        "|θ − θt| over the LBW entries and over all others, their ratio, each divided by the "
@@ -231,5 +267,63 @@ with plotting.figure("restore", chapter=3, number=5, size="wide", paper="Fig. 4"
     ax.set_ylabel("loss gap closed (%)")
 
 # %%
+from pactlib.book.intervals import Interval
+
+if drops is not None:
+    gains = scalar.drop_intervals(frame, "restore")
+    gains = gains[gains["task"] == "mean"].assign(
+        change=lambda d: [Interval(-r.drop, -r.hi, -r.lo, 0.0).text() for r in d.itertuples()])
+    gains["condition"] = gains["condition"].map(lambda c: scalar.CONDITION_LABELS.get(c, c))
+    plotting.table(gains.set_index("condition")[["change", "seeds", "examples"]].rename(columns={
+                       "change": "test accuracy − θt's (points) [95 % interval]", "examples": "examples per task"}),
+                   chapter=3, number=4,
+                   caption="Test accuracy of the merge and of the restored merges relative to θt, mean over "
+                           "tasks, with 95 % intervals paired over the same test examples: the accuracy a "
+                           "restore wins back is its row minus the merge's.")
+
+# %% [markdown]
+# **How C3 is graded**, on means over tasks: the merge moved the LBW entries by more than their
+# own update (a statistic of the weights: interval over seeds); restoring them closes at least
+# 5 % of the loss gap, and more than restoring as many random entries (intervals over seeds: the
+# records keep which examples each model got right, not each example's loss, so these two count
+# the seeds' spread only); and the restore wins back test accuracy, a paired contrast on the same
+# test examples.
+
+# %%
 v3 = scalar.c3_verdict(frame)
-plotting.verdict("C3", v3["status"], v3["evidence"])
+
+# %% [markdown]
+# ## Verdicts
+
+# %%
+for claim, v in (("C1", v1), ("C2", v2), ("C3", v3)):
+    plotting.verdict(claim, v)
+
+# %%
+from IPython.display import Markdown, display
+
+from pactlib.book.verdicts import CONTRADICTED, INCONCLUSIVE, PARTLY, REPRODUCED
+
+MEANING = {
+    "C1": {REPRODUCED: "Sensitive entries are over-represented among the barely-updated ones for every task, "
+                       "beyond the spread over seeds: scalar load-bearing walls exist on this testbed.",
+           PARTLY: "Some tasks show the over-representation clearly and the rest cannot be told from chance "
+                   "with these seeds.",
+           CONTRADICTED: "At least one task has fewer sensitive entries among its barely-updated ones than "
+                         "chance, beyond the spread over seeds: the scalar walls are not a property of every task here.",
+           INCONCLUSIVE: "No task's enrichment can be told from chance with these seeds."},
+    "C2": {REPRODUCED: "Nudging the walls by a typical update costs measurably more accuracy than nudging "
+                       "random entries: they matter causally, at the claim's size.",
+           PARTLY: "Part of the causal test holds; the rest sits within the sampling error of these test sets.",
+           CONTRADICTED: "At the claim's size the nudge does not cost what the claim says, beyond the sampling "
+                         "error: on this testbed a typical update is too small to make the walls matter.",
+           INCONCLUSIVE: "The test sets are too small to tell the walls' nudge from the random one."},
+    "C3": {REPRODUCED: "The merge overwrites the walls, and putting them back wins back loss and accuracy "
+                       "beyond the random control.",
+           PARTLY: "Some parts of the overwrite-and-restore story hold; the others are within the error.",
+           CONTRADICTED: "At least one part of the overwrite-and-restore story goes the other way beyond the "
+                         "error, so restoring the walls is not what repairs the merge here.",
+           INCONCLUSIVE: "Nothing in the overwrite-and-restore test can be told from noise at this size."},
+}
+display(Markdown(" ".join(MEANING[c].get(v["status"], f"{c} could not be graded: {v['evidence']}")
+                          for c, v in (("C1", v1), ("C2", v2), ("C3", v3)))))

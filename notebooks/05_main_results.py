@@ -232,9 +232,8 @@ print(f"literal convention, task order reversed: test accuracy moves by up to {o
 
 # %%
 v = report.main_verdicts(frame, suites=suites)
-plotting.verdict("C5", v["C5"])
-plotting.verdict("C6", v["C6"])
-plotting.verdict("C7", v["C7"])
+for claim in ("C5", "C6", "C7"):
+    plotting.verdict(claim, v[claim])
 
 # %% [markdown]
 # Each verdict follows {ref}`the rule <method-verdict-rule>`: a gain counts only when its whole
@@ -242,3 +241,11 @@ plotting.verdict("C7", v["C7"])
 # the last column says how much more test data or how many seeds would decide it at the effect
 # seen. A gain measured on one seed carries no seed spread, so its interval is narrower than the
 # truth.
+
+# %% [markdown]
+# ## What these numbers mean
+
+# %%
+from IPython.display import Markdown, display
+
+display(Markdown("\n\n".join(f"**{claim}.** {report.reading(v[claim])}" for claim in ("C5", "C6", "C7"))))

@@ -85,10 +85,23 @@ plain = frame[frame["pact"].isna() & frame["method"].isin(methods)].groupby("met
 print("plain methods, mean α: " + ", ".join(f"{report.pretty(m)} {a:.2f}" for m, a in plain.items()))
 
 # %% [markdown]
-# PACT removes far more than S-PACT, and the search answers with a larger α: the merge scales up
-# what is left. What PACT keeps of a task vector is then worth more to the merge than what
-# S-PACT keeps, although S-PACT keeps more of it.
+# A filter that removes more of each task vector leaves the α search less to scale, and the
+# search can answer with a larger α. Removing more is not in itself a loss: what decides C8 is
+# whether what PACT keeps is worth more to the merge than what S-PACT keeps, which the verdict
+# below grades on the test examples.
+
+# %% [markdown]
+# ## Verdict
+#
+# C8 has one condition per method: gain(PACT) − gain(S-PACT) > 0, which is PACT-M − S-PACT-M, a
+# paired contrast of the two filtered merges on the same test examples and seeds, graded by
+# {ref}`the verdict rule <method-verdict-rule>`.
 
 # %%
 v = report.static_vs_dynamic_verdict(frame, methods=methods, suite=suite)
 plotting.verdict("C8", v)
+
+# %%
+from IPython.display import Markdown, display
+
+display(Markdown(f"**What this means.** {report.reading(v)}"))

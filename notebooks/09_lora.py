@@ -81,14 +81,16 @@ display(Markdown(report.alpha_search_text(frame)))
 # %%
 with plotting.figure("lora-gain", chapter=9, number=1, size="wide", paper="Tab. 3",
                      caption="Gain of PACT on LoRA task vectors, mean normalized test accuracy (points). "
-                             "Bars: mean over seeds; dots: one seed each.") as (fig, ax):
+                             "Bars: mean over seeds; black lines: 95 % intervals (when the records keep "
+                             "per-example outcomes); dots: one seed each.") as (fig, ax):
     report.plot_gains(frame, methods, [suite], ax=ax)
 
 # %% [markdown]
 # How large is a gain of a fraction of a point? Each task is scored on at most `test_limit` test
 # examples, so one example more or less right moves that task's accuracy by at least
 # 100/`test_limit` points. The line below sets each method's gain in mean accuracy against that
-# step: a gain under one step is less than one test example per task.
+# step: a gain under one step is less than one test example per task. The error bars of
+# Figure 9.1 say the same more precisely: they count how many examples the two merges disagree on.
 
 # %%
 step = 100 / test_limit  # points of one task's accuracy per test example (at least: some tasks may have fewer)
@@ -98,7 +100,17 @@ size = "; ".join(f"{report.pretty(m)} {gain[m]:+.2f} points = {gain[m] / step:+.
 print(f"One test example is {step:.2f} points of a task's accuracy. PACT's gain in mean test accuracy "
       f"(mean over tasks and seeds): {size}.")
 
+# %% [markdown]
+# ## Verdict
+#
+# C11 has two conditions per method, as C5 in chapter 5: the PACT gain on LoRA task vectors in
+# absolute and in normalized test accuracy, each > 0, graded on its 95 % interval by
+# {ref}`the verdict rule <method-verdict-rule>`.
+
 # %%
 v = report.main_verdicts(frame, suites=[suite], c5_methods=methods)["C5"]
 plotting.verdict("C11", {**v, "evidence": v["evidence"].replace("PACT gain", "PACT gain on LoRA task vectors")
                          + f"; one test example is {step:.2f} points of a task's accuracy"})
+
+# %%
+display(Markdown(f"**What this means.** {report.reading(v)}"))

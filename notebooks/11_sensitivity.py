@@ -87,7 +87,8 @@ frame = records.records_frame(records.records_path("11_sensitivity"))
 with plotting.figure("sensitivity", chapter=11, number=1, size="wide",
                      caption="PACT-Iso-C minus Iso-C in mean normalized accuracy (points) as one knob moves "
                              "(others at their defaults, marked by the dashed line). Solid: validation "
-                             "(used to choose); dotted: test.") as (fig, ax):
+                             "(used to choose); dotted: test, with its 95 % interval when the records keep per-example "
+                             "outcomes (test examples of one seed; validation has none).") as (fig, ax):
     report.plot_sensitivity(frame, list(sweeps), defaults=defaults, fig=fig, ax=ax)
 
 # %%
@@ -95,7 +96,8 @@ sens = report.sensitivity_table(frame, list(sweeps), defaults=defaults)
 knob_values = {"default": "{:g}", "best on validation": "{:g}"}  # 1e-4 to 0.8: as written
 plotting.table(sens, chapter=11, number=1, formats=knob_values,
                caption="Best value of each knob on validation next to the default, with its test score "
-                       "(mean normalized accuracy, %) and the share of shields where the cap bound.")
+                       "(mean normalized accuracy, %), the share of shields where the cap bound, and the best "
+                       "value's test gain over the default with its 95 % interval (points).")
 print(report.moved_knobs_text(sens))
 
 # %% [markdown]

@@ -52,6 +52,21 @@ def test_toy_layer_matches_the_closed_form_without_noise():
     assert recs[0]["metrics"]["intrusion_before"] == pytest.approx(recs[1]["metrics"]["removed_pact"], abs=1e-12)
 
 
+def test_toy_verdict_grades_the_identities_as_points_below_the_tolerance():
+    toy = geometry.toy_layer(seed=0)
+    frame = records.records_frame(geometry.toy_records(toy, params={}, seed=0))
+    v = geometry.toy_verdict(frame)
+    assert v["status"] == "reproduced" and [c["grade"] for c in v["conditions"]] == ["holds"] * 3
+    assert all(c["lo"] == c["hi"] == c["estimate"] and c["threshold"] == 1e-12 and c["side"] == "<"
+               for c in v["conditions"])
+    assert v["evidence"].startswith("Identities of P3–P5 on the toy layer, each below 1e-12 (3 holds): ")
+    broken = frame.copy()
+    broken.loc[broken.index[0], "metrics.engine_gap"] = 1e-6  # the engine departs from the step-by-step filter
+    v = geometry.toy_verdict(broken)
+    assert v["status"] == "contradicted" and [c["grade"] for c in v["conditions"]] == ["holds", "holds", "fails"]
+    assert "largest difference 1.0e-06" in v["evidence"]
+
+
 def test_toy_layer_with_noise_still_protects_the_other_lbw_and_leaves_the_rng_alone():
     state = torch.random.get_rng_state()
     toy = geometry.toy_layer(angles_deg=(10.0, 70.0, 130.0), noise=0.05, seed=0)
@@ -532,6 +547,102 @@ def test_head_choice_table_and_plot(tmp_path):
     plt.close(fig)
     with pytest.raises(FileNotFoundError, match="bench_heads.py"):
         testbed.head_choice_frame(tmp_path / "none.jsonl")
+
+
+def _correct(n_right, n=300):
+    from pactlib.outcomes import pack
+
+    return pack(torch.arange(n) < n_right)
+
+
+def _ft(gain, zs, n):
+    """Fine-tuned outcomes: ``gain`` more right than zero-shot's first ``zs``, or (up, down): the first
+    ``down`` of those wrong and ``up`` more right."""
+    from pactlib.outcomes import pack
+
+    up, down = (gain, 0) if isinstance(gain, int) else gain
+    c = torch.arange(n) < zs + up
+    c[:down] = False
+    return pack(c)
+
+
+def _reference(gains_by_seed, zs=150, n=300):
+    """reference_outcomes-like records: {seed: {task: fine-tuned correct − zero-shot correct, or (up, down)}}."""
+    out = []
+    for seed, gains in gains_by_seed.items():
+        tasks = list(gains)
+        out.append({"method": "zero-shot (outcomes)", "seed": seed, "testbed": "tb", "tasks": tasks,
+                    "outcomes": {"test": {t: _correct(zs, n) for t in tasks}}})
+        out.append({"method": "fine-tuned (outcomes)", "seed": seed, "testbed": "tb", "tasks": tasks,
+                    "outcomes": {"test": {t: _ft(g, zs, n) for t, g in gains.items()}}})
+    return out
+
+
+@pytest.mark.parametrize("gains, status, grades", [
+    ({0: {"a": 30, "b": 20}}, "reproduced", ["holds", "holds"]),
+    ({0: {"a": 30, "b": (4, 3)}}, "partly reproduced", ["holds", "inconclusive"]),  # b: +4 −3 examples
+    ({0: {"a": 30, "b": 0}}, "contradicted", ["holds", "fails"]),  # b: no example differs, [0, 0] is not > 0
+    ({0: {"a": 30, "b": -20}}, "contradicted", ["holds", "fails"]),
+])
+def test_precondition_is_one_paired_condition_per_task(gains, status, grades):
+    v = testbed.precondition_verdict(_reference(gains), tasks=["a", "b"])
+    assert v["status"] == status and [c["grade"] for c in v["conditions"]] == grades
+    assert v["conditions"][0]["estimate"] == pytest.approx(10.0) and v["conditions"][0]["name"] == "a: fine-tuned − zero-shot"
+    assert "2 tasks on 1 seed; 300 test examples per task" in v["evidence"]
+    claim = "the testbed's precondition (fine-tuning helps every task)"
+    assert testbed.testbed_meaning(claim, v["status"], "Lite0").startswith("On Lite0, ")
+    assert testbed.testbed_meaning(claim, "reproduced", "Lite0") == ("On Lite0, fine-tuning helps every task, beyond "
+                                                                     "the sampling error of its test sets and seeds.")
+
+
+def test_precondition_pairs_each_task_over_the_seeds_that_hold_it():
+    # a on three seeds (+10, +12, +8 points: the seed spread enters), b on seed 0 only
+    v = testbed.precondition_verdict(_reference({0: {"a": 30, "b": 20}, 1: {"a": 36}, 2: {"a": 24}}), tasks=["a", "b"])
+    a, b = v["conditions"]
+    assert (a["n_seeds"], b["n_seeds"]) == (3, 1) and a["estimate"] == pytest.approx(10.0)
+    same = testbed.precondition_verdict(_reference({0: {"a": 30}, 1: {"a": 30}, 2: {"a": 30}}), tasks=["a"])
+    assert a["hi"] - a["lo"] > same["conditions"][0]["hi"] - same["conditions"][0]["lo"]  # the seed spread widens it
+    assert "1 tasks on 1 seed; 1 tasks on 3 seeds" in v["evidence"]
+    old = [{**r, "outcomes": {}} for r in _reference({0: {"a": 30}})]
+    assert testbed.precondition_verdict(old, tasks=["a"]) == {
+        "status": "not yet tested",
+        "evidence": "zero-shot and fine-tuned test outcomes: records without per-example outcomes: recompute"}
+
+
+def _growth_records(right_by_T, n=300):
+    """Merges of suites 2 (tasks a, b) and 3 (adds c), two seeds: {T: correct of 300 on a and b}."""
+    out = []
+    for seed in (0, 1):
+        for T, right in right_by_T.items():
+            tasks = "abc"[:T]
+            for m in ("task_arithmetic", "iso_c"):
+                acc = {t: (right if t in "ab" else 200) / n for t in tasks}
+                out.append(records.make_record(
+                    m, params={}, seed=seed, suite=str(T), testbed=f"tb-{T}", alpha=0.1,
+                    metrics={"acc": 0.5, "norm_acc": 0.5, **{f"acc:{t}": v for t, v in acc.items()},
+                             **{f"norm_acc:{t}": v / 0.9 for t, v in acc.items()}},
+                    outcomes={"test": {t: _correct(round(acc[t] * n), n) for t in tasks}}))
+    return out
+
+
+def test_problem_verdict_grades_each_step_on_the_shared_tasks(tmp_path):
+    frame = testbed.interference_frame(records.write_records(tmp_path / "i.jsonl", _growth_records({2: 250, 3: 220})))
+    steps = testbed.step_contrasts(frame)
+    assert list(steps["method"]) == ["Task Arithmetic", "Iso-C"]
+    assert steps["drop"].tolist() == pytest.approx([100 * 30 / 300 / 0.9] * 2)  # 30 of 300 lost, normalized
+    v = testbed.problem_verdict(frame)
+    assert v["status"] == "reproduced"
+    assert [c["name"] for c in v["conditions"]] == ["Task Arithmetic, T = 2 → 3: loss of the shared tasks",
+                                                    "Iso-C, T = 2 → 3: loss of the shared tasks"]
+    assert "2 seed(s), 300 test examples per shared task" in v["evidence"]
+    same = testbed.interference_frame(records.write_records(tmp_path / "s.jsonl", _growth_records({2: 250, 3: 250})))
+    assert testbed.problem_verdict(same)["status"] == "contradicted"  # no example differs: [0, 0] is not > 0
+    old = testbed.interference_frame(records.write_records(tmp_path / "o.jsonl", _interference_records()))
+    v = testbed.problem_verdict(old, note="x")
+    assert v == {"status": "not yet tested", "evidence": "merges of the book's suites (`data/interference.jsonl`): "
+                                                         "records without per-example outcomes: recompute. x"}
+    with pytest.raises(ValueError, match="only the shared tasks"):
+        testbed.step_contrasts(frame, column="metrics.norm_acc")
 
 
 def _interference_records():

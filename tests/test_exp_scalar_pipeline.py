@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pactlib.book.experiments import scalar
+from pactlib.outcomes import unpack
 from pactlib.book.records import records_frame
 from pactlib.matrix import DEFAULT_RULE
 from pactlib.taskvector import TaskVector
@@ -88,6 +89,16 @@ def _frame_tables(recs):
 
 
 def _check_same(old, new):
+    """The one pass gives the three passes' records, plus one "finetuned" record (θt's test
+    outcomes, the base of the paired drops) per (seed, task), before that task's perturbations."""
+    ft = [r for r in new if r["method"] == "finetuned"]
+    new = [r for r in new if r["method"] != "finetuned"]
+    pairs = [(r["seed"], r["task"]) for r in old if r["method"] == "enrichment" and r["scope"] == "global"
+             and r["population"] == "all"]
+    assert [(r["seed"], r["task"]) for r in ft] == pairs
+    for r in ft:
+        (task, packed), = r["outcomes"]["test"].items()
+        assert task == r["task"] and unpack(packed).float().mean().item() == pytest.approx(r["metrics"]["acc"])
     assert len(old) == len(new)
     a, b = _by_method(old), _by_method(new)
     assert sorted(a) == sorted(b)  # enrichment, perturb, restore and the merge record (now first per seed)
@@ -114,7 +125,7 @@ def test_task_records_without_a_merge_and_bad_inputs():
     tb = TinyTestbed(T=2)
     tv = tb.task_vectors()[0]
     recs = scalar.task_records(tb, "t0", tv, seed=0, params={}, **KW)
-    assert {r["method"] for r in recs} == {"enrichment", "perturb"}
+    assert {r["method"] for r in recs} == {"enrichment", "finetuned", "perturb"}
     with pytest.raises(KeyError, match="task_records: key"):
         scalar.task_records(tb, "t0", {"a.weight": tv["a.weight"]}, seed=0, params={}, **KW)
     with pytest.raises(ValueError, match="fewer than"):

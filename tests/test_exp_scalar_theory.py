@@ -13,8 +13,10 @@ from torch import nn
 
 from pactlib import causal, fisher
 from pactlib.book.experiments import scalar, theory
+import outcome_records as oc
 from pactlib.pact import PactOptions, pact_filter
 from pactlib.book.records import records_frame
+from pactlib.outcomes import outcomes_of
 from pactlib.testbeds import with_frozen_head
 from pactlib.taskvector import TaskVector
 
@@ -321,13 +323,33 @@ def _enr(E_by_task):
     return _frame(rows)
 
 
-def test_c1_verdict():
-    assert scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}))["status"] == "reproduced"
-    v = scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [0.9, 1.1]}))
-    assert v["status"] == "partly reproduced" and "3/4" in v["evidence"] and "b 1.00" in v["evidence"]
+def _t_interval(values):
+    from scipy import stats
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    h = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / len(v) ** 0.5
+    return v.mean() - h, v.mean() + h
+
+
+def test_c1_verdict_grades_each_task_on_the_spread_over_seeds():
+    v = scalar.c1_verdict(_enr({"a": [1.5, 1.6, 1.7], "b": [1.3, 1.4, 1.2]}))
+    assert v["status"] == "reproduced" and [c["name"] for c in v["conditions"]] == ["E_t, a", "E_t, b"]
+    a = v["conditions"][0]
+    assert a["estimate"] == pytest.approx(1.6) and (a["lo"], a["hi"]) == pytest.approx(_t_interval([1.5, 1.6, 1.7]))
+    assert a["grade"] == "holds" and a["threshold"] == 1.0 and a["n_seeds"] == 3
+    assert "each over 3 fine-tuning seed(s)" in v["evidence"] and "the 95 % t interval over seeds" in v["evidence"]
     assert "mean E_t 0.010" in v["evidence"] and "40 % of entries at Δt = 0" in v["evidence"]
-    assert scalar.c1_verdict(_enr({"a": [0.5], "b": [1.0]}))["status"] == "not reproduced"
-    assert scalar.c1_verdict(_enr({"a": [1.5], "b": [2.0]}), population="all")["status"] == "not reproduced"
+    across = scalar.c1_verdict(_enr({"a": [1.5, 1.6, 1.7], "b": [0.9, 1.1, 1.3]}))  # b: 1.1 ± 0.50
+    assert across["status"] == "partly reproduced" and across["conditions"][1]["grade"] == "inconclusive"
+    assert "seeds" in across["conditions"][1]["needs"]
+    below = scalar.c1_verdict(_enr({"a": [1.5, 1.6, 1.7], "b": [0.5, 0.6, 0.7]}))
+    assert below["status"] == "contradicted" and below["conditions"][1]["hi"] < 1
+    assert scalar.c1_verdict(_enr({"a": [0.9, 1.1, 1.3], "b": [0.8, 1.0, 1.3]}))["status"] == "inconclusive"
+    two = scalar.c1_verdict(_enr({"a": [1.5, 2.0], "b": [1.2, 1.1]}))  # < 3 seeds: points
+    assert two["status"] == "reproduced" and two["conditions"][0]["lo"] == two["conditions"][0]["hi"] == 1.75
+    assert "a point (fewer than 3 seeds" in two["evidence"]
+    assert scalar.c1_verdict(_enr({"a": [1.5], "b": [2.0]}), population="all")["status"] == "contradicted"
 
 
 def test_chapter3_tables():
@@ -338,44 +360,110 @@ def test_chapter3_tables():
     assert d.loc["a", "rel_moved_lbw"] == 5.0 and d.loc["a", "moved_ratio"] == 2.0 and d.loc["a", "alpha"] == 0.3
 
 
-def _pert(drops):
-    rows = [dict(method="perturb", params={}, seed=0, task=t, condition=c, draw=0, scale=scale,
-                 metrics={"drop": d * scale, "dloss": 0.1 * d * scale, "size": 1e-3 * scale, "n_entries": 10})
-            for scale in (1.0, 30.0) for t, by in drops.items() for c, d in by.items()]
-    return _frame(rows)
-
-
-def test_c2_verdict():
-    strong = {"a": {"lbw": 0.2, "random": 0.01, "sensitive": 0.1}, "b": {"lbw": 0.1, "random": 0.0, "sensitive": 0.1}}
-    assert scalar.c2_verdict(_pert(strong))["status"] == "reproduced"
-    mixed = {"a": {"lbw": 0.2, "random": 0.01}, "b": {"lbw": 0.01, "random": 0.009}}
-    assert scalar.c2_verdict(_pert(mixed))["status"] == "partly reproduced"
-    tiny = {"a": {"lbw": 0.001, "random": 0.0}, "b": {"lbw": 0.0, "random": 0.0}}
-    v = scalar.c2_verdict(_pert(tiny))
-    assert v["status"] == "not reproduced" and "0/2" in v["evidence"] and "30× (3.0e-02 per entry)" in v["evidence"]
-
-
-def _rest(rec_lbw, rec_rand, rel_moved=5.0):
+def _pert(drops, *, seeds=(0,), lost=None):
+    """Perturbation records (scales 1 and 30) and, with ``lost``, θt's "finetuned" records and
+    per-example outcomes (tests/outcome_records.py): ``lost[task, condition]`` of θt's right
+    examples the perturbed model gets wrong at scale 1 (× 30 at scale 30)."""
     rows = []
-    for t in rec_lbw:
-        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="merged", draw=0, alpha=0.3,
-                         on_edge=False, metrics={"recovered_loss": 0.0, "gain_acc": 0.0, "rel_moved_lbw": rel_moved,
-                                                 "moved_ratio": 2.0, "moved_lbw": 1.0, "moved_other": 0.5,
-                                                 "rel_moved_other": 1.0}))
-        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="lbw", draw=0,
-                         metrics={"recovered_loss": rec_lbw[t], "gain_acc": 0.01}))
-        rows.append(dict(method="restore", params={}, seed=0, task=t, condition="random", draw=0,
-                         metrics={"recovered_loss": rec_rand[t], "gain_acc": 0.0}))
+    for seed in seeds:
+        for t in drops:
+            if lost is not None:
+                rows.append(dict(method="finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                 outcomes=oc.outcomes(t)))
+            for scale in (1.0, 30.0):
+                for c, d in drops[t].items():
+                    extra = {} if lost is None else {"outcomes": oc.outcomes(t, lost=min(360, lost[t, c] * int(scale)))}
+                    rows.append(dict(method="perturb", params={}, seed=seed, task=t, condition=c, draw=0, scale=scale,
+                                     metrics={"drop": d * scale, "dloss": 0.1 * d * scale, "size": 1e-3 * scale,
+                                              "n_entries": 10}, **extra))
     return _frame(rows)
 
 
-def test_c3_verdict():
-    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}))["status"] == "reproduced"
-    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}, rel_moved=0.5))["status"] \
-        == "partly reproduced"
-    assert scalar.c3_verdict(_rest({"a": 0.3, "b": 0.01}, {"a": 0.01, "b": 0.0}))["status"] == "partly reproduced"
-    v = scalar.c3_verdict(_rest({"a": 0.02, "b": 0.1}, {"a": 0.0, "b": 0.2}))
-    assert v["status"] == "not reproduced" and "0/2" in v["evidence"] and "α = 0.3:" in v["evidence"]
+def _drops(lost):
+    return {t: {c: k / oc.N for (tt, c), k in lost.items() if tt == t} for t, _ in lost}
+
+
+def _c2(lost):
+    return scalar.c2_verdict(_pert(_drops(lost), seeds=(0, 1, 2), lost=lost))
+
+
+def test_c2_verdict_grades_paired_drops_against_the_threshold():
+    strong = _c2({("a", "lbw"): 40, ("a", "random"): 4, ("b", "lbw"): 20, ("b", "random"): 0})
+    assert strong["status"] == "reproduced"
+    drop, excess = strong["conditions"]
+    # a: 10 points, b: 5 points -> 7.5; excess: a 10 − 2 × 1, b 5 − 0 -> 6.5
+    assert drop["estimate"] == pytest.approx(7.5) and drop["threshold"] == pytest.approx(0.5)
+    assert excess["estimate"] == pytest.approx(6.5) and excess["lo"] > 0 and drop["grade"] == excess["grade"] == "holds"
+    assert drop["n_examples"] == oc.N and drop["n_seeds"] == 3
+    assert "(400 per task, 2 tasks, 3 seed(s))" in strong["evidence"] and "at 1×" in drop["name"]
+    tiny = _c2({("a", "lbw"): 0, ("a", "random"): 0, ("b", "lbw"): 0, ("b", "random"): 0})
+    assert tiny["status"] == "contradicted" and (tiny["conditions"][0]["lo"], tiny["conditions"][0]["hi"]) == (0, 0)
+    across = _c2({("a", "lbw"): 10, ("a", "random"): 4, ("b", "lbw"): 10, ("b", "random"): 4})
+    d, x = across["conditions"]  # drop 2.5 points; excess 2.5 − 2 × 1 = 0.5, within its sampling error
+    assert d["grade"] == "holds" and x["estimate"] == pytest.approx(0.5) and x["grade"] == "inconclusive"
+    assert across["status"] == "partly reproduced" and "test examples per task" in x["needs"]
+    worse = _c2({("a", "lbw"): 10, ("a", "random"): 40, ("b", "lbw"): 10, ("b", "random"): 40})
+    assert worse["status"] == "contradicted" and worse["conditions"][1]["hi"] < 0
+    bare = scalar.c2_verdict(_pert({"a": {"lbw": 0.2, "random": 0.01}}))
+    assert bare["status"] == "not yet tested" and "records without per-example outcomes: recompute" in bare["evidence"]
+
+
+def test_perturbation_table_and_drop_intervals():
+    lost = {("a", "lbw"): 40, ("a", "random"): 4, ("b", "lbw"): 20, ("b", "random"): 0}
+    f = _pert(_drops(lost), seeds=(0, 1, 2), lost=lost)
+    iv = scalar.drop_intervals(f).set_index(["scale", "task", "condition"])
+    assert iv.loc[(1.0, "a", "lbw"), "drop"] == pytest.approx(10.0) and iv.loc[(30.0, "b", "lbw"), "drop"] == 90.0
+    assert iv.loc[(1.0, "mean", "random"), "drop"] == pytest.approx(0.5)
+    assert iv.loc[(1.0, "b", "random"), ["lo", "hi"]].tolist() == [0.0, 0.0]  # nothing changed: no error
+    tab = scalar.perturbation_table(f)
+    assert tab.loc[(1.0, "scalar LBW (U∩H)"), "accuracy drop (points)"].startswith("+7.50 [")
+    assert tab.loc[(1.0, "random entries"), "loss increase (nats)"] == pytest.approx(0.1 * 0.005)
+
+
+def _rest(rec_lbw, rec_rand, rel_moved=5.0, *, seeds=(0,), won=None):
+    """Restore records; with ``won``, θt's "finetuned" records and per-example outcomes: the
+    merge gets 60 of θt's right examples wrong and a restore wins ``won[task, condition]`` back."""
+    rows = []
+    for seed in seeds:
+        for t in rec_lbw:
+            out = {} if won is None else {"outcomes": oc.outcomes(t, lost=60)}
+            if won is not None:
+                rows.append(dict(method="finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                 outcomes=oc.outcomes(t)))
+            rows.append(dict(method="restore", params={}, seed=seed, task=t, condition="merged", draw=0, alpha=0.3,
+                             on_edge=False, metrics={"recovered_loss": 0.0, "gain_acc": 0.0,
+                                                     "rel_moved_lbw": rel_moved + seed / 10, "moved_ratio": 2.0,
+                                                     "moved_lbw": 1.0, "moved_other": 0.5, "rel_moved_other": 1.0},
+                             **out))
+            for c, rec in (("lbw", rec_lbw[t]), ("random", rec_rand[t])):
+                out = {} if won is None else {"outcomes": oc.outcomes(t, lost=60 - won[t, c])}
+                rows.append(dict(method="restore", params={}, seed=seed, task=t, condition=c, draw=0,
+                                 metrics={"recovered_loss": rec + seed / 100, "gain_acc": 0.01}, **out))
+    return _frame(rows)
+
+
+def _c3(rec_lbw, rec_rand, won, rel_moved=5.0):
+    return scalar.c3_verdict(_rest(rec_lbw, rec_rand, rel_moved, seeds=(0, 1, 2), won=won))
+
+
+def test_c3_verdict_grades_moves_loss_shares_and_paired_accuracy():
+    won = {("a", "lbw"): 30, ("a", "random"): 2, ("b", "lbw"): 20, ("b", "random"): 0}
+    v = _c3({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}, won)
+    assert v["status"] == "reproduced" and len(v["conditions"]) == 4
+    moved, share, versus, acc = v["conditions"]
+    assert moved["estimate"] == pytest.approx(5.1) and moved["threshold"] == 1.0 and moved["n_seeds"] == 3
+    assert share["estimate"] == pytest.approx(26.0) and share["threshold"] == pytest.approx(5.0)  # (30 + 20)/2 + 1
+    assert versus["estimate"] == pytest.approx(24.5) and versus["lo"] == versus["hi"]  # the same every seed
+    assert acc["estimate"] == pytest.approx(6.25) and acc["lo"] > 0 and acc["n_examples"] == oc.N  # (30 + 20)/2 / 4
+    assert "α = 0.3;" in v["evidence"] and "LBW − random entries restore: +6.00 [" in v["evidence"]
+    assert _c3({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}, won, rel_moved=0.5)["status"] == "contradicted"
+    few = {("a", "lbw"): 2, ("a", "random"): 0, ("b", "lbw"): 1, ("b", "random"): 0}
+    v = _c3({"a": 0.3, "b": 0.2}, {"a": 0.01, "b": 0.0}, few)
+    assert v["conditions"][3]["grade"] == "inconclusive" and v["status"] == "partly reproduced"
+    v = _c3({"a": -0.5, "b": -0.4}, {"a": 0.0, "b": 0.0}, won)  # restoring raises the loss
+    assert v["status"] == "contradicted" and v["conditions"][1]["grade"] == "fails"
+    bare = scalar.c3_verdict(_rest({"a": 0.3}, {"a": 0.0}))
+    assert bare["status"] == "not yet tested" and "recompute" in bare["evidence"]
 
 
 def test_chapter3_figures_draw_from_records():
@@ -464,39 +552,58 @@ def test_theory_records_end_to_end(tb, filtered):
     before = _snapshot(tb.finetuned[task])
     recs = theory.theory_records(tb, t, tvs[t], out[t], report, xy_loss=xy_loss, xy_test=xy_test,
                                  fracs=[0.5, 1.0], seed=3, params={"p": 1}, suite="8")
-    assert [r["method"] for r in recs] == ["first-order", "path", "path", "layer", "layer"]
+    assert [r["method"] for r in recs] == ["first-order", "finetuned", "path", "path", "layer", "layer"]
     fo = recs[0]["metrics"]
+    # the filtered model's and θt's per-example test outcomes, for the paired accuracy change
+    filtered_out, ft_out = (outcomes_of(r)[task] for r in recs[:2])
+    assert filtered_out.float().mean() == pytest.approx(fo["acc_filtered"]) and len(filtered_out) == len(xy_test[1])
+    assert ft_out.float().mean() == pytest.approx(fo["acc_ft"]) and recs[1]["seed"] == 3 and recs[1]["suite"] == "8"
     L = theory.task_loss(tb, task, xy_loss)
     filt_state = out[t].apply_to(tb.pretrained)
     assert fo["measured"] == pytest.approx(float(L(filt_state)) - float(L(tb.finetuned[task])), rel=1e-4, abs=1e-7)
     assert abs(fo["predicted"]) <= fo["bound"] and fo["loss"] == pytest.approx(float(L(tb.finetuned[task])))
     assert fo["acc_filtered"] == pytest.approx(scalar.scores(tb, filt_state, task, xy_test)["acc"])
     assert fo["acc_change"] == pytest.approx(fo["acc_filtered"] - fo["acc_ft"])
-    assert recs[2]["metrics"]["measured"] == pytest.approx(fo["measured"])
-    assert recs[1]["metrics"]["predicted"] == pytest.approx(0.5 * fo["predicted"])
-    assert recs[0]["seed"] == 3 and recs[0]["suite"] == "8" and recs[3]["key"] == "a.weight"
+    assert recs[3]["metrics"]["measured"] == pytest.approx(fo["measured"])
+    assert recs[2]["metrics"]["predicted"] == pytest.approx(0.5 * fo["predicted"])
+    assert recs[0]["seed"] == 3 and recs[0]["suite"] == "8" and recs[4]["key"] == "a.weight"
     assert _same(tb.finetuned[task], before)
 
 
-def _fo(rows):
-    return _frame([dict(method="first-order", params={}, seed=0, task=t,
-                        metrics=dict(predicted=p, bound=b, measured=m, acc_change=a, loss=1.0, removed_energy=0.1,
-                                     acc_ft=0.9, acc_filtered=0.9 + a))
-                   for t, p, b, m, a in rows])
+def _fo(rows, seeds=(0,), outcomes=True):
+    """First-order records (task, predicted, bound, measured, lost) and θt's; ``lost``: test
+    examples of θt's right ones that θ0 + Δ̃t gets wrong (per-example outcomes, tests/outcome_records.py)."""
+    recs = []
+    for seed in seeds:
+        for t, p, b, m, lost in rows:
+            a = oc.acc(lost) - oc.acc()
+            recs.append(dict(method="first-order", params={}, seed=seed, task=t,
+                             metrics=dict(predicted=p, bound=b, measured=m * (1 + seed / 100), acc_change=a, loss=1.0,
+                                          removed_energy=0.1, acc_ft=oc.acc(), acc_filtered=oc.acc(lost)),
+                             **({"outcomes": oc.outcomes(t, lost)} if outcomes else {})))
+            if outcomes:
+                recs.append(dict(method="finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                 outcomes=oc.outcomes(t)))
+    return _frame(recs)
 
 
 def test_c12_verdict():
-    good = _fo([("a", 0.01, 0.05, 0.012, 0.0), ("b", 0.02, 0.03, 0.018, -0.005)])
-    assert theory.c12_verdict(good)["status"] == "reproduced"
-    off = _fo([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.05, -0.005)])  # sign wrong / far
-    v = theory.c12_verdict(off)  # within the bound in 1/2, sign wrong, small: one condition of three
-    assert v["status"] == "not reproduced" and "1/2" in v["evidence"]
-    within = _fo([("a", 0.01, 0.05, -0.03, 0.0), ("b", 0.02, 0.03, 0.02, -0.005)])  # within + small, sign wrong
-    assert theory.c12_verdict(within)["status"] == "partly reproduced"
-    broken = _fo([("a", 0.1, 0.05, 0.1, 0.0), ("b", 0.02, 0.03, 0.018, 0.0)])  # |predicted| > bound
-    assert theory.c12_verdict(broken)["status"] == "not reproduced"
-    costly = _fo([("a", 0.01, 0.05, -0.03, -0.2), ("b", 0.02, 0.03, 0.05, -0.1)])
-    assert theory.c12_verdict(costly)["status"] == "not reproduced"
+    good = theory.c12_verdict(_fo([("a", 0.01, 0.05, 0.012, 0), ("b", 0.02, 0.03, 0.018, 2)], seeds=(0, 1, 2)))
+    assert good["status"] == "reproduced" and len(good["conditions"]) == 4
+    within, sign, rel, acc = good["conditions"]
+    assert within["estimate"] == pytest.approx(0.6 * 1.01) and within["side"] == "<" and within["n_seeds"] == 3
+    assert sign["estimate"] == 0 and rel["threshold"] == 0.5
+    assert acc["estimate"] == pytest.approx(-0.25) and acc["threshold"] == pytest.approx(-1.0) and acc["lo"] > -1
+    assert "|predicted| ≤ bound (the precondition, Cauchy–Schwarz) in 6/6 (task, seed) cases" in good["evidence"]
+    off = theory.c12_verdict(_fo([("a", 0.01, 0.05, -0.03, 0), ("b", 0.02, 0.03, 0.05, 0)]))
+    assert off["status"] == "contradicted"  # outside the bound for b, a sign wrong, large relative error
+    assert [c["grade"] for c in off["conditions"]] == ["fails", "fails", "fails", "holds"]
+    assert off["conditions"][1]["estimate"] == 1
+    broken = theory.c12_verdict(_fo([("a", 0.1, 0.05, 0.1, 0), ("b", 0.02, 0.03, 0.018, 0)]))  # |predicted| > bound
+    assert broken["status"] == "contradicted" and [c["name"] for c in broken["conditions"]] == ["largest ratio of the prediction's size to the bound"]
+    assert broken["conditions"][0]["estimate"] == pytest.approx(2.0) and "the arithmetic is wrong" in broken["evidence"]
+    bare = theory.c12_verdict(_fo([("a", 0.01, 0.05, 0.012, 0)], outcomes=False))
+    assert bare["status"] == "not yet tested" and "records without per-example outcomes: recompute" in bare["evidence"]
 
 
 def test_chapter10_table_and_figures(tb, filtered):

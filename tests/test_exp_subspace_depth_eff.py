@@ -20,6 +20,8 @@ from pactlib.book.experiments import depth, efficiency, subspace  # noqa: E402
 from pactlib.linalg import projector_distance  # noqa: E402
 from pactlib.pact import LayerSubspaces, PactOptions, pact_filter  # noqa: E402
 from pactlib.book.records import make_record, records_frame  # noqa: E402
+from pactlib.outcomes import Scores, outcomes_of, scores  # noqa: E402
+import outcome_records as oc  # noqa: E402
 from pactlib.subspaces import LBW  # noqa: E402
 from pactlib.taskvector import TaskVector  # noqa: E402
 from pactlib.testbeds import alpha_grid  # noqa: E402
@@ -146,9 +148,9 @@ def test_group_gains_and_c9_reproduced():
     g = depth.group_gains(f)
     assert len(g) == 16
     assert g[(g.suite == "8") & (g.group == "early")]["gain"].tolist() == pytest.approx([2.0, 2.0])
-    v = depth.c9_verdicts(f, suites=["8", "20"])
-    assert v["early"]["status"] == "reproduced" and "0.67" in v["early"]["evidence"]
-    assert v["whole"]["status"] == "reproduced" and "+5.00" in v["whole"]["evidence"]
+    v = depth.c9_verdicts(f, suites=["8", "20"])  # records without outcomes: nothing to grade on (test_verdicts)
+    assert v["early"]["status"] == v["whole"]["status"] == "not yet tested"
+    assert depth.gain_intervals(f, suites=["8", "20"]) == {} and depth.gain_table(f, suites=["8"]).empty
 
 
 def test_condition_and_intrusion_tables():
@@ -190,24 +192,6 @@ def test_layer_records_round_trip_the_depth_groups_through_a_records_file(tmp_pa
         depth.layer_records({"early": keys[:1], "all": keys}, params={})
     with pytest.raises(ValueError, match="'all'"):
         depth.layer_records({"early": keys}, params={})
-
-
-def test_c9_not_and_partly():
-    f = _group_frame({"8": dict(early=0.5, middle=-0.2, late=0.0, all=-0.1),
-                      "20": dict(early=2.0, middle=0.0, late=0.0, all=1.0)})
-    v = depth.c9_verdicts(f, suites=["8", "20"])
-    # no full gain at T=8, but early is the best single group -> one of two
-    assert v["early"]["status"] == "partly reproduced" and "no gain" in v["early"]["evidence"]
-    # at T=20 all layers lose to early only, and with no gain at T=8 there is no share to shrink -> not
-    assert v["whole"]["status"] == "not reproduced"
-    f = _group_frame({"8": dict(early=-0.5, middle=-0.7, late=-0.2, all=1.0),
-                      "20": dict(early=-0.3, middle=-1.2, late=-2.1, all=0.7)})
-    v = depth.c9_verdicts(f, suites=["8", "20"])
-    # all layers win at T=20, but the early share is negative at both: nothing shrinks -> partly
-    assert v["early"]["status"] == "not reproduced" and v["whole"]["status"] == "partly reproduced"
-    f = _group_frame({"8": dict(early=0.1, middle=1.0, late=0.0, all=2.0)})
-    v = depth.c9_verdicts(f, suites=["8"])
-    assert v["early"]["status"] == "not reproduced" and v["whole"]["status"] == "not yet tested"
 
 
 def test_depth_plots_draw_every_group_and_suite():
@@ -323,6 +307,31 @@ class FakeBed:
         return {tasks[0]: 0.9 - float(1 - state["w"].pow(2).sum() / ref.pow(2).sum())}
 
 
+class ScoredBed(FakeBed):
+    """FakeBed whose evaluations are Scores: θt gets the first 8 of 10 test examples right, an
+    ablated state the first round(10 × its accuracy)."""
+
+    def __init__(self, pre, tvs):
+        super().__init__(pre, tvs)
+        self.ft_test = Scores({t: 0.8 for t in self.tasks}, {t: torch.arange(10) < 8 for t in self.tasks})
+
+    def evaluate(self, state, split, tasks):
+        acc = super().evaluate(state, split, tasks)[tasks[0]]
+        return scores({tasks[0]: torch.arange(10) < round(10 * acc)})
+
+
+def test_ablation_records_keep_the_ablated_models_outcomes():
+    pre, tvs, subs = _subs_fixture()
+    tb = ScoredBed(pre, tvs)
+    recs = subspace.ablation_records(tb, "t0", subs, draws=1, seed=2, params={}, conditions=("lbw", "random"), suite="8")
+    assert [r["method"] for r in recs] == ["finetuned", "ablate", "ablate"]
+    assert outcomes_of(recs[0])["t0"].tolist() == [True] * 8 + [False] * 2 and recs[0]["seed"] == 2
+    assert recs[0]["suite"] == "8"
+    for r in recs[1:]:
+        got = outcomes_of(r)["t0"]
+        assert got.float().mean() == pytest.approx(r["metrics"]["acc"]) and len(got) == 10
+
+
 def test_ablation_records_measure_drop_and_energy_without_mutating():
     pre, tvs, subs = _subs_fixture()
     tb = FakeBed(pre, tvs)
@@ -358,27 +367,74 @@ def test_ablation_records_measure_drop_and_energy_without_mutating():
         subspace.ablation_records(tb, "t9", subs, draws=1, seed=0, params={})
 
 
-def _ablate_frame(drops):
-    """drops: {(task, condition): [drop per draw]} -> frame of ablate records."""
-    recs = [make_record("ablate", params={}, seed=0, task=t, condition=c, draw=i,
-                        metrics={"drop": d, "energy": 0.5 if c in ("lbw", "energy") else 0.05,
-                                 "removed": 0.5 if c in ("lbw", "energy") else 0.05, "acc": 0.9 - d})
-            for (t, c), ds in drops.items() for i, d in enumerate(ds)]
-    return records_frame(recs)
+def _ablate_frame(drops, *, strength=1.0, seeds=(0,), lost=None):
+    """drops: {(task, condition): [drop per draw]} -> frame of ablate records at one strength γ;
+    with ``lost`` ({(task, condition): [θt's right test examples lost, per draw]}), θt's
+    "finetuned" records and per-example outcomes too (tests/outcome_records.py)."""
+    return records_frame(_ablate_recs(drops, strength=strength, seeds=seeds, lost=lost))
 
 
-def test_c4_verdict_statuses():
-    strong = {("a", "lbw"): [0.5], ("a", "random"): [0.01, 0.05], ("a", "complement"): [0.0, 0.02],
-              ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
-              ("b", "complement"): [0.1], ("b", "energy"): [0.1]}
-    v = subspace.c4_verdict(_ablate_frame(strong), margin=0.02)
-    assert v["status"] == "reproduced" and "in 2/2 (seed, task)" in v["evidence"]
-    assert "energy-matched control: 1/2" in v["evidence"]  # task b beats it, task a does not
-    v = subspace.c4_verdict(_ablate_frame(strong), margin=0.1)  # task b: 0.3 vs 0.2 + 0.1 fails
-    assert v["status"] == "partly reproduced" and "1/2" in v["evidence"]
-    weak = {("a", "lbw"): [0.01], ("a", "random"): [0.0], ("a", "complement"): [0.02]}
-    v = subspace.c4_verdict(_ablate_frame(weak))
-    assert v["status"] == "not reproduced" and "energy-matched" not in v["evidence"]
+def _ablate_recs(drops, *, strength=1.0, seeds=(0,), lost=None, finetuned=True):
+    recs = []
+    for seed in seeds:
+        if lost is not None and finetuned:
+            recs += [make_record("finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                 outcomes=oc.outcomes(t)) for t in dict.fromkeys(t for t, _ in drops)]
+        for (t, c), ds in drops.items():
+            for i, d in enumerate(ds):
+                extra = {} if lost is None else {"outcomes": oc.outcomes(t, lost[t, c][i])}
+                recs.append(make_record("ablate", params={}, seed=seed, task=t, condition=c, draw=i, strength=strength,
+                                        metrics={"drop": d, "energy": 0.5 if c in ("lbw", "energy") else 0.05,
+                                                 "removed": 0.5 if c in ("lbw", "energy") else 0.05, "acc": 0.9 - d},
+                                        **extra))
+    return recs
+
+
+def _lost(drops):
+    return {k: [round(d * oc.N) for d in ds] for k, ds in drops.items()}
+
+
+def _c4(drops, *, margin=0.02, weak=None):
+    recs = _ablate_recs(drops, seeds=(0, 1, 2), lost=_lost(drops))
+    if weak is not None:  # the smaller dose γ = 0.25, not graded
+        recs += _ablate_recs(weak, strength=0.25, seeds=(0, 1, 2), lost=_lost(weak), finetuned=False)
+    return subspace.c4_verdict(records_frame(recs), margin=margin)
+
+
+STRONG = {("a", "lbw"): [0.5], ("a", "random"): [0.01, 0.05], ("a", "complement"): [0.0, 0.02],
+          ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
+          ("b", "complement"): [0.1, 0.1], ("b", "energy"): [0.1, 0.1]}
+
+
+def test_c4_verdict_grades_paired_excess_drops_at_the_removal():
+    weak = {k: [0.0] * len(v) for k, v in STRONG.items()}
+    v = _c4(STRONG, weak=weak)
+    assert v["status"] == "reproduced" and [c["grade"] for c in v["conditions"]] == ["holds", "holds"]
+    rand, comp = v["conditions"]
+    # random: a 50 − 3, b 30 − 15 -> 31; complement: a 50 − 1, b 30 − 10 -> 34.5 (points)
+    assert rand["name"] == "drop(V_LBW) − drop(random in ℝⁿ), γ = 1" and rand["estimate"] == pytest.approx(31.0)
+    assert comp["estimate"] == pytest.approx(34.5) and rand["threshold"] == pytest.approx(2.0)
+    assert rand["n_examples"] == oc.N and rand["n_seeds"] == 3
+    assert "LBW drop at γ = 1: +40.0 [" in v["evidence"] and "(400 per task), 3 seed(s)" in v["evidence"]
+    assert "γ = 0.25, random in ℝⁿ: +0.0 [+0.0, +0.0]" in v["evidence"]  # reported, not graded
+    assert "γ = 1, random in ℝⁿ, energy-matched: +11.2 [" in v["evidence"]  # a 50 − 47.5, b 30 − 10
+    far = _c4(STRONG, margin=0.4)  # 31 and 34.5 points lie wholly below 40
+    assert far["status"] == "contradicted" and all(c["grade"] == "fails" for c in far["conditions"])
+    close = {("a", "lbw"): [0.05], ("a", "random"): [0.025], ("a", "complement"): [0.0],
+             ("b", "lbw"): [0.05], ("b", "random"): [0.025], ("b", "complement"): [0.0]}
+    v = _c4(close)  # random: 2.5 points, across the 2-point margin; complement: 5 points, above it
+    assert [c["grade"] for c in v["conditions"]] == ["inconclusive", "holds"] and v["status"] == "partly reproduced"
+    assert v["conditions"][0]["needs"].startswith("needs ≈ ")
+    bare = subspace.c4_verdict(_ablate_frame(STRONG))
+    assert bare["status"] == "not yet tested" and "records without per-example outcomes: recompute" in bare["evidence"]
+
+
+def test_contrast_table_gives_drops_and_excess_with_intervals():
+    t = subspace.contrast_table(_ablate_frame(STRONG, seeds=(0, 1, 2), lost=_lost(STRONG)))
+    assert list(t.index) == [("1", subspace.PLAIN[c]) for c in subspace.CONDITIONS]
+    assert t.loc[("1", "V_t,LBW"), "drop (points)"].startswith("+40.0 [") and t.loc[("1", "V_t,LBW"), "drop(LBW) − drop (points)"] == ""
+    assert t.loc[("1", "random ⊥ V_t,k"), "drop(LBW) − drop (points)"].startswith("+34.5 [")
+    assert t["seeds"].tolist() == [3] * 4 and t["examples per task"].tolist() == [oc.N] * 4
 
 
 def test_subspace_plots_and_table():
@@ -387,6 +443,15 @@ def test_subspace_plots_and_table():
     fig, ax = plt.subplots()
     subspace.plot_drops(f, ax=ax)
     assert [p.get_height() for p in ax.patches] == pytest.approx([10, 20, 30, 40])
+    assert not ax.containers[4:]  # bars only: no error bars without intervals
+    plt.close(fig)
+    g = _ablate_frame(drops, seeds=(0, 1, 2), lost=_lost(drops))
+    fig, ax = plt.subplots()
+    subspace.plot_drops(g, ax=ax, errors=subspace.contrasts(g, by_task=True))
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 4  # one 95 % error bar per condition's bar
+    seg = bars[0].lines[2][0].get_segments()[0]  # the LBW bar's: 10 points ± its paired interval
+    assert seg[0][1] < 10 < seg[1][1]
     plt.close(fig)
     fig, ax = plt.subplots()
     subspace.plot_energy(f, ax=ax)
@@ -550,21 +615,25 @@ def test_accuracy_check_tolerance():
         efficiency.accuracy_check(_acc_frame([0.8], [0.8]), exact="pact-iso_c", other="iso_c")
 
 
-def test_c10_verdict_halves():
-    ok = efficiency.accuracy_check(_acc_frame([0.8], [0.805]), exact="pact-iso_c", other="pact-rsvd-iso_c")
-    off = efficiency.accuracy_check(_acc_frame([0.8], [0.85]), exact="pact-iso_c", other="pact-rsvd-iso_c")
-    assert efficiency.c10_verdict(ok, speedup=3.0, bench=None)["status"] == "reproduced"
-    v = efficiency.c10_verdict(ok, speedup=1.1, bench={"speedup_rsvd": 6.0, "blocks": 12}, rsvd_share=0.5)
-    assert v["status"] == "partly reproduced" and "6.0× faster" in v["evidence"] and "50 %" in v["evidence"]
-    v = efficiency.c10_verdict(ok, speedup=3.0, bench={"speedup_rsvd": 3.2, "blocks": 12, "lbw_projector_distance_mean": 0.424,
-                                                       "filtered_rel_change_mean": 0.175})
+def test_c10_verdict_reports_the_benchmark_beside_its_conditions():
+    f = _acc_frame([0.8], [0.805])  # no per-example outcomes: not graded, the benchmark still reported
+    v = efficiency.c10_verdict(f, exact="pact-iso_c", other="pact-rsvd-iso_c", speedups=[1.1],
+                               bench={"speedup_rsvd": 6.0, "blocks": 12}, rsvd_share=0.5)
+    assert v["status"] == "not yet tested" and "6.0× faster" in v["evidence"] and "50 %" in v["evidence"]
+    assert "RSVD 1.10× faster (goal > 2×, 1 seed(s))" in v["evidence"]
+    v = efficiency.c10_verdict(f, exact="pact-iso_c", other="pact-rsvd-iso_c", speedups=[3.0],
+                               bench={"speedup_rsvd": 3.2, "blocks": 12, "lbw_projector_distance_mean": 0.424,
+                                      "filtered_rel_change_mean": 0.175})
     assert "projector distance / √r 0.42" in v["evidence"] and "differ by 18 %" in v["evidence"]
-    v = efficiency.c10_verdict(ok, speedup=3.0, bench={"speedup_rsvd": 2.7, "blocks": 12, "oversample": 40, "n_iter": 8,
-                                                       "lbw_projector_distance_mean": 0.011, "filtered_rel_change_mean": 0.004})
+    v = efficiency.c10_verdict(f, exact="pact-iso_c", other="pact-rsvd-iso_c", speedups=[3.0],
+                               bench={"speedup_rsvd": 2.7, "blocks": 12, "oversample": 40, "n_iter": 8,
+                                      "lbw_projector_distance_mean": 0.011, "filtered_rel_change_mean": 0.004})
     assert "2.7× faster with p = 40, q = 8" in v["evidence"] and "√r 0.011" in v["evidence"] and "by 0.4 %" in v["evidence"]
-    assert efficiency.c10_verdict(off, speedup=3.0, bench=None)["status"] == "partly reproduced"
-    v = efficiency.c10_verdict(off, speedup=0.9, bench=None)
-    assert v["status"] == "not reproduced" and "outside" in v["evidence"] and "not run" in v["evidence"]
+    assert "not run" in efficiency.c10_verdict(f, exact="pact-iso_c", other="pact-rsvd-iso_c", speedups=[3.0],
+                                               bench=None)["evidence"]
+    with pytest.raises(ValueError, match="no seed has both"):
+        efficiency.c10_verdict(f, exact="pact-iso_c", other="iso_c", speedups=[3.0], bench=None)
+    assert efficiency.accuracy_contrasts(f, "iso_c") == {}
 
 
 def test_plot_floor_draws_each_column_without_its_gaps_and_the_goal():

@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from pactlib.book import records, report
+import outcome_records as oc
 
 
 def _rec(method, suite, seed, acc, norm):
@@ -143,6 +144,64 @@ def test_sensitivity_table_breaks_ties_toward_the_default():
     assert sens.loc["lbw_tol", "val (best)"] == pytest.approx(85.1)
 
 
+def _knob_rec(method, won, *, val, **extra):
+    """A sweep record on tasks a and b: θt's outcomes (``oc``) with ``won`` more examples right per task."""
+    right = oc.correct(won=won)
+    acc = float(right.float().mean())
+    metrics = {"acc": acc, "norm_acc": acc / 0.9, "val_norm_acc": val, "acc:a": acc, "acc:b": acc,
+               "norm_acc:a": acc / 0.9, "norm_acc:b": acc / 0.9}
+    return records.make_record(method, params={}, seed=0, suite="8", metrics=metrics, base="iso_c",
+                               outcomes={"test": {"a": oc.outcomes("a", won=won)["test"]["a"],
+                                                  "b": oc.outcomes("b", won=won)["test"]["b"]}}, **extra)
+
+
+def test_sensitivity_gains_carry_intervals_when_the_records_have_outcomes():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from pactlib.pact import PactOptions
+
+    recs = [_knob_rec("iso_c", 0, val=0.7), _knob_rec("pact-iso_c", 30, val=0.80, knob="lbw_tol", value=0.2),
+            _knob_rec("pact-iso_c", 10, val=0.78, knob="lbw_tol", value=0.5),
+            _knob_rec("pact-iso_c", 10, val=0.77, knob="lbw_tol", value=0.8)]
+    iv = report.sweep_interval(recs, "lbw_tol", 0.2)  # against plain Iso-C: 30 of 400 per task, normalized by 0.9
+    assert iv.estimate == pytest.approx(7.5 / 0.9) and iv.lo > 0
+    assert report.sweep_interval(recs, "lbw_tol", 0.2, against=0.5).estimate == pytest.approx(5.0 / 0.9)
+    with pytest.raises(ValueError, match="no records of knob 'core_frac'"):
+        report.sweep_interval(recs, "core_frac", 0.1)
+    sens = report.sensitivity_table(recs, ["lbw_tol"], defaults=PactOptions())
+    text = report.sweep_interval(recs, "lbw_tol", 0.2, against=0.5).text()
+    assert sens.loc["lbw_tol", "best on validation"] == 0.2 and sens.loc["lbw_tol", report.SENS_GAIN] == text
+    assert report.moved_knobs_text(sens).endswith(f"lbw_tol = 0.2: validation +2.00, test {text} points")
+    fig = plt.figure()
+    report.plot_sensitivity(recs, ["lbw_tol"], defaults=PactOptions(), fig=fig, ax=fig.add_subplot())
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1 and len(bars[0].lines[2][0].get_segments()) == 3  # one per swept value
+    plt.close(fig)
+
+
+def test_gain_table_without_outcomes_gives_the_mean_gain_and_says_so():
+    tab = report.gain_table(_main_records({"8": 0.02}), ["iso_c"], ["8"], metric="acc")
+    assert tab.loc["Iso-C", "T = 8"] == "+2.10 (no interval)"  # mean of 2.0 and 2.2
+
+
+def test_reading_follows_the_status_and_names_what_fails():
+    from pactlib.book import intervals, verdicts
+
+    def cond(name, lo, hi):
+        return verdicts.condition(name, intervals.Interval((lo + hi) / 2, lo, hi, (hi - lo) / 4, n_examples=100))
+
+    ok, wide, bad = cond("A − B", 1.0, 2.0), cond("A − C", -1.0, 2.0), cond("A − D", -3.0, -1.0)
+    assert report.reading(verdicts.graded([ok])).startswith("Every one of the 1 comparisons")
+    assert report.reading(verdicts.graded([ok, wide])).startswith("1 of the 2 comparisons hold")
+    assert report.reading(verdicts.graded([wide])).startswith("No comparison is decided")
+    text = report.reading(verdicts.graded([ok, wide, bad]))
+    assert text.startswith("1 of the 3 comparisons lie wholly on the wrong side") and "(A − D)" in text
+    assert "not graded on intervals here: one suite" in report.reading(verdicts.not_tested("one suite"))
+
+
 def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
     import json
     import math
@@ -168,16 +227,6 @@ def test_table_record_round_trips_index_columns_order_and_dtypes(tmp_path):
                              params={})
 
 
-def test_depth_evidence_says_an_undefined_share_in_words():
-    v = {"whole": {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs nan at T=14. Gains: all -0.02."},
-         "early": {"status": "partly reproduced", "evidence": "share = 0.16; early is the best group"}}
-    out = report.depth_evidence(v)
-    assert out["whole"] == {"status": "not reproduced", "evidence": "share 0.31 at T=8 vs undefined at T=14 "
-                            "(filtering every layer gives no gain there). Gains: all -0.02."}
-    assert out["early"] == v["early"]
-    assert "nan at T=14" in v["whole"]["evidence"]  # the input is not modified
-
-
 def test_recipe_view_writes_no_cap_as_all():
     frame = pd.DataFrame({"full": ["None", "—", "80", None], "profile": ["None", "None", "80", "None"]},
                          index=pd.Index(["train_limit", "head_shots", "steps", "eval_limit"], name="field"))
@@ -194,64 +243,63 @@ def _ablate(drops, strength=1.0):
             for (t, c), ds in drops.items() for i, d in enumerate(ds)]
 
 
-def test_c4_closeness_counts_like_the_verdict_and_compares_with_the_energy_control():
-    from pactlib.book.experiments import subspace
-
-    strong = {("a", "lbw"): [0.5], ("a", "random"): [0.01, 0.05], ("a", "complement"): [0.0, 0.02],
-              ("a", "energy"): [0.45, 0.5], ("b", "lbw"): [0.3], ("b", "random"): [0.1, 0.2],
-              ("b", "complement"): [0.1], ("b", "energy"): [0.4]}
-    weak = {("a", "lbw"): [0.01], ("a", "random"): [0.0], ("a", "complement"): [0.02], ("a", "energy"): [0.0],
-            ("b", "lbw"): [0.01], ("b", "random"): [0.0], ("b", "complement"): [0.0], ("b", "energy"): [0.0]}
-    frame = records.records_frame(_ablate(strong) + _ablate(weak, strength=0.25))
-    c = report.c4_closeness(frame, margin=0.02)
-    assert subspace.c4_verdict(frame, margin=0.02)["status"] == "partly reproduced"
-    assert (c["n_ok"], c["n"]) == (2, 4)  # both tasks pass at γ = 1, neither at γ = 0.25
-    assert c["strengths"][1.0] == {"ok": 2, "n": 2, "lbw": pytest.approx(40.0), "energy": pytest.approx(43.75),
-                                   "beats_energy": 0}  # a: 0.5 vs 0.5 + 0.02; b: 0.3 vs 0.4
-    assert "2 of 4 (γ, seed, task) cases (0/2 at γ = 0.25, 2/2 at γ = 1): exactly half" in c["text"]
-    assert "one case fewer would give \"not reproduced\"" in c["text"]
-    assert "40.0 vs 43.8 points at γ = 1" in c["text"] and "in 0/2 and 0/2 (seed, task) pairs" in c["text"]
-    assert c["text"].endswith("At γ = 1 the LBW hurts less than the energy-matched control.")
-    above = report.c4_closeness(records.records_frame(_ablate(strong) + _ablate(strong, strength=0.25)
-                                                      + _ablate(weak, strength=0.5)))
-    assert "4 of 6" in above["text"] and "1 case above the half that \"partly reproduced\" needs, 2 short of all" \
-        in above["text"]
-    no_energy = {k: v for k, v in strong.items() if k[1] != "energy"}
-    c = report.c4_closeness(records.records_frame(_ablate(no_energy)))
-    assert c["strengths"][1.0]["energy"] is None and "energy-matched" not in c["text"]
-    assert "every case, as \"reproduced\" needs" in c["text"]
-
-
-def _depth(gains, base=0.80):
-    """Chapter 7's group records on suite 8, two seeds; ``gains`` in points per group."""
+def _ablate_outcomes(lost, strength=1.0, finetuned=True):
+    """lost: {(task, condition): [θt's right test examples lost, per draw]} -> ablate records with
+    per-example outcomes on 3 seeds, and θt's "finetuned" records (tests/outcome_records.py)."""
     recs = []
-    for seed in (0, 1):
-        recs.append(records.make_record("m", params={}, seed=seed, suite="8", group="none", metrics={"norm_acc": base}))
-        recs += [records.make_record("m", params={}, seed=seed, suite="8", group=g, metrics={"norm_acc": base + v / 100})
-                 for g, v in gains.items()]
-    return records.records_frame(recs)
+    for seed in (0, 1, 2):
+        if finetuned:
+            recs += [records.make_record("finetuned", params={}, seed=seed, task=t, metrics={"acc": oc.acc()},
+                                         outcomes=oc.outcomes(t)) for t in dict.fromkeys(t for t, _ in lost)]
+        recs += [records.make_record("ablate", params={}, seed=seed, task=t, condition=c, draw=i, strength=strength,
+                                     metrics={"drop": k / oc.N}, outcomes=oc.outcomes(t, k))
+                 for (t, c), ks in lost.items() for i, k in enumerate(ks)]
+    return recs
 
 
-def test_c9a_closeness_gives_both_margins_against_the_sampling_error():
-    from pactlib.book.experiments import depth
+def test_c4_closeness_grades_the_energy_control_on_its_interval():
+    strong = {("a", "lbw"): [200], ("a", "random"): [4, 20], ("a", "complement"): [0, 8], ("a", "energy"): [180, 200],
+              ("b", "lbw"): [120], ("b", "random"): [40, 80], ("b", "complement"): [40, 40],
+              ("b", "energy"): [160, 160]}
+    weak = {("a", "lbw"): [40], ("a", "random"): [0], ("a", "complement"): [8], ("a", "energy"): [0],
+            ("b", "lbw"): [40], ("b", "random"): [0], ("b", "complement"): [0], ("b", "energy"): [0]}
+    frame = records.records_frame(_ablate_outcomes(strong) + _ablate_outcomes(weak, 0.25, finetuned=False))
+    c = report.c4_closeness(frame, margin=0.02)
+    assert c["graded"] == 1.0 and sorted(c["strengths"]) == [0.25, 1.0]
+    one = c["strengths"][1.0]  # LBW: (50 + 30)/2 = 40 points; energy: (47.5 + 40)/2 = 43.75
+    assert one["lbw"] == pytest.approx(40.0) and one["energy"] == pytest.approx(43.75)
+    assert one["excess"].estimate == pytest.approx(-3.75) and one["excess"].hi < 2
+    assert c["strengths"][0.25]["excess"].estimate == pytest.approx(10.0)
+    assert "at γ = 0.25, drop(V_LBW) − drop(energy-matched) is +10.0 [" in c["text"]
+    assert "points, more than the margin above it" in c["text"]
+    assert "at γ = 1 (graded), drop(V_LBW) − drop(energy-matched) is −3.8 [" in c["text"]
+    assert c["text"].endswith("below the margin: the LBW hurts no more than removing as much energy at random.")
+    no_energy = {k: v for k, v in strong.items() if k[1] != "energy"}
+    c = report.c4_closeness(records.records_frame(_ablate_outcomes(no_energy)))
+    assert c["strengths"][1.0]["energy"] is None and c["strengths"][1.0]["excess"] is None
+    assert c["text"].startswith("**Against the energy-matched control.** Not run")
+    bare = report.c4_closeness(records.records_frame(_ablate(strong)))
+    assert bare["strengths"] == {} and "records without per-example outcomes: recompute" in bare["text"]
 
-    f = _depth(dict(early=0.22, middle=-1.15, late=-2.25, all=1.42))
-    assert depth.c9_verdicts(f, suites=["8"])["early"]["status"] == "partly reproduced"
-    c = report.c9a_closeness(f, suite="8", noise=1.25)
-    assert c["rival"] == "middle" and c["best_margin"] == pytest.approx(1.37)
-    assert c["share_margin"] == pytest.approx(0.22 - 0.71)
-    assert "early +0.22 − 0.5 × all (+1.42) = −0.49, fails" in c["text"]  # Unicode minus, not a hyphen
-    assert "early +0.22 − middle (−1.15) = +1.37, holds" in c["text"] and "-" not in c["text"]
-    assert "the first margin is within it, the second 1.1 times it" in c["text"]
-    assert "own gain (+0.22) is within it" in c["text"] and c["text"].endswith("not clear of noise.")
-    clear = report.c9a_closeness(_depth(dict(early=3.0, middle=0.5, late=-1.0, all=4.0)), suite="8", noise=0.5)
-    assert "the first margin is 2.0 times it, the second 5.0 times it" in clear["text"]
-    assert "noise" not in clear["text"]
-    none = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=-0.3)), suite="8", noise=1.0)
-    assert none["share_margin"] is None and "no gain, so it cannot hold" in none["text"]
-    assert "the first margin is undefined" in none["text"]
-    both = report.c9a_closeness(_depth(dict(early=0.5, middle=0.1, late=0.0, all=0.8)), suite="8", noise=1.0)
-    assert "both margins are within it, and" in both["text"] and "the second" not in both["text"]
+
+def test_c9a_closeness_says_how_far_each_interval_lies_from_its_threshold():
+    from pactlib.book import verdicts
+    from pactlib.book.intervals import Interval
+
+    def cond(name, lo, hi, side=">"):
+        return verdicts.condition(name, Interval((lo + hi) / 2, lo, hi, (hi - lo) / 3.92,
+                                                 se_examples=(hi - lo) / 3.92, n_examples=150), side=side)
+
+    v = verdicts.graded([cond("gain", 0.4, 2.0), cond("early − late", -0.5, 1.5), cond("share", -1.2, -0.3),
+                         cond("less", -2.0, -0.25, side="<")], "x")
+    c = report.c9a_closeness(v)
+    assert [m["margin"] for m in c["margins"]] == pytest.approx([0.4, 0.0, 0.3, 0.25])
+    assert [m["grade"] for m in c["margins"]] == ["holds", "inconclusive", "fails", "holds"]
+    assert c["text"].startswith("**How close to flipping.** \"gain\" holds, its interval 0.40 points above 0; "
+                                "\"early − late\" spans 0 (needs ≈ 4.0× the data")
+    assert "\"share\" fails, its interval 0.30 points below 0; \"less\" holds, its interval 0.25 points below 0." \
+        in c["text"]
+    assert report.c9a_closeness(verdicts.not_tested("one suite")) == {"margins": [], "text": ""}
 
 
 def _searched(method, seed, alpha, *, widened=(), grid=(0.1, 0.5, 3.0)):

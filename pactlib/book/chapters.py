@@ -212,6 +212,10 @@ class Testbed(Chapter):
     samples_per_task: _int(1) = 8
     minilm_testbed: Annotated[str, AfterValidator(_minilm_or_empty)] = "minilm-14"  # "" skips the MiniLM part
     minilm_seeds: Seeds = [0, 1, 2]
+    val_limit: Limit = 100
+    test_limit: Limit = 300
+    minilm_val_limit: Limit = 48
+    minilm_test_limit: Limit = 150
 
 
 class ScalarPerspective(Chapter):

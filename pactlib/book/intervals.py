@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Interval", "MIN_SEEDS", "LEVEL", "N_RESAMPLES", "contrast", "difference", "point", "over_seeds",
-           "needed", "fmt"]
+__all__ = ["Interval", "MIN_SEEDS", "LEVEL", "N_RESAMPLES", "NO_OUTCOMES", "contrast", "difference", "point",
+           "over_seeds", "needed", "fmt", "field", "packed", "has_outcomes"]
 
 #: Seeds from which the spread over seeds enters an interval.
 MIN_SEEDS = 3
@@ -47,6 +47,8 @@ MIN_SEEDS = 3
 LEVEL = 0.95
 #: Bootstrap resamples per interval.
 N_RESAMPLES = 2000
+#: What a verdict says when its records carry no per-example outcomes (made before they were kept).
+NO_OUTCOMES = "records without per-example outcomes: recompute"
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,10 @@ def over_seeds(values: Sequence[float]) -> Interval:
     return _combine(float(v.mean()), 0.0, se, 0, int(v.size)) if se > 0 else point(float(v.mean()), n_seeds=int(v.size))
 
 
-def _get(rec, name: str, default=None):
+def field(rec, name: str, default=None):
+    """Field ``name`` of a record: a dict (``"metrics"`` nested) or a row of
+    :func:`pactlib.book.records.records_frame` (``"metrics.acc"`` flat); ``default`` when absent,
+    None or NaN."""
     if isinstance(rec, Mapping):
         return rec.get(name, default)
     try:  # a row of pactlib.book.records.records_frame
@@ -136,28 +141,44 @@ def _get(rec, name: str, default=None):
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+def packed(rec) -> Mapping | None:
+    """A record's per-example test outcomes, ``{task: packed}`` (:mod:`pactlib.outcomes`), or None
+    when it has none (records made before they were kept)."""
+    p = field(rec, "outcomes.test")
+    if p is None:
+        o = field(rec, "outcomes")
+        p = o.get("test") if isinstance(o, Mapping) else None
+    return p if isinstance(p, Mapping) and p else None
+
+
+def has_outcomes(recs) -> bool:
+    """Whether there are records and every one keeps per-example test outcomes (``recs``: records,
+    rows, or a records frame)."""
+    if hasattr(recs, "iterrows"):
+        recs = [r for _, r in recs.iterrows()]
+    return bool(len(recs)) and all(packed(r) is not None for r in recs)
+
+
 def _outcomes(rec) -> dict[str, np.ndarray]:
     from pactlib.outcomes import unpack
 
-    packed = _get(rec, "outcomes.test")
-    if packed is None:
-        packed = (_get(rec, "outcomes") or {}).get("test")
-    if not packed:
-        raise ValueError(f"record of {_get(rec, 'method')!r} (seed {_get(rec, 'seed')}, testbed "
-                         f"{_get(rec, 'testbed')!r}) has no per-example test outcomes: recompute its chapter")
-    return {t: unpack(v).numpy().astype(np.float64) for t, v in packed.items()}
+    p = packed(rec)
+    if p is None:
+        raise ValueError(f"record of {field(rec, 'method')!r} (seed {field(rec, 'seed')}, testbed "
+                         f"{field(rec, 'testbed')!r}) has no per-example test outcomes: recompute its chapter")
+    return {t: unpack(v).numpy().astype(np.float64) for t, v in p.items()}
 
 
 def _normalizers(rec, tasks) -> dict[str, float]:
     """f_t of a record: acc:<t> / norm_acc:<t> from its metrics (the fine-tuned test accuracy)."""
     out = {}
     for t in tasks:
-        a, n = _get(rec, f"metrics.acc:{t}"), _get(rec, f"metrics.norm_acc:{t}")
+        a, n = field(rec, f"metrics.acc:{t}"), field(rec, f"metrics.norm_acc:{t}")
         if a is None:
-            m = _get(rec, "metrics") or {}
+            m = field(rec, "metrics") or {}
             a, n = m.get(f"acc:{t}"), m.get(f"norm_acc:{t}")
         if a is None or n is None or n == 0:
-            raise ValueError(f"record of {_get(rec, 'method')!r} has no acc:{t} / norm_acc:{t} to normalize by")
+            raise ValueError(f"record of {field(rec, 'method')!r} has no acc:{t} / norm_acc:{t} to normalize by")
         out[t] = float(a) / float(n) if a else math.nan
     return out
 
@@ -165,7 +186,7 @@ def _normalizers(rec, tasks) -> dict[str, float]:
 def _by_seed(recs) -> dict[Any, list]:
     out: dict[Any, list] = {}
     for r in recs:
-        out.setdefault((_get(r, "testbed"), _get(r, "seed")), []).append(r)
+        out.setdefault((field(r, "testbed"), field(r, "seed")), []).append(r)
     return out
 
 

@@ -6,7 +6,6 @@ is typed by hand.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,8 +13,9 @@ import pandas as pd
 
 from pactlib import merges
 from pactlib.book.plotting import legend_outside
-from pactlib.book.site import and_join, signed
-from pactlib.book.verdicts import NOT_REPRODUCED, PARTLY, REPRODUCED, grade, ladder, not_tested, verdict
+from pactlib.book.site import and_join
+from pactlib.book.verdicts import (CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, PARTLY, REPRODUCED, grade, ladder,
+                                   not_tested, verdict)
 
 PRETTY_EXTRA = {"zero-shot": "Zero-shot (θ0)", "fine-tuned": "Individual fine-tuned"}
 
@@ -146,13 +146,13 @@ def seeds_text(counts: dict[str, int]) -> str:
 
 
 def has_outcomes(frame) -> bool:
-    """Whether the merge records of ``frame`` carry per-example test outcomes (records made before
+    """Whether the merge records of ``frame`` (zero-shot and fine-tuned references left out) carry
+    per-example test outcomes (:func:`pactlib.book.intervals.has_outcomes`; records made before
     they were kept do not: their verdicts are graded by the sign of the mean, and say so)."""
+    from pactlib.book import intervals
+
     f = _frame(frame)
-    if "outcomes.test" not in f.columns:
-        return False
-    sel = f[~f["method"].isin(list(PRETTY_EXTRA))]
-    return bool(len(sel)) and bool(sel["outcomes.test"].notna().all())
+    return intervals.has_outcomes(f[~f["method"].isin(list(PRETTY_EXTRA))])
 
 
 def _rows(f: pd.DataFrame, methods, suite: str) -> list:
@@ -173,15 +173,24 @@ def gain_interval(frame, plus, minus, *, suite: str, metric: str = "norm_acc") -
 def gain_table(frame, methods: Sequence[str], suites: Sequence[str], *, prefix: str = "pact-",
                metric: str = "norm_acc") -> pd.DataFrame:
     """Rows: base methods; columns: suites; cells: the gain of ``prefix+method`` over the method
-    with its 95 % interval, ``'+0.54 [−0.71, +1.79]'`` (points), and the seeds it rests on."""
+    with its 95 % interval, ``'+0.54 [−0.71, +1.79]'`` (points), and the seeds it rests on; records
+    without per-example outcomes give the mean gain over seeds, ``'+0.54 (no interval)'``."""
+    from pactlib.book.intervals import fmt
+
     f = _frame(frame)
+    with_iv = has_outcomes(f)
     rows = {}
     for m in methods:
         row = {}
         for s in suites:
-            if _rows(f, prefix + m, s) and _rows(f, m, s):
+            if not (_rows(f, prefix + m, s) and _rows(f, m, s)):
+                continue
+            if with_iv:
                 iv = gain_interval(f, prefix + m, m, suite=s, metric=metric)
                 row[f"T = {s}"] = iv.text() + (f" ({iv.n_seeds} seeds)" if iv.n_seeds > 1 else " (1 seed)")
+            else:
+                g = gains(f, base_methods=[m], suites=[s], prefix=prefix, metric=metric)["gain"]
+                row[f"T = {s}"] = f"{fmt(g.mean())} (no interval)"
         rows[pretty(m)] = row
     return pd.DataFrame(rows).T
 
@@ -272,6 +281,36 @@ def main_verdicts_by_sign(frame, *, suites: Sequence[str], c5_methods=("task_ari
         out["C7"] = verdict(grade(mono, mean_gain[-1] > mean_gain[0]),
                             f"mean PACT gain in normalized accuracy over all base methods (points; {seeds}): {txt}")
     return out
+
+
+def reading(v: dict) -> str:
+    """Two or three sentences on what a graded verdict's numbers mean, chosen by its status and
+    built from its conditions (counts and names, no typed numbers); a verdict without conditions
+    (not yet tested, or graded by sign) says it is not graded on intervals here and why."""
+    conds = v.get("conditions") or []
+    by = {g: [c["name"] for c in conds if c["grade"] == g] for g in (HOLDS, INCONCLUSIVE, FAILS)}
+    n, status = len(conds), v["status"]
+    if not conds:
+        return ("This claim is not graded on intervals here: " + v["evidence"].rstrip(".") + ". Nothing in this run "
+                "decides it either way; the chapter's tables show what was measured.")
+    if status == REPRODUCED:
+        return (f"Every one of the {n} comparisons lies clear of its threshold: each 95 % interval is wholly on the "
+                "claimed side, so the test sampling error (and, where there are enough seeds, the spread over "
+                "seeds) cannot explain the effect away. The claim holds on this testbed at these test sizes.")
+    if status == CONTRADICTED:
+        named = and_join(by[FAILS][:4]) + (" and others" if len(by[FAILS]) > 4 else "")
+        rest = (f" {len(by[HOLDS])} hold and {len(by[INCONCLUSIVE])} are within the noise."
+                if by[HOLDS] or by[INCONCLUSIVE] else "")
+        return (f"{len(by[FAILS])} of the {n} comparisons lie wholly on the wrong side of their threshold ({named}): "
+                "there the data go against the claim beyond the sampling error." + rest)
+    tail = ("The column \"to decide\" says how much more test data or how many more seeds would settle each "
+            "undecided comparison at the effect observed.")
+    if status == PARTLY:
+        return (f"{len(by[HOLDS])} of the {n} comparisons hold; the intervals of the other {len(by[INCONCLUSIVE])} "
+                "span the threshold, so those effects cannot be told from sampling error at this test size and "
+                "seed count, in either direction. " + tail)
+    return ("No comparison is decided: every interval spans its threshold, so the effects measured here are "
+            "within the sampling error and say neither that the claim holds nor that it fails. " + tail)
 
 
 def plot_mode_gains(frame, methods: Sequence[str], *, suite: str, modes: Sequence[str], ax,
@@ -396,15 +435,47 @@ def _sweep_rows(frame, knob: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_interval(frame, knob: str, value, *, against=None, metric: str = "norm_acc") -> "intervals.Interval":
+    """The 95 % interval of a sensitivity sweep's test gain (points of mean test ``metric``): the
+    merges at ``knob`` = ``value`` against the plain base method's merges (``against`` None) or
+    against the same sweep at ``knob`` = ``against`` (e.g. the default), same testbed and seed
+    (:func:`pactlib.book.intervals.contrast`).
+
+    Raises:
+        ValueError: no records of the knob, or as ``contrast``.
+    """
+    from pactlib.book import intervals
+
+    f = _frame(frame)
+    sel = f[f["knob"] == knob] if "knob" in f else f.iloc[0:0]
+    if sel.empty:
+        raise ValueError(f"sweep_interval: no records of knob {knob!r}")
+    plus = sel[sel["value"] == value]
+    if against is None:
+        minus = f[(f["method"] == sel["base"].iloc[0]) & f["knob"].isna()]
+    else:
+        minus = sel[sel["value"] == against]
+    return intervals.contrast([r for _, r in plus.iterrows()], [r for _, r in minus.iterrows()], metric=metric)
+
+
 def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
-    """One panel per knob: PACT gain over the plain method on validation (solid) and test (dotted)."""
+    """One panel per knob: PACT gain over the plain method on validation (solid) and test (dotted),
+    the test gain with its 95 % interval as an error bar when the records hold per-example
+    outcomes (:func:`sweep_interval`; validation has no interval: its outcomes are not kept)."""
     ax.remove()
     axes = fig.subplots(1, len(knobs), sharey=True)
     axes = np.atleast_1d(axes)
+    with_iv = has_outcomes(frame)
     for a, knob in zip(axes, knobs):
         d = _sweep_rows(frame, knob).groupby("value")[["val", "test"]].mean().reset_index()
         a.plot(d["value"], d["val"], marker="o", label="validation")
-        a.plot(d["value"], d["test"], marker="s", ls=":", label="test")
+        if with_iv and len(d):
+            ivs = [sweep_interval(frame, knob, v) for v in d["value"]]
+            a.errorbar(d["value"], d["test"], yerr=np.array([[iv.estimate - iv.lo for iv in ivs],
+                                                              [iv.hi - iv.estimate for iv in ivs]]),
+                       marker="s", ls=":", capsize=3, label="test (95 % interval)")
+        else:
+            a.plot(d["value"], d["test"], marker="s", ls=":", label="test")
         a.axvline(getattr(defaults, knob), color="grey", ls="--", lw=0.8)
         a.axhline(0, color="grey", lw=0.6)
         a.set_xlabel(knob)
@@ -412,11 +483,19 @@ def plot_sensitivity(frame, knobs: Sequence[str], *, defaults, fig, ax) -> None:
     axes[0].legend()
 
 
+#: The column of :func:`sensitivity_table` with the test gain of the best value over the default.
+SENS_GAIN = "test, best − default [95 %]"
+
+
 def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
     """Per knob: default, best value on validation, and both values' validation/test scores.
 
     Ties go to the default: another value is "best on validation" only when its validation score
-    is strictly higher than the default's (when the sweep has the default)."""
+    is strictly higher than the default's (when the sweep has the default). When the records hold
+    per-example test outcomes, the column :data:`SENS_GAIN` gives the best value's test gain over
+    the default with its 95 % interval (points; :func:`sweep_interval`; empty where the best is
+    the default or the default was not swept)."""
+    with_iv = has_outcomes(frame)
     rows = []
     for knob in knobs:
         d = _sweep_rows(frame, knob).groupby("value")[["val_abs", "test_abs", "cap"]].mean()
@@ -426,27 +505,36 @@ def sensitivity_table(frame, knobs: Sequence[str], *, defaults) -> pd.DataFrame:
         dv = getattr(defaults, knob)
         if dv in d.index and d.loc[dv, "val_abs"] >= d.loc[best, "val_abs"]:
             best = dv
-        rows.append({"knob": knob, "default": dv, "best on validation": best,
-                     "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
-                     "val (best)": round(d.loc[best, "val_abs"], 2),
-                     "test (default)": round(d.loc[dv, "test_abs"], 2) if dv in d.index else None,
-                     "test (best)": round(d.loc[best, "test_abs"], 2),
-                     "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)})
+        row = {"knob": knob, "default": dv, "best on validation": best,
+               "val (default)": round(d.loc[dv, "val_abs"], 2) if dv in d.index else None,
+               "val (best)": round(d.loc[best, "val_abs"], 2),
+               "test (default)": round(d.loc[dv, "test_abs"], 2) if dv in d.index else None,
+               "test (best)": round(d.loc[best, "test_abs"], 2),
+               "cap binds (best)": None if pd.isna(d.loc[best, "cap"]) else round(float(d.loc[best, "cap"]), 3)}
+        if with_iv:
+            row[SENS_GAIN] = (sweep_interval(frame, knob, best, against=dv).text()
+                              if best != dv and dv in d.index else None)
+        rows.append(row)
     return pd.DataFrame(rows).set_index("knob")
 
 
 def moved_knobs_text(sens: pd.DataFrame) -> str:
     """One sentence from :func:`sensitivity_table`: the knobs whose best value on validation is
-    not the default, each with its validation and test gain over the default (points); "n/a (the
-    default was not swept)" where the sweep left the default out (its scores are missing)."""
+    not the default, each with its validation and test gain over the default (points; the test
+    gain with its 95 % interval when the table has :data:`SENS_GAIN`); "n/a (the default was not
+    swept)" where the sweep left the default out (its scores are missing)."""
 
     def gain(best, default) -> str:
         return "n/a (the default was not swept)" if pd.isna(default) else f"{best - default:+.2f}"
 
+    def test(r) -> str:
+        iv = r.get(SENS_GAIN)
+        return iv if isinstance(iv, str) else gain(r["test (best)"], r["test (default)"])
+
     moved = sens[sens["best on validation"] != sens["default"]]
     return "knobs whose best value on validation is not the default: " + ("; ".join(
         f"{knob} = {r['best on validation']:g}: validation {gain(r['val (best)'], r['val (default)'])}, "
-        f"test {gain(r['test (best)'], r['test (default)'])} points" for knob, r in moved.iterrows()) or "none")
+        f"test {test(r)} points" for knob, r in moved.iterrows()) or "none")
 
 
 def earlier_round_text(sens: pd.DataFrame, earlier, *, defaults) -> str:
@@ -536,137 +624,94 @@ def recipe_view(frame: pd.DataFrame, fields: Sequence[str] = UNCAPPED_FIELDS) ->
     return out
 
 
-_UNDEFINED_SHARE = re.compile(r"\bnan at T=(\w+)")
-
-
-def depth_evidence(verdicts: dict[str, dict]) -> dict[str, dict]:
-    """Chapter 7's C9 verdicts (``depth.c9_verdicts``) with their evidence in words: an early-only
-    share of the full gain that is undefined (filtering every layer gives no gain, so there is
-    nothing to share) is written "nan at T=…" by ``c9_verdicts``; here it reads "undefined at T=…
-    (filtering every layer gives no gain there)". Status and the other words are unchanged;
-    returns new dicts, the input is not modified."""
-    return {half: {**v, "evidence": _UNDEFINED_SHARE.sub(
-        r"undefined at T=\1 (filtering every layer gives no gain there)", v["evidence"])}
-        for half, v in verdicts.items()}
-
-
-def _cases(n: int) -> str:
-    return f"{n} case" + ("" if n == 1 else "s")
-
-
-def _closeness(n_ok: int, n: int) -> str:
-    """Where a count sits on the ladder (:func:`~pactlib.book.verdicts.ladder`) in words."""
-    half = -(-n // 2)  # the least count that gives PARTLY
-    if n_ok == n:
-        return f"every case, as \"{REPRODUCED}\" needs"
-    if n_ok == half:
-        return f"exactly half, the least that gives \"{PARTLY}\"; one case fewer would give \"{NOT_REPRODUCED}\""
-    if n_ok > half:
-        return f"{_cases(n_ok - half)} above the half that \"{PARTLY}\" needs, {n - n_ok} short of all"
-    return f"{_cases(half - n_ok)} short of the half that \"{PARTLY}\" needs"
-
-
 def c4_closeness(frame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
-    """How close chapter 4's C4 status is to its threshold, recomputed from the ``ablate`` records
-    with the rule of ``experiments.subspace.c4_verdict`` (same ``margin`` and ``controls``).
-
-    A (strength γ, seed, task) case passes when the LBW's drop beats every draw of each control
-    in ``controls`` by more than ``margin`` (accuracy; 0.02 = 2 points). The energy-matched
-    control (``energy``) is not part of the status; it is compared here the same way.
+    """What chapter 4's C4 verdict rests on, beyond its graded conditions
+    (``experiments.subspace.c4_verdict``, same ``margin`` and ``controls``): the energy-matched
+    control (``energy``), which removes as much weight energy as V_t,LBW and is not graded, as a
+    paired contrast per ablation strength γ.
 
     Returns:
-        ``n_ok`` and ``n`` (cases passed, cases), ``text`` (one sentence in Markdown: the pooled
-        count against half, then, per γ, the LBW's mean drop against the energy-matched
-        control's and the cases where it beats every draw of it) and ``strengths``: per γ a
-        dict with ``ok``, ``n``, ``lbw`` and ``energy`` (mean drops, points; ``energy`` None when
-        that control was not run) and ``beats_energy`` (cases; None when not run).
+        ``strengths``: per γ a dict with ``lbw`` and ``energy`` (mean drops from θt, points;
+        ``energy`` None when that control was not run) and ``excess`` (the
+        :class:`~pactlib.book.intervals.Interval` of drop(V_LBW) − drop(energy-matched), None
+        when not run); ``text``: one Markdown paragraph, chosen by where each interval lies
+        against ``margin`` (the words hold whatever the numbers), or the note that the records
+        carry no per-example outcomes; ``graded``: the γ C4 is graded at.
     """
+    from pactlib.book.experiments import subspace
+    from pactlib.book.intervals import NO_OUTCOMES
+    from pactlib.book.experiments.paired import MissingOutcomes
+
     f = _frame(frame)
-    f = f[f["method"] == "ablate"].copy()
-    if "strength" not in f:
-        f["strength"] = 1.0
-    g = f.groupby(["strength", "seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
-    lbw = g[("mean", "lbw")]
-    ok = pd.Series(True, index=g.index)
-    for c in controls:
-        ok &= lbw > g[("max", c)] + margin
-    has_energy = ("max", "energy") in g.columns
-    beats = lbw > g[("max", "energy")] + margin if has_energy else None
-    per = {}
-    for gamma in sorted(set(f["strength"])):
-        k = ok.xs(gamma, level="strength")
-        sel = g.xs(gamma, level="strength")
-        per[float(gamma)] = {"ok": int(k.sum()), "n": len(k), "lbw": float(100 * sel[("mean", "lbw")].mean()),
-                             "energy": float(100 * sel[("mean", "energy")].mean()) if has_energy else None,
-                             "beats_energy": int(beats.xs(gamma, level="strength").sum()) if has_energy else None}
-    n_ok, n = int(ok.sum()), len(ok)
-    counts = ", ".join(f"{p['ok']}/{p['n']} at γ = {gamma:g}" for gamma, p in per.items())
-    text = (f"**How close to the threshold.** The LBW passes in {n_ok} of {n} (γ, seed, task) cases ({counts}): "
-            f"{_closeness(n_ok, n)}.")
-    if has_energy:
-        drops = " and ".join(f"{p['lbw']:.1f} vs {p['energy']:.1f} points at γ = {gamma:g}" for gamma, p in per.items())
-        wins = " and ".join(f"{p['beats_energy']}/{p['n']}" for p in per.values())
-        less = [f"{gamma:g}" for gamma, p in per.items() if p["lbw"] < p["energy"]]
-        text += (" The energy-matched control does not count toward the status. Against it, the LBW's mean drop is "
-                 f"{drops}; the LBW beats every draw of that control by more than {100 * margin:g} points in "
-                 f"{wins} (seed, task) pairs.")
-        if less:
-            text += f" At γ = {' and '.join(less)} the LBW hurts less than the energy-matched control."
-    return {"n_ok": n_ok, "n": n, "strengths": per, "text": text}
+    try:
+        c = subspace.contrasts(f)
+    except MissingOutcomes:
+        return {"strengths": {}, "graded": None,
+                "text": f"**Against the energy-matched control.** Not compared: {NO_OUTCOMES}."}
+    gamma0 = subspace.graded_strength(f)
+    per, parts = {}, []
+    for gamma, g in c.groupby("strength", sort=True):
+        g = g.set_index("condition")
+        has = "energy" in g.index
+        x = g.loc["energy", "excess_iv"] if has else None
+        per[float(gamma)] = {"lbw": float(g.loc["lbw", "drop"]), "energy": float(g.loc["energy", "drop"]) if has else None,
+                             "excess": x}
+        if x is not None:
+            where = ("more than the margin above it" if x.lo > 100 * margin else
+                     "below the margin: the LBW hurts no more than removing as much energy at random"
+                     if x.hi <= 100 * margin else "across the margin: undecided")
+            parts.append(f"at γ = {gamma:g}{' (graded)' if np.isclose(gamma, gamma0) else ''}, drop(V_LBW) − "
+                         f"drop(energy-matched) is {x.text(1)} points, {where}")
+    if not parts:
+        text = ("**Against the energy-matched control.** Not run: the verdict compares the LBW with controls of "
+                "the same dimension only.")
+    else:
+        text = ("**Against the energy-matched control.** It removes as much of the weights' energy as V_t,LBW and "
+                f"does not count toward the status (margin {100 * margin:g} points): " + "; ".join(parts) + ".")
+    return {"strengths": per, "graded": gamma0, "text": text}
 
 
-def c9a_closeness(frame, *, suite: str, noise: float, most: float = 0.5, metric: str = "norm_acc") -> dict:
-    """How close chapter 7's C9a status is to flipping: the margins of its two conditions
-    (``experiments.depth.c9_verdicts``, first suite) in points, against a sampling error.
-
-    The conditions: the early group keeps at least ``most`` of the all-layer gain (margin: early
-    − ``most`` × all; it cannot hold when filtering every layer gives no gain), and no other
-    single group gains more (margin: early − the best of middle and late). Gains are test
-    ``metric`` of the group's merge minus the unfiltered merge, means over seeds
-    (``depth.group_gains``).
-
-    Args:
-        frame: chapter 7's records (or a frame of them).
-        suite: the first suite, the one C9a is judged on.
-        noise: the sampling error (points) to compare with, e.g. the one chapter 7 prints for
-            one merge's mean test accuracy on ``suite``.
+def c9a_closeness(v: dict) -> dict:
+    """How close a graded verdict (chapter 7's C9a, from ``experiments.depth.c9_verdicts``) is to
+    flipping: for each condition, how far its 95 % interval lies from the threshold.
 
     Returns:
-        ``gains`` ({group: mean gain}), ``share_margin`` (None when the all-layer gain is not
-        positive), ``best_margin``, ``rival`` (the best of middle and late) and ``text`` (one
-        Markdown sentence giving both margins and each against ``noise``).
+        ``margins``: per condition ``{"name", "grade", "margin"}``, ``margin`` the gap in the
+        condition's unit between the threshold and the interval's nearer end (positive: the
+        interval clears it on the side the grade says; 0 for an inconclusive one); and ``text``,
+        one Markdown sentence: the decided conditions with their gaps, the inconclusive ones with
+        what would decide them. Empty text for a verdict without conditions.
     """
-    from pactlib.book.experiments.depth import group_gains
+    from pactlib.book.intervals import fmt
 
-    g = group_gains(_frame(frame), metric)
-    g = g[g["suite"] == suite]
-    m = {grp: float(g[g["group"] == grp]["gain"].mean()) for grp in ("early", "middle", "late", "all")}
-    rival = max(("middle", "late"), key=lambda x: m[x])
-    best = m["early"] - m[rival]
-    share = m["early"] - most * m["all"] if m["all"] > 0 else None
+    margins, parts = [], []
+    for c in v.get("conditions") or []:
+        thr, lo, hi = c["threshold"], c["lo"], c["hi"]
+        below = (c["side"] == ">") == (c["grade"] == FAILS)  # the interval lies below the threshold
+        gap = 0.0 if c["grade"] == INCONCLUSIVE else (thr - hi if below else lo - thr)
+        margins.append({"name": c["name"], "grade": c["grade"], "margin": float(gap)})
+        unit = f" {c['unit']}" if c.get("unit") else ""
+        if c["grade"] == INCONCLUSIVE:
+            parts.append(f"\"{c['name']}\" spans {c['threshold']:g} ({c.get('needs') or 'undecided'})")
+        else:
+            side = "below" if below else "above"
+            parts.append(f"\"{c['name']}\" {c['grade']}, its interval {fmt(gap).lstrip('+')}{unit} {side} "
+                         f"{c['threshold']:g}")
+    text = ("**How close to flipping.** " + "; ".join(parts) + ". A gap near 0 means a little more noise, or a "
+            "little more data, could change the grade.") if parts else ""
+    return {"margins": margins, "text": text}
 
-    def against(x: float) -> str:
-        r = abs(x) / noise
-        return "within it" if r < 1 else f"{r:.1f} times it"
 
-    def holds(x: float) -> str:
-        return "holds" if x >= 0 else "fails"
+def contrast_table(pairs: dict, *, digits: int = 2) -> pd.DataFrame:
+    """One row per contrast ``{label: Interval}``: the estimate with its 95 % interval (points, as
+    text), the half-width, the seeds and the test examples per task behind it."""
+    from pactlib.book.intervals import fmt
 
-    first = (f"early {signed(m['early'])} − {most:g} × all ({signed(m['all'])}) = {signed(share)}, {holds(share)}"
-             if share is not None else "filtering every layer gives no gain, so it cannot hold")
-    second = f"early {signed(m['early'])} − {rival} ({signed(m[rival])}) = {signed(best)}, {holds(best)}"
-    near = [x for x in (share, best) if x is not None and abs(x) < noise]
-    if share is None:
-        margins = f"the first margin is undefined, the second {against(best)}"
-    elif against(share) == against(best) == "within it":
-        margins = "both margins are within it"
-    else:
-        margins = f"the first margin is {against(share)}, the second {against(best)}"
-    text = (f"**How close to flipping.** The margins of the two conditions, in points of gain at T={suite}: "
-            f"\"most of the gain\", {first}; \"early is the best single group\", {second}. Against the sampling "
-            f"error above, {noise:.2f} points: {margins}, and the early group's own gain ({signed(m['early'])}) is "
-            f"{against(m['early'])}." + (" A margin within the sampling error is not clear of noise." if near else ""))
-    return {"gains": m, "share_margin": share, "best_margin": best, "rival": rival, "text": text}
+    rows = [{"contrast": label, "effect [95 % interval]": iv.text(digits),
+             "±": fmt(iv.half_width, digits).lstrip("+"), "seeds": iv.n_seeds,
+             "test examples per task": iv.n_examples} for label, iv in pairs.items()]
+    return pd.DataFrame(rows, columns=["contrast", "effect [95 % interval]", "±", "seeds",
+                                       "test examples per task"]).set_index("contrast")
 
 
 def _seeds(seeds) -> str:

@@ -10,7 +10,9 @@
 - :func:`group_record`: one merge → α → test record for a depth group;
 - :func:`intrusion_records`: C9's intrusion energy of the other tasks' updates into each task's
   LBW subspace, per layer and task;
-- :func:`group_gains`, :func:`plot_group_gains`, :func:`plot_intrusion`, :func:`c9_verdicts`;
+- :func:`group_gains`, :func:`plot_group_gains`, :func:`plot_intrusion`;
+- :func:`gain_intervals`, :func:`gain_table`, :func:`plot_gain_intervals`, :func:`c9_verdicts`: the gains
+  with 95 % intervals (paired on the test examples) and C9 graded on them;
 - :func:`layer_records`, :func:`groups_from_records`: the layers' network order and depth groups
   as records, so the chapter's tables and figures are drawn from records alone.
 
@@ -29,14 +31,15 @@ import torch
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import LayerSubspaces, PactOptions
 from pactlib.book.records import make_record
-from pactlib.book.verdicts import ladder, not_tested, verdict
+from pactlib.book.verdicts import not_tested
 from pactlib.subspaces import intrusion_energy
 from pactlib.taskvector import TaskVector
 from pactlib.testbeds import run
 
 __all__ = ["GROUPS", "network_order", "alpha_grid", "layer_regexes", "group_options", "group_task_vectors",
            "group_record", "intrusion_records", "group_gains", "condition_table", "intrusion_table",
-           "plot_group_gains", "plot_intrusion", "c9_verdicts", "layer_records", "groups_from_records"]
+           "plot_group_gains", "plot_intrusion", "c9_verdicts", "gain_intervals", "gain_table",
+           "plot_gain_intervals", "layer_records", "groups_from_records"]
 
 #: The conditions of chapter 7, in plotting order: no filter, one depth group, every layer.
 GROUPS = ("none", "early", "middle", "late", "all")
@@ -267,56 +270,126 @@ def intrusion_table(frame: pd.DataFrame, groups: Mapping[str, Sequence[str]]) ->
     return t.rename(columns=lambda c: names.get(c, c))
 
 
-def _share(gains: pd.DataFrame, suite: str) -> dict[str, float]:
-    sel = gains[gains["suite"] == suite]
-    return {grp: float(sel[sel["group"] == grp]["gain"].mean()) for grp in GROUPS[1:]}
+def _contrast(frame: pd.DataFrame, suite: str, plus: Sequence[str], minus: Sequence[str], metric: str):
+    """The 95 % interval (points) of mean(groups ``plus``) − mean(groups ``minus``) at ``suite``: a
+    paired contrast on the same test examples (:func:`pactlib.book.intervals.contrast`); a group
+    named twice on a side counts twice."""
+    from pactlib.book.experiments.paired import rows
+    from pactlib.book.intervals import contrast
+
+    side = lambda gs: [r for g in gs for r in rows(frame, suite=suite, group=g)]  # noqa: E731
+    return contrast(side(plus), side(minus), metric=metric)
+
+
+def gain_intervals(frame: pd.DataFrame, *, suites: Sequence[str], metric: str = "norm_acc") -> dict:
+    """{(suite, group): Interval} of each filtered group's gain over the unfiltered merge (points,
+    paired on the test examples, over the suite's seeds); {} when the records carry no per-example
+    outcomes."""
+    from pactlib.book.intervals import has_outcomes
+    from pactlib.book.experiments.paired import rows
+
+    out = {}
+    for s in suites:
+        if not has_outcomes(rows(frame, suite=s, group="none")):
+            return {}
+        for g in GROUPS[1:]:
+            if rows(frame, suite=s, group=g):
+                out[(s, g)] = _contrast(frame, s, [g], ["none"], metric)
+    return out
+
+
+def gain_table(frame: pd.DataFrame, *, suites: Sequence[str], metric: str = "norm_acc") -> pd.DataFrame:
+    """Rows: depth groups; columns: per suite the gain over the unfiltered merge with its 95 %
+    interval (text, points), the seeds and the test examples per task behind it. Empty when the
+    records carry no per-example outcomes."""
+    ivs = gain_intervals(frame, suites=suites, metric=metric)
+    rows = []
+    for g in GROUPS[1:]:
+        row = {"condition": f"{g} only" if g != "all" else "all layers"}
+        for s in suites:
+            iv = ivs.get((s, g))
+            if iv is not None:
+                row[f"gain [95 % interval], T={s}"] = iv.text()
+                row[f"seeds, T={s}"] = iv.n_seeds
+        if len(row) > 1:
+            rows.append(row)
+    return pd.DataFrame(rows).set_index("condition") if rows else pd.DataFrame()
 
 
 def c9_verdicts(frame: pd.DataFrame, *, suites: Sequence[str], most: float = 0.5,
                 metric: str = "norm_acc") -> dict[str, dict]:
-    """The two halves of C9 from the group records (gains in points, means over seeds).
+    """The two halves of C9, graded on 95 % intervals of paired contrasts between the depth
+    conditions' merges on the same test examples (:mod:`pactlib.book.verdicts`; points of test
+    ``metric``; E, M, L, A, N: early only, middle only, late only, all layers, no filter).
 
-    - ``"early"`` (first suite): filtering the early layers only gives at least ``most`` of the
-      gain of filtering every layer (which must be positive), and no other single group gives more;
-      one of the two: partly.
-    - ``"whole"`` (last suite, needs two suites): with many tasks the whole network needs filtering:
-      filtering every layer beats the best single group, and the early group's share of the full
-      gain, positive at the first suite, is smaller at the last; one of the two: partly.
+    - ``"early"`` (first suite): A − N > 0 (there is a gain to share); E − most·A − (1 − most)·N > 0
+      (the early layers alone keep at least ``most`` of it: E − N > most·(A − N)); E − M > 0 and
+      E − L > 0 (no other single group gives more).
+    - ``"whole"`` (last suite, needs two suites): A − E > 0, A − M > 0, A − L > 0 (every single
+      group falls short of filtering every layer) and E − most·A − (1 − most)·N < 0 (the early
+      layers alone no longer keep ``most`` of the gain).
 
     Returns:
-        {"early": {"status", "evidence"}, "whole": {"status", "evidence"}}.
+        {"early": verdict, "whole": verdict} (:func:`pactlib.book.verdicts.graded`); "not yet
+        tested" when the records carry no per-example outcomes, a condition's merges are missing
+        or (``"whole"``) only one suite was run.
+
+    Raises:
+        ValueError: ``most`` is not a fraction with a denominator of at most 100.
     """
-    g = group_gains(frame, metric)
+    from pactlib.book.intervals import NO_OUTCOMES, has_outcomes
+    from pactlib.book.experiments.paired import rows, seeds_and_examples, weights
+    from pactlib.book.verdicts import condition, graded
 
-    def describe(s: str, m: dict) -> str:
-        return f"T={s}: " + ", ".join(f"{k} {v:+.2f}" for k, v in m.items())
+    a, b = weights(most)
+    mix = ["all"] * a + ["none"] * (b - a)  # most·A + (1 − most)·N as a side of a contrast
+    share = f"early only − {most:g} × all layers − {1 - most:g} × no filter"
+    for s in suites:
+        runs = [r for g in GROUPS for r in rows(frame, suite=s, group=g)]
+        missing = [g for g in GROUPS if not rows(frame, suite=s, group=g)]
+        if missing:
+            why = f"T={s} has no merge for the condition(s) {missing}"
+            return {"early": not_tested(why), "whole": not_tested(why)}
+        if not has_outcomes(runs):
+            why = f"T={s}: {NO_OUTCOMES}"
+            return {"early": not_tested(why), "whole": not_tested(why)}
 
-    first = _share(g, suites[0])
-    full = first["all"]
-    share = first["early"] / full if full > 0 else float("nan")
-    ok_share = full > 0 and share >= most
-    ok_best = first["early"] >= max(first["middle"], first["late"])
-    n_ok = int(ok_share) + int(ok_best)
-    status = ladder(n_ok, 2)
-    why = (f"early-only / all-layers gain = {share:.2f} (threshold {most})" if full > 0
-           else "filtering every layer gives no gain, so there is no gain for the early layers to hold")
-    out = {"early": verdict(status=status, evidence=f"{why}; early {'is' if ok_best else 'is not'} the best single "
-                                                    f"group. Gains (points): {describe(suites[0], first)}.")}
+    s0 = suites[0]
+    gain = _contrast(frame, s0, ["all"], ["none"], metric)
+    early = [condition(f"T={s0}: all layers − no filter", gain),
+             condition(f"T={s0}: {share}", _contrast(frame, s0, ["early"] * b, mix, metric)),
+             condition(f"T={s0}: early only − middle only", _contrast(frame, s0, ["early"], ["middle"], metric)),
+             condition(f"T={s0}: early only − late only", _contrast(frame, s0, ["early"], ["late"], metric))]
+    unit = "normalized accuracy" if metric == "norm_acc" else "accuracy"
+    out = {"early": graded(early, f"Gains in test {unit} (points), paired on the same test examples",
+                           note=seeds_and_examples({f"T={s0}": gain}) + ".")}
     if len(suites) < 2:
-        out["whole"] = not_tested(f"only one suite run ({describe(suites[0], first)})")
+        out["whole"] = not_tested(f"only one suite run (T={s0}); the claim compares few and many tasks")
         return out
-    last = _share(g, suites[-1])
-    best_single = max(last["early"], last["middle"], last["late"])
-    ok_all = last["all"] > best_single
-    share_last = last["early"] / last["all"] if last["all"] > 0 else float("nan")
-    ok_drop = last["all"] > 0 and full > 0 and share > 0 and share_last < share
-    n_ok = int(ok_all) + int(ok_drop)
-    status = ladder(n_ok, 2)
-    out["whole"] = verdict(status=status, evidence=(
-        f"all layers {last['all']:+.2f} vs best single group {best_single:+.2f} at T={suites[-1]}; early-only "
-        f"share of the full gain {share:.2f} at T={suites[0]} vs {share_last:.2f} at T={suites[-1]}. "
-        f"Gains (points): {describe(suites[-1], last)}."))
+    s1 = suites[-1]
+    last = _contrast(frame, s1, ["all"], ["early"], metric)
+    whole = [condition(f"T={s1}: all layers − early only", last),
+             condition(f"T={s1}: all layers − middle only", _contrast(frame, s1, ["all"], ["middle"], metric)),
+             condition(f"T={s1}: all layers − late only", _contrast(frame, s1, ["all"], ["late"], metric)),
+             condition(f"T={s1}: {share}", _contrast(frame, s1, ["early"] * b, mix, metric), side="<")]
+    out["whole"] = graded(whole, f"Gains in test {unit} (points), paired on the same test examples",
+                          note=seeds_and_examples({f"T={s1}": last}) + ".")
     return out
+
+
+def plot_gain_intervals(frame: pd.DataFrame, *, ax, suites: Sequence[str], metric: str = "norm_acc") -> None:
+    """95 % error bars (:func:`gain_intervals`) on :func:`plot_group_gains`' bars, at the same
+    places; nothing when the records carry no per-example outcomes."""
+    ivs = gain_intervals(frame, suites=suites, metric=metric)
+    groups = [x for x in GROUPS if x != "none"]
+    width = 0.8 / max(1, len(suites))
+    for j, s in enumerate(suites):
+        xs = np.arange(len(groups)) + (j - (len(suites) - 1) / 2) * width
+        for x, grp in zip(xs, groups):
+            iv = ivs.get((s, grp))
+            if iv is not None:
+                ax.errorbar([x], [iv.estimate], yerr=[[iv.estimate - iv.lo], [iv.hi - iv.estimate]], fmt="none",
+                            ecolor="black", elinewidth=1, capsize=3, zorder=4)
 
 
 def layer_records(groups: Mapping[str, Sequence[str]], *, params: Mapping, **extra) -> list[dict]:

@@ -30,7 +30,11 @@ from pactlib.shield import Shield, build_shield, filter_update
 from pactlib.subspaces import intrusion_energy
 from pactlib.taskvector import TaskVector
 
-__all__ = ["TOY_OPTIONS", "Toy", "toy_layer", "toy_records", "toy_drawing_records", "draw_toy", "merge_spectra", "rsvd_check"]
+__all__ = ["TOY_OPTIONS", "TOLERANCE", "Toy", "toy_layer", "toy_records", "toy_drawing_records", "draw_toy",
+           "toy_verdict", "merge_spectra", "rsvd_check"]
+
+#: The toy's identities hold when each measured gap is below this (float64 rounding, with room).
+TOLERANCE = 1e-12
 
 #: PACT options of the toy: in R^3, K = round(2/3 · 3) = 2 (the core is a plane), k = 1 (one
 #: active direction per task), τ = 0.5 (the default of book/method.md, P3) and a shield cap of 2 directions.
@@ -251,6 +255,30 @@ def draw_toy(fig, axes, toy: Toy | Sequence[Mapping]) -> None:
     ax2.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3), aspect="equal", xlabel="$e_1$", ylabel="$e_2$",
             title="seen from above the core plane")
     ax2.legend(loc="lower left", fontsize=6, framealpha=0.9)
+
+
+def toy_verdict(frame, *, tolerance: float = TOLERANCE) -> dict:
+    """The verdict on "the filter's geometry (P3–P5) on the toy layer" from :func:`toy_records`'
+    records (a frame): three conditions on exact values, no sampling error
+    (:func:`pactlib.book.intervals.point`), each "< ``tolerance``": the largest intrusion energy
+    after filtering, the largest |cosine| between an LBW basis and its task's active direction,
+    and the largest difference between :func:`pact_filter` and the step-by-step filter.
+
+    Raises:
+        KeyError: the frame lacks one of those metrics.
+    """
+    from pactlib.book.intervals import point
+    from pactlib.book.verdicts import condition, graded
+
+    f = frame[frame["method"] == "toy-geometry"] if "method" in frame else frame
+    worst = {"largest intrusion energy after filtering": float(f["metrics.intrusion_after"].abs().max()),
+             "largest |cos| between an LBW basis and its active direction": float(f["metrics.lbw_active_overlap"].max()),
+             "pact_filter vs the step-by-step filter, largest difference": float(f["metrics.engine_gap"].max())}
+    conditions = [condition(name, point(v), threshold=tolerance, side="<", unit="") for name, v in worst.items()]
+    before = f["metrics.intrusion_before"]
+    note = (f"Values: {'; '.join(f'{k} {v:.1e}' for k, v in worst.items())}; intrusion energy before filtering "
+            f"{before.min():.2f}–{before.max():.2f}; exact values of one seeded toy (no sampling error).")
+    return graded(conditions, f"Identities of P3–P5 on the toy layer, each below {tolerance:g}", note=note)
 
 
 def merge_spectra(*, n: int = 24, tasks: int = 4, rank: int = 3, seed: int = 0,

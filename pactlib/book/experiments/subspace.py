@@ -28,13 +28,17 @@ from torch import Tensor
 from pactlib import causal
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
 from pactlib.pact import LayerSubspaces, PactOptions, layer_subspaces
+from pactlib.book import intervals
 from pactlib.book.records import make_record
-from pactlib.book.verdicts import ladder, verdict
+from pactlib.book.verdicts import condition, graded, not_tested
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes, finetuned_record, stacked
+from pactlib.outcomes import packed
 from pactlib.book.experiments.depth import network_order
 
 __all__ = ["CONDITIONS", "LABELS", "subspaces_by_layer", "dimension_records", "ablation_bases", "removed_energy",
            "ablation_records", "plot_dimensions", "plot_drops", "plot_energy", "drop_table", "condition_summary",
-           "c4_verdict"]
+           "c4_verdict", "contrasts", "contrast_table", "graded_strength", "PLAIN"]
 
 #: Ablation conditions of C4: the LBW and its three random controls of the same dimension.
 CONDITIONS = ("lbw", "random", "complement", "energy")
@@ -179,7 +183,10 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
         (ablated dimensions over all layers) and ``overlap`` = Σ_l ‖Vt,LBWᵀ V‖²_F / dims, the mean
         squared cosine of the principal angles between the ablated subspace and the LBW (1 for the
         LBW, about r/n for a random subspace); fields ``task``, ``condition``, ``draw``,
-        ``strength`` and ``extra``.
+        ``strength``, ``outcomes`` (the ablated model's per-example test outcomes, when
+        ``tb.evaluate`` returns :class:`~pactlib.outcomes.Scores`) and ``extra``. First, when
+        ``tb.ft_test`` carries outcomes, one ``"finetuned"`` record of θt
+        (:func:`pactlib.book.experiments.paired.finetuned_record`), the base of the paired drops.
 
     Raises:
         KeyError: ``task`` not in the testbed. ValueError: a strength outside (0, 1].
@@ -191,6 +198,9 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
         raise ValueError(f"ablation_records: strengths must be in (0, 1], got {bad}")
     t, state, baseline = list(tb.tasks).index(task), tb.finetuned[task], tb.ft_test[task]
     out = []
+    ft_out = getattr(tb.ft_test, "outcomes", {}).get(task)
+    if ft_out is not None:  # θt's own outcomes: the base of the paired drops
+        out.append(finetuned_record(task, ft_out, seed=seed, params=params, **extra))
     for cond in conditions:
         for draw in range(1 if cond == "lbw" else draws):
             bases = ablation_bases(subspaces, t, cond, seed=seed, draw=draw, state=state, rule=rule)
@@ -200,13 +210,15 @@ def ablation_records(tb, task: str, subspaces: Mapping[str, LayerSubspaces], *, 
                           for k, V in bases.items())
             for gamma in strengths:
                 scaled = {k: V * gamma ** 0.5 for k, V in bases.items()}  # √γ V: W − γ W V Vᵀ
-                acc = tb.evaluate(causal.ablate_subspaces(state, scaled, rule=rule), "test", [task])[task]
+                got = tb.evaluate(causal.ablate_subspaces(state, scaled, rule=rule), "test", [task])
+                acc, kept = got[task], packed(got)
                 out.append(make_record("ablate", params=params, seed=seed, task=task, condition=cond, draw=draw,
                                        strength=gamma, metrics=dict(
                                            acc=acc, drop=baseline - acc, energy=e["pooled"],
                                            removed=(1 - (1 - gamma) ** 2) * e["pooled"],
                                            energy_layer_mean=e["layer_mean"], dims=dims,
-                                           overlap=overlap / dims if dims else None), **extra))
+                                           overlap=overlap / dims if dims else None),
+                                       **({"outcomes": {"test": kept}} if kept else {}), **extra))
     return out
 
 
@@ -265,9 +277,11 @@ def condition_summary(frame: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def plot_drops(frame: pd.DataFrame, *, ax, strength: float = 1.0, conditions: Sequence[str] = CONDITIONS) -> None:
+def plot_drops(frame: pd.DataFrame, *, ax, strength: float = 1.0, conditions: Sequence[str] = CONDITIONS,
+               errors: pd.DataFrame | None = None) -> None:
     """Grouped bars: mean accuracy drop (points) per task and condition at ablation strength
-    ``strength``; dots: seeds and draws."""
+    ``strength``; dots: seeds and draws; with ``errors`` (:func:`contrasts` ``by_task=True``), a
+    black 95 % error bar on each bar."""
     f = _ablations(frame)
     f = f[np.isclose(f["strength"], strength)]
     tasks = list(dict.fromkeys(f["task"]))
@@ -280,6 +294,15 @@ def plot_drops(frame: pd.DataFrame, *, ax, strength: float = 1.0, conditions: Se
         for x, t in zip(xs, tasks):
             pts = 100 * sel[sel["task"] == t]["metrics.drop"]
             ax.scatter([x] * len(pts), pts, color="black", s=5, zorder=3)
+        if errors is not None and len(errors):
+            e = errors[(errors["condition"] == c) & np.isclose(errors["strength"], strength)].set_index("task")
+            pts = [(x, 100 * sel[sel["task"] == t]["metrics.drop"].mean(), e.loc[t]) for x, t in zip(xs, tasks)
+                   if t in e.index]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                            yerr=[[max(0.0, p[1] - p[2]["drop_lo"]) for p in pts],
+                                  [max(0.0, p[2]["drop_hi"] - p[1]) for p in pts]],
+                            fmt="none", ecolor="black", elinewidth=1, capsize=2, zorder=4)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(np.arange(len(tasks)), tasks, rotation=20, ha="right")
     ax.set(ylabel="accuracy drop (points)", title=f"ablation strength γ = {strength:g}")
@@ -302,37 +325,94 @@ def plot_energy(frame: pd.DataFrame, *, ax, conditions: Sequence[str] = CONDITIO
     ax.legend(fontsize=6, ncol=2)
 
 
-def _per_task(f: pd.DataFrame) -> pd.DataFrame:
-    """Per (strength, seed, task): per condition, the mean and the largest drop over draws."""
-    return f.groupby(["strength", "seed", "task", "condition"])["metrics.drop"].agg(["mean", "max"]).unstack("condition")
+def _side(frame: pd.DataFrame, condition: str | None, strength: float | None, tasks: Sequence[str]) -> list[dict]:
+    """Stacked records (:func:`~pactlib.book.experiments.paired.stacked`) of θt (``condition``
+    None) or of one ablation condition at one strength, over ``tasks``."""
+    if condition is None:
+        f = frame[(frame["method"] == "finetuned") & frame["task"].isin(list(tasks))]
+        return stacked(f, tasks=tasks)
+    f = _ablations(frame)
+    f = f[(f["condition"] == condition) & np.isclose(f["strength"], strength) & f["task"].isin(list(tasks))]
+    return stacked(f, ["draw"], tasks=tasks)
+
+
+def graded_strength(frame: pd.DataFrame) -> float:
+    """The strength C4 is graded at: γ = 1 (the claim's removal) when run, else the largest γ."""
+    s = sorted(set(_ablations(frame)["strength"]))
+    return 1.0 if any(np.isclose(s, 1.0)) else float(s[-1])
+
+
+def contrasts(frame: pd.DataFrame, *, by_task: bool = False) -> pd.DataFrame:
+    """Paired contrasts of the ablations on the same test examples, per strength γ and condition
+    (and per task with ``by_task``; else the mean over tasks): ``drop`` from θt and ``excess`` =
+    drop(V_LBW) − drop(condition), points, each with its 95 % interval (``*_lo``, ``*_hi``), the
+    seeds and the test examples per task behind them.
+
+    Raises:
+        MissingOutcomes: records without per-example outcomes.
+    """
+    f = _ablations(frame)
+    tasks = list(dict.fromkeys(frame[frame["method"] == "finetuned"]["task"]))
+    if not tasks:
+        raise MissingOutcomes(NO_OUTCOMES)
+    rows = []
+    for gamma in sorted(set(f["strength"])):
+        for sub in ([[t] for t in tasks] if by_task else [tasks]):
+            ft, lbw = _side(frame, None, gamma, sub), _side(frame, "lbw", gamma, sub)
+            for c in [c for c in CONDITIONS if c in set(f["condition"])]:
+                side = _side(frame, c, gamma, sub)
+                d = intervals.contrast(ft, side)
+                x = intervals.contrast(side, lbw)
+                rows.append({"strength": float(gamma), "task": sub[0] if by_task else "mean", "condition": c,
+                             "drop": d.estimate, "drop_lo": d.lo, "drop_hi": d.hi, "excess": x.estimate,
+                             "excess_lo": x.lo, "excess_hi": x.hi, "excess_iv": x, "seeds": d.n_seeds,
+                             "examples": d.n_examples})
+    return pd.DataFrame(rows)
+
+
+def contrast_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (γ, condition), means over tasks: the accuracy drop from θt and the LBW's drop
+    minus the condition's, each as "estimate [95 % interval]" in points, with seeds and test
+    examples per task."""
+    c = contrasts(frame)
+    out = pd.DataFrame({
+        "γ": [f"{g:g}" for g in c["strength"]], "condition": [PLAIN[x] for x in c["condition"]],
+        "drop (points)": [intervals.Interval(r.drop, r.drop_lo, r.drop_hi, 0.0).text(1) for r in c.itertuples()],
+        "drop(LBW) − drop (points)": ["" if r.condition == "lbw" else r.excess_iv.text(1) for r in c.itertuples()],
+        "seeds": c["seeds"], "examples per task": c["examples"]})
+    return out.set_index(["γ", "condition"])
 
 
 def c4_verdict(frame: pd.DataFrame, *, margin: float = 0.02, controls: Sequence[str] = ("random", "complement")) -> dict:
-    """C4 from ``ablate`` records: for each (strength, seed, task), ablating Vt,LBW must drop
-    accuracy by more than every draw of each control in ``controls`` plus ``margin`` (accuracy,
-    0.02 = 2 points).
+    """C4 from ``ablate`` records: removing V_t,LBW (γ = 1, or the largest γ run) drops task t's
+    accuracy by more than removing each control in ``controls`` plus ``margin`` (accuracy; 0.02 =
+    2 points, "far more").
 
-    Reproduced when every (strength, seed, task) passes against every control, partly when at
-    least half do. The evidence gives the counts per strength and also compares with the energy-matched
-    control (``energy``) when it was run.
+    One condition per control: drop(V_LBW) − drop(control) > 100·``margin`` points, the paired
+    contrast over the same test examples, mean over tasks, draws averaged per seed. Other strengths
+    and the energy-matched control are reported in the note, not graded. Records without
+    per-example outcomes give a verdict of status NOT_TESTED saying so.
     """
     f = _ablations(frame)
-    g = _per_task(f)
-    lbw = g[("mean", "lbw")]
-    ok = pd.Series(True, index=g.index)
-    for c in controls:
-        ok &= lbw > g[("max", c)] + margin
-    n_ok, n = int(ok.sum()), len(ok)
-    status = ladder(n_ok, n)
-    parts = []
-    for gamma in sorted(set(f["strength"])):
-        sel = g.xs(gamma, level="strength")
-        means = ", ".join(f"{c} {100 * sel[('mean', c)].mean():.1f}" for c in CONDITIONS if ("mean", c) in sel.columns)
-        k = ok.xs(gamma, level="strength")
-        text = (f"γ = {gamma:g}: LBW beats every draw of {' and '.join(controls)} by > {100 * margin:.0f} points "
-                f"in {int(k.sum())}/{len(k)} (seed, task) pairs; mean drops (points): {means}")
-        if ("mean", "energy") in sel.columns:
-            beats = int((sel[("mean", "lbw")] > sel[("max", "energy")] + margin).sum())
-            text += f"; against the energy-matched control: {beats}/{len(k)}"
-        parts.append(text)
-    return verdict(status=status, evidence=". ".join(parts) + ".")
+    if not len(f):
+        return not_tested("no ablation records")
+    try:
+        c = contrasts(frame)
+    except MissingOutcomes:
+        return not_tested(f"C4 compares ablated models on the same test examples: {NO_OUTCOMES}")
+    gamma = graded_strength(frame)
+    at = c[np.isclose(c["strength"], gamma)].set_index("condition")
+    conds = [condition(f"drop(V_LBW) − drop({PLAIN[k]}), γ = {gamma:g}", at.loc[k, "excess_iv"],
+                       threshold=100 * margin, digits=1) for k in controls]
+    rest = [f"γ = {r.strength:g}, {PLAIN[r.condition]}: {r.excess_iv.text(1)}" for r in c.itertuples()
+            if r.condition != "lbw" and not (np.isclose(r.strength, gamma) and r.condition in controls)]
+    n = at.loc["lbw"]
+    return graded(conds, f"mean over {f['task'].nunique()} tasks, paired over the same test examples "
+                         f"({int(n['examples'])} per task), {int(n['seeds'])} seed(s); LBW drop at γ = {gamma:g}: "
+                         f"{intervals.Interval(n['drop'], n['drop_lo'], n['drop_hi'], 0.0).text(1)} points",
+                  note=("Not graded, drop(V_LBW) − drop(control) in points: " + "; ".join(rest)) if rest else "")
+
+
+#: The conditions in plain text (tables and verdicts are not typeset as mathematics).
+PLAIN = {"lbw": "V_t,LBW", "random": "random in ℝⁿ", "complement": "random ⊥ V_t,k",
+         "energy": "random in ℝⁿ, energy-matched"}

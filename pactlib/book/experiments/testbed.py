@@ -25,7 +25,8 @@ __all__ = ["task_table", "sample_montage", "sample_records", "samples_from_recor
            "INTERFERENCE", "interference_frame", "interference_table", "interference_steps", "steps_text",
            "recipe_variants_table",
            "plot_interference", "random_task_sets", "add_one_table", "alpha_curves", "plot_alpha_curves",
-           "cosine_matrix"]
+           "cosine_matrix", "reference_outcomes", "precondition_verdict", "precondition_evidence", "step_contrasts",
+           "problem_verdict", "testbed_meaning"]
 
 #: Records of ``bench/bench_heads.py`` (probe vs prototype head) and ``bench/bench_interference.py``,
 #: shipped with the book: paths relative to the book folder (:func:`pactlib.book.paths.book_dir`).
@@ -666,16 +667,175 @@ def cosine_matrix(task_vectors: Sequence[Mapping[str, Tensor]], names: Sequence[
     return pd.DataFrame(cos.numpy(), index=list(names), columns=list(names))
 
 
-def precondition_evidence(zs, ft, gain, *, tasks_word: str = "tasks") -> tuple[str, str]:
-    """(status, evidence) of chapter 2's precondition "fine-tuning helps every task": per-task
-    zero-shot and fine-tuned test accuracy (fractions) and their gain (points), indexed by task.
-    The evidence ends at the mean accuracies, without a full stop (callers add to it)."""
-    from pactlib.book import verdicts
+def reference_outcomes(from_zoo, name: str, suite: str, *, tasks: Sequence[str], seeds: Sequence[int],
+                       available: Iterable[tuple[str, int]], params: Mapping | None = None, **load) -> list[dict]:
+    """The zero-shot and fine-tuned records of each seed, with each test example's correctness
+    (:func:`pactlib.testbeds.reference_records`, per-task metrics): for every seed, the testbed
+    ``from_zoo(name, suite, seed, "full", tasks=<its tasks>, **load)`` over the tasks of ``tasks``
+    that ``available`` ((task, seed) pairs: the zoo's full runs) holds on that seed. Seeds without
+    any are skipped. Accuracies come from the zoo's evaluation memo when it has them.
 
+    Returns:
+        Records with ``method`` ``"zero-shot (outcomes)"`` / ``"fine-tuned (outcomes)"``, ``testbed`` =
+        ``name`` and ``tasks`` (the tasks the seed covers), in seed order.
+    """
+    from pactlib.testbeds import reference_records
+
+    have_all = {(str(t), int(s)) for t, s in available}
+    out = []
+    for seed in seeds:
+        have = [t for t in tasks if (t, int(seed)) in have_all]
+        if not have:
+            continue
+        tb = from_zoo(name, suite, int(seed), "full", tasks=have, **load)
+        for r in reference_records(tb, params=params, per_task=True):
+            out.append({**r, "method": f"{r['method']} (outcomes)", "testbed": name, "tasks": list(have)})
+    return out
+
+
+def precondition_verdict(reference: Sequence[Mapping], *, tasks: Sequence[str], tasks_word: str = "tasks",
+                         note: str = "") -> dict:
+    """The verdict on "fine-tuning helps every task": one condition per task, fine-tuned −
+    zero-shot > 0 in test accuracy (points), a paired contrast on the task's test examples over
+    the seeds that hold it (:func:`pactlib.book.intervals.contrast`; zero-shot is θ0 on every seed).
+
+    Args:
+        reference: :func:`reference_outcomes`' records of one testbed.
+        tasks: the tasks, in the order of the conditions.
+        note: words added after the evidence.
+
+    Returns:
+        The verdict dict; not yet tested when the records carry no per-example outcomes or a task
+        has none.
+    """
+    from pactlib.book.experiments.paired import restrict
+    from pactlib.book.intervals import NO_OUTCOMES, contrast, has_outcomes
+    from pactlib.book.verdicts import condition, graded, not_tested
+
+    ft = [r for r in reference if r.get("method") == "fine-tuned (outcomes)"]
+    zs = [r for r in reference if r.get("method") == "zero-shot (outcomes)"]
+    if not (has_outcomes(ft) and has_outcomes(zs)):
+        return not_tested(f"zero-shot and fine-tuned test outcomes: {NO_OUTCOMES}")
+    conds, seeds, examples = [], {}, set()
+    for t in tasks:
+        plus = [restrict(r, [t], testbed=t) for r in ft if t in (r.get("tasks") or [])]
+        minus = [restrict(r, [t], testbed=t) for r in zs if t in (r.get("tasks") or [])]
+        if not plus:
+            return not_tested(f"no fine-tuned test outcomes for {t!r}: {NO_OUTCOMES}")
+        iv = contrast(plus, minus, metric="acc")
+        conds.append(condition(f"{t}: fine-tuned − zero-shot", iv, digits=1))
+        seeds.setdefault(iv.n_seeds, []).append(t)
+        examples.add(iv.n_examples)
+    counts = "; ".join(f"{len(ts)} {tasks_word} on {n} seed{'s' if n != 1 else ''}" for n, ts in sorted(seeds.items()))
+    sizes = ", ".join(f"{n:,}" for n in sorted(examples))
+    text = (f"{counts}; {sizes} test examples per task; the seed spread enters where there are 3 or more seeds"
+            + (f". {note}" if note else ""))
+    return graded(conds, f"Test accuracy of the full fine-tune minus zero-shot, per task (points)", note=text)
+
+
+def precondition_evidence(zs, ft, gain, *, tasks_word: str = "tasks") -> str:
+    """The words beside chapter 2's precondition verdict: per-task zero-shot and fine-tuned test
+    accuracy (fractions, the fine-tunes' mean over seeds) and their gain (points), indexed by task.
+    Ends at the mean accuracies, without a full stop (callers add to it)."""
     n_pos, small = int((gain > 0).sum()), gain[gain <= 5]
-    evidence = (f"The full fine-tune beats zero-shot on {n_pos}/{len(gain)} {tasks_word}, by more than 5 points on "
-                f"{len(gain) - len(small)}; gain (points) min {gain.min():+.1f} ({gain.idxmin()}), mean "
-                f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
-                + (", ".join(f"{t} {g:+.1f}" for t, g in small.items()) or "none")
-                + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %")
-    return verdicts.ladder(n_pos, len(gain)), evidence
+    return (f"The mean full fine-tune beats zero-shot on {n_pos}/{len(gain)} {tasks_word}, by more than 5 points on "
+            f"{len(gain) - len(small)}; gain (points) min {gain.min():+.1f} ({gain.idxmin()}), mean "
+            f"{gain.mean():+.1f}, max {gain.max():+.1f} ({gain.idxmax()}); gains of 5 points or less: "
+            + (", ".join(f"{t} {g:+.1f}" for t, g in small.items()) or "none")
+            + f". Mean test accuracy: zero-shot {100 * zs.mean():.1f} %, fine-tuned {100 * ft.mean():.1f} %")
+
+
+def step_contrasts(frame: pd.DataFrame, column: str = "first_norm", T_values: Sequence[int] | None = None,
+                   methods: Sequence[str] = ("task_arithmetic", "iso_c")) -> pd.DataFrame:
+    """The loss of each step in T with its 95 % interval: per method and consecutive pair of T
+    values, the normalized accuracy of the first suite's tasks at the smaller T minus at the larger
+    (points; positive: the merge loses more with more tasks). Both merges are scored on the same
+    test examples of those tasks with the same fine-tunes, so this is a paired contrast
+    (:func:`pactlib.book.intervals.contrast`) over the seeds; at a T with several random task sets
+    (``draw``), each seed's side is the mean of its sets. Only ``column="first_norm"`` (the shared
+    tasks) is paired; the all-task mean changes its tasks with T.
+
+    Returns:
+        Columns ``method`` (display name), ``T_from``, ``T_to``, ``drop``, ``lo``, ``hi`` (points),
+        ``n_seeds``, ``n_examples`` and ``interval`` (the :class:`~pactlib.book.intervals.Interval`).
+
+    Raises:
+        ValueError: ``column`` is not ``first_norm``, or the records carry no per-example outcomes
+            (the message ends "recompute").
+    """
+    from pactlib.book.experiments.paired import restrict, rows
+    from pactlib.book.intervals import NO_OUTCOMES, contrast, has_outcomes
+
+    if column != "first_norm":
+        raise ValueError(f"step_contrasts: only the shared tasks ('first_norm') are paired, got {column!r}")
+    if T_values is not None:
+        frame = frame[frame["T"].isin(list(T_values))]
+    first = _first_tasks(frame)
+    out = []
+    for m in methods:
+        by_T = {T: rows(frame, method=m, T=T) for T in sorted(frame["T"].unique())}
+        by_T = {T: r for T, r in by_T.items() if r}
+        for T, r in by_T.items():
+            if not has_outcomes(r):
+                raise ValueError(f"step_contrasts: {_GROWTH_METHODS.get(m, m)} at T = {T}: {NO_OUTCOMES}")
+        Ts = list(by_T)
+        for a, b in zip(Ts, Ts[1:]):
+            side = lambda T: [restrict(r, first, testbed="shared") for r in by_T[T]]  # noqa: E731
+            iv = contrast(side(a), side(b), metric="norm_acc")
+            out.append(dict(method=_GROWTH_METHODS.get(m, m), T_from=int(a), T_to=int(b), drop=iv.estimate, lo=iv.lo,
+                            hi=iv.hi, n_seeds=iv.n_seeds, n_examples=iv.n_examples, interval=iv))
+    return pd.DataFrame(out, columns=["method", "T_from", "T_to", "drop", "lo", "hi", "n_seeds", "n_examples",
+                                      "interval"])
+
+
+def _first_tasks(frame: pd.DataFrame) -> list[str]:
+    """The smallest suite's tasks: the ``norm_acc:<task>`` columns every record of its T has."""
+    smallest = frame["T"].min()
+    base = frame[(frame["T"] == smallest) & (frame["method"] != "fine-tuned")]
+    return [c.removeprefix("metrics.norm_acc:") for c in base.columns
+            if c.startswith("metrics.norm_acc:") and base[c].notna().all()]
+
+
+def problem_verdict(frame: pd.DataFrame, *, T_values: Sequence[int] | None = None, note: str = "") -> dict:
+    """The verdict on "merging loses more as T grows": one condition per method and step of T, the
+    step's loss on the shared tasks (:func:`step_contrasts`) > 0 points.
+
+    Returns:
+        The verdict dict; not yet tested (with the reason) when the records carry no per-example
+        outcomes.
+    """
+    from pactlib.book.intervals import NO_OUTCOMES
+    from pactlib.book.verdicts import condition, graded, not_tested
+
+    try:
+        steps = step_contrasts(frame, T_values=T_values)
+    except ValueError as e:
+        if NO_OUTCOMES in str(e):
+            return not_tested(f"merges of the book's suites (`{INTERFERENCE}`): {NO_OUTCOMES}"
+                              + (f". {note}" if note else ""))
+        raise
+    conds = [condition(f"{r.method}, T = {r.T_from} → {r.T_to}: loss of the shared tasks", r.interval)
+             for r in steps.itertuples()]
+    ns = sorted(set(steps["n_seeds"]))
+    text = (f"{' / '.join(map(str, ns))} seed(s), {int(steps['n_examples'].min()):,} test examples per shared task; "
+            "paired: the shared tasks' test examples and fine-tunes are the same at every T")
+    return graded(conds, "Normalized accuracy of the first suite's tasks at the smaller T minus at the larger (points)",
+                  note=text + (f". {note}" if note else ""))
+
+
+def testbed_meaning(claim: str, status: str, where: str) -> str:
+    """One sentence on what a chapter-2 verdict means, chosen by its status (no numbers): ``claim``
+    is the precondition's or the problem's label, ``where`` the testbed's name in words."""
+    from pactlib.book.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_TESTED, PARTLY, REPRODUCED
+
+    pre = "precondition" in claim
+    what = ("fine-tuning helps every task" if pre else "merging loses more on the shared tasks as T grows")
+    return {
+        REPRODUCED: f"On {where}, {what}, beyond the sampling error of its test sets and seeds.",
+        PARTLY: f"On {where}, {what} where the intervals decide it, and no case is shown to go the "
+                             "other way.",
+        INCONCLUSIVE: f"On {where}, the data do not decide whether {what}.",
+        CONTRADICTED: f"On {where}, at least one case is shown to go against \"{what}\"; the merging chapters "
+                        f"should be read with it in mind.",
+        NOT_TESTED: f"On {where}, whether {what} is not graded yet: the verdict says why.",
+    }[status]

@@ -26,9 +26,12 @@ from torch import Tensor
 
 from pactlib import causal
 from pactlib.matrix import DEFAULT_RULE, MatrixRule
+from pactlib.book import intervals
 from pactlib.book.records import make_record
-from pactlib.book.verdicts import ladder, verdict
-from pactlib.book.experiments.scalar import _device_of, state_scores
+from pactlib.book.verdicts import condition, graded, not_tested
+from pactlib.book.intervals import NO_OUTCOMES
+from pactlib.book.experiments.paired import MissingOutcomes, finetuned_record, stacked
+from pactlib.book.experiments.scalar import _device_of, _outcomes, state_scores
 
 __all__ = ["task_loss", "removed_parts", "shields_of", "layer_terms", "loss_path", "theory_records",
            "summary_table", "plot_sides", "plot_path", "plot_layers", "c12_verdict"]
@@ -144,7 +147,9 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     Returns:
         ``"first-order"`` (one): metrics ``predicted``, ``bound``, ``measured``, ``loss`` (L_t(θt)),
         ``removed_energy`` (‖Δt P_t‖² / ‖Δt‖² over the filtered layers), ``acc_ft``, ``acc_filtered``
-        (θ0 + Δ̃t on ``xy_test``) and ``acc_change`` = acc_filtered − acc_ft; ``"path"`` (one per s):
+        (θ0 + Δ̃t on ``xy_test``) and ``acc_change`` = acc_filtered − acc_ft, ``outcomes``: θ0 + Δ̃t's
+        per-example test outcomes; ``"finetuned"`` (one): θt's test accuracy and outcomes
+        (:func:`pactlib.book.experiments.paired.finetuned_record`); ``"path"`` (one per s):
         ``frac``, ``measured``, ``predicted`` (s × the first-order term); ``"layer"`` (one per
         filtered layer, ``layer`` = position): the terms of :func:`layer_terms`.
     """
@@ -158,13 +163,15 @@ def theory_records(tb, t: int, delta: Mapping[str, Tensor], filtered: Mapping[st
     rem = sum(float(r.double().norm()) ** 2 for r in removed.values())
     tot = sum(float(delta[k].double().norm()) ** 2 for k in keys)
     model = tb.loss_model(dict(theta), task)
-    ft = state_scores(model, theta, xy_test)
+    ft = state_scores(model, theta, xy_test, outcomes=True)
     filt = state_scores(model, {k: (v - removed[k].to(v.device, v.dtype) if k in removed else v)
-                                for k, v in theta.items()}, xy_test)
+                                for k, v in theta.items()}, xy_test, outcomes=True)
     common = dict(params=params, seed=seed, task=task, **extra)
     recs = [make_record("first-order", metrics=dict(**fo, removed_energy=rem / tot if tot else math.nan,
                                                     acc_ft=ft["acc"], acc_filtered=filt["acc"],
-                                                    acc_change=filt["acc"] - ft["acc"]), **common)]
+                                                    acc_change=filt["acc"] - ft["acc"]),
+                        **_outcomes(task, filt), **common),
+            finetuned_record(task, ft["correct"], seed=seed, params=params, loss=ft["loss"], **extra)]
     inner = [s for s in fracs if s != 1.0]  # s = 1 is first_order_check's own measurement
     path = {**dict(zip(inner, loss_path(loss_fn, theta, removed, inner, base=fo["loss"]))), 1.0: fo["measured"]}
     for s in fracs:
@@ -238,35 +245,54 @@ def plot_layers(frame, *, ax) -> None:
 
 
 def c12_verdict(frame, *, small_drop: float = 0.01, rel_tol: float = 0.5) -> dict:
-    """C12 from the ``"first-order"`` records, in four parts.
+    """C12 from the ``"first-order"`` and ``"finetuned"`` records.
 
-    1. the inequality: |predicted| ≤ bound in every (task, seed) case (Cauchy–Schwarz: must hold);
-    2. the bound covers the truth: |measured| ≤ bound in every case;
-    3. tracking: the first-order term has the sign of the measured change in every case and the
-       median relative error |measured − predicted| / |measured| is at most ``rel_tol``;
-    4. small self-degradation: the mean accuracy change of a task under its own filter is above
-       −``small_drop`` (accuracy as a fraction).
+    A precondition first: |predicted| ≤ bound in every (task, seed) case (Cauchy–Schwarz: it must
+    hold, so it checks the arithmetic, not the claim); when it fails, it is the verdict's one
+    condition (contradicted). Else four conditions grade the claim:
 
-    The inequality holds by construction (Cauchy–Schwarz): it is a precondition that checks the
-    arithmetic, not evidence for the claim. Reproduced when it and the other three hold; partly when
-    it and at least two of the other three hold (:func:`pactlib.book.verdicts.ladder`); else not.
+    1. the bound covers the truth: the worst |measured| / bound over the tasks < 1;
+    2. the first-order term has the measured change's sign: the count of (task, seed) cases with
+       the wrong sign < 0.5 (none);
+    3. it tracks the size: the median relative error |measured − predicted| / |measured| over the
+       tasks < ``rel_tol``;
+    4. small self-degradation: accuracy of θ0 + Δ̃t − accuracy of θt > −100·``small_drop``
+       points (mean over tasks), paired over the same test examples.
+
+    1 and 3 are per seed and carry the interval over seeds (:func:`~pactlib.book.intervals.over_seeds`;
+    a point below 3 seeds): prediction and measurement share the loss batch, so they have no test
+    sampling error; 2 is a count (a point). Records without per-example outcomes give a "not yet
+    tested" verdict saying so.
     """
     f = frame[frame["method"] == "first-order"]
+    if not len(f):
+        return not_tested("no first-order records")
     pred, bound, meas = f["metrics.predicted"], f["metrics.bound"], f["metrics.measured"]
     n = len(f)
     n_bound = int((pred.abs() <= bound * (1 + 1e-6) + 1e-12).sum())
-    n_within = int((meas.abs() <= bound).sum())
-    n_sign = int((np.sign(pred.to_numpy()) == np.sign(meas.to_numpy())).sum())
-    rel = ((meas - pred).abs() / meas.abs().where(meas.abs() > 0)).median()
-    tracks = n_sign == n and bool(rel <= rel_tol)
-    change = f.groupby("task", sort=False)["metrics.acc_change"].mean()
-    small = bool(change.mean() >= -small_drop)
-    bound_ok = n_bound == n
-    parts = int(n_within == n) + int(tracks) + int(small)
-    status = ladder(parts, 3, required=bound_ok)  # the inequality is a precondition, not evidence
-    return verdict(status=status,
-                   evidence=f"|predicted| ≤ bound in {n_bound}/{n} (task, seed) cases; the measured change lies within "
-                            f"±bound in {n_within}/{n}; sign of the first-order term right in {n_sign}/{n}, median relative "
-                            f"error {rel:.2f}; accuracy change of a task under its own filter: mean "
-                            f"{100 * change.mean():+.2f} pts, worst task {100 * change.min():+.2f} pts "
-                            f"(loss change: mean measured {meas.mean():+.4f} vs predicted {pred.mean():+.4f} nats).")
+    pre = f"|predicted| ≤ bound (the precondition, Cauchy–Schwarz) in {n_bound}/{n} (task, seed) cases"
+    if n_bound < n:
+        worst = float((pred.abs() / bound.where(bound > 0)).max())
+        return graded([condition("largest ratio of the prediction's size to the bound", intervals.point(worst),
+                                 threshold=1.0 + 1e-6, side="<", unit="")], pre + ": the arithmetic is wrong")
+    try:
+        tasks = list(dict.fromkeys(f["task"]))
+        fin = frame[(frame["method"] == "finetuned") & frame["task"].isin(tasks)]
+        change = intervals.contrast(stacked(f, tasks=tasks), stacked(fin, tasks=tasks))
+    except MissingOutcomes:
+        return not_tested(f"C12's accuracy change compares θ0 + Δ̃t and θt on the same test examples: {NO_OUTCOMES}. "
+                          f"{pre}")
+    g = f.assign(within=meas.abs() / bound.where(bound > 0),
+                 rel=(meas - pred).abs() / meas.abs().where(meas.abs() > 0)).groupby("seed", sort=True)
+    n_wrong = int((np.sign(pred.to_numpy()) != np.sign(meas.to_numpy())).sum())
+    conds = [condition("worst ratio of the measured change's size to the bound",
+                       intervals.over_seeds(list(g["within"].max().dropna())), threshold=1.0, side="<", unit=""),
+             condition("(task, seed) cases where the first-order term has the wrong sign", intervals.point(n_wrong),
+                       threshold=0.5, side="<", unit="cases", digits=0),
+             condition("median relative error of the first-order term",
+                       intervals.over_seeds(list(g["rel"].median().dropna())), threshold=rel_tol, side="<", unit=""),
+             condition("accuracy change of a task under its own filter", change, threshold=-100 * small_drop)]
+    return graded(conds, f"{n} (task, seed) cases over {f['seed'].nunique()} seed(s); {pre}; the loss sides share the "
+                         f"loss batch (intervals over seeds), the accuracy change is paired over the same test "
+                         f"examples ({change.n_examples} per task)",
+                  note=f"Loss change: mean measured {meas.mean():+.4f} vs predicted {pred.mean():+.4f} nats")
