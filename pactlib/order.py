@@ -92,10 +92,13 @@ def tensor_chunks(vectors: Sequence[Mapping]) -> tuple[int, Callable[[int, int],
     if any(not isinstance(v, torch.Tensor) for v in first.values()):
         return None
     segs = segments({k: s for k, (s, _) in layout.items()})
+    last: dict[int, tuple] = {}  # per task, the key read last (task vectors may read a key on access)
 
     def chunk(t: int, c: int) -> bytes:
         key, a, b = segs[c]
-        x = vectors[t][key].detach().reshape(-1)[a:b].cpu().contiguous()
+        if last.get(t, (None,))[0] != key:
+            last[t] = (key, vectors[t][key].detach().reshape(-1))
+        x = last[t][1][a:b].cpu().contiguous()
         return bytes(tensor_bytes_view(x))
 
     return len(segs), chunk
