@@ -21,7 +21,9 @@ and give the pages back as they go.
   columns split over the threads.
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
-and the same JSON line. The headers are read by the torch path's reader
+and the same JSON line. Both merge the θt in their content order (:mod:`pactlib.order`, found by
+:func:`_content_order` from a chunk of each file's float32 task vector): any order of the same
+``--finetuned`` files gives the same bytes; the warnings name the files as given. The headers are read by the torch path's reader
 (:func:`pactlib.safetensors_io.read_header_checked`), so both refuse the same files with the same
 message; an input that changes while it is read (size, times, inode: checked when it is opened,
 before and after each block or span, and before publishing) is the error "FILE changed while
