@@ -17,6 +17,8 @@ from . import merges
 from .merges.driver import passes_of
 from .checks import (CheckpointError, check_alpha, check_compatible, check_finite, check_state_dict, check_type,
                      task_names, task_set_warnings)
+from .order import content_order, merge_order, reorder_report, segments
+from .safetensors_io import tensor_bytes_view
 from .matrix import DEFAULT_RULE, MatrixRule, no_matrix_note, split_attention_note
 from .pact import MODES, PactOptions, PactReport, pact_filter
 from .taskvector import TaskVector, check_compute_dtype, report_buffers
@@ -155,7 +157,11 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
     Compute it once and apply it with several α (``D.apply_to(pretrained, alpha)``).
 
     Args:
-        task_vectors: T :class:`TaskVector` (:func:`task_vectors_from`), not state dicts.
+        task_vectors: T :class:`TaskVector` (:func:`task_vectors_from`), not state dicts. They are
+            filtered and merged in their content order (:mod:`pactlib.order`; task vectors that
+            :func:`pactlib.pact_filter` returned, in the order it filtered them in): any order of
+            the same task vectors gives the same bytes of D; the report's per-task lists are in
+            the order given.
         options: PACT options; or give them by name (``core_frac=0.1``), as :func:`merge` takes
             them, not both.
         **method_params: the method's parameters (e.g. ``k=20`` for TIES) and PACT options.
@@ -189,11 +195,13 @@ def merged_update(method: str, pretrained: Mapping[str, Tensor], task_vectors: S
         if note:
             warnings.warn(note, UserWarning, stacklevel=2)
     report = None
+    perm = merge_order(task_vectors)  # the merge is a function of the set of tasks (pactlib.order)
+    task_vectors = [task_vectors[i] for i in perm]
     if pact is not None:
         task_vectors, report = pact_filter(dict(pretrained), task_vectors, mode=pact,
                                            options=options or PactOptions(), rule=rule)
         log.info("%s: cap bound on %.1f%% of (layer, task) shields", pact, 100 * report.cap_binding_rate())
-    return m(task_vectors, rule=rule, **method_params), report
+    return m(task_vectors, rule=rule, **method_params), reorder_report(report, perm)
 
 
 def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]], *,
@@ -206,6 +214,9 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
     without PACT holds no task vectors: D is summed key by key from the checkpoints
     (:func:`update_from_checkpoints`) and θ0 + α·D formed in D's tensors; the same values. For
     files, :func:`pactlib.merge_files` gives the same result, bit for bit, one layer at a time.
+    The tasks are merged in their content order (:mod:`pactlib.order`), as :func:`merged_update`
+    merges them: any order of the same checkpoints gives the same bytes; ``names`` follow
+    ``finetuned``.
 
     Args:
         method: a registered name, one of :func:`pactlib.merges.names` (e.g. ``task_arithmetic``).
@@ -245,7 +256,9 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         note = split_attention_note(pretrained.keys(), where=f"{method}: ")
         if note:
             warnings.warn(note, UserWarning, stacklevel=2)
-        D = update_from_checkpoints(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule, **mparams)
+        finetuned = list(finetuned)
+        D = update_from_checkpoints(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule,
+                                    order=checkpoint_order(pretrained, finetuned, dtype), **mparams)
         return D._apply(pretrained, alpha, consume=True)  # D is ours: θ0 + α·D in its own tensors
     tvs = task_vectors_from(pretrained, finetuned, names=names, dtype=dtype)
     D, _ = merged_update(method, pretrained, tvs, pact=pact, options=options, rule=rule, **mparams)
@@ -255,13 +268,15 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
 def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tensor],
                             finetuned: Sequence[Mapping[str, Tensor]], *, names: Sequence[str] | None = None,
                             dtype: torch.dtype = torch.float32, rule: MatrixRule = DEFAULT_RULE,
-                            **params) -> TaskVector:
+                            order: Sequence[int] | None = None, **params) -> TaskVector:
     """The merged update D of a method with a per-task reducer (:attr:`pactlib.merges.MergeMethod.reducer`,
     e.g. Task Arithmetic's running sum, M1) straight from the checkpoints, key by key: each task's
     Δt = θt − θ0 of the key is formed and handed to the key's reducer, in task order, so only D
     and one Δt are held, never the T task vectors, and θ0's key and the running result stay in
-    cache over the tasks. The same values as ``m(task_vectors_from(...))`` (the reducers add the
-    tasks in task order, as the methods do), with the same checks and warnings as
+    cache over the tasks. The same values as ``m`` on the task vectors in ``order`` (the reducers add the
+    tasks in that order, as the methods do; ``order``: the caller's indices of the tasks in the
+    order they are added, default the given one; :func:`merge` passes the content order,
+    :func:`checkpoint_order`), with the same checks and warnings as
     :func:`task_vectors_from`, the first failing one raised as there (θ0's values; then task by
     task its keys and shapes, then its values).
 
@@ -290,6 +305,9 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
     floats = [k for k, v in pretrained.items() if torch.is_floating_point(v)]
     report_buffers([k for k, v in pretrained.items() if not torch.is_floating_point(v)])
     T = len(finetuned)
+    order = list(range(T)) if order is None else list(order)
+    if sorted(order) != list(range(T)):
+        raise ValueError(f"order: {order} is not an order of the {T} tasks")
     looked = False  # the exact checks of every task ran (a sum overflowed, no NaN / Inf found)
     sums = torch.empty((T, len(floats)), dtype=dtype)  # per task and key: Σ of Δt's entries
     nonzero = [False] * T
@@ -298,8 +316,8 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
         pre = pretrained[k].to(dtype)  # no copy when θ0 is in dtype already
         matrix = rule.kind(k, pre) == "matrix"
         reducer = m.reducer(T, matrix, **params)
-        for t, ft in enumerate(finetuned):
-            d = ft[k].to(dtype) - pre  # the values of TaskVector.from_checkpoints
+        for t in order:
+            d = finetuned[t][k].to(dtype) - pre  # the values of TaskVector.from_checkpoints
             sums[t, i] = s = d.sum()
             if not looked and not bool(torch.isfinite(s)):  # NaN / Inf in a θt, or an overflowing sum
                 check_values(T)
@@ -308,8 +326,8 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
             reducer.add(rule.view(k, d) if matrix else d)  # the reducer keeps d
         if passes_of(reducer) == 2:  # Iso-CTS: each Δt again, against the sum
             reducer.next_pass()
-            for ft in finetuned:
-                d = ft[k].to(dtype) - pre
+            for t in order:
+                d = finetuned[t][k].to(dtype) - pre
                 reducer.add(rule.view(k, d) if matrix else d)
         r = reducer.result()
         D[k] = rule.unview(k, r, pre.shape) if matrix else r
@@ -320,3 +338,24 @@ def update_from_checkpoints(m: merges.MergeMethod, pretrained: Mapping[str, Tens
     for message in task_set_warnings(names, nonzero, same):
         warnings.warn(message, stacklevel=3)
     return TaskVector._wrap(D)
+
+
+def checkpoint_order(pretrained: Mapping[str, Tensor], finetuned: Sequence[Mapping[str, Tensor]],
+                     dtype: torch.dtype = torch.float32) -> list[int]:
+    """The content order (:mod:`pactlib.order`) of the task vectors Δt = θt − θ0 in ``dtype`` of
+    the checkpoints, the order :func:`merged_update` merges ``task_vectors_from(...)`` in, formed
+    a chunk at a time (no task vector held): ``perm[c]`` is the index of the task merged c-th. The
+    given order when a θt's keys or shapes are not θ0's (the merge then names the first problem)."""
+    floats = {k: v for k, v in pretrained.items() if isinstance(v, Tensor) and torch.is_floating_point(v)}
+    if not all(isinstance(ft, Mapping) and ft.keys() == pretrained.keys()
+               and all(isinstance(ft[k], Tensor) and ft[k].shape == v.shape for k, v in floats.items())
+               for ft in finetuned):
+        return list(range(len(finetuned)))
+    segs = segments({k: v.shape for k, v in floats.items()})
+
+    def chunk(t: int, c: int) -> bytes:
+        key, a, b = segs[c]
+        x = finetuned[t][key].detach().reshape(-1)[a:b].to(dtype) - floats[key].detach().reshape(-1)[a:b].to(dtype)
+        return bytes(tensor_bytes_view(x.cpu().contiguous()))
+
+    return content_order(len(finetuned), len(segs), chunk)

@@ -24,6 +24,7 @@ from torch import Tensor
 from .checks import CheckpointError, check_type
 from .linalg import SvdMethod
 from .matrix import DEFAULT_RULE, MatrixRule
+from .order import canonical_order, in_user_order, mark_places, reorder_report
 from .shield import build_shield, filter_update, iter_shields, shield_cap
 from .subspaces import LBW, active_subspace, choose_rank, lbw_subspace, pretrained_core
 from .taskvector import TaskVector
@@ -420,7 +421,11 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             a few bases per layer; used by the book's theory and depth chapters).
 
     Returns:
-        (filtered task vectors in the input order, :class:`PactReport`).
+        (filtered task vectors in the input order, :class:`PactReport`, its per-task lists in the
+        input order too). The layers are filtered with the tasks in their content order
+        (:mod:`pactlib.order`), so each task's filtered vector and report entries are the same bits
+        for any order of the same task vectors; the filtered vectors are marked with that order
+        (:func:`pactlib.order.mark_places`), which :func:`pactlib.merged_update` merges them in.
 
     Raises:
         ValueError: unknown mode, or no task vectors.
@@ -436,6 +441,8 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
     tvs = list(task_vectors)
     if not tvs:
         raise ValueError("pact_filter: no task vectors")
+    perm = canonical_order(tvs)  # filtered in the content order: a function of the set of tasks
+    tvs = [tvs[i] for i in perm]
     report = PactReport(mode, options)
     out = [dict(tv.items()) for tv in tvs]  # shallow: filtered layers get new tensors below
     matrix_keys, selected = select_layers(tvs[0], mode=mode, options=options, rule=rule, stacklevel=3)
@@ -459,4 +466,6 @@ def pact_filter(pretrained: dict[str, Tensor], task_vectors: Sequence[TaskVector
             report.shields[key] = shields
             report.subspaces[key] = subs
     warn_if_unchanged(report, matrix_keys, selected, stacklevel=3)
-    return [TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], report
+    result = in_user_order([TaskVector._wrap(d, tv.name) for d, tv in zip(out, tvs)], perm)
+    mark_places(result, perm)
+    return result, reorder_report(report, perm)

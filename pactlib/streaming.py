@@ -75,6 +75,8 @@ from .lazy import (CheckpointWriter, LazyCheckpoint, Loader, check_out_suffix, c
 from .matrix import DEFAULT_RULE, MatrixRule, no_matrix_note, split_attention_note
 from .merges.driver import RunningSum, passes_of
 from .merges.ties import GlobalThreshold, scratch, ties_kernel, trim_count
+from .order import content_order, in_user_order, pairs_in_user_order, reorder_report, segments
+from .safetensors_io import tensor_bytes_view
 from .pact import PactOptions, PactReport, filter_stack, filter_tasks, select_layers, warn_if_unchanged
 from .taskvector import TaskVector
 from .threads import single_threaded
@@ -98,8 +100,9 @@ class MergedFiles:
 class _TaskChecks:
     """The in-memory path's warnings, gathered key by key: all-zero and identical task vectors."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], *, perm: Sequence[int] | None = None):
         self.names = list(names)
+        self.perm = list(range(len(names))) if perm is None else list(perm)  # the tasks' order: names' indices
         self.nonzero = [False] * len(names)
         self.same = {(i, j) for i in range(len(names)) for j in range(i + 1, len(names))}
         self._lock = threading.Lock()
@@ -117,7 +120,10 @@ class _TaskChecks:
         return _KeyProbe(self)
 
     def warn(self) -> None:
-        for message in task_set_warnings(self.names, self.nonzero, self.same):
+        """The warnings, tasks named in the caller's order (``perm``: the caller's index of each task)."""
+        p = self.perm
+        for message in task_set_warnings(in_user_order(self.names, p), in_user_order(self.nonzero, p),
+                                         pairs_in_user_order(self.same, p)):
             warnings.warn(message, stacklevel=3)
 
 
@@ -166,6 +172,9 @@ class DeltaReader:
         fts: per task, a :class:`~pactlib.lazy.LazyCheckpoint` of θt (θ0's keys and shapes) or a
             task-vector source (:func:`is_delta_source`).
         names: task names for messages, one per entry of ``fts``.
+        user: the caller's index of each entry of ``fts`` when they come in another order (the
+            content order, :func:`delta_order`): of several tasks with a NaN / Inf in one key, the
+            first in the caller's order is named. Default: ``fts``' own order.
 
     Attributes:
         meta: θ0's keys as ``meta``-device tensors (shapes, dtypes). ``floats``: θ0's floating
@@ -177,8 +186,10 @@ class DeltaReader:
             shape mismatch (named by task and key); a source whose ``check`` refuses θ0.
     """
 
-    def __init__(self, pre: LazyCheckpoint, fts: Sequence, names: Sequence[str]):
+    def __init__(self, pre: LazyCheckpoint, fts: Sequence, names: Sequence[str], *,
+                 user: Sequence[int] | None = None):
         self.pre, self.fts, self.names = pre, list(fts), list(names)
+        self.user = list(range(len(self.fts))) if user is None else list(user)
         meta = pre.meta()
         check_state_dict(meta, name=f"pre-trained ({pre.name})")
         for ft, nm in zip(self.fts, self.names):
@@ -271,8 +282,21 @@ class DeltaReader:
             return out.zero_() if d is None else out.copy_(d if rows is None else d[rows[0]:rows[1]])
         x = ft.read(key, rows, out=self._buffer(pre.shape, ft.dtype(key)))
         if check:
-            check_finite({key: x}, name=nm)
+            try:
+                check_finite({key: x}, name=nm)
+            except CheckpointError:
+                self._first_not_finite(key, t, rows)
+                raise
         return torch.sub(x.to(self.dtype), pre, out=out)
+
+    def _first_not_finite(self, key: str, t: int, rows) -> None:
+        """Raise the NaN / Inf error of ``key`` (or its rows) of the first task before task t in
+        the caller's order (:attr:`user`) that has one: the error a merge in the given order
+        raises first."""
+        for u in sorted((u for u in range(self.T) if self.user[u] < self.user[t]), key=self.user.__getitem__):
+            ft = self.fts[u]
+            if not is_delta_source(ft):
+                check_finite({key: ft.read(key, rows)}, name=self.names[u])
 
 
 def reduced_update(inputs: DeltaReader, key: str, rows: tuple[int, int] | None, pre: Tensor | None, *,
@@ -714,6 +738,9 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
         fts = [p if is_delta_source(p) else open_checkpoint(p, loader=loader, cache_dir=cache_dir, name=nm)
                for p, nm in zip(finetuned, names)]
         inputs = DeltaReader(pre, fts, names)
+        perm = delta_order(inputs)  # merged in the content order: a function of the set of tasks
+        if perm != sorted(perm):
+            inputs = DeltaReader(pre, [fts[t] for t in perm], [names[t] for t in perm], user=perm)
         selected: list[str] = []
         report = None
         matrix_keys: list[str] = []
@@ -723,7 +750,7 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
             matrix_keys, selected = select_layers({k: inputs.meta[k] for k in inputs.floats}, mode=pact,
                                                   options=options, rule=rule, stacklevel=2)
         entries = [(k, v.shape, v.dtype) for k, v in inputs.meta.items()]
-        checks = _TaskChecks(names)
+        checks = _TaskChecks(inputs.names, perm=perm)
         with CheckpointWriter(out, entries, max_shard_size=max_shard_size) as writer:
             args = dict(inputs=inputs, m=m, mparams=mparams, rule=rule, alpha=alpha, pact=pact, options=options,
                         selected=set(selected), report=report, checks=checks, writer=writer, workers=workers,
@@ -745,7 +772,29 @@ def merge_files(method: str, pretrained: str | os.PathLike, finetuned: Sequence[
                 extra = list(on_publish()) if on_publish is not None else []
                 held += extra
                 finish_output(out, files)  # an earlier output's files, TIES' spill folders of killed runs
-        return MergedFiles(writer.path, files + extra, inputs.T, report)
+        return MergedFiles(writer.path, files + extra, inputs.T, reorder_report(report, perm))
+
+
+def delta_order(inputs: DeltaReader) -> list[int]:
+    """The content order (:mod:`pactlib.order`) of the tasks of ``inputs``: their Δt = θt − θ0 in
+    :attr:`DeltaReader.dtype`, the values :func:`pactlib.merged_update` orders the same task vectors
+    by, read a chunk of one key of one task at a time (mostly the first chunk of each task).
+    ``perm[c]`` is the caller's index of the c-th task."""
+    segs = segments({k: tuple(inputs.meta[k].shape) for k in inputs.floats})
+    cols: dict[str, int] = {}
+
+    def chunk(t: int, c: int) -> bytes:
+        key, a, b = segs[c]
+        shape = tuple(inputs.meta[key].shape)
+        if not shape:
+            d = inputs.delta(key, t, check=False)
+        else:
+            row = cols.setdefault(key, max(1, math.prod(shape[1:])))
+            r0, r1 = a // row, -(-b // row)
+            d = inputs.delta(key, t, (r0, r1), check=False).reshape(-1)[a - r0 * row:b - r0 * row]
+        return bytes(tensor_bytes_view(d.contiguous()))
+
+    return content_order(inputs.T, len(segs), chunk)
 
 
 def _per_key(*, inputs: DeltaReader, m, mparams, rule, alpha, pact, options, selected, report, checks, writer,

@@ -56,7 +56,7 @@ class TaskVector(Mapping):
         ValueError: an unsupported ``dtype``.
     """
 
-    __slots__ = ("_d", "name")
+    __slots__ = ("_d", "name", "_place")  # _place: pactlib.order.mark_places
 
     def __init__(self, deltas: Mapping[str, Tensor], *, name: str | None = None,
                  dtype: torch.dtype = torch.float32):

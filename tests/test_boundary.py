@@ -18,7 +18,7 @@ PKG = ROOT / "pactlib"
 
 #: The engine: what ``pip install pactlib`` (torch + safetensors) must be able to import and run.
 ENGINE_MODULES = ("__init__", "taskvector", "checks", "io", "lazy", "matrix", "linalg", "subspaces", "shield",
-                  "pact", "lora", "peft", "api", "cli", "command", "threads", "streaming", "paths", "safetensors_io",
+                  "pact", "lora", "peft", "api", "cli", "command", "threads", "streaming", "paths", "safetensors_io", "order",
                   "clip_keys", "recipe", "native/__init__", "fastpath/__init__", "fastpath/kernels")
 #: Third-party packages the engine may import.
 ALLOWED_THIRD_PARTY = {"torch", "safetensors"}

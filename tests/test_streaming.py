@@ -703,8 +703,18 @@ def test_reducer_methods_read_one_task_at_a_time(tmp_path, ckpts, monkeypatch, m
     def no_stack(*a, **k):
         raise AssertionError("a method with a reducer stacked the T deltas")
 
+    import pactlib.streaming as streaming
+
+    order_of = streaming.delta_order
+
+    def delta_order(inputs):  # its chunks read first (the content order), then the merge's reads
+        perm = order_of(inputs)
+        reads.clear()
+        return perm
+
     monkeypatch.setattr(DeltaReader, "deltas", no_stack)
     monkeypatch.setattr(DeltaReader, "delta", delta)
+    monkeypatch.setattr(streaming, "delta_order", delta_order)
     res = pactlib.merge_files(method, p0, ps, tmp_path / "out.safetensors", alpha=0.7, pact=pact, **kw)
     _assert_identical(load_file(str(res.path)), want)
     T = len(fts)

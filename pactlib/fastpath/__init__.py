@@ -21,7 +21,9 @@ and give the pages back as they go.
   columns split over the threads.
 
 The output is the torch path's, byte for byte (tests/test_fastpath.py), with the same warnings
-and the same JSON line. The headers are read by the torch path's reader
+and the same JSON line. Both merge the θt in their content order (:mod:`pactlib.order`, found by
+:func:`_content_order` from a chunk of each file's float32 task vector): any order of the same
+``--finetuned`` files gives the same bytes; the warnings name the files as given. The headers are read by the torch path's reader
 (:func:`pactlib.safetensors_io.read_header_checked`), so both refuse the same files with the same
 message; an input that changes while it is read (size, times, inode: checked when it is opened,
 before and after each block or span, and before publishing) is the error "FILE changed while
@@ -70,6 +72,7 @@ from ..matrix import detect_preset, split_attention_note
 from ..recipe import (DEFAULT_SHARD_SIZE, FolderFiles, check_folder_target, check_model_folder_out, check_sha256,
                       weights_name)
 from ..safetensors_io import FLOATS, ITEMSIZE, ChangedInputError, check_unchanged, read_header_checked
+from ..order import CHUNK, content_order, in_user_order, pairs_in_user_order, segments
 from . import kernels
 
 __all__ = ["BUDGET_BYTES", "METHODS", "plan", "trim_count", "try_merge"]
@@ -700,6 +703,57 @@ def _ties(p: _Plan, writer: CheckpointWriter):
         b.close()
 
 
+def _content_order(p: _Plan) -> list[int]:
+    """Put the θt of ``p`` in their content order (:mod:`pactlib.order`: the order of the bytes of
+    their float32 task vectors Δt = θt − θ0, keys in sorted order, the order the torch path merges
+    them in), read a chunk of one key of one task at a time (``pread``; the task vectors formed by
+    :func:`pactlib.native`'s ``pact_deltas``, the torch path's float32 values); ``p``'s files,
+    offsets and identities are reordered in place. ``perm[c]``: the caller's index of the c-th task.
+
+    Raises:
+        ChangedInputError: a file changed since its header was read (or ends early).
+    """
+    T = len(p.fts)
+    segs = segments({k: p.entries[k][0] for k in p.floats})
+    files, offsets, identities = [p.pre, *p.fts], p.offsets, p.identities
+    buf = [bytearray(CHUNK * 4) for _ in range(2)]
+    out = (ctypes.c_float * CHUNK)()
+    flags, same = (ctypes.c_uint8 * 1)(), (ctypes.c_uint8 * 1)()
+    fds: dict[int, int] = {}
+
+    def read(i: int, key: str, a: int, m: int, into: bytearray) -> int:
+        size = ITEMSIZE[p.entries[key][1]]
+        if i not in fds:
+            fds[i] = os.open(files[i], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            check_unchanged(files[i], identities[i], fds[i])
+        view, pos, n, done = memoryview(into), offsets[i][key] + a * size, m * size, 0
+        while done < n:
+            got = os.preadv(fds[i], [view[done:n]], pos + done)
+            if got <= 0:
+                raise ChangedInputError(files[i])  # it ends before its header says
+            done += got
+        return ctypes.addressof((ctypes.c_char * len(into)).from_buffer(into))
+
+    def chunk(t: int, c: int) -> bytes:
+        key, a, b = segs[c]
+        code = native.CODES[p.entries[key][1]]
+        pre = read(0, key, a, b - a, buf[0])
+        x = (ctypes.c_void_p * 1)(read(t + 1, key, a, b - a, buf[1]))
+        p.lib.pact_deltas(pre, code, x, (ctypes.c_int32 * 1)(code), 1, b - a, out, flags, same, 0)
+        return ctypes.string_at(out, 4 * (b - a))
+
+    try:
+        perm = content_order(T, len(segs), chunk)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    if perm != list(range(T)):
+        p.fts = [p.fts[t] for t in perm]
+        p.offsets = [p.offsets[0], *(p.offsets[t + 1] for t in perm)]
+        p.identities = [p.identities[0], *(p.identities[t + 1] for t in perm)]
+    return perm
+
+
 def try_merge(args) -> int | None:
     """Run ``pact merge`` for the parsed ``args`` without torch when :func:`plan` takes it:
     print the torch path's JSON line and return 0; None when it does not take it, or when a merged
@@ -714,6 +768,7 @@ def try_merge(args) -> int | None:
     p = plan(args)
     if p is None:
         return None
+    perm = _content_order(p)  # merged in the content order: a function of the set of tasks
     a, r = p.args, p.recipe
     note = split_attention_note(p.entries, where=f"{r.merge_method}: ")
     if note:
@@ -734,7 +789,9 @@ def try_merge(args) -> int | None:
                 return None  # the writer removes its temporary files; the torch path names the cause
             for f, identity in zip([p.pre, *p.fts], p.identities):  # read whole from the files checked
                 check_unchanged(f, identity)
-            for message in task_set_warnings(list(r.models), *found):
+            nonzero, same = found  # of the tasks in the content order: named in the caller's order
+            for message in task_set_warnings(list(r.models), in_user_order(nonzero, perm),
+                                             pairs_in_user_order(same, perm)):
                 warnings.warn(message, stacklevel=2)
             with signals_held() as held:  # as merge_files: published whole, then a signal stops the run
                 weights = writer.commit()

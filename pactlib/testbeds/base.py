@@ -183,7 +183,12 @@ def own_task_vectors(tb: Testbed) -> list[TaskVector]:
 
 
 def _to(tvs: Sequence[TaskVector], device) -> list[TaskVector]:
-    return [tv.map(lambda k, v: v.to(device)) for tv in tvs]
+    out = [tv.map(lambda k, v: v.to(device)) for tv in tvs]
+    for a, b in zip(tvs, out):  # the same task vectors elsewhere: merged in the same order (pactlib.order)
+        place = getattr(a, "_place", None)
+        if place is not None:
+            b._place = place
+    return out
 
 
 def _engine_pretrained(tb: Testbed) -> dict[str, Tensor]:
@@ -308,7 +313,8 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
 
     from ..matrix import split_attention_note
     from ..pact import MODES, select_layers, warn_if_unchanged
-    from ..streaming import DeltaReader, check_method_values
+    from ..order import reorder_report
+    from ..streaming import DeltaReader, check_method_values, delta_order
 
     m = merges.get(method)
     if pact is not None and pact not in MODES:
@@ -325,6 +331,9 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
     check_method_params(method, params)
     pre, fts = sources
     inputs = DeltaReader(pre, fts, list(tb.tasks))
+    perm = delta_order(inputs)  # merged in the content order (pactlib.order), as merged_update merges
+    if perm != sorted(perm):
+        inputs = DeltaReader(pre, [fts[t] for t in perm], [tb.tasks[t] for t in perm], user=perm)
     check_method_values(m, tb.rule, params, inputs.dtype)
     note = split_attention_note(inputs.meta.keys(), where=f"{method}: ")
     if note:
@@ -347,17 +356,17 @@ def streamed_update(tb: Testbed, method: str, *, pact: str | None = None, option
         elif inputs.dtype == torch.float64:  # the cache holds float32 layers: a spill of our own
             writer = _spill_writer(tb, entries)
     args = dict(tb=tb, inputs=inputs, m=m, params=params, pact=pact, options=options, selected=selected,
-                report=report, spilled=spilled, writer=writer, dev=engine_device(tb))
+                report=report, spilled=spilled, writer=writer, dev=engine_device(tb), perm=perm)
     D = _streamed_per_key(**args) if per_key else _streamed_ties_global(**args)
     if writer is not None:
         from ..lazy import open_checkpoint
 
         spills[pact, options] = (open_checkpoint(writer.path, name=f"{pact}-filtered task vectors"), report)
     if spilled is not None:
-        return TaskVector._wrap(D), spilled[1]
+        return TaskVector._wrap(D), spilled[1]  # in the tasks' order already
     if report is not None:
         warn_if_unchanged(report, matrix_keys, sorted(selected), stacklevel=3)
-    return TaskVector._wrap(D), report
+    return TaskVector._wrap(D), reorder_report(report, perm)
 
 
 def _filter_job(tb: Testbed, inputs, pact: str, options: PactOptions, dev):
@@ -373,13 +382,16 @@ def _filter_job(tb: Testbed, inputs, pact: str, options: PactOptions, dev):
     return job
 
 
-def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev) -> dict:
+def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev,
+                      perm) -> dict:
     """D of a per-key method, key by key (:func:`streamed_update`)."""
     from contextlib import nullcontext
 
+    from ..order import in_user_order
     from ..streaming import CHUNK_BYTES, consume_in_order, reduced_update
 
     T, names = inputs.T, inputs.names
+    inv = in_user_order(list(range(T)), perm)  # a task's row in the merge's order
     filt = _filter_job(tb, inputs, pact, options, dev) if pact is not None else None
     reduced = m.reducer is not None
 
@@ -390,7 +402,8 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
                 # tasks read one at a time into the method's reducer (from the filtered-layer cache,
                 # or filtered as they come): no (T, m, n) stack
                 cached = spilled is not None and key in selected
-                read = (lambda t, first: spilled[0].read(key, (t, t + 1))[0].clone()) if cached else None
+                # the spill's rows are in the tasks' order, task t of the merge is task perm[t]
+                read = (lambda t, first: spilled[0].read(key, (perm[t], perm[t] + 1))[0].clone()) if cached else None
                 D, lr_ = reduced_update(inputs, key, rows, None if cached else inputs.pre.read(key, rows), m=m,
                                         params=params, rule=tb.rule,
                                         pact=pact if key in selected and not cached else None,
@@ -399,11 +412,11 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
                 parts.append(D)
                 continue
             if spilled is not None and key in selected:  # filtered by an earlier run: read it back
-                stack = spilled[0].read(key)
+                stack = spilled[0].read(key)[perm]  # the spill's rows in the merge's order
                 stack = stack if dev is None else stack.to(dev)
             elif key in selected:
                 stack, lr = filt(key)
-                keep = stack if writer is not None else None
+                keep = stack[inv] if writer is not None else None  # the spill in the tasks' order
             else:
                 _, stack = inputs.deltas(key, rows)
                 stack = stack if dev is None else stack.to(dev)
@@ -429,16 +442,19 @@ def _streamed_per_key(*, tb, inputs, m, params, pact, options, selected, report,
     return D
 
 
-def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev) -> dict:
+def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, report, spilled, writer, dev,
+                          perm) -> dict:
     """D of TIES with ``scope="global"`` (M2) in passes over the keys (:func:`streamed_update`)."""
     from contextlib import nullcontext
 
     from ..lazy import open_checkpoint
     from ..merges.ties import GlobalThreshold, ties_kernel, trim_count
+    from ..order import in_user_order
     from ..streaming import (CHUNK_BYTES, consume_in_order, find_thresholds, native_count, observe_stack, ties_chunk,
                              trim_stack)
 
     T = inputs.T
+    inv = in_user_order(list(range(T)), perm)  # a task's row in the merge's order
     k = float(params.get("k", m.params["k"]))
     floats = set(inputs.floats)
     order = [key for key in tb.pretrained if key in floats]  # the in-memory task vectors' key order
@@ -458,7 +474,7 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
             observe_stack(gt, stack)
             counted.add(key)
             if writer is not None:
-                writer.write(key, stack)
+                writer.write(key, stack[inv])  # the spill in the tasks' order
 
         with writer if writer is not None else nullcontext():  # a failed run leaves no spill file
             consume_in_order(filt, [key for key in inputs.floats if key in selected], max(1, torch.get_num_threads()),
@@ -473,7 +489,7 @@ def _streamed_ties_global(*, tb, inputs, m, params, pact, options, selected, rep
         """The (T, rows, …) stacks of Δt (filtered when ``key`` is selected) covering ``key``, in order, on the CPU."""
         if key in selected and spill is not None:
             for rows in inputs.rows(key, True, CHUNK_BYTES):
-                yield spill.read(key, rows, dim=1)
+                yield spill.read(key, rows, dim=1)[perm]  # the spill's rows in the merge's order
         elif key in selected:  # no room on disk for the filtered layers: filter again
             with torch.no_grad():
                 yield refilter(key)[0].cpu()

@@ -18,7 +18,7 @@ from ..book.provenance import strip_docstrings as _strip_docstrings
 
 #: The modules a merge's result depends on: every memo key holds a fingerprint of their code.
 ENGINE_MODULES = ("pactlib.taskvector", "pactlib.checks", "pactlib.matrix", "pactlib.linalg", "pactlib.subspaces",
-                  "pactlib.shield", "pactlib.pact", "pactlib.merges", "pactlib.lora", "pactlib.api",
+                  "pactlib.shield", "pactlib.pact", "pactlib.merges", "pactlib.lora", "pactlib.api", "pactlib.order",
                   "pactlib.threads", "pactlib.eval")
 
 _CODE: dict[tuple[str, ...], str] = {}

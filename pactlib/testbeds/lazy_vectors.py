@@ -575,6 +575,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
         that changed nothing).
     """
     from ..lazy import CheckpointWriter, open_checkpoint
+    from ..order import canonical_order, in_user_order, mark_places, reorder_report
     from ..pact import MODES, select_layers, warn_if_unchanged
     from ..streaming import consume_in_order
     from .engine import engine_device, merge_sources
@@ -618,6 +619,8 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
     except BaseException:
         release()
         raise
+    perm = canonical_order(raw)  # filtered in the content order (pactlib.order), stored in the tasks' order
+    inv = in_user_order(list(range(T)), perm)  # a task's row in the content order
     if report is None:
         dev = engine_device(tb)
         report = PactReport(mode, options)
@@ -625,9 +628,9 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
         folder.mkdir(parents=True, exist_ok=True)
 
         def job(key: str):
-            stack, res = filter_stack(key, pre_sd[key], torch.stack([tv[key] for tv in raw]), mode=mode,
+            stack, res = filter_stack(key, pre_sd[key], torch.stack([raw[t][key] for t in perm]), mode=mode,
                                       options=options, rule=tb.rule, dev=dev, keep=keep)
-            return stack.cpu(), res
+            return stack.cpu()[inv], res
 
         def consume(key: str, result) -> None:
             stack, res = result
@@ -644,6 +647,7 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
                 consume_in_order(job, selected, max(1, torch.get_num_threads()), consume)
                 writer.commit()
             _report_to_cpu(report)
+            reorder_report(report, perm)
             save_report(report, report_path)
             layers = open_checkpoint(layers_path, name=f"{mode}-filtered task vectors")
         except BaseException:
@@ -653,4 +657,6 @@ def filtered_task_vectors(tb, mode: str, options: PactOptions | None = None, *, 
             prune_cache(folder, limit, keep=[name])
     weakref.finalize(layers, release)  # the entry stays in use while its task vectors live
     warn_if_unchanged(report, matrix_keys, selected, stacklevel=3)
-    return [LazyTaskVector(_Filtered(tv, layers, t), name=tv.name) for t, tv in enumerate(raw)], report
+    out = [LazyTaskVector(_Filtered(tv, layers, t), name=tv.name) for t, tv in enumerate(raw)]
+    mark_places(out, perm)  # merged in the order they were filtered in (pactlib.order)
+    return out, report
