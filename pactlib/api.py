@@ -256,6 +256,7 @@ def merge(method: str, pretrained: Mapping[str, Tensor], finetuned: Sequence[Map
         note = split_attention_note(pretrained.keys(), where=f"{method}: ")
         if note:
             warnings.warn(note, UserWarning, stacklevel=2)
+        names = task_names(finetuned, names)  # a sequence of state dicts, before it is copied to a list
         finetuned = list(finetuned)
         D = update_from_checkpoints(m, pretrained, finetuned, names=names, dtype=dtype, rule=rule,
                                     order=checkpoint_order(pretrained, finetuned, dtype), **mparams)

@@ -782,16 +782,23 @@ def delta_order(inputs: DeltaReader) -> list[int]:
     ``perm[c]`` is the caller's index of the c-th task."""
     segs = segments({k: tuple(inputs.meta[k].shape) for k in inputs.floats})
     cols: dict[str, int] = {}
+    held: dict[str, object] = {}  # θ0's rows of the segment last read: read once for all T tasks
+
+    def pre_rows(key: str, rows: tuple[int, int] | None) -> Tensor:
+        if held.get("at") != (key, rows):
+            held.update(at=(key, rows), pre=inputs.pre.read(key, rows).to(inputs.dtype))
+        return held["pre"]
 
     def chunk(t: int, c: int) -> bytes:
         key, a, b = segs[c]
         shape = tuple(inputs.meta[key].shape)
         if not shape:
-            d = inputs.delta(key, t, check=False)
+            d = inputs.delta(key, t, pre=pre_rows(key, None), check=False)
         else:
             row = cols.setdefault(key, max(1, math.prod(shape[1:])))
             r0, r1 = a // row, -(-b // row)
-            d = inputs.delta(key, t, (r0, r1), check=False).reshape(-1)[a - r0 * row:b - r0 * row]
+            d = inputs.delta(key, t, (r0, r1), pre=pre_rows(key, (r0, r1)),
+                             check=False).reshape(-1)[a - r0 * row:b - r0 * row]
         return bytes(tensor_bytes_view(d.contiguous()))
 
     return content_order(inputs.T, len(segs), chunk)

@@ -208,23 +208,37 @@ def _ties_files(tmp_path, dtype=torch.float32, T=4):
 def test_per_key_ties_streams_each_key_in_chunks_read_at_most_twice(tmp_path, monkeypatch, dtype):
     """TIES with scope="per_key": the in-memory merge bit for bit, for chunk budgets from a few
     rows to the whole model and one or two workers; a key whose (T, …) stack exceeds a chunk is
-    never read as a whole stack, and no θt key is read more than twice."""
+    never read as a whole stack, and no θt key is read more than twice by the merge (the content-order
+    pass before it reads each file's rows of a key at most once more)."""
     import pactlib
     from pactlib.lazy import LazyCheckpoint
 
     pre, fts, p0, ps = _ties_files(tmp_path, dtype)
+    from pactlib import streaming
+
     reads: list = []
-    original = LazyCheckpoint.read
+    ordering: list = []  # reads of the content-order pass (pactlib.order), counted apart
+    original, order_pass = LazyCheckpoint.read, streaming.delta_order
+    phase = {"order": False}
 
     def counted(self, key, rows=None, **kw):
-        reads.append((self.name, key, rows))
+        (ordering if phase["order"] else reads).append((self.name, key, rows))
         return original(self, key, rows, **kw)
 
+    def in_order_pass(inputs):
+        phase["order"] = True
+        try:
+            return order_pass(inputs)
+        finally:
+            phase["order"] = False
+
     monkeypatch.setattr(LazyCheckpoint, "read", counted)
+    monkeypatch.setattr(streaming, "delta_order", in_order_pass)
     for k in (20.0, 35.0):
         want = pactlib.merge("ties", pre, fts, alpha=0.4, k=k, scope="per_key")
         for chunk, workers in ((256, 1), (256, 2), (4096, 1), (CHUNK_BYTES, 2)):
             reads.clear()
+            ordering.clear()
             out = tmp_path / f"m-{chunk}-{workers}.safetensors"
             pactlib.merge_files("ties", p0, ps, out, alpha=0.4, k=k, scope="per_key", chunk_bytes=chunk,
                                 workers=workers)
@@ -240,6 +254,11 @@ def test_per_key_ties_streams_each_key_in_chunks_read_at_most_twice(tmp_path, mo
                 assert n <= 2 * whole, (name, key, n)  # the threshold read (whole) and the merge read (chunks)
                 if chunk == CHUNK_BYTES and name in ps:  # every key's stack fits in a chunk: read once
                     assert n == whole, (name, key, n)
+            ordered: dict = {}  # the order pass reads each file's rows at most once (θ0's once for all tasks)
+            for name, key, rows in ordering:
+                n = (pre[key].shape[0] if pre[key].dim() else 1) if rows is None else rows[1] - rows[0]
+                ordered[(name, key)] = ordered.get((name, key), 0) + n
+            assert ordering and all(n <= (pre[key].shape[0] if pre[key].dim() else 1) for (_, key), n in ordered.items())
             emb = [rows for name, key, rows in reads if key == "emb.weight" and name == ps[0]]
             if chunk == 256:  # a (T, 300, 16) stack far over a chunk: whole once (one task), then rows
                 assert emb.count(None) == 1 and len(emb) > 10
