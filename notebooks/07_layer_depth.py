@@ -143,14 +143,14 @@ gain_ivs = depth.gain_table(frame, suites=suites)
 if gain_ivs.empty:
     print("The records carry no per-example test outcomes: recompute this chapter for the gains' intervals.")
 else:
-    plotting.table(gain_ivs, chapter=7, number=3,
+    plotting.table(gain_ivs, chapter=7, number=1,
                    caption="Gain in mean normalized test accuracy (points) over plain Iso-C per condition and "
                            "suite, with its 95 % interval, and the seeds behind it (the merges are compared on "
                            "the same test examples).")
 
 # %%
 plotting.table(report.suite_columns(depth.condition_table(frame).rename(columns={"alpha": "α"}, level=0)),
-               chapter=7, number=1,
+               chapter=7, number=2,
                floatfmt="{:.2f}",
                caption="Mean test accuracy and normalized accuracy (%), the chosen α and the share of seeds whose "
                        "α lies on an edge of the grid, per condition and suite (means over seeds).")
@@ -169,7 +169,7 @@ print("The gains compare merges on the same test examples, so their own noise is
 # %% [markdown]
 # Gains well below that sampling error are noise. The gains themselves are paired: two merges
 # scored on the same test examples differ only where their predictions differ, so their 95 %
-# intervals (figure 7.1, table 7.3; {ref}`how they are computed <method-intervals>`) are narrower than the
+# intervals (figure 7.1, table 7.1; {ref}`how they are computed <method-intervals>`) are narrower than the
 # sampling error of either merge, and the verdicts below are graded on them.
 #
 # ## Intrusion energy across depth
@@ -199,7 +199,7 @@ with plotting.figure("intrusion-depth", chapter=7, number=2, size=(9.0, 3.6), nc
     depth.plot_intrusion(frame, ax=axes[1], suites=suites, bounds=bounds, relative=True)
 
 # %%
-plotting.table(report.suite_columns(depth.intrusion_table(frame, groups)), chapter=7, number=2, floatfmt="{:.2f}",
+plotting.table(report.suite_columns(depth.intrusion_table(frame, groups)), chapter=7, number=3, floatfmt="{:.2f}",
                caption="Mean intrusion energy and its random reference r/n (%) and their ratio, per depth group and "
                        "suite.")
 

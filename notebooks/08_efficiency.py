@@ -197,7 +197,7 @@ print(f"RSVD − exact: {100 * check['diff']:+.2f} points; tolerance {100 * chec
       f"{100 * check['spread']:.2f}, sampling error {100 * check['se']:.2f}) over {check['n_seeds']} seed(s)")
 acc_ivs = efficiency.accuracy_contrasts(frame, method)
 if acc_ivs:
-    plotting.table(report.contrast_table(acc_ivs), chapter=8, number=12,
+    plotting.table(report.contrast_table(acc_ivs), chapter=8, number=3,
                    caption="Differences in mean test accuracy (points) between the merges, with their 95 % "
                            "intervals (paired on the same test examples, with the spread over seeds where there "
                            "are three or more), the seeds and the test examples per task behind them.")
@@ -208,7 +208,7 @@ else:
 # "Within the seed spread" needs a spread: with several seeds it is the standard deviation of the
 # exact-SVD accuracy over seeds. With one seed we use instead the sampling error of a mean
 # accuracy over the test images, √(p(1 − p)/N), whichever is larger. That is the margin of the
-# verdict: RSVD matches exact SVDs when the 95 % interval of their paired difference (Table 8.12)
+# verdict: RSVD matches exact SVDs when the 95 % interval of their paired difference (Table 8.3)
 # lies wholly inside ± the margin, an equivalence test; both merges are scored on the same
 # images, so the interval is much narrower than either merge's own sampling error.
 #
@@ -249,11 +249,11 @@ if bench:
                                index=pd.Index(["task updates Vt,k: oversampling p",
                                                "task updates Vt,k: power iterations q"], name=bench_frame.index.name))
         bench_frame = pd.concat([bench_frame.iloc[:at], updates, bench_frame.iloc[at:]])
-    plotting.table(bench_frame, chapter=8, number=3, floatfmt="{}",
+    plotting.table(bench_frame, chapter=8, number=4, floatfmt="{}",
                    caption=f"The PACT filter on ViT-B/32-shaped synthetic layers (`{bench_json}`), exact SVD vs RSVD "
                            "with `PactOptions`' settings for the core and for the task updates.")
     if bench.get("sweep"):
-        plotting.table(efficiency.bench_sweep_table(bench), chapter=8, number=4, floatfmt="{:.3g}",
+        plotting.table(efficiency.bench_sweep_table(bench), chapter=8, number=5, floatfmt="{:.3g}",
                        caption=f"Randomized variants on the first {bench.get('sweep_blocks', 1)} block(s) of the "
                                "benchmark: (p, q, route) for the pre-trained core and for the task updates, the time "
                                "of the top-r SVDs (fastest of the repeats) and their speed-up over the exact SVDs, and "
@@ -337,7 +337,7 @@ scale = ([json.loads(line) for line in Path(scale_jsonl).read_text().splitlines(
 if floor:
     floor_wall = efficiency.read_bench(floor_wall_json) if floor_wall_json else None
     ft = efficiency.floor_table(floor, scale, floor_wall)
-    plotting.table(ft, chapter=8, number=5, floatfmt="{:.2f}",
+    plotting.table(ft, chapter=8, number=6, floatfmt="{:.2f}",
                    caption=f"PACT-RSVD-Iso-C's time over Iso-C's against the number of tasks: the least possible "
                            f"(only the T active-subspace RSVDs and the T projections; `{floor_json}`, one thread, "
                            f"CPU time, ViT-B/32 layer shapes), each part alone, the least possible on all cores "
@@ -390,7 +390,7 @@ else:
 # %% tags=["bench-data"]
 mt = efficiency.memory_table(scale)
 if len(mt):
-    plotting.table(mt, chapter=8, number=6, floatfmt="{:.2f}",
+    plotting.table(mt, chapter=8, number=7, floatfmt="{:.2f}",
                    caption=f"Peak memory of the streamed `pact merge` at T hi tasks over its peak at T lo, per model "
                            f"shape (blocks: residual blocks kept), method and PACT mode (`{scale_jsonl}`, the last "
                            f"run of each).")
@@ -479,7 +479,7 @@ if len(io_now):
                                  "kernel time makes of the same CPU time); dashed black: the goal. "
                                  f"Commits: {commits}.") as (fig, axes):
         speed.plot_floor(io_now, io_old, axes=axes)
-    plotting.table(speed.floor_table(io_now, io_old), chapter=8, number=7,
+    plotting.table(speed.floor_table(io_now, io_old), chapter=8, number=8,
                    caption="The same runs: floor (s); over the floor, the wall time of the whole process (the "
                            "goal's measure) and of the merge phase alone, the CPU time of the process and of the merge "
                            "phase; the goal (×); the kernel's share of the process's CPU time (%), the floor's own "
@@ -552,7 +552,7 @@ else:
 # %% tags=["bench-data"]
 mem_table = speed.inmemory_table(speed.read_data(speed.INMEMORY))
 if len(mem_table):
-    plotting.table(mem_table, chapter=8, number=8, floatfmt="{:.3g}",
+    plotting.table(mem_table, chapter=8, number=9, floatfmt="{:.3g}",
                    caption=f"The in-memory API against plain torch (`book/{speed.INMEMORY}`): T fine-tuned state dicts "
                            "of float32 matrices, the best seconds of `pactlib.merge` and `merged_update` and of the "
                            "plain-torch expressions, their ratios, and whether the results are bit-identical.")
@@ -576,7 +576,7 @@ else:
 mk_files, mk_frame = speed.side_by_side()
 mk_table = speed.side_by_side_table(mk_frame)
 if len(mk_table):
-    plotting.table(mk_table, chapter=8, number=9,
+    plotting.table(mk_table, chapter=8, number=10,
                    caption="`pact merge` beside mergekit on the same files (" + ", ".join(f"`book/{f}`" for f in mk_files)
                            + "): medians of each tool's wall time (s); pact / mergekit of wall time, CPU time, CPU "
                            "time less each tool's import, and peak memory; each tool's peak memory (MB) and "
@@ -600,7 +600,7 @@ else:
 fb_rows = speed.read_data(speed.FUSION_BENCH)
 fb_table = speed.fusion_bench_table(fb_rows)
 if len(fb_table):
-    plotting.table(fb_table, chapter=8, number=10, floatfmt="{:.3g}",
+    plotting.table(fb_table, chapter=8, number=11, floatfmt="{:.3g}",
                    caption=f"`pactlib.merge` beside fusion_bench on the same state dicts (`book/{speed.FUSION_BENCH}`): "
                            "best seconds of each, their ratio (below 1: pactlib is faster), whether the results are "
                            "bit-identical, and the largest difference over the largest update. The notes "
@@ -634,7 +634,7 @@ if Path(gpu_jsonl).is_file():
                               "seconds": [r["seconds"] for r in cuda_rows],
                               "peak GPU memory (GiB)": [r["peak_gpu_bytes"] / 2**30 for r in cuda_rows],
                               "note": [r.get("note") or "" for r in cuda_rows]}).set_index(["stage", "variant"])
-    plotting.table(gpu_table, chapter=8, number=11, floatfmt="{:.3g}",
+    plotting.table(gpu_table, chapter=8, number=12, floatfmt="{:.3g}",
                    caption=f"`scripts/gpu_check.sh` on {gi['gpu']} (`{gpu_jsonl}`, label `{gpu['label']}`, code "
                            f"{gi['commit']}, torch {gi['torch']}): {gi['arch']}, {gi['params'] / 1e6:.0f} M "
                            f"parameters in {gi['matrix_layers']} matrix layers, T = {gi['tasks']} synthetic task "
