@@ -5,7 +5,6 @@ name and report the tasks in the caller's order."""
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 import torch
@@ -13,10 +12,10 @@ from safetensors.torch import load_file, save_file
 
 import pactlib
 from pactlib import native
-from pactlib.cli import main
 from pactlib.matrix import MatrixRule
 from pactlib.pact import PactOptions, pact_filter
 from tests.conftest import make_checkpoints
+from tests.test_fastpath import run
 
 T = 4
 #: three orders of four tasks, the given one first
@@ -37,19 +36,10 @@ def _files(tmp_path, dtype=torch.float32):
 
 
 def _cli(monkeypatch, capsys, argv, *, fast: bool):
-    import pactlib.cli
-
-    monkeypatch.setenv(native.ENV, "1" if fast else "0")
-    torch_path = pactlib.cli._merge
-    if fast:
-        monkeypatch.setattr(pactlib.cli, "_merge", lambda args: pytest.fail("the torch path ran"))
-    try:
-        rc = main(["merge", *argv])
-    finally:
-        monkeypatch.setattr(pactlib.cli, "_merge", torch_path)
-    out, err = capsys.readouterr()
+    """``pact merge argv`` through test_fastpath's runner, which must succeed: (JSON line, stderr)."""
+    rc, line, err = run(argv, monkeypatch, capsys, fast=fast)
     assert rc == 0, err
-    return json.loads(out.strip().splitlines()[-1]), err
+    return line, err
 
 
 def _merge_orders(tmp_path, monkeypatch, capsys, base, fts, method, sets, *, fast, extra=(), tag=""):
