@@ -24,6 +24,7 @@ This module imports neither torch nor numpy; :func:`tensor_chunks` imports torch
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["CHUNK", "segments", "content_order", "tensor_chunks", "canonical_order", "merge_order", "mark_places",
@@ -39,9 +40,7 @@ def segments(shapes: Mapping[str, Sequence[int]]) -> list[tuple[str, int, int]]:
     a key with no entries has none."""
     out = []
     for key in sorted(shapes):
-        n = 1
-        for d in shapes[key]:
-            n *= int(d)
+        n = math.prod(int(d) for d in shapes[key])
         out += [(key, a, min(a + CHUNK, n)) for a in range(0, n, CHUNK)]
     return out
 
