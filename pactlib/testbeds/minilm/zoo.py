@@ -1,8 +1,9 @@
 """The MiniLM testbed's model zoo: frozen heads, full and LoRA fine-tunes of all-MiniLM-L6-v2.
 
-For every text task t (:mod:`pactlib.data.text`) and seed s the zoo holds, like Lite0's
-(:mod:`pactlib.testbeds.lite0.zoo`, whose record and file helpers it shares through
-:mod:`pactlib.testbeds.zoo_files`):
+The trainer, the files and the records are :mod:`pactlib.testbeds.zoo_trainer`'s; this module is
+what the MiniLM family adds (:class:`MiniLMZoo`: θ0 and its config, tokenized inputs, the
+mean-pooled encoder, prompt / prototype / probe heads, the LoRA targets) and its :class:`Recipe`.
+For every text task t (:mod:`pactlib.data.text`) and seed s the zoo holds
 
 - ``pretrained.safetensors`` -- θ0, the ``BertModel`` state dict without pooler
   (:func:`pactlib.testbeds.minilm.model.load_pretrained`); ``manifest.json`` keeps its sha256 and
@@ -14,17 +15,8 @@ For every text task t (:mod:`pactlib.data.text`) and seed s the zoo holds, like 
 - ``lora/<t>/seed<s>.safetensors`` (+ ``.json``) -- LoRA adapters (A, B) on the encoder's
   ``nn.Linear`` maps (:data:`LORA_TARGETS`), everything else frozen.
 
-Each run's JSON record holds the task, seed, kind, the recipe fields it depends on, zero-shot and
-fine-tuned accuracy on val and test, timings and the checkpoint's sha256. **Resumable and safe**
-as Lite0's: files are written atomically, the checkpoint before its record; a run counts as done
-only when its record matches the recipe, the head and the checkpoint's sha256
-(:func:`pactlib.testbeds.zoo_files.record_problem`); :func:`load_zoo` checks every sha256.
-
-**Randomness.** Splits are fixed by ``Recipe.data_seed``; the zoo seed drives the batch order
-and the LoRA initialisation through one ``torch.Generator`` per run, seeded from (kind, task,
-seed). Training runs in eval mode (no dropout) and on one torch thread (:func:`build_zoo`; two
-threads sum in another order), so a run gives the same tensors, and with sorted safetensors
-headers the same file bytes, on every build on one machine.
+Records, resumability, the sha256 checks and the randomness are the trainer's
+(:mod:`pactlib.testbeds.zoo_trainer`); MiniLM's records add the evaluation time and size.
 
 **LoRA (PEFT-style).** W_eff = W0 + (alpha / r) · B A with A (r, n) uniform in ±1/sqrt(n) and
 B = 0 at the start (PEFT's ``LoraConfig(r, lora_alpha, init_lora_weights=True)``: its
@@ -38,11 +30,9 @@ CLI: ``python -m pactlib.testbeds.minilm.zoo --suite 8 --seeds 0 --kind full lor
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,17 +42,15 @@ from torch import Tensor
 
 from pactlib import lora as lora_mod
 from pactlib.matrix import PRESETS
-from pactlib.paths import cache_dir
-from pactlib.threads import single_threaded
-from pactlib.testbeds.lite0.heads import Head, fit_head, fit_logit_scale, fit_prototype_head, load_head, save_head
-from pactlib.testbeds.zoo_files import (file_sha256, load_safetensors, read_json, record_problem, run_seed,
-                                       save_safetensors, train_loop, update_manifest, write_json)
+from pactlib.testbeds import zoo_trainer as T
+from pactlib.testbeds.lite0.heads import Head, fit_head, fit_logit_scale, fit_prototype_head
+from pactlib.testbeds.zoo_files import file_sha256, load_safetensors, read_json, save_safetensors, write_json
+from pactlib.testbeds.zoo_trainer import KINDS, RecipeFields, Zoo, head_path, run_path
 
 from .model import build_encoder, encode, in_model_order, load_pretrained, load_tokenizer, tokenize
 
 log = logging.getLogger(__name__)
 
-KINDS = ("full", "lora")
 BACKBONE = "all-MiniLM-L6-v2"
 RULE = PRESETS["hf_encoder"]
 HEADS = ("prompt", "prototype", "probe")
@@ -75,7 +63,7 @@ LORA_TARGETS = {
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(RecipeFields):
     """Everything a MiniLM zoo run depends on.
 
     The defaults are the first recipe that was measured (``bench/bench_minilm.py --parts finetune``,
@@ -126,13 +114,11 @@ class Recipe:
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"Recipe.head must be one of {HEADS}, got {self.head!r}")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"Recipe.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        self.check_common()
         if self.lora_targets not in LORA_TARGETS:
             raise ValueError(f"Recipe.lora_targets must be one of {sorted(LORA_TARGETS)}, got {self.lora_targets!r}")
-        for name in ("steps", "batch_size", "lora_rank", "eval_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Recipe.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_batch < 1:
+            raise ValueError(f"Recipe.eval_batch must be >= 1, got {self.eval_batch}")
         if self.max_tokens < 3:
             raise ValueError(f"Recipe.max_tokens must be >= 3 ([CLS], a token, [SEP]), got {self.max_tokens}")
 
@@ -141,27 +127,11 @@ class Recipe:
     RUN_FIELDS = ("steps", "batch_size", "optimizer", "weight_decay", "warmup")
     KIND_FIELDS = {"full": ("lr",), "lora": ("lora_lr", "lora_rank", "lora_alpha", "lora_targets")}
 
-    def relevant(self, kind: str) -> dict[str, Any]:
-        """The recipe fields a ``kind`` ("head", "full", "lora") depends on."""
-        names = self.HEAD_FIELDS if kind == "head" else self.HEAD_FIELDS + self.RUN_FIELDS + self.KIND_FIELDS[kind]
-        return {n: getattr(self, n) for n in names}
-
 
 # ----------------------------------------------------------------------------- paths
 def default_zoo_dir() -> Path:
     """``$PACT_CACHE/zoo-minilm`` (else the per-user cache's: :func:`pactlib.paths.cache_dir`)."""
-    return cache_dir("zoo-minilm")
-
-
-def run_path(zoo_dir: Path, kind: str, task: str, seed: int) -> Path:
-    """Checkpoint path of one run; its record is the same path with ``.json``."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown zoo kind {kind!r}; use one of {KINDS}")
-    return Path(zoo_dir) / kind / task / f"seed{seed}.safetensors"
-
-
-def head_path(zoo_dir: Path, task: str) -> Path:
-    return Path(zoo_dir) / "heads" / f"{task}.safetensors"
+    return MiniLMZoo().default_zoo_dir()
 
 
 def lora_keys(state: Mapping[str, Tensor], targets: str = "all") -> list[str]:
@@ -194,54 +164,6 @@ class Source:
         return self.tokenizer
 
 
-def ensure_pretrained(zoo_dir: Path, source: Source | None = None) -> tuple[dict[str, Tensor], dict]:
-    """(θ0, config) from ``pretrained.safetensors`` (written, or rewritten when missing or corrupt,
-    from ``source``); the manifest keeps its sha256, the config and the model's name."""
-    source = source or Source()
-    path = zoo_dir / "pretrained.safetensors"
-    man = read_json(zoo_dir / "manifest.json") or {}
-    pre = man.get("pretrained", {})
-    if path.is_file() and pre.get("sha256") and pre.get("config") and file_sha256(path) == pre["sha256"]:
-        return in_model_order(pre["config"], load_safetensors(path)[0]), pre["config"]
-    sd, config = source.pretrained()
-    sha = save_safetensors(sd, path, {"backbone": source.name})
-    man = read_json(zoo_dir / "manifest.json") or {}
-    man.update(backbone=source.name, pretrained={"file": path.name, "sha256": sha, "config": config})
-    write_json(zoo_dir / "manifest.json", man)
-    return sd, config
-
-
-# ----------------------------------------------------------------------------- data
-def _default_loader():
-    from pactlib.data.text import load_text_task
-
-    return load_text_task
-
-
-class _Data:
-    """Lazily loaded, tokenized splits of one task."""
-
-    def __init__(self, task: str, loader: Callable, recipe: Recipe, tokenizer, data_dir=None):
-        self.task, self.loader, self.recipe, self.tokenizer, self.data_dir = task, loader, recipe, tokenizer, data_dir
-        self._splits: dict[str, Any] = {}
-
-    def split(self, name: str):
-        if name not in self._splits:
-            limit = self.recipe.train_limit if name == "train" else self.recipe.eval_limit
-            kw = {"seed": self.recipe.data_seed, "limit": limit}
-            if self.data_dir is not None:
-                kw["cache_dir"] = self.data_dir
-            self._splits[name] = self.loader(self.task, name, **kw)
-        return self._splits[name]
-
-    def inputs(self, name: str) -> tuple[Tensor, Tensor]:
-        key = f"_x_{name}"
-        if key not in self._splits:
-            d = self.split(name)
-            self._splits[key] = (tokenize(self.tokenizer, d.texts, self.recipe.max_tokens), d.labels)
-        return self._splits[key]
-
-
 # ----------------------------------------------------------------------------- heads
 def fit_prompt_head(class_features: Tensor, features: Tensor | None, labels: Tensor, classes: Sequence[str], *,
                     scale: float | None = 20.0, max_iter: int = 100) -> Head:
@@ -262,12 +184,13 @@ def fit_prompt_head(class_features: Tensor, features: Tensor | None, labels: Ten
     return Head((s * P).float().contiguous(), torch.zeros(len(classes)), tuple(classes), normalize=True)
 
 
-def fit_task_head(kind: str, model, data: _Data, recipe: Recipe) -> Head:
-    """The ``kind`` head (:data:`HEADS`) of one task from θ0 (``model``: its encoder)."""
+def fit_task_head(kind: str, model, data: T.TaskSplits, recipe: Recipe) -> Head:
+    """The ``kind`` head (:data:`HEADS`) of one task from θ0 (``model``: its encoder); ``data``'s
+    family (a :class:`MiniLMZoo`) tokenizes the class descriptions."""
     x, y = data.inputs("train")
     tr = data.split("train")
     if kind == "prompt":
-        prompts = encode(model, tokenize(data.tokenizer, tr.prompts, recipe.max_tokens), recipe.eval_batch)
+        prompts = encode(model, tokenize(data.family.tokenizer(), tr.prompts, recipe.max_tokens), recipe.eval_batch)
         feats = None if recipe.head_scale is not None else encode(model, x, recipe.eval_batch)  # only to fit s
         return fit_prompt_head(prompts, feats, y, tr.classes, scale=recipe.head_scale, max_iter=recipe.head_max_iter)
     feats = encode(model, x, recipe.eval_batch)
@@ -277,239 +200,126 @@ def fit_task_head(kind: str, model, data: _Data, recipe: Recipe) -> Head:
 
 
 def accuracy(model, head: Head, x: Tensor, y: Tensor, batch: int = 128) -> float:
-    """Accuracy of ``head(model(x))`` on labels ``y``."""
+    """Accuracy of ``head(model(x))`` on labels ``y``.
+
+    Raises:
+        ValueError: no examples.
+    """
     if y.numel() == 0:
         raise ValueError("cannot compute an accuracy on zero examples")
     return float((head.logits(encode(model, x, batch)).argmax(1) == y).double().mean())
 
 
-def ensure_head(zoo_dir: Path, data: _Data, pretrained: Mapping[str, Tensor], config: dict,
-                recipe: Recipe) -> tuple[Head, dict]:
-    """The task's head and its record (fit and saved when missing, stale or corrupt)."""
-    path = head_path(zoo_dir, data.task)
-    rec = read_json(path.with_suffix(".json"))
-    if record_problem(rec, path, recipe.relevant("head")) is None:
-        return load_head(path), rec
-    t0 = time.perf_counter()
-    model = build_encoder(config, pretrained)
-    head = fit_task_head(recipe.head, model, data, recipe)
-    zs = {s: accuracy(model, head, *data.inputs(s), recipe.eval_batch) for s in ("val", "test")}
-    sha = save_head(head, path, task=data.task)
-    rec = {"task": data.task, "kind": "head", "head": recipe.head, "recipe": recipe.relevant("head"), "sha256": sha,
-           "file": str(path.relative_to(zoo_dir)), "classes": list(data.split("train").classes),
-           "prompts": list(data.split("train").prompts) if recipe.head == "prompt" else None,
-           "n_train": int(data.inputs("train")[1].numel()), "zero_shot": zs, "seconds": time.perf_counter() - t0}
-    write_json(path.with_suffix(".json"), rec)
-    update_manifest(zoo_dir, f"heads/{data.task}", rec, BACKBONE)
-    return head, rec
+# ----------------------------------------------------------------------------- the family
+class MiniLMZoo(T.ZooFamily):
+    """all-MiniLM-L6-v2 on the text tasks of :mod:`pactlib.data.text`: θ0 and its ``BertConfig``
+    from ``source`` (the manifest keeps the config), texts tokenized to ``Recipe.max_tokens``,
+    the mean-pooled encoder (:func:`pactlib.testbeds.minilm.model.build_encoder`), the
+    ``Recipe.head`` head, LoRA on :func:`lora_keys` under the ``hf_encoder`` rule."""
+
+    backbone = BACKBONE
+    zoo_dirname = "zoo-minilm"
+    label = "MiniLM"
+    rule = RULE
+    pretrained_fields = ("config",)
+
+    def __init__(self, source: Source | None = None):
+        self.source = source or Source()
+
+    @property
+    def pretrained_name(self) -> str:
+        return self.source.name
+
+    def tokenizer(self):
+        """The source's tokenizer (loaded on first use)."""
+        return self.source.get_tokenizer()
+
+    def build_command(self, suite) -> str:
+        return f"python -m pactlib.testbeds.minilm.zoo --suite {suite} --seeds 0"
+
+    def task_names(self, suite: str) -> tuple[str, ...]:
+        from pactlib.data.text import text_suite_tasks
+
+        return tuple(text_suite_tasks(suite))
+
+    def default_loader(self) -> Callable:
+        from pactlib.data.text import load_text_task
+
+        return load_text_task
+
+    def make_pretrained(self) -> tuple[dict[str, Tensor], dict]:
+        sd, config = self.source.pretrained()
+        return sd, {"config": config}
+
+    def arrange(self, state, pre):
+        return in_model_order(pre["config"], state)
+
+    def inputs(self, data, recipe: Recipe) -> tuple[Tensor, Tensor]:
+        return tokenize(self.tokenizer(), data.texts, recipe.max_tokens), data.labels
+
+    def model(self, state, pre, recipe: Recipe):
+        return build_encoder(pre["config"], state)
+
+    def fit_head(self, pretrained, pre, data: T.TaskSplits, recipe: Recipe) -> Head:
+        return fit_task_head(recipe.head, build_encoder(pre["config"], pretrained), data, recipe)
+
+    def accuracy(self, state, pre, head: Head, data: T.TaskSplits, split: str, recipe: Recipe) -> float:
+        return accuracy(build_encoder(pre["config"], state), head, *data.inputs(split), recipe.eval_batch)
+
+    def head_record(self, data: T.TaskSplits, recipe: Recipe) -> dict:
+        return {"head": recipe.head, "prompts": list(data.split("train").prompts) if recipe.head == "prompt" else None}
+
+    def run_record(self, data: T.TaskSplits, eval_seconds: float) -> dict:
+        return {"eval_seconds": eval_seconds, "n_eval": int(sum(data.inputs(s)[1].numel() for s in ("val", "test")))}
+
+    def lora_keys(self, pretrained, recipe: Recipe) -> list[str]:
+        return lora_keys(pretrained, recipe.lora_targets)
+
+    def lora_meta(self, recipe: Recipe) -> dict:
+        return {"targets": recipe.lora_targets}
 
 
-# ----------------------------------------------------------------------------- fine-tuning
+def ensure_pretrained(zoo_dir: Path, source: Source | None = None) -> tuple[dict[str, Tensor], dict]:
+    """(θ0, config) from ``pretrained.safetensors`` (written, or rewritten when missing or corrupt,
+    from ``source``); the manifest keeps its sha256, the config and the model's name."""
+    sd, pre = T.ensure_pretrained(MiniLMZoo(source), Path(zoo_dir))
+    return sd, pre["config"]
+
+
 def finetune_full(pretrained, config, head: Head, x, y, *, recipe: Recipe, generator, desc="", progress=False):
-    """Every weight of the encoder trained through the frozen head. Returns (θt, losses)."""
-    model = build_encoder(config, pretrained)
-    params = list(model.parameters())
-    for p in params:
-        p.requires_grad_(True)
-    losses = train_loop(model, params, head.logits, x, y, steps=recipe.steps, batch_size=recipe.batch_size,
-                        lr=recipe.lr, optimizer=recipe.optimizer, weight_decay=recipe.weight_decay,
-                        warmup=recipe.warmup, generator=generator, desc=desc, progress=progress)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+    """Every weight of the encoder trained through the frozen head; x (N, 2, L), y (N,).
+    Returns (θt, losses)."""
+    return T.finetune_full(MiniLMZoo(), pretrained, {"config": config}, head, x, y, recipe=recipe,
+                           generator=generator, desc=desc, progress=progress)
 
 
 def finetune_lora(pretrained, config, head: Head, x, y, *, recipe: Recipe, generator, desc="", progress=False):
     """LoRA adapters on :func:`lora_keys` trained through the frozen head, the rest frozen.
     Returns (adapters, scale, losses)."""
-    model = build_encoder(config, pretrained)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    adapters = lora_mod.init_adapters(pretrained, recipe.lora_rank, generator=generator,
-                                      keys=lora_keys(pretrained, recipe.lora_targets), rule=RULE)
-    scale = lora_mod.lora_scale(recipe.lora_rank, recipe.lora_alpha)
-    params = lora_mod.attach(model, adapters, scale, rule=RULE)
-    losses = train_loop(model, params, head.logits, x, y, steps=recipe.steps, batch_size=recipe.batch_size,
-                        lr=recipe.lora_lr, optimizer=recipe.optimizer, weight_decay=recipe.weight_decay,
-                        warmup=recipe.warmup, generator=generator, desc=desc, progress=progress)
-    trained = lora_mod.read_adapters(model)
-    lora_mod.detach(model)
-    return trained, scale, losses
+    return T.finetune_lora(MiniLMZoo(), pretrained, {"config": config}, head, x, y, recipe=recipe,
+                           generator=generator, desc=desc, progress=progress)
 
 
-def build_run(zoo_dir: Path, kind: str, data: _Data, seed: int, pretrained, config, head: Head, head_rec: dict,
-              recipe: Recipe, *, progress: bool = False) -> dict:
-    """One fine-tuning run (or its existing valid record). Returns the run's record."""
-    path = run_path(zoo_dir, kind, data.task, seed)
-    rec = read_json(path.with_suffix(".json"))
-    why = record_problem(rec, path, recipe.relevant(kind), head_rec["sha256"])
-    if why is None:
-        return rec
-    log.info("%s/%s/seed%d: %s -> training", kind, data.task, seed, why)
-    t0 = time.perf_counter()
-    x, y = data.inputs("train")
-    gen = torch.Generator().manual_seed(run_seed(kind, data.task, seed))
-    desc = f"{kind} {data.task} s{seed}"
-    if kind == "full":
-        theta, losses = finetune_full(pretrained, config, head, x, y, recipe=recipe, generator=gen, desc=desc,
-                                      progress=progress)
-        tensors, meta = theta, {"task": data.task, "seed": seed, "kind": kind}
-    else:
-        adapters, scale, losses = finetune_lora(pretrained, config, head, x, y, recipe=recipe, generator=gen,
-                                                desc=desc, progress=progress)
-        theta = lora_mod.merge_adapters(pretrained, adapters, scale, rule=RULE)
-        tensors = lora_mod.adapters_to_tensors(adapters)
-        meta = {"task": data.task, "seed": seed, "kind": kind, "scale": scale, "rank": recipe.lora_rank,
-                "alpha": recipe.lora_alpha, "targets": recipe.lora_targets}
-    t_train = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    model = build_encoder(config, theta)
-    ft = {s: accuracy(model, head, *data.inputs(s), recipe.eval_batch) for s in ("val", "test")}
-    t_eval = time.perf_counter() - t1
-    sha = save_safetensors(tensors, path, meta)
-    rec = {"task": data.task, "seed": seed, "kind": kind, "backbone": BACKBONE, "recipe": recipe.relevant(kind),
-           "sha256": sha, "file": str(path.relative_to(zoo_dir)), "head_sha256": head_rec["sha256"],
-           "zero_shot": head_rec["zero_shot"], "finetuned": ft, "n_train": int(y.numel()),
-           "first_loss": losses[0], "final_loss": sum(losses[-10:]) / len(losses[-10:]),
-           "train_seconds": t_train, "eval_seconds": t_eval,
-           "n_eval": int(sum(data.inputs(s)[1].numel() for s in ("val", "test"))),
-           "seconds": time.perf_counter() - t0}
-    if kind == "lora":
-        rec["lora_scale"] = meta["scale"]
-    write_json(path.with_suffix(".json"), rec)
-    update_manifest(zoo_dir, f"{kind}/{data.task}/seed{seed}", rec, BACKBONE)
-    return rec
-
-
-def _task_names(suite: str | Sequence[str]) -> tuple[str, ...]:
-    if isinstance(suite, str):
-        from pactlib.data.text import text_suite_tasks
-
-        return tuple(text_suite_tasks(suite))
-    return tuple(suite)
-
-
-@single_threaded()  # one thread: a fine-tune is a function of its recipe and seed (module docstring)
 def build_zoo(suite: str | Sequence[str], seeds: Iterable[int] = (0,), *, kind: Sequence[str] = KINDS,
               zoo_dir: str | Path | None = None, recipe: Recipe = Recipe(), source: Source | None = None,
               loader: Callable | None = None, data_dir=None, progress: bool = True) -> list[dict]:
-    """Build (or complete) the zoo for ``suite`` × ``seeds`` × ``kind``; returns every run's record.
-
-    Args:
-        suite: a text suite (``"8"``, ``"14"``) or task names. seeds: fine-tuning seeds.
-        kind: subset of ("full", "lora"). zoo_dir: default :func:`default_zoo_dir`.
-        source: θ0 / config / tokenizer (default: the real all-MiniLM-L6-v2).
-        loader: ``loader(task, split, *, seed, limit[, cache_dir]) -> TextData`` (default
-            :func:`pactlib.data.text.load_text_task`).
-
-    Raises:
-        ValueError: unknown kind. Errors of the loader propagate.
-    """
-    from tqdm.auto import tqdm
-
-    kinds = tuple(kind)
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise ValueError(f"unknown zoo kind(s) {bad}; use a subset of {KINDS}")
-    seeds = [int(s) for s in seeds]
-    zoo_dir = Path(zoo_dir) if zoo_dir is not None else default_zoo_dir()
-    zoo_dir.mkdir(parents=True, exist_ok=True)
-    source = source or Source()
-    loader = loader or _default_loader()
-    tasks = _task_names(suite)
-    pretrained, config = ensure_pretrained(zoo_dir, source)
-    tokenizer = source.get_tokenizer()
-    records = []
-    bar = tqdm(total=len(tasks) * len(seeds) * len(kinds), desc="minilm zoo", disable=not progress)
-    for task in tasks:
-        data = _Data(task, loader, recipe, tokenizer, data_dir)
-        head, head_rec = ensure_head(zoo_dir, data, pretrained, config, recipe)
-        for s in seeds:
-            for k in kinds:
-                rec = build_run(zoo_dir, k, data, s, pretrained, config, head, head_rec, recipe, progress=progress)
-                records.append(rec)
-                bar.set_postfix(task=task, acc=f"{rec['zero_shot']['test']:.2f}->{rec['finetuned']['test']:.2f}")
-                bar.update()
-    bar.close()
-    return records
-
-
-# ----------------------------------------------------------------------------- load
-@dataclass
-class Zoo:
-    """A loaded slice of the zoo: one kind, one seed, a list of tasks (in suite order).
-
-    Attributes:
-        pretrained: θ0; config: its ``BertConfig`` as a dict. heads: ``{task: Head}``.
-        finetuned: ``{task: θt}`` (LoRA: θ0 + scale·B A). records: ``{task: run record}``.
-        adapters: LoRA only: ``{task: {key: (A, B)}}``.
-    """
-
-    kind: str
-    seed: int
-    pretrained: dict[str, Tensor]
-    config: dict
-    heads: dict[str, Head]
-    finetuned: dict[str, dict[str, Tensor]]
-    records: dict[str, dict]
-    head_records: dict[str, dict]
-    adapters: dict[str, dict] = field(default_factory=dict)
-
-    @property
-    def tasks(self) -> list[str]:
-        return list(self.finetuned)
-
-    def task_vectors(self) -> dict[str, dict[str, Tensor]]:
-        """Exact Δt per task over floating keys, float32 (LoRA: scale·B A, zeros elsewhere)."""
-        if self.kind == "lora":
-            return {t: lora_mod.lora_task_vector(self.pretrained, a, self.records[t]["lora_scale"], rule=RULE)
-                    for t, a in self.adapters.items()}
-        return {t: {k: v.float() - self.pretrained[k].float() for k, v in sd.items() if v.is_floating_point()}
-                for t, sd in self.finetuned.items()}
-
-
-def _missing(what: str, path: Path, suite) -> FileNotFoundError:
-    return FileNotFoundError(
-        f"MiniLM zoo {what} missing or invalid at {path}; build it with: python -m pactlib.testbeds.minilm.zoo "
-        f"--suite {suite} --seeds 0 (zoo dir {path.parents[0]}; the default is $PACT_CACHE/zoo-minilm, now "
-        f"{default_zoo_dir()})")
+    """Build (or complete) the MiniLM zoo for ``suite`` ("8", "14" or task names) × ``seeds`` ×
+    ``kind``; ``source`` gives θ0 / config / tokenizer (default: the real all-MiniLM-L6-v2),
+    ``loader`` defaults to :func:`pactlib.data.text.load_text_task`. Returns every run's record
+    (:func:`pactlib.testbeds.zoo_trainer.build_zoo`, which documents the arguments and errors)."""
+    return T.build_zoo(MiniLMZoo(source), suite, seeds, kind=kind, zoo_dir=zoo_dir, recipe=recipe, loader=loader,
+                       data_dir=data_dir, progress=progress)
 
 
 def load_zoo(suite: str | Sequence[str], *, seed: int = 0, kind: str = "full", zoo_dir: str | Path | None = None) -> Zoo:
-    """Load θ0, heads and fine-tuned checkpoints of ``suite`` for one ``seed`` and ``kind``; every file
-    is checked against the sha256 in its record.
+    """Load θ0 (in the model's key order), its config, heads and fine-tuned checkpoints of ``suite``
+    for one ``seed`` and ``kind``; every file is checked against the sha256 in its record.
 
     Raises:
         FileNotFoundError: a file or record is missing or a sha256 does not match (names the file and
             the command that builds it). ValueError: unknown kind.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown zoo kind {kind!r}; use one of {KINDS}")
-    zoo_dir = Path(zoo_dir) if zoo_dir is not None else default_zoo_dir()
-    tasks = _task_names(suite)
-    label = suite if isinstance(suite, str) else "<suite>"
-    pre_path = zoo_dir / "pretrained.safetensors"
-    pre = (read_json(zoo_dir / "manifest.json") or {}).get("pretrained", {})
-    if not pre_path.is_file() or file_sha256(pre_path) != pre.get("sha256"):
-        raise _missing("pretrained checkpoint", pre_path, label)
-    pretrained = in_model_order(pre["config"], load_safetensors(pre_path)[0])
-    heads, fts, recs, hrecs, adapters = {}, {}, {}, {}, {}
-    for t in tasks:
-        hp = head_path(zoo_dir, t)
-        hrec = read_json(hp.with_suffix(".json"))
-        if hrec is None or not hp.is_file() or file_sha256(hp) != hrec.get("sha256"):
-            raise _missing(f"head of task {t!r}", hp, label)
-        heads[t], hrecs[t] = load_head(hp), hrec
-        rp = run_path(zoo_dir, kind, t, seed)
-        rec = read_json(rp.with_suffix(".json"))
-        if rec is None or not rp.is_file() or file_sha256(rp) != rec.get("sha256"):
-            raise _missing(f"{kind} run of task {t!r} seed {seed}", rp, label)
-        tensors, _ = load_safetensors(rp)
-        if kind == "lora":
-            adapters[t] = lora_mod.adapters_from_tensors(tensors)
-            fts[t] = lora_mod.merge_adapters(pretrained, adapters[t], rec["lora_scale"], rule=RULE)
-        else:
-            fts[t] = in_model_order(pre["config"], tensors)
-        recs[t] = rec
-    return Zoo(kind, seed, pretrained, pre["config"], heads, fts, recs, hrecs, adapters)
+    return T.load_zoo(MiniLMZoo(), suite, seed=seed, kind=kind, zoo_dir=zoo_dir)
 
 
 # ----------------------------------------------------------------------------- PEFT export
@@ -526,7 +336,7 @@ def export_peft(zoo_dir: str | Path, task: str, seed: int, out_dir: str | Path) 
     path = run_path(zoo_dir, "lora", task, seed)
     rec = read_json(path.with_suffix(".json"))
     if rec is None or not path.is_file() or file_sha256(path) != rec.get("sha256"):
-        raise _missing(f"lora run of task {task!r} seed {seed}", path, "<suite>")
+        raise T.missing(MiniLMZoo(), f"lora run of task {task!r} seed {seed}", path, "<suite>")
     adapters = lora_mod.adapters_from_tensors(load_safetensors(path)[0])
     r = rec["recipe"]
     tensors = {}
@@ -552,23 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pactlib.testbeds.minilm.zoo",
                                 description="build the MiniLM zoo (resumable)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--suite", required=True, help="text suite: 8 or 14")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--kind", nargs="+", choices=KINDS, default=list(KINDS))
-    p.add_argument("--zoo-dir", default=None, help="default $PACT_CACHE/zoo-minilm")
-    p.add_argument("--no-progress", action="store_true")
-    defaults = Recipe()
-    for f in fields(Recipe):
-        d = getattr(defaults, f.name)
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(d) if d is not None else int,
-                       default=None, help=f"Recipe.{f.name} (default {d})")
-    args = p.parse_args(argv)
-    recipe = replace(Recipe(), **{f.name: getattr(args, f.name) for f in fields(Recipe)
-                                  if getattr(args, f.name) is not None})
-    for r in build_zoo(args.suite, args.seeds, kind=args.kind, zoo_dir=args.zoo_dir, recipe=recipe,
-                       progress=not args.no_progress):
-        print(json.dumps({k: r[k] for k in ("kind", "task", "seed", "zero_shot", "finetuned", "seconds")}))
-    return 0
+    T.add_build_arguments(p, Recipe, suites="8 or 14", zoo_dirname=MiniLMZoo.zoo_dirname)
+    return T.run_build_command(Recipe, p.parse_args(argv), build_zoo)
 
 
 if __name__ == "__main__":
