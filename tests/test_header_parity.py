@@ -245,3 +245,37 @@ def test_an_input_changed_while_it_is_read_is_an_error(tmp_path, monkeypatch, ca
     assert rc == 2 and re.fullmatch(rf"pact: error: {re.escape(str(fts[0]))} changed while it was read"
                                     r"( \(cannot read key '[\w.]+': the file ends \d+ byte\(s\) early\))?\n", err), err
     assert list(out.parent.iterdir()) == []  # no output, no temporary file, no lock
+
+
+def test_a_file_cut_short_between_check_and_read_in_a_radix_pass_is_an_error(tmp_path, monkeypatch, capsys):
+    """TIES' radix passes read every span with ``pread``, so a file truncated right after the check
+    that precedes a read reads short and is the error, where a mapped read faulted (SIGBUS)."""
+    import pactlib.fastpath as fp
+
+    g = torch.Generator().manual_seed(5)
+    pre = {"w": torch.randn(256, 256, generator=g)}  # 256 KiB: a mapped read past the cut would fault
+    base, fts = tmp_path / "base.safetensors", [tmp_path / f"ft{t}.safetensors" for t in range(2)]
+    save_file(pre, base)
+    for f in fts:
+        save_file({"w": pre["w"] + 0.01 * torch.randn(256, 256, generator=g)}, f)
+    out = tmp_path / "out" / "m.safetensors"
+    out.parent.mkdir()
+    armed, cut = [], []
+    select, check = native.select_digit, fp._Inputs.check
+
+    def select_then_arm(*a):
+        armed.append(1)  # the first radix pass is over: the next reads are the second pass's spans
+        return select(*a)
+
+    def check_then_cut(self, i):
+        check(self, i)
+        if armed and not cut and i == 1:
+            cut.append(self.files[i])  # the first θt in content order
+            os.truncate(self.files[i], 8)  # past the check, before the read
+
+    monkeypatch.setattr(fp.native, "select_digit", select_then_arm)
+    monkeypatch.setattr(fp._Inputs, "check", check_then_cut)
+    rc, err = _merge(monkeypatch, capsys, base, fts, out, fast=True, method="ties")
+    assert cut, "the radix pass read no span after the first digit"
+    assert rc == 2 and err == f"pact: error: {cut[0]} changed while it was read\n", err
+    assert list(out.parent.iterdir()) == []

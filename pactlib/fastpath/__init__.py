@@ -4,11 +4,11 @@ Importing torch takes longer than reading a few gigabytes from the page cache, s
 arithmetic is a few compiled loops pays mostly for the import. For the merges this module takes,
 :func:`try_merge` runs the whole merge with the standard library and the loops of
 :mod:`pactlib.native`. A merge reads each block of entries of every input with ``pread`` into a
-buffer of its own (:meth:`_Maps.read_block`: resident memory stays about a block per file, and a
+buffer of its own (:meth:`_Inputs.read_block`: resident memory stays about a block per file, and a
 file cut short reads short instead of faulting), and the merged blocks are written by the same
 :class:`pactlib.lazy.CheckpointWriter` as the torch path, from a second thread while the next
-block is merged. TIES's radix passes read each file through one map of it, a few MiB at a time,
-and give the pages back as they go.
+block is merged. TIES's radix passes read each file the same way, a span of a few MiB at a time
+into two buffers per thread; no input is memory-mapped.
 
 - Task Arithmetic (book/method.md, M1): θ = θ0 + α·Σt (θt − θ0), one pass
   (:func:`pactlib.native.task_arithmetic`).
@@ -27,8 +27,8 @@ and the same JSON line. Both merge the θt in their content order (:mod:`pactlib
 (:func:`pactlib.safetensors_io.read_header_checked`), so both refuse the same files with the same
 message; an input that changes while it is read (size, times, inode: checked when it is opened,
 before and after each block or span, and before publishing) is the error "FILE changed while
-it was read" and nothing is published. What no check can see is a truncation racing the radix
-passes' read of one span through the map (TIES only): that faults (SIGBUS).
+it was read" and nothing is published; a file cut short between two checks reads short, which is
+the same error.
 
 It takes a merge when all of these hold; otherwise :func:`try_merge` returns None before
 anything is written and ``pact merge`` runs the torch path, which also gives every error:
@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
-import mmap
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -77,7 +76,7 @@ from . import kernels
 
 __all__ = ["BUDGET_BYTES", "METHODS", "plan", "trim_count", "try_merge"]
 
-_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # pread(2), madvise(2): POSIX only
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None  # pread(2): POSIX only
 
 class Method(NamedTuple):
     """What a model card and a recipe take from the merge methods' registry."""
@@ -231,19 +230,24 @@ def _header(path: Path):
         raise _Refused(e) from e
 
 
-class _Maps:
-    """θ0 and the θt, each opened once and memory-mapped once whole (private, read only in
-    effect: nothing is written to them) for the radix passes, which give pages back as they go
-    (``madvise(MADV_DONTNEED)``); the merges read each block of every file with ``pread`` into a
-    buffer of its own (:meth:`read_block`), so the process's resident memory stays about a block
-    per file whatever the file sizes. Two output buffers of ``step`` entries hold the merged
-    blocks.
+def buffers(n: int, nbytes: int) -> tuple[list[bytearray], list[memoryview], list[int]]:
+    """``n`` zeroed buffers of ``nbytes`` each: the buffers, a memoryview of each and the address
+    of each (for the C loops)."""
+    bufs = [bytearray(nbytes) for _ in range(n)]
+    return bufs, [memoryview(b) for b in bufs], [ctypes.addressof((ctypes.c_char * nbytes).from_buffer(b))
+                                                 for b in bufs]
+
+
+class _Inputs:
+    """θ0 and the θt, each opened once; every read is a ``pread`` into a buffer (:meth:`read_into`),
+    so the process's resident memory stays about a block per file whatever the file sizes, and a
+    file cut short reads short instead of faulting. Each file has a buffer of a block, the merged
+    blocks two buffers of ``step`` entries.
 
     A file that changes while it is read (:func:`pactlib.safetensors_io.file_identity`, checked
-    when it is opened, before each block or span is read and by :func:`try_merge` before
-    publishing) raises :class:`~pactlib.safetensors_io.ChangedInputError`. A ``pread`` past a
-    file's new end reads short and raises it too; only the map of the radix passes could fault
-    (SIGBUS) on a file truncated between that check and the loop reading the span."""
+    when it is opened, before and after each block or span is read and by :func:`try_merge` before
+    publishing) raises :class:`~pactlib.safetensors_io.ChangedInputError`; so does a ``pread``
+    past a file's new end."""
 
     def __init__(self, p: _Plan):
         self.p, self.T = p, len(p.fts)
@@ -252,31 +256,18 @@ class _Maps:
         # entries per block: the buffers of the T + 1 inputs and the two output buffers, together in
         # BUDGET_BYTES whatever T, each of at most READ_BYTES
         self.step = max(1024, min(BUDGET_BYTES // (self.T + 3), READ_BYTES) // itemsize)
-        self._maps, self._views, self.base, self.fds = [], [], [], []
+        self.fds = []
         try:
             for f, identity in zip(self.files, p.identities):
                 self.fds.append(os.open(f, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
                 check_unchanged(f, identity, self.fds[-1])  # the file whose header was read
-                mm = mmap.mmap(self.fds[-1], 0, access=mmap.ACCESS_COPY)
-                self._maps.append(mm)
-                view = ctypes.c_char.from_buffer(mm)
-                self._views.append(view)
-                self.base.append(ctypes.addressof(view))
         except BaseException:
             self.close()
             raise
-        self._in = [bytearray(self.step * itemsize) for _ in self.files]
-        self._in_views = [memoryview(b) for b in self._in]
-        self._in_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._in]
-        self._out = [bytearray(self.step * itemsize) for _ in range(2)]
-        self.out_views = [memoryview(b) for b in self._out]
-        self.out_addr = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in self._out]
+        self._in, self._in_views, self._in_addr = buffers(len(self.files), self.step * itemsize)
+        self._out, self.out_views, self.out_addr = buffers(2, self.step * itemsize)
 
     def close(self) -> None:
-        self._views.clear()  # the ctypes views hold the maps' buffers
-        for mm in self._maps:
-            mm.close()
-        self._maps.clear()
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
@@ -315,25 +306,6 @@ class _Maps:
         n, step = math.prod(self.p.entries[key][0]), step or self.step
         return ((a, min(step, n - a)) for a in range(0, n, step))
 
-    def addr(self, i: int, key: str, a: int) -> int:
-        """The address of entry a of ``key`` in file i (0: θ0, t + 1: θt)."""
-        return self.base[i] + self.p.offsets[i][key] + a * ITEMSIZE[self.p.entries[key][1]]
-
-    def addrs(self, key: str, a: int, tasks: range):
-        """The addresses of entry a of ``key`` in the θt of ``tasks``, as a ctypes array."""
-        return (ctypes.c_void_p * len(tasks))(*(self.addr(t + 1, key, a) for t in tasks))
-
-    def release(self, i: int, key: str, a: int, m: int) -> None:
-        """Give back the pages of file i up to the end of entries [a, a + m) of ``key``, from the
-        page that holds entry a (the pages before it were given back with the blocks before)."""
-        size = ITEMSIZE[self.p.entries[key][1]]
-        lo = self.p.offsets[i][key] + a * size
-        start = lo - lo % mmap.PAGESIZE
-        stop = lo + m * size
-        stop -= stop % mmap.PAGESIZE  # the last page may hold the next block's entries
-        if stop > start:
-            self._maps[i].madvise(mmap.MADV_DONTNEED, start, stop - start)
-
 
 class _Flags:
     """What the C loops find about the task set: ``nonzero`` (T uint8 flags, set where some
@@ -362,18 +334,18 @@ class _Output:
     (the address of the buffer to fill next, once its last block is written), ``emit(key,
     nbytes)``, ``drain()``."""
 
-    def __init__(self, pool: ThreadPoolExecutor, writer: CheckpointWriter, maps: _Maps):
-        self.pool, self.writer, self.maps = pool, writer, maps
+    def __init__(self, pool: ThreadPoolExecutor, writer: CheckpointWriter, inputs: _Inputs):
+        self.pool, self.writer, self.inputs = pool, writer, inputs
         self.pending: list = [None, None]
         self.k = 0
 
     def buffer(self) -> int:
         if self.pending[self.k] is not None:
             self.pending[self.k].result()  # written: the buffer may be filled again
-        return self.maps.out_addr[self.k]
+        return self.inputs.out_addr[self.k]
 
     def emit(self, key: str, nbytes: int) -> None:
-        self.pending[self.k] = self.pool.submit(self.writer.write_bytes, key, self.maps.out_views[self.k][:nbytes])
+        self.pending[self.k] = self.pool.submit(self.writer.write_bytes, key, self.inputs.out_views[self.k][:nbytes])
         self.k ^= 1
 
     def drain(self) -> None:
@@ -382,7 +354,7 @@ class _Output:
                 f.result()
 
 
-def _copy_buffer_key(out: _Output, b: _Maps, key: str) -> None:
+def _copy_buffer_key(out: _Output, b: _Inputs, key: str) -> None:
     """A non-float key (a buffer): θ0's bytes, block by block."""
     size = ITEMSIZE[b.p.entries[key][1]]
     for a, m in b.ranges(key):
@@ -394,7 +366,7 @@ def _copy_buffer_key(out: _Output, b: _Maps, key: str) -> None:
 def _task_arithmetic(p: _Plan, writer: CheckpointWriter):
     """Merge every key into ``writer``: (nonzero per task, identical pairs), or None when a
     merged value is not finite (nothing more is written)."""
-    b = _Maps(p)
+    b = _Inputs(p)
     T, alpha = b.T, float(p.recipe.alpha)
     flags = _Flags(T)
     try:
@@ -440,7 +412,7 @@ TORCH_CHUNK_BYTES = 32 << 20
 
 
 #: bytes of one file a radix pass reads at a time (:meth:`_Ties._spans`)
-SPAN_BYTES = 4 << 20
+SPAN_BYTES = 1 << 20
 #: bytes of the task vectors of a block whose tasks are compared pair by pair (TIES's first blocks)
 CHECK_BYTES = 4 << 20
 
@@ -490,14 +462,14 @@ class _Left:
 
 
 class _Ties:
-    """TIES (M2) over the maps: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
+    """TIES (M2) over the inputs: the radix passes of :class:`pactlib.merges.ties.GlobalThreshold`
     for a set of keys, each worker thread sweeping its own tasks through every block (no thread
     waits for another until the pass ends); then the merge pass of a key, each block's columns split
     over the workers. The same bits for any number of workers."""
 
     ALIGN = 64  # column parts start on whole cache lines of the output
 
-    def __init__(self, p: _Plan, b: _Maps, cores: ThreadPoolExecutor):
+    def __init__(self, p: _Plan, b: _Inputs, cores: ThreadPoolExecutor):
         self.p, self.b, self.cores, self.T = p, b, cores, b.T
         self.workers = _workers(p.args)  # column parts of a merged block
         self.halves = _parts(self.T, self.workers)  # task ranges of a radix pass
@@ -506,6 +478,10 @@ class _Ties:
         self.nonzero, self.same = self.flags.nonzero, self.flags.same
         # the (T, m) task vectors of a block whose tasks are compared pair by pair (pact_deltas)
         self.check_step = max(1024, CHECK_BYTES // (4 * self.T))
+        itemsize = max(ITEMSIZE[dt] for _, dt, _ in p.entries.values())
+        self._check_in, self._check_views, self.check_addr = buffers(self.T + 1, self.check_step * itemsize)
+        # per radix-pass worker (by its first task): θ0's span and one θt's span
+        self._spans_in = {r.start: buffers(2, SPAN_BYTES) for r in self.halves}
         self._stack = (ctypes.c_float * (self.T * self.check_step))()
         self.stack = ctypes.addressof(self._stack)
         self.fast = p.fast
@@ -518,29 +494,22 @@ class _Ties:
     def _parallel(self, fn, items) -> list:
         return list(self.cores.map(fn, items))  # the first error is raised
 
-    def _release_all(self, key: str, a: int, m: int) -> None:
-        for i in range(self.T + 1):
-            self.b.release(i, key, a, m)
-
     def _pass(self, tasks: range, spans: list, shift: int, prefix: list, rank: list, equal: list,
               zero: bool) -> bool:
         """One radix pass of ``tasks`` over ``spans`` (their counters zeroed first when ``zero``),
         then each task's digit: its ``prefix``, ``rank`` (ties still to keep) and ``equal`` (entries
         at the threshold) updated. False when a task vector holds NaN / Inf."""
         b, lib, hist = self.b, self.p.lib, ctypes.addressof(self.hist)
+        _, views, (pre, x) = self._spans_in[tasks.start]
         if zero:
             ctypes.memset(hist + (tasks.start << 19), 0, len(tasks) << 19)
         for key, code, a, m in spans:
-            pre = b.addr(0, key, a)
-            b.check(0)  # a file truncated since would fault on its map
+            b.read_into(0, key, a, m, views[0])  # each worker reads θ0's span once
             for t in tasks:
-                x = b.addr(t + 1, key, a)
-                b.check(t + 1)
+                b.read_into(t + 1, key, a, m, views[1])
                 if (self.fast.pact_hist_low_f32(pre, x, m, prefix[t], hist + (t << 19)) if not shift and code == 0 else
                         lib.pact_digit_hist_delta(pre, code, x, code, m, prefix[t], shift, hist + (t << 19))):
                     self.nonzero[t] = 1
-                b.release(t + 1, key, a, m)
-            b.release(0, key, a, m)  # each worker gives back θ0's pages it read
         for t in tasks:
             if shift and any(self.hist[(t << 16) + 0x7f80:(t + 1) << 16]):
                 return False  # NaN / Inf in a task vector: the torch path names it
@@ -566,16 +535,15 @@ class _Ties:
                 ctypes.memset(self.hist, 0, ctypes.sizeof(self.hist))
             while whole and first < len(blocks) and self.flags.undecided():
                 key, code, a, m = blocks[first]
-                pre = b.addr(0, key, a)
                 for i in range(T + 1):
-                    b.check(i)
+                    b.read_into(i, key, a, m, self._check_views[i])
+                pre, *fts = self.check_addr
                 for t in range(T):
                     self.codes[t] = code
-                lib.pact_deltas(pre, code, b.addrs(key, a, range(T)), self.codes, T, m, self.stack, self.nonzero,
+                lib.pact_deltas(pre, code, (ctypes.c_void_p * T)(*fts), self.codes, T, m, self.stack, self.nonzero,
                                 self.same, check(key))
                 for t in range(T):
                     lib.pact_digit_hist_f32(self.stack + 4 * t * m, m, prefix[t], shift, hist + (t << 19))
-                self._release_all(key, a, m)
                 first += 1
             spans = list(self._spans(blocks[first:]))
             if not all(self._parallel(lambda tasks: self._pass(tasks, spans, shift, prefix, rank, equal, not whole),
@@ -607,8 +575,7 @@ class _Ties:
     def _spans(self, blocks: list):
         """The ``(key, code, a, m)`` blocks (consecutive within each key) joined into spans of up to
         :data:`SPAN_BYTES` of a key: a radix pass holds two files' spans per worker, whatever T,
-        so it reads longer runs and gives pages back in fewer calls (each call stops every thread
-        of the process to flush its TLB)."""
+        and reads them in long runs."""
         runs: dict = {}
         for key, code, a, m in blocks:
             start = runs.setdefault(key, [code, a, a])
@@ -668,7 +635,7 @@ def _ties(p: _Plan, writer: CheckpointWriter):
     """TIES into ``writer`` (module docstring), global or per key: as :func:`_task_arithmetic`."""
     T, alpha = len(p.fts), float(p.recipe.alpha)
     k, scope = _ties_params(p.params)
-    b = _Maps(p)
+    b = _Inputs(p)
     try:
         with ThreadPoolExecutor(max_workers=_workers(p.args)) as cores, \
                 ThreadPoolExecutor(max_workers=1) as pool:  # one writer: the blocks go out in order
