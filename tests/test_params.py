@@ -478,7 +478,7 @@ def test_committed_records_were_made_with_the_parameters_the_models_give():
             differ.append(f"{prov['run']}/{prov['chapter']}")
     # Chapter 2 gained val_limit / test_limit (and MiniLM's) with its interval verdicts (issue 44);
     # its records are recomputed next. Once they are, this list must be emptied: the test then fails.
-    awaiting_recompute = ["main/02_testbed"]
+    awaiting_recompute = []
     assert differ == awaiting_recompute, differ
 
 
