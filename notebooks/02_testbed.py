@@ -23,9 +23,16 @@
 #
 # **At a glance.**
 #
-# ```{glue:md} testbed-at-a-glance
-# :format: myst
-# ```
+# - **Lite0**: EfficientNet-Lite0 with its ImageNet weights, a small CNN whose matrix layers are
+#   1×1 convolutions, on 20 image tasks in suites 8 ⊂ 14 ⊂ 20.
+# - **MiniLM**: all-MiniLM-L6-v2, a 6-layer BERT sentence encoder whose matrix layers are
+#   attention and MLP maps (the paper's kind of layer), on 14 text tasks in suites 8 ⊂ 14.
+# - Each testbed must show two things before the merging chapters can use it: fine-tuning helps
+#   every task (the precondition), and merging loses more as tasks are added (the problem PACT
+#   addresses). The verdicts at the end of the page grade both on 95 % intervals, with the
+#   accuracies they rest on.
+# - Neither is a ViT, the paper's architecture: a claim that fails here may fail for the
+#   architecture rather than for PACT.
 #
 # The sections below describe each testbed (tasks, backbone, recipe, zoo) and why it is set up
 # as it is; the appendix at the end tells how the Lite0 recipe was chosen. Nothing is trained
@@ -796,8 +803,6 @@ for claim, v, where in shown:
 display(Markdown(" ".join(chapter2.testbed_meaning(claim, v["status"], where) for claim, v, where in shown)))
 
 # %%
-from myst_nb import glue
-
 glance = [f"- **Lite0**: EfficientNet-Lite0 with its ImageNet weights, a small CNN whose matrix layers are 1×1 "
           f"convolutions, on {len(tasks)} image tasks in suites 8 ⊂ 14 ⊂ 20. Fine-tuning lifts the mean test "
           f"accuracy from {100 * zs.reindex(ft.index).mean():.1f} % (zero-shot) to {100 * ft.mean():.1f} %; "
@@ -809,8 +814,8 @@ if run_minilm:
                   f"8 ⊂ 14. Fine-tuning lifts the mean test accuracy from {100 * zs_text.mean():.1f} % to "
                   f"{100 * ft_text.mean():.1f} %; the precondition is **{precondition_text['status']}**.")
 glance.append("- Neither is a ViT, the paper's architecture: a claim that fails here may fail for the "
-              "architecture rather than for PACT. The verdicts are at the end of the page.")
-glue("testbed-at-a-glance", Markdown("\n".join(glance)), display=False)
+              "architecture rather than for PACT.")
+display(Markdown("**In numbers.**\n\n" + "\n".join(glance)))
 
 # %% [markdown]
 # ## Appendix: how the Lite0 recipe was chosen
