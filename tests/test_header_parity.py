@@ -221,7 +221,7 @@ def _changed_after_first_read(monkeypatch, path: Path, how: str, fast: bool, met
             return out
 
         monkeypatch.setattr(fp.native, "task_arithmetic", merge_then_change)
-    else:  # TIES: after the first radix pass, which reads the files through their maps
+    else:  # TIES: after the first radix pass
         select = native.select_digit
 
         def select_then_change(*a):
